@@ -1,0 +1,129 @@
+"""The R3L Algorithm: ``training_step`` reads like the paper's loop (§4, Algorithm 1).
+
+    explore   -> env runners: base rollouts, reflect, retry from the pivot (language-guided)
+    credit    -> driver: group-relative advantages, positive amplification, pivotal credit masks
+    optimize  -> learner(s): one accumulated policy-gradient step
+    sync      -> every S steps, the new weights into every engine, in place
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
+
+from rllib_r3l.batch import build_train_batch, kind_counts, select_trainable
+from rllib_r3l.config import R3LConfig
+
+logger = logging.getLogger(__name__)
+
+
+class R3L(Algorithm):
+    """Reflect-then-Retry RL (arXiv 2601.03715) on RLlib's new API stack."""
+
+    @classmethod
+    @override(Algorithm)
+    def get_default_config(cls) -> R3LConfig:
+        return R3LConfig()
+
+    @override(Algorithm)
+    def setup(self, config) -> None:
+        super().setup(config)
+        self._num_updates = 0
+        self._pad_token_id = None
+
+    # ------------------------------------------------------------------------------------------------
+    @override(Algorithm)
+    def training_step(self) -> None:
+        c = self.config
+        # 1. Explore: base rollouts -> reflect -> retry from the pivot (on the env runners).
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            groups, runner_metrics = self._explore()
+        self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+
+        # 2. Credit: group-relative advantages, positive amplification, pivotal credit.
+        trajectories, counts = select_trainable(groups, drop_partial_groups=True)
+        for k, v in counts.items():
+            self.metrics.log_value(("r3l", "faults" if k != "groups" else "batch", k), v, reduce="sum")
+        batch, adv = None, None
+        if trajectories:
+            batch, adv = build_train_batch(
+                trajectories,
+                pad_token_id=self._get_pad_token_id(),
+                std_normalize=c.std_normalize,
+                positive_amplification=c.positive_amplification,
+                alpha=c.amplification_alpha,
+                success_reward=c.success_reward,
+                pivotal_credit=c.pivotal_credit,
+                max_length=c.max_context_tokens,
+            )
+            self._log_batch_metrics(trajectories, batch, adv)
+
+        # 3. Optimize: one accumulated step on the learner(s).
+        if batch is None or len(batch["input_ids"]) == 0:
+            self.metrics.log_value(("r3l", "batch", "empty_batches"), 1, reduce="sum")
+            return
+        n = len(batch["input_ids"])
+        ma_batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=n)
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            learner_results = self.learner_group.update(
+                batch=ma_batch,
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                    (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)},
+                num_epochs=1,
+                minibatch_size=None,
+            )
+        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        self._num_updates += 1
+
+        # 4. Sync: the new weights into every engine (every S updates), in place.
+        if self._num_updates % c.weight_sync_interval == 0:
+            with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+                self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
+                                                   inference_only=True)
+
+    # ------------------------------------------------------------------------------------------------
+    def _explore(self):
+        local = self.env_runner_group.num_remote_workers() <= 0
+        out = self.env_runner_group.foreach_env_runner(
+            lambda r: (r.sample(), r.get_metrics()),
+            local_env_runner=local,
+        )
+        groups = [g for o in out for g in o[0]]
+        metrics = [o[1] for o in out]
+        return groups, metrics
+
+    def _get_pad_token_id(self) -> int:
+        if self._pad_token_id is None:
+            from rllib_r3l.models import load_tokenizer, resolve_model
+
+            tok = load_tokenizer(resolve_model(self.config.model_id))
+            self._pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return self._pad_token_id
+
+    def _log_batch_metrics(self, trajectories, batch, adv) -> None:
+        m = self.metrics
+        samples = [t for t in trajectories if t.kind.value in ("base", "retry")]
+        trained = float(batch["num_loss_tokens"].sum())
+        m.log_value(("r3l", "trained_tokens"), trained, reduce="sum")
+        m.log_value(("r3l", "trained_tokens_per_sample"), trained / max(len(samples), 1), reduce="mean", window=1)
+        m.log_value(("r3l", "batch", "items"), len(batch["input_ids"]), reduce="sum")
+        m.log_value(("r3l", "batch", "zero_advantage_items"), int(np.sum(adv == 0)), reduce="sum")
+        m.log_value(("r3l", "advantage_mean"), float(np.mean(adv)), reduce="mean", window=1)
+        for kind, n in kind_counts(trajectories).items():
+            m.log_value(("r3l", "batch", f"num_{kind}"), n, reduce="sum")

@@ -1,0 +1,73 @@
+"""From explored task groups to the learner's batch: advantages, credit masks, amplification (§4)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from rllib_r3l import core_algos
+from rllib_r3l.trajectory import Kind, Trajectory, collate
+
+
+def select_trainable(groups: Sequence, *, drop_partial_groups: bool = True) -> Tuple[List[Trajectory], Counter]:
+    """Trajectories to train on, and counts of what was left out and why.
+
+    A group that lost an episode (environment or generation error) is incomplete: its baseline
+    would be computed from a different set than sampled. With ``drop_partial_groups`` the whole
+    group is left out (counted); otherwise its surviving members are trained on (counted).
+    """
+    counts: Counter = Counter()
+    out: List[Trajectory] = []
+    for g in groups:
+        counts["groups"] += 1
+        counts["episodes_lost"] += len(g.lost)
+        if not g.complete:
+            counts["partial_groups"] += 1
+            if drop_partial_groups:
+                counts["episodes_dropped_with_partial_group"] += len(g.trajectories)
+                continue
+        out.extend(g.trajectories)
+    return out, counts
+
+
+def build_train_batch(
+    trajectories: Sequence[Trajectory],
+    *,
+    pad_token_id: int,
+    std_normalize: bool,
+    positive_amplification: bool,
+    alpha: float,
+    success_reward: float,
+    pivotal_credit: bool,
+    max_length: int,
+    skip_zero_advantage: bool = True,
+) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
+    """Advantages (group-relative by ``group_id``, then amplified) and the padded batch.
+
+    Auxiliary items carry a fixed advantage of 1.0 and are alone in their group.
+    Returns ``(batch, advantages)``; items without credited tokens are kept out of the batch, and
+    with ``skip_zero_advantage`` so are items whose advantage is exactly 0 (e.g. a group whose
+    rewards are all equal): they contribute no gradient, and leaving them out saves their
+    forward/backward pass; the token-mean is then over the tokens that carry a signal.
+    """
+    rewards = [t.reward for t in trajectories]
+    gids = [t.group_id for t in trajectories]
+    fixed = [t.fixed_advantage for t in trajectories]
+    adv = core_algos.compute_advantages(
+        rewards, gids, std_normalize=std_normalize, amplify=positive_amplification, alpha=alpha,
+        success_reward=success_reward, fixed=fixed,
+    )
+    batch = collate(trajectories, adv, pad_token_id=pad_token_id, pivotal_credit=pivotal_credit, max_length=max_length)
+    keep = batch["num_loss_tokens"] > 0
+    if skip_zero_advantage:
+        keep &= batch["advantages"] != 0
+    if not keep.all():
+        batch = {k: v[keep] for k, v in batch.items()}
+    return batch, adv
+
+
+def kind_counts(trajectories: Sequence[Trajectory]) -> Dict[str, int]:
+    c = Counter(t.kind.value for t in trajectories)
+    return {k.value: c.get(k.value, 0) for k in Kind}

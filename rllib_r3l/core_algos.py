@@ -1,0 +1,213 @@
+"""The math of R3L as small pure functions (numpy for per-trajectory values, torch for per-token losses).
+
+Every function here is side-effect free and has a uniform signature so that estimators and losses can
+be swapped and tested against hand-computed values (see ``tests/test_core_algos.py``).
+
+Paper references (arXiv 2601.03715): §3 GRPO, §4 "Pivotal Credit Assignment", §4 "Positive
+Amplification", §4 "Objective", appendix K.1 (defaults: alpha = 3.0, success reward 1.0).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Hashable, Optional, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "group_relative_advantages",
+    "positive_amplification",
+    "compute_advantages",
+    "pivotal_credit_mask",
+    "policy_gradient_loss",
+    "kl_penalty",
+]
+
+
+def group_relative_advantages(
+    rewards: Sequence[float],
+    group_ids: Sequence[Hashable],
+    *,
+    std_normalize: bool = False,
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """Group-relative advantages (paper §3, GRPO): ``A_i = r_i - mean(r_group)``.
+
+    With ``std_normalize`` the score is further divided by ``std(r_group) + eps`` (GRPO; unbiased std
+    as in common GRPO implementations). R3L's default follows the authors' code: mean baseline only.
+    A singleton group has no peers to compare with, so its baseline is 0 (``A = r``) and it is never
+    std-normalised. Groups are formed by equality of ``group_ids``; order is preserved.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 1:
+        raise ValueError(f"rewards must be 1-D, got shape {r.shape}")
+    if len(group_ids) != len(r):
+        raise ValueError(f"group_ids has {len(group_ids)} entries but rewards has {len(r)}")
+    if not np.all(np.isfinite(r)):
+        raise ValueError("rewards contain NaN or inf; fix the environment's reward")
+    members: Dict[Hashable, list] = {}
+    for i, g in enumerate(group_ids):
+        members.setdefault(g, []).append(i)
+    adv = np.zeros_like(r)
+    for idx in members.values():
+        gr = r[idx]
+        if len(idx) == 1:
+            adv[idx] = gr
+            continue
+        score = gr - gr.mean()
+        if std_normalize:
+            score = score / (gr.std(ddof=1) + eps)
+        adv[idx] = score
+    return adv
+
+
+def positive_amplification(
+    advantages: Sequence[float],
+    rewards: Sequence[float],
+    *,
+    alpha: float = 3.0,
+    success_reward: float = 1.0,
+) -> np.ndarray:
+    """Positive Amplification (paper §4, K.1).
+
+    - a trajectory whose reward reaches ``success_reward`` gets advantage exactly ``1.0``;
+    - any other trajectory with a non-negative advantage gets ``advantage * alpha``;
+    - negative advantages are left unchanged.
+    """
+    a = np.asarray(advantages, dtype=np.float64).copy()
+    r = np.asarray(rewards, dtype=np.float64)
+    if a.shape != r.shape:
+        raise ValueError(f"advantages {a.shape} and rewards {r.shape} differ in shape")
+    success = r >= success_reward
+    nonneg = (a >= 0) & ~success
+    a[nonneg] = a[nonneg] * alpha
+    a[success] = 1.0
+    return a
+
+
+def compute_advantages(
+    rewards: Sequence[float],
+    group_ids: Sequence[Hashable],
+    *,
+    std_normalize: bool = False,
+    amplify: bool = True,
+    alpha: float = 3.0,
+    success_reward: float = 1.0,
+    fixed: Optional[Sequence[Optional[float]]] = None,
+) -> np.ndarray:
+    """Advantages for a batch of trajectories: group-relative, then (optionally) amplified.
+
+    ``fixed[i]`` (when not None) overrides the computed value for item ``i``: auxiliary
+    reflection/retry-SFT items are positive items with a fixed advantage of 1.0 (authors' code).
+    Fixed items never take part in the group statistics of other items.
+    """
+    n = len(rewards)
+    fixed = list(fixed) if fixed is not None else [None] * n
+    if len(fixed) != n:
+        raise ValueError(f"fixed has {len(fixed)} entries but rewards has {n}")
+    free = [i for i in range(n) if fixed[i] is None]
+    adv = np.zeros(n, dtype=np.float64)
+    if free:
+        fr = [rewards[i] for i in free]
+        fg = [group_ids[i] for i in free]
+        a = group_relative_advantages(fr, fg, std_normalize=std_normalize)
+        if amplify:
+            a = positive_amplification(a, fr, alpha=alpha, success_reward=success_reward)
+        adv[free] = a
+    for i in range(n):
+        if fixed[i] is not None:
+            adv[i] = float(fixed[i])
+    return adv
+
+
+def pivotal_credit_mask(response_mask: np.ndarray, turn_ids: np.ndarray, pivot: int) -> np.ndarray:
+    """Pivotal Credit Assignment (paper §4): response tokens of turns before ``pivot`` carry no credit.
+
+    ``response_mask`` marks generated tokens, ``turn_ids`` gives each token's turn index. With
+    ``pivot = 0`` the mask is the response mask itself.
+    """
+    response_mask = np.asarray(response_mask, dtype=bool)
+    turn_ids = np.asarray(turn_ids)
+    if response_mask.shape != turn_ids.shape:
+        raise ValueError(f"response_mask {response_mask.shape} and turn_ids {turn_ids.shape} differ")
+    if pivot < 0:
+        raise ValueError(f"pivot must be >= 0, got {pivot}")
+    return response_mask & (turn_ids >= pivot)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token KL estimate between the policy and a frozen reference (GRPO §3).
+
+    ``k1 = log p - log q``; ``k2 = 0.5 (log p - log q)^2``; ``k3 = exp(q - p) - (q - p) - 1``
+    (unbiased, non-negative; Schulman's approximation used by GRPO).
+    """
+    d = logprobs - ref_logprobs
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d * d
+    if kind == "k3":
+        return torch.exp(-d) + d - 1.0
+    raise ValueError(f"unknown KL estimator {kind!r}; use 'k1', 'k2' or 'k3'")
+
+
+def policy_gradient_loss(
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    normalizer: Optional[float] = None,
+    weights: Optional[torch.Tensor] = None,
+    old_logprobs: Optional[torch.Tensor] = None,
+    ratio_mask: Optional[torch.Tensor] = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    ref_logprobs: Optional[torch.Tensor] = None,
+    kl_mask: Optional[torch.Tensor] = None,
+    kl_coef: float = 0.0,
+    kl_kind: str = "k3",
+) -> tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """Token-mean policy-gradient loss over credited response tokens (paper §4 "Objective").
+
+    All tensors are per token with the same shape (``advantages`` already broadcast per token).
+
+    - Default (R3L, authors' code): ``-A * log pi`` with no importance ratio, no clipping.
+    - Where ``ratio_mask`` is set (on-policy base data with ``use_importance_ratio``): the clipped
+      surrogate ``-min(rho A, clip(rho, 1-clip_low, 1+clip_high) A)`` with
+      ``rho = exp(log pi - old_logprobs)``. Retry data never takes this branch (§4).
+    - ``kl_coef > 0`` adds ``kl_coef * KL`` on tokens where ``kl_mask`` is set (base data only).
+    - ``weights`` scales tokens (auxiliary items use ``aux_weight``).
+
+    The sum is divided by ``normalizer`` (the number of credited tokens in the *whole* batch, so that
+    gradient accumulation over micro-batches gives the same gradient as one big batch); by default
+    the number of credited tokens in these tensors.
+    """
+    mask = loss_mask.to(logprobs.dtype)
+    if normalizer is None:
+        normalizer = float(mask.sum().clamp(min=1.0))
+    adv = advantages.to(logprobs.dtype)
+    pg = -adv * logprobs
+    stats: Dict[str, torch.Tensor] = {}
+    if ratio_mask is not None and old_logprobs is not None:
+        log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+        ratio = torch.exp(log_ratio)
+        clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+        surrogate = -torch.minimum(ratio * adv, clipped * adv)
+        rm = ratio_mask.to(torch.bool) & loss_mask.to(torch.bool)
+        pg = torch.where(rm, surrogate, pg)
+        n_rm = rm.sum().clamp(min=1)
+        stats["clip_fraction"] = (((ratio - clipped).abs() > 0) & rm).sum().detach() / n_rm
+        stats["mean_ratio"] = (ratio * rm).sum().detach() / n_rm
+    per_token = pg
+    if kl_coef > 0.0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs (a frozen reference model)")
+        kl = kl_penalty(logprobs, ref_logprobs, kl_kind)
+        km = (kl_mask if kl_mask is not None else loss_mask).to(logprobs.dtype)
+        per_token = per_token + kl_coef * kl * km
+        stats["kl"] = (kl * km * mask).sum().detach() / max(normalizer, 1.0)
+    if weights is not None:
+        per_token = per_token * weights.to(logprobs.dtype)
+    loss = (per_token * mask).sum() / normalizer
+    stats["pg_loss"] = (pg * mask).sum().detach() / normalizer
+    return loss, stats

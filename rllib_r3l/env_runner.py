@@ -1,0 +1,262 @@
+"""``R3LEnvRunner``: an RLlib EnvRunner that explores text environments with an LLM (paper §4).
+
+It owns a generation backend (vLLM, or transformers as the fallback), a pool of environments and an
+:class:`~rllib_r3l.explore.Explorer`. ``sample()`` returns explored task groups (Python objects,
+see ``rllib_r3l.explore.GroupResult``); the Algorithm turns them into the learner's batch.
+``set_state`` with new module weights loads them into the running engine in place.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import time
+import traceback
+from collections import Counter
+from typing import Any, Dict, List, Optional
+
+import gymnasium as gym
+import numpy as np
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.checkpoints import Checkpointable
+
+from rllib_r3l.explore import LOST, ExploreOptions, Explorer, GroupResult
+
+logger = logging.getLogger(__name__)
+
+
+class R3LEnvRunner(EnvRunner, Checkpointable):
+    """Samples R3L task groups: base rollouts, reflections and retries."""
+
+    def __init__(self, *, config, **kwargs) -> None:
+        super().__init__(config=config, **kwargs)
+        self.worker_index = kwargs.get("worker_index") or 0
+        self._backend = None
+        self._reflector = None
+        self._explorer: Optional[Explorer] = None
+        self._episodes = None
+        self._chat = None
+        self._tokenizer = None
+        self._weights_seq_no = 0
+        self._pending_weights = None
+        self._num_groups_sampled = 0
+        self._in_eval = bool(getattr(self.config, "in_evaluation", False))
+        seed = self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(4), "little")
+        self._rng = np.random.default_rng([int(seed), int(self.worker_index), int(self._in_eval)])
+        self.counters: Counter = Counter()
+        self._obs_space = gym.spaces.Text(max_length=1 << 20)
+        self._act_space = gym.spaces.Text(max_length=1 << 16)
+        if getattr(self.config, "num_threads", None):
+            import torch
+
+            torch.set_num_threads(int(self.config.num_threads))
+
+    # -- lazy set-up (the local runner of a multi-runner group never loads a model) -----------------
+    def _env_factory(self):
+        import environments
+
+        env_id = self.config.env
+        env_config = dict(self.config.env_config or {})
+        split = self.config.task_split if not self._in_eval else env_config.get("eval_split", "dev")
+        env_config.pop("eval_split", None)
+
+        if split and "split" not in env_config and _accepts(environments.registry.resolve(env_id), "split"):
+            env_config["split"] = split
+        return lambda: environments.make(env_id, env_config)
+
+    def _setup(self) -> None:
+        if self._explorer is not None:
+            return
+        from rllib_r3l.chat import ChatFormat
+        from rllib_r3l.generation import make_backend
+        from rllib_r3l.models import load_tokenizer, resolve_model
+        from rllib_r3l.rollout import EpisodeRunner, RolloutOptions
+
+        c = self.config
+        path = resolve_model(c.model_id)
+        t0 = time.perf_counter()
+        self._tokenizer = load_tokenizer(path)
+        self._chat = ChatFormat(self._tokenizer)
+        self._backend = make_backend(c.backend, path, **dict(c.backend_options or {}))
+        reflector_chat = None
+        if c.reflector_model:
+            rpath = resolve_model(c.reflector_model)
+            self._reflector = make_backend(c.backend, rpath, **dict(c.backend_options or {}))
+            reflector_chat = ChatFormat(load_tokenizer(rpath))
+        self.counters["backend_start_seconds"] = int(time.perf_counter() - t0)
+        opts = RolloutOptions(
+            max_turns=c.max_turns,
+            max_response_tokens=c.max_response_tokens,
+            max_context_tokens=c.max_context_tokens,
+            temperature=c.evaluation_temperature if self._in_eval else c.temperature,
+            top_p=c.top_p,
+            action_decoding=c.action_decoding,
+            system_prompt=c.system_prompt,
+            verify_replay=c.verify_replay,
+        )
+        self._episodes = EpisodeRunner(self._backend, self._chat, self._env_factory(), opts, self.counters)
+        eopts = ExploreOptions(
+            group_size=c.group_size,
+            reflect=bool(c.reflect) and not self._in_eval,
+            retries_per_failure=c.retries_per_failure,
+            success_reward=c.success_reward,
+            aux_tasks=c.aux_tasks,
+            aux_weight=c.aux_weight,
+            reflection_template=c.reflection_template,
+            reflection_structured=c.reflection_structured,
+            max_reflection_tokens=c.max_reflection_tokens,
+            temperature=c.temperature,
+            pivotal_credit=c.pivotal_credit,
+        )
+        self._explorer = Explorer(self._episodes, self._chat, eopts, reflector=self._reflector,
+                                  reflector_chat=reflector_chat)
+        if self._pending_weights is not None:
+            self._load_weights(self._pending_weights)
+            self._pending_weights = None
+
+    @property
+    def backend(self):
+        self._setup()
+        return self._backend
+
+    @property
+    def tokenizer(self):
+        self._setup()
+        return self._tokenizer
+
+    # -- EnvRunner API -------------------------------------------------------------------------------
+    def assert_healthy(self) -> None:
+        assert self.config is not None
+
+    def get_spaces(self) -> Dict[str, Any]:
+        return {"__env__": (self._obs_space, self._act_space), DEFAULT_MODULE_ID: (self._obs_space, self._act_space)}
+
+    def sample(self, *, num_groups: Optional[int] = None, evaluate: Optional[bool] = None, **kwargs) -> List[GroupResult]:
+        """Explore ``num_groups`` tasks (default: this runner's share of ``tasks_per_iteration``).
+
+        Never raises for a failing environment or generation: failures are recorded on the
+        trajectories, counted under ``r3l/faults/...`` and returned in ``GroupResult.lost``.
+        """
+        self._setup()
+        c = self.config
+        if num_groups is None:
+            n_runners = max(c.num_env_runners, 1)
+            num_groups = c.tasks_per_iteration // n_runners + int(self.worker_index - 1 < c.tasks_per_iteration % n_runners
+                                                                   if self.worker_index else 0)
+            num_groups = max(num_groups, 1)
+        t0 = time.perf_counter()
+        seeds = [int(s) for s in self._rng.integers(0, 2**31 - 1, size=num_groups)]
+        gids = [f"w{self.worker_index}-g{self._num_groups_sampled + i}-s{s}" for i, s in enumerate(seeds)]
+        self._num_groups_sampled += num_groups
+        before = Counter(self.counters)
+        try:
+            groups = self._explorer.explore(seeds, gids)
+        except Exception:  # a bug or an unexpected backend failure: count it, return nothing trainable
+            logger.error("exploration failed:\n%s", traceback.format_exc())
+            self.metrics.log_value(("r3l", "faults", "exploration_errors"), 1, reduce="sum")
+            return []
+        dt = time.perf_counter() - t0
+        self._log_sample_metrics(groups, dt, before)
+        return groups
+
+    def _log_sample_metrics(self, groups: List[GroupResult], seconds: float, before: Counter) -> None:
+        m = self.metrics
+        base = [t for g in groups for t in g.trajectories if t.kind.value == "base"]
+        retries = [t for g in groups for t in g.trajectories if t.kind.value == "retry"]
+        samples = [t for g in groups for t in g.trajectories if t.kind.value in ("base", "retry")]
+        lost = [t for g in groups for t in g.lost]
+        m.log_value("num_groups", len(groups), reduce="sum")
+        m.log_value("num_episodes", len(base), reduce="sum")
+        if base:
+            m.log_value("episode_return_mean", float(np.mean([t.reward for t in base])), reduce="mean", window=1)
+            m.log_value("success_rate", float(np.mean([t.success for t in base])), reduce="mean", window=1)
+            m.log_value("episode_len_mean", float(np.mean([t.num_turns for t in base])), reduce="mean", window=1)
+        if samples:
+            turns = sum(t.num_turns - (t.pivot or 0) for t in samples)
+            gen = sum(t.num_generated_tokens - _prefix_generated(t) for t in samples)
+            gen += sum(len(t.info["reflection"][2].token_ids) for t in base
+                       if t.info.get("reflection") and t.info["reflection"][2] is not None)
+            m.log_value(("r3l", "rollout_turns_per_sample"), turns / len(samples), reduce="mean", window=1)
+            m.log_value(("r3l", "generated_tokens_per_sample"), gen / len(samples), reduce="mean", window=1)
+            m.log_value(("r3l", "generated_tokens"), gen, reduce="sum")
+            m.log_value(("r3l", "generated_tokens_per_s"), gen / max(seconds, 1e-9), reduce="mean", window=1)
+        m.log_value(("r3l", "rollout_seconds"), seconds, reduce="mean", window=1)
+        if retries or base:
+            m.log_value(("r3l", "num_retries"), len(retries), reduce="sum")
+        for k, v in self._explorer.pop_metrics().items():
+            m.log_value(("r3l", k), v, reduce="mean", window=1)
+        m.log_value(("r3l", "faults", "episodes_lost"), len(lost), reduce="sum")
+        for k in ("env_errors", "generation_errors", "replay_mismatch", "context_overflow", "truncated_responses",
+                  "invalid_actions", "retries_skipped", "reflection_generation_errors", "env_close_errors"):
+            m.log_value(("r3l", "faults", k), self.counters[k] - before.get(k, 0), reduce="sum")
+
+    def get_metrics(self):
+        return self.metrics.reduce()
+
+    # -- weights -------------------------------------------------------------------------------------
+    def _load_weights(self, module_state: Dict[str, Any]) -> None:
+        from rllib_r3l.rl_module import hf_named_tensors
+
+        t0 = time.perf_counter()
+        self._backend.update_weights(hf_named_tensors(module_state))
+        self.metrics.log_value(("r3l", "weight_sync_seconds"), time.perf_counter() - t0, reduce="mean", window=1)
+
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> Dict[str, Any]:
+        return {"num_groups_sampled": self._num_groups_sampled, "rng": self._rng.bit_generator.state,
+                "weights_seq_no": self._weights_seq_no}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        import ray
+
+        if "rng" in state:
+            self._rng.bit_generator.state = state["rng"]
+        if "num_groups_sampled" in state:
+            self._num_groups_sampled = state["num_groups_sampled"]
+        if COMPONENT_RL_MODULE not in state:
+            return
+        seq = state.get("weights_seq_no", 0)
+        if seq and seq <= self._weights_seq_no:
+            return
+        module_state = state[COMPONENT_RL_MODULE]
+        if isinstance(module_state, ray.ObjectRef):
+            module_state = ray.get(module_state)
+        if isinstance(module_state, dict) and DEFAULT_MODULE_ID in module_state:
+            module_state = module_state[DEFAULT_MODULE_ID]
+        if self._explorer is None:
+            self._pending_weights = module_state  # loaded when the engine starts
+        else:
+            self._load_weights(module_state)
+        if seq:
+            self._weights_seq_no = seq
+
+    def get_ctor_args_and_kwargs(self):
+        return ((), {"config": self.config})
+
+    def get_checkpointable_components(self):
+        return []
+
+    def stop(self) -> None:
+        if self._episodes is not None:
+            self._episodes.close()
+        for b in (self._backend, self._reflector):
+            if b is not None:
+                try:
+                    b.close()
+                except Exception:
+                    logger.warning("backend close failed:\n%s", traceback.format_exc())
+
+
+def _accepts(factory: Any, kwarg: str) -> bool:
+    try:
+        return kwarg in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _prefix_generated(t) -> int:
+    """Response tokens of a retry's reused prefix (generated by the base episode, not again)."""
+    if not t.pivot:
+        return 0
+    return sum(len(s.token_ids) for s in t.segments if s.role == "response" and s.turn < t.pivot)

