@@ -110,8 +110,10 @@ class Explorer:
         for t in trajectories:
             messages = reflect_lib.build_reflection_messages(t, template=self.template)
             prompts.append(self.reflector_chat.prompt(messages))
-        schema = reflect_lib.REPORT_JSON_SCHEMA if self.opts.reflection_structured else None
-        reqs = [GenerationRequest(p, self.opts.max_reflection_tokens, json_schema=schema) for p in prompts]
+        structured = self.opts.reflection_structured
+        reqs = [GenerationRequest(p, self.opts.max_reflection_tokens,
+                                  json_schema=reflect_lib.report_json_schema(max(len(t.actions), 1)) if structured else None)
+                for p, t in zip(prompts, trajectories)]
         try:
             outs = self.reflector.generate(reqs, temperature=self.opts.temperature)
         except Exception:
@@ -120,7 +122,7 @@ class Explorer:
             return [(None, p, None) for p in prompts]
         results = []
         for t, p, o in zip(trajectories, prompts, outs):
-            parsed = reflect_lib.parse_report(o.text, max(t.num_turns, 1) if t.num_turns else 0)
+            parsed = reflect_lib.parse_report(o.text, len(t.actions))
             self.reflection_stats.add(parsed)
             results.append((parsed, p, o))
         return results
@@ -133,7 +135,7 @@ class Explorer:
             b.info["reflection"] = (parsed, prompt_ids, out)
             if parsed is None:
                 continue
-            if parsed.triggers_retry and b.num_turns > 0:
+            if parsed.triggers_retry and b.actions:
                 guidance = reflect_lib.format_guidance(parsed.report)
                 for _ in range(self.opts.retries_per_failure):
                     retry_specs.append(EpisodeSpec(seed=b.seed, group_id=b.group_id, kind=Kind.RETRY, base=b,
