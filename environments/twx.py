@@ -1,0 +1,211 @@
+"""TextWorldExpress games (coin, cookingworld, twc, mapreader, arithmetic, sorting, simonsays,
+peckingorder) as R3L text environments.
+
+One JVM per environment instance (started lazily on the first reset), stopped by ``close()``.
+The episode seed picks a game from the package's own seed list of the split (TWX keeps train,
+dev and test seeds, and their generated worlds, disjoint): ``game_seed = fold_seeds[seed % len]``.
+Rewards are increments of the game's normalised score (1.0 = solved); a failed game's negative
+score is clipped to 0 unless ``clip_negative_score=False``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from environments._common import (
+    check_heap, check_positive_int, check_split, disarm_close, invalid_feedback, java_heap, normalize_action,
+    sorted_unique, stop_py4j_wrapper,
+)
+from environments.base import TextEnv, check_action
+
+GAMES = ("coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
+
+COIN_DEFAULT_PARAMS = {"numLocations": 4, "numDistractorItems": 0, "includeDoors": 0, "limitInventorySize": 0}
+
+
+def params_to_string(game_params: Union[None, str, Mapping[str, Any]]) -> str:
+    """TWX takes its game parameters as ``"k=v,k=v"``; accept that or a dict."""
+    if game_params is None:
+        return ""
+    if isinstance(game_params, str):
+        return game_params.replace(" ", "")
+    if isinstance(game_params, Mapping):
+        parts = []
+        for k, v in game_params.items():
+            if isinstance(v, bool):
+                v = int(v)
+            if not isinstance(v, int):
+                raise ValueError(f"game_params[{k!r}] must be an int; got {v!r}")
+            parts.append(f"{k}={v}")
+        return ",".join(parts)
+    raise ValueError(f"game_params must be a dict or a 'key=value,...' string; got {game_params!r}")
+
+
+class TextWorldExpressEnv(TextEnv):
+    """Any TextWorldExpress game; ``game`` and ``game_params`` choose it, ``split`` the seed fold."""
+
+    rules = (
+        "You act in a text world by typing one command per turn. Each turn you get an observation "
+        "and the list of valid actions; answer with exactly one of them. 'look around' describes the "
+        "room, 'inventory' lists what you carry."
+    )
+
+    def __init__(self, game: str = "coin", game_params: Union[None, str, Mapping[str, Any]] = None,
+                 split: str = "train", max_turns: int = 30, clip_negative_score: bool = True,
+                 java_max_heap: Optional[str] = "512m", max_listed_actions: int = 40) -> None:
+        super().__init__()
+        if game not in GAMES:
+            raise ValueError(f"game must be one of {', '.join(GAMES)}; got {game!r}")
+        self.game = game
+        self.game_params = params_to_string(game_params)
+        self.split = check_split(split)
+        self.max_turns = check_positive_int("max_turns", max_turns)
+        self.clip_negative_score = bool(clip_negative_score)
+        self.java_max_heap = check_heap("java_max_heap", java_max_heap)
+        self.max_listed_actions = max_listed_actions
+        self._env = None
+        self._fold_seeds: List[int] = []
+        self._valid: List[str] = []
+        self._task = ""
+        self._score = 0.0
+        self._turn = 0
+        self._done = True
+        self._game_seed: Optional[int] = None
+
+    # ------------------------------------------------------------------ engine
+    def _engine(self):
+        if self._env is None:
+            try:
+                from textworld_express import TextWorldExpressEnv as _TWX
+            except ImportError as e:  # pragma: no cover - the package is a project requirement
+                raise ImportError("r3l TextWorldExpress environments need `pip install textworld-express`") from e
+            with java_heap(self.java_max_heap):
+                env = disarm_close(_TWX(envStepLimit=10 ** 6))
+            try:
+                env.load(self.game, self.game_params)  # raises ValueError naming bad parameters
+                getter = {"train": env.getValidSeedsTrain, "dev": env.getValidSeedsDev,
+                          "test": env.getValidSeedsTest}[self.split]
+                self._fold_seeds = sorted(getter())
+            except Exception as e:
+                stop_py4j_wrapper(env)
+                raise ValueError(f"bad game_params for TextWorldExpress game {self.game!r}: {e}") from e
+            self._env = env
+        return self._env
+
+    @property
+    def jvm_pid(self) -> Optional[int]:
+        """The pid of this environment's JVM (None before the first reset or after close)."""
+        if self._env is None:
+            return None
+        return self._env._gateway.java_process.pid
+
+    def fold_seeds(self, split: Optional[str] = None) -> List[int]:
+        """The TWX game seeds of ``split`` (default: this environment's split)."""
+        env = self._engine()
+        split = check_split(split or self.split)
+        if split == self.split:
+            return list(self._fold_seeds)
+        getter = {"train": env.getValidSeedsTrain, "dev": env.getValidSeedsDev, "test": env.getValidSeedsTest}
+        return sorted(getter[split]())
+
+    def game_seed(self, seed: Optional[int]) -> int:
+        self._engine()
+        return self._fold_seeds[int(seed or 0) % len(self._fold_seeds)]
+
+    # ------------------------------------------------------------------ gym API
+    def _info(self, **kw: Any) -> Dict[str, Any]:
+        info = {"task": self._task, "admissible_actions": list(self._valid), "won": False,
+                "invalid_action": False, "score": self._score, "game": self.game,
+                "game_seed": self._game_seed, "split": self.split}
+        info.update(kw)
+        return info
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> Tuple[str, Dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is None:
+            seed = int(self.np_random.integers(0, 2 ** 31 - 1))
+        env = self._engine()
+        self._game_seed = self._fold_seeds[int(seed) % len(self._fold_seeds)]
+        obs, raw = env.reset(seed=self._game_seed, gameFold=self.split, generateGoldPath=False)
+        self._task = raw.get("taskDescription", "")
+        self._valid = sorted_unique(raw["validActions"])
+        self._score, self._turn, self._done = 0.0, 0, False
+        return obs, self._info(seed=seed)
+
+    def gold_actions(self, seed: Optional[int]) -> List[str]:
+        """A solution path for ``seed`` (TWX's gold path). Resets the environment to that game.
+
+        TWX builds some gold paths by random exploration (coin): two calls may differ in length.
+        """
+        self.reset(seed=seed)
+        env = self._engine()
+        env.reset(seed=self._game_seed, gameFold=self.split, generateGoldPath=True)
+        gold = list(env.getGoldActionSequence())
+        self.reset(seed=seed)
+        return gold
+
+    def step(self, action: str):
+        action = check_action(action)
+        if self._done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        env = self._engine()
+        a = normalize_action(action)
+        before = self._valid
+        obs, _r, _d, raw = env.step(a)
+        self._turn += 1
+        score = float(raw.get("score", self._score))
+        if self.clip_negative_score:
+            score = max(score, 0.0)
+        reward = score - self._score
+        self._score = score
+        self._valid = sorted_unique(raw.get("validActions", before))
+        won = bool(raw.get("tasksuccess", False))
+        failed = bool(raw.get("taskfailure", False))
+        terminated = won or failed
+        truncated = not terminated and self._turn >= self.max_turns
+        self._done = terminated or truncated
+        invalid = a not in before and a != "help"
+        if invalid:
+            obs = invalid_feedback(action, f"{obs.strip()} It is not one of the valid actions.", self._valid,
+                                   self.max_listed_actions)
+        elif failed:
+            obs = f"{obs.strip()}\nThe task failed."
+        return obs, reward, terminated, truncated, self._info(won=won, invalid_action=invalid, task_failed=failed)
+
+    def close(self) -> None:
+        env, self._env = self._env, None
+        self._done = True
+        if env is not None:
+            stop_py4j_wrapper(env)
+
+    def __del__(self):  # a forgotten env must not leave its JVM behind
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class CoinCollectorEnv(TextWorldExpressEnv):
+    """The project's default environment: TWX coin collector, 4 rooms, no doors or distractors."""
+
+    rules = (
+        "You are in a house and must find a coin and take it. Each turn you get an observation and the "
+        "list of valid actions; answer with exactly one of them. Move between rooms with 'move <direction>'; "
+        "when you see the coin, 'take coin'."
+    )
+
+    def __init__(self, num_locations: int = 4, num_distractor_items: int = 0, include_doors: bool = False,
+                 limit_inventory_size: bool = False, split: str = "train", max_turns: int = 15,
+                 clip_negative_score: bool = True, java_max_heap: Optional[str] = "512m",
+                 max_listed_actions: int = 40) -> None:
+        for name, v in (("num_locations", num_locations), ("num_distractor_items", num_distractor_items)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "num_locations" else 0):
+                raise ValueError(f"{name} must be an int >= {1 if name == 'num_locations' else 0}; got {v!r}")
+        params = {"numLocations": num_locations, "numDistractorItems": num_distractor_items,
+                  "includeDoors": int(bool(include_doors)), "limitInventorySize": int(bool(limit_inventory_size))}
+        super().__init__(game="coin", game_params=params, split=split, max_turns=max_turns,
+                         clip_negative_score=clip_negative_score, java_max_heap=java_max_heap,
+                         max_listed_actions=max_listed_actions)
+
+
+__all__ = ["TextWorldExpressEnv", "CoinCollectorEnv", "GAMES", "COIN_DEFAULT_PARAMS", "params_to_string"]
