@@ -207,6 +207,9 @@ class EpisodeRunner:
                 if budget < 2:
                     lv.traj.status = Status.CONTEXT_OVERFLOW
                     self.counters["context_overflow"] += 1
+                    # the prompt that no longer fits was never answered: it is not part of the episode
+                    while len(lv.traj.segments) > 1 and lv.traj.segments[-1].role != "response":
+                        lv.traj.segments.pop()
                     self._finish(lv)
                     continue
                 choices = lv.admissible if (self.opts.action_decoding == "choice" and lv.admissible) else None

@@ -168,3 +168,14 @@ def test_environment_exception_is_counted_not_raised(tokenizer):
     assert runner.counters["env_errors"] == 2
     trajs, counts = select_trainable([group])
     assert trajs == [] and counts["partial_groups"] == 1 and counts["episodes_lost"] == 2
+
+
+def test_context_overflow_ends_episode_within_budget(tokenizer):
+    chat = ChatFormat(tokenizer)
+    backend = ScriptedBackend(tokenizer)
+    opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=160, temperature=1.0)
+    runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
+    [t] = runner.run([EpisodeSpec(seed=SEED, group_id="g")])
+    assert t.status == Status.CONTEXT_OVERFLOW and runner.counters["context_overflow"] == 1
+    assert 0 < t.num_turns < 6 and t.segments[-1].role == "response"
+    assert t.num_tokens <= 160
