@@ -1,0 +1,162 @@
+"""Evaluate a trained policy on base episodes (``rllib-r3l evaluate``): no reflection, no retry.
+
+The policy comes from an algorithm checkpoint (the learner's weights and the training config, read
+from the checkpoint without starting Ray) or from a directory written by ``rllib-r3l export``.
+Episodes run with the project's own rollout code (:class:`rllib_r3l.rollout.EpisodeRunner`,
+:func:`rllib_r3l.generation.make_backend`, :class:`rllib_r3l.chat.ChatFormat`), prompted exactly as
+in training, at the evaluation temperature (paper K.1: 0.4) or greedily. Tasks are the seeds
+``seed .. seed+episodes-1`` of the chosen split (default ``test``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import tempfile
+import time
+from collections import Counter
+from typing import Any, Dict, Optional, Tuple
+
+from rllib_r3l.cli import UsageError
+from rllib_r3l.config import R3L_OPTIONS
+
+_LOST = ("env_error", "generation_error")
+
+
+def _setting(cfg: Dict[str, Any], name: str) -> Any:
+    """The training setting ``name`` from the checkpoint's config (R3L's default when absent)."""
+    value = cfg.get(name)
+    return R3L_OPTIONS[name][0] if value is None else value
+
+
+def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_config: Optional[Dict[str, Any]] = None,
+             split: Optional[str] = None, temperature: Optional[float] = None, backend: Optional[str] = None,
+             backend_options: Optional[Dict[str, Any]] = None, max_turns: Optional[int] = None,
+             max_response_tokens: Optional[int] = None, seed: int = 0, batch_size: int = 32):
+    """Run ``episodes`` base episodes; returns ``(summary dict, per-episode DataFrame)``."""
+    import pandas as pd
+
+    import environments
+    from environments import registry
+    from rllib_r3l import export as ex
+    from rllib_r3l.chat import ChatFormat
+    from rllib_r3l.generation import make_backend, resolve_backend_name
+    from rllib_r3l.generation.hf_backend import HFBackend
+    from rllib_r3l.models import load_tokenizer
+    from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+
+    path = os.path.abspath(os.path.expanduser(source))
+    tmp = None
+    model = None
+    if os.path.isdir(path) and ex.is_hf_model_dir(path):
+        cfg = dict(ex.read_export_meta(path).get("rollout", {}))
+        model_dir = path
+        what = f"exported model {path}"
+    else:
+        ckpt = ex.find_checkpoint(path)
+        cfg = ex.load_checkpoint_config(ckpt)
+        what = f"checkpoint {ckpt}"
+        model_dir = None
+    train_backend = cfg.get("backend", "auto")
+    name = resolve_backend_name(backend or train_backend)
+    if backend_options is None:
+        backend_options = dict(cfg.get("backend_options") or {}) if (
+            resolve_backend_name(train_backend) == name) else {}
+
+    if model_dir is None:
+        if name == "transformers":  # in memory: no copy of the weights on disk
+            model, tokenizer, _ = ex.load_policy(ckpt)
+        else:  # vLLM loads from a directory
+            tmp = tempfile.TemporaryDirectory(prefix="r3l-eval-")
+            model_dir = ex.export_checkpoint(ckpt, tmp.name, force=True)
+
+    # Environment: the training env and env_config unless told otherwise.
+    train_env = cfg.get("env")
+    env_id = env or train_env
+    if not env_id:
+        raise UsageError(f"{what} does not name its environment; pass --env (e.g. --env r3l/ToyCorridor)")
+    if env_config is None:
+        env_config = dict(cfg.get("env_config") or {}) if env_id == train_env else {}
+    env_config = dict(env_config)
+    eval_split = env_config.pop("eval_split", None)
+    try:
+        factory = registry.resolve(env_id)
+    except ValueError as e:
+        raise UsageError(f"--env: {e}") from None
+    split = split or eval_split or "test"
+    if "split" not in env_config and _accepts(factory, "split"):
+        env_config["split"] = split
+
+    temp = float(temperature if temperature is not None else _setting(cfg, "evaluation_temperature"))
+    opts = RolloutOptions(
+        max_turns=max_turns if max_turns is not None else cfg.get("max_turns"),
+        max_response_tokens=int(max_response_tokens or _setting(cfg, "max_response_tokens")),
+        max_context_tokens=int(_setting(cfg, "max_context_tokens")),
+        temperature=temp,
+        top_p=float(_setting(cfg, "top_p")),
+        action_decoding=_setting(cfg, "action_decoding"),
+        system_prompt=cfg.get("system_prompt"),
+    )
+    success_reward = float(_setting(cfg, "success_reward"))
+
+    t0 = time.perf_counter()
+    if model is not None:
+        gen = HFBackend(model=model, tokenizer=tokenizer, **backend_options)
+    else:
+        tokenizer = load_tokenizer(model_dir)
+        gen = make_backend(name, model_dir, **backend_options)
+    counters: Counter = Counter()
+    runner = EpisodeRunner(gen, ChatFormat(tokenizer), lambda: environments.make(env_id, env_config), opts, counters)
+    rows = []
+    try:
+        seeds = list(range(seed, seed + episodes))
+        for start in range(0, len(seeds), max(1, batch_size)):
+            chunk = seeds[start:start + batch_size]
+            trajs = runner.run([EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in chunk])
+            for s, t in zip(chunk, trajs):
+                status = t.status.value if hasattr(t.status, "value") else str(t.status)
+                rows.append({
+                    "seed": s,
+                    "return": float(t.reward),
+                    "success": bool(t.success or t.reward >= success_reward),
+                    "turns": int(t.num_turns),
+                    "status": status,
+                    "last_action": t.actions[-1] if t.actions else "",
+                })
+    finally:
+        runner.close()
+        gen.close()
+        if tmp is not None:
+            tmp.cleanup()
+    df = pd.DataFrame(rows)
+    summary = {
+        "source": what,
+        "env": env_id,
+        "split": env_config.get("split", split),
+        "episodes": len(df),
+        "success_rate": float(df["success"].mean()),
+        "mean_return": float(df["return"].mean()),
+        "mean_turns": float(df["turns"].mean()),
+        "errors": int(df["status"].isin(_LOST).sum()),
+        "temperature": temp,
+        "backend": name,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    return summary, df
+
+
+def format_summary(summary: Dict[str, Any]) -> str:
+    import pandas as pd
+
+    cols = ["env", "split", "episodes", "success_rate", "mean_return", "mean_turns", "errors", "temperature"]
+    table = pd.DataFrame([{k: summary[k] for k in cols}])
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
+        body = table.to_string(index=False)
+    return (f"evaluated {summary['source']} ({summary['backend']} backend, {summary['seconds']} s)\n{body}")
+
+
+def _accepts(factory: Any, kwarg: str) -> bool:
+    try:
+        return kwarg in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,206 @@
+"""Checkpoint -> Hugging Face model directory (``rllib-r3l export``).
+
+An R3L algorithm checkpoint (``Algorithm.save_to_path`` / Tune's ``checkpoint_*``) holds the learner's
+module under ``learner_group/learner/rl_module/default_policy``: the causal LM's weights with
+``lm.``-prefixed names and the module's constructor arguments (its ``model_config`` names the base
+model). Exporting loads the base model's architecture, puts the trained weights in, and writes
+config, safetensors, tokenizer and chat template, so that ``AutoModelForCausalLM.from_pretrained``
+and ``vllm.LLM`` load the directory directly. ``r3l_export.json`` beside them records where the
+weights came from and the rollout settings ``rllib-r3l evaluate`` reuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+from typing import Any, Dict, Optional, Tuple
+
+from rllib_r3l.cli import UsageError
+
+MODULE_SUBDIR = os.path.join("learner_group", "learner", "rl_module", "default_policy")
+EXPORT_META = "r3l_export.json"
+# Rollout settings kept with an export (what ``evaluate`` needs to prompt the model as in training).
+ROLLOUT_KEYS = ("env", "env_config", "evaluation_temperature", "max_response_tokens", "max_context_tokens",
+                "max_turns", "top_p", "action_decoding", "system_prompt", "success_reward", "backend",
+                "backend_options", "model_id", "model_dtype")
+
+
+def is_hf_model_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "config.json")) and not is_algorithm_checkpoint(path)
+
+
+def is_algorithm_checkpoint(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "rllib_checkpoint.json")) and os.path.isdir(
+        os.path.join(path, "learner_group"))
+
+
+def find_checkpoint(path: str) -> str:
+    """An algorithm checkpoint directory from ``path``: the checkpoint itself, or the latest
+    ``checkpoint_*`` of a Tune trial directory (or of the single trial of an experiment directory)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such checkpoint or directory")
+    if is_algorithm_checkpoint(path):
+        return path
+    ckpts = _checkpoints_in(path)
+    if ckpts:
+        return ckpts[-1]
+    trials = [os.path.join(path, d) for d in sorted(os.listdir(path)) if _checkpoints_in(os.path.join(path, d))]
+    if len(trials) == 1:
+        return _checkpoints_in(trials[0])[-1]
+    if len(trials) > 1:
+        raise UsageError(f"{path} holds {len(trials)} trials with checkpoints; pass one of them: "
+                         + ", ".join(os.path.basename(t) for t in trials))
+    raise UsageError(f"{path}: not an R3L checkpoint (no rllib_checkpoint.json + learner_group/) and no "
+                     "checkpoint_* directories in it; pass a checkpoint printed by `rllib-r3l train`")
+
+
+def _checkpoints_in(d: str) -> list:
+    if not os.path.isdir(d):
+        return []
+    found = []
+    for name in os.listdir(d):
+        m = re.fullmatch(r"checkpoint_(\d+)", name)
+        if m and is_algorithm_checkpoint(os.path.join(d, name)):
+            found.append((int(m.group(1)), os.path.join(d, name)))
+    return [p for _, p in sorted(found)]
+
+
+def _load_pickle(path: str) -> Any:
+    # RLlib checkpoints are pickles written by RLlib itself (trusted like any RLlib checkpoint).
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def load_checkpoint_config(ckpt: str) -> Dict[str, Any]:
+    """The algorithm's config (as a dict) stored in the checkpoint."""
+    f = os.path.join(ckpt, "class_and_ctor_args.pkl")
+    if not os.path.isfile(f):
+        return {}
+    data = _load_pickle(f)
+    args, kwargs = data.get("ctor_args_and_kwargs", ((), {}))
+    cfg = args[0] if args else kwargs.get("config", {})
+    if hasattr(cfg, "to_dict"):
+        cfg = cfg.to_dict()
+    return dict(cfg or {})
+
+
+def checkpoint_iteration(ckpt: str) -> Optional[int]:
+    f = os.path.join(ckpt, "algorithm_state.pkl")
+    try:
+        return int(_load_pickle(f).get("training_iteration"))
+    except Exception:
+        return None
+
+
+def _module_state_and_ctor(mdir: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    if not os.path.isdir(mdir):
+        raise UsageError(f"{mdir}: no learner module state there; was the checkpoint saved by R3L?")
+    ctor = _load_pickle(os.path.join(mdir, "class_and_ctor_args.pkl"))
+    state_file = os.path.join(mdir, "module_state.pkl")
+    if os.path.isfile(state_file):
+        state = _load_pickle(state_file)
+    else:  # another serialisation (msgpack): let RLlib read it
+        from ray.rllib.core.rl_module.rl_module import RLModule
+
+        state = RLModule.from_checkpoint(mdir).get_state()
+    return state, ctor
+
+
+def load_policy(ckpt: str, base_model: Optional[str] = None, dtype: Optional[str] = None):
+    """``(model, tokenizer, model_config)``: the trained causal LM of an algorithm checkpoint."""
+    return load_module_dir(os.path.join(ckpt, MODULE_SUBDIR), base_model=base_model, dtype=dtype)
+
+
+def load_module_dir(mdir: str, base_model: Optional[str] = None, dtype: Optional[str] = None):
+    """The causal LM of a saved ``R3LCausalLMModule`` directory, as a plain Hugging Face model
+    (LoRA adapters merged into the weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rllib_r3l.models import ModelResolutionError, _torch_dtype, load_tokenizer, resolve_model
+    from rllib_r3l.rl_module import hf_named_tensors
+
+    state, ctor = _module_state_and_ctor(mdir)
+    args, kwargs = ctor.get("ctor_args_and_kwargs", ((), {}))
+    model_config = dict(kwargs.get("model_config") or {})
+    model_id = base_model or model_config.get("model_id")
+    if not model_id:
+        raise UsageError(f"{mdir}: the checkpoint does not name its base model; pass --base-model")
+    try:
+        path = resolve_model(model_id)
+    except ModelResolutionError as e:
+        raise UsageError(f"base model {model_id!r}: {e}") from None
+    if not os.path.isdir(path):
+        raise UsageError(f"base model {model_id!r} is not a local directory (needed for its architecture and "
+                         "tokenizer); pass --base-model with a local copy")
+    if model_config.get("lora"):
+        # The module wraps the model with peft: rebuild it as trained, load the state, merge.
+        module = ctor["class"](*args, **dict(kwargs, model_config=dict(model_config, model_id=path)))
+        module.set_state(state)
+        model = module.lm.merge_and_unload()
+    else:
+        weights = dict(hf_named_tensors(state))
+        trained_dtype = next((v.dtype for v in weights.values() if torch.is_floating_point(v)), torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=trained_dtype)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+        missing = [k for k in missing if k not in tied]
+        if missing or unexpected:
+            raise UsageError(f"the checkpoint's weights do not fit base model {model_id!r} "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]}); pass the right --base-model")
+    if dtype is not None:
+        model = model.to(_torch_dtype(dtype))
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.gradient_checkpointing_disable()
+    model.config.use_cache = True
+    model.eval()
+    tokenizer = load_tokenizer(path)
+    model_config["base_model_path"] = path
+    return model, tokenizer, model_config
+
+
+def export_checkpoint(checkpoint: str, out: str, dtype: Optional[str] = None, force: bool = False,
+                      base_model: Optional[str] = None) -> str:
+    """Write the checkpoint's policy as a Hugging Face model directory; returns its path."""
+    out = os.path.abspath(os.path.expanduser(out))
+    if os.path.isdir(out) and os.listdir(out) and not force:
+        raise UsageError(f"--out {out}: directory is not empty; choose a new one or pass --force")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    ckpt = find_checkpoint(checkpoint)
+    model, tokenizer, model_config = load_policy(ckpt, base_model=base_model, dtype=dtype)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise UsageError(f"base model {model_config.get('model_id')!r} has no chat template; R3L policies need one")
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    cfg = load_checkpoint_config(ckpt)
+    meta = {
+        "source_checkpoint": ckpt,
+        "training_iteration": checkpoint_iteration(ckpt),
+        "base_model": model_config.get("model_id"),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "rollout": {k: cfg[k] for k in ROLLOUT_KEYS if k in cfg and _jsonable(cfg[k])},
+    }
+    with open(os.path.join(out, EXPORT_META), "w") as f:
+        json.dump(meta, f, indent=1)
+    return out
+
+
+def read_export_meta(model_dir: str) -> Dict[str, Any]:
+    f = os.path.join(model_dir, EXPORT_META)
+    if not os.path.isfile(f):
+        return {}
+    with open(f) as fh:
+        return json.load(fh)
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False

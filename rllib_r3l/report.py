@@ -1,0 +1,234 @@
+"""Experiment report (``rllib-r3l report``): final metrics per trial and learning curves.
+
+Reads every Tune trial directory under ``EXPERIMENT_DIR`` (``result.json``, one JSON result per
+line, preferred because Tune's ``progress.csv`` keeps only the columns of the first result; else
+``progress.csv``), writes ``summary.csv`` (one row per trial: the last value of each metric, and the
+hyperparameters that differ between trials, e.g. a grid search's) and PNG learning curves
+(matplotlib, Agg backend): reward, success rate, R3L retry metrics and tokens per sample against
+the training iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+from rllib_r3l.cli import UsageError
+
+SUMMARY_FILE = "summary.csv"
+
+# short name -> flattened result key (Tune flattens nested results with "/").
+METRICS: Dict[str, str] = {
+    "reward": "env_runners/episode_return_mean",
+    "success_rate": "env_runners/success_rate",
+    "episode_turns": "env_runners/episode_len_mean",
+    "eval_reward": "evaluation/env_runners/episode_return_mean",
+    "eval_success_rate": "evaluation/env_runners/success_rate",
+    "retry_trigger_rate": "env_runners/r3l/retry_trigger_rate",
+    "retry_success_rate": "env_runners/r3l/retry_success_rate",
+    "retry_improvement_rate": "env_runners/r3l/retry_improvement_rate",
+    "reward_gain": "env_runners/r3l/reward_gain",
+    "mean_pivot_turn": "env_runners/r3l/mean_pivot_turn",
+    "reflection_valid_rate": "env_runners/r3l/reflection_valid_rate",
+    "num_retries": "env_runners/r3l/num_retries",
+    "trained_tokens_per_sample": "r3l/trained_tokens_per_sample",
+    "generated_tokens_per_sample": "env_runners/r3l/generated_tokens_per_sample",
+    "rollout_turns_per_sample": "env_runners/r3l/rollout_turns_per_sample",
+    "loss": "learners/default_policy/total_loss",
+    "grad_norm": "learners/default_policy/gradients_default_optimizer_global_norm",
+    "time_this_iter_s": "time_this_iter_s",
+    "time_total_s": "time_total_s",
+}
+# figure file -> (title, metrics on it)
+PLOTS: Dict[str, Tuple[str, List[str]]] = {
+    "reward.png": ("Mean episode return (base rollouts)", ["reward", "eval_reward"]),
+    "success_rate.png": ("Success rate (base rollouts)", ["success_rate", "eval_success_rate"]),
+    "retry_metrics.png": ("R3L retries", ["retry_trigger_rate", "retry_success_rate", "retry_improvement_rate",
+                                          "reward_gain", "mean_pivot_turn", "reflection_valid_rate"]),
+    "tokens_per_sample.png": ("Tokens per sample", ["trained_tokens_per_sample", "generated_tokens_per_sample",
+                                                    "rollout_turns_per_sample"]),
+}
+# config keys never shown as "varied" (bookkeeping that differs per trial anyway).
+_IGNORED_PARAMS = ("__trial_info__", "seed", "callbacks", "callbacks_class")
+
+
+def find_trial_dirs(root: str) -> List[str]:
+    """Directories (``root`` itself or below, up to 3 levels) holding a Tune result file."""
+    root = os.path.abspath(os.path.expanduser(root))
+    if not os.path.isdir(root):
+        raise UsageError(f"{root}: no such directory (pass a Tune experiment directory, e.g. ~/ray_results/NAME)")
+    found = []
+    base_depth = root.rstrip(os.sep).count(os.sep)
+    for d, dirs, files in os.walk(root):
+        if d.count(os.sep) - base_depth >= 3:
+            dirs[:] = []
+        dirs[:] = [x for x in dirs if not x.startswith("checkpoint_") and x != "report"]
+        if "result.json" in files or "progress.csv" in files:
+            found.append(d)
+            dirs[:] = []
+    if not found:
+        raise UsageError(f"{root}: no Tune trials found (no result.json or progress.csv up to 3 levels down)")
+    return sorted(found)
+
+
+def _flatten(d: Dict[str, Any], prefix: str = "", out: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    out = {} if out is None else out
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            if k != "config":
+                _flatten(v, key + "/", out)
+        else:
+            out[key] = v
+    return out
+
+
+def load_trial(trial_dir: str):
+    """``(progress DataFrame with the METRICS short names + training_iteration, params dict)``."""
+    import pandas as pd
+
+    rows = []
+    rj = os.path.join(trial_dir, "result.json")
+    if os.path.isfile(rj) and os.path.getsize(rj) > 0:
+        with open(rj) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rows.append(_flatten(json.loads(line)))
+                except ValueError:  # a line being written right now
+                    continue
+        raw = pd.DataFrame(rows)
+    else:
+        pc = os.path.join(trial_dir, "progress.csv")
+        try:
+            raw = pd.read_csv(pc)
+        except (OSError, ValueError, pd.errors.EmptyDataError):
+            raw = pd.DataFrame()
+    df = pd.DataFrame()
+    if "training_iteration" in raw:
+        df["training_iteration"] = pd.to_numeric(raw["training_iteration"], errors="coerce")
+    for short, key in METRICS.items():
+        if key in raw:
+            df[short] = pd.to_numeric(raw[key], errors="coerce")
+    params = {}
+    pj = os.path.join(trial_dir, "params.json")
+    if os.path.isfile(pj):
+        try:
+            with open(pj) as f:
+                params = json.load(f)
+        except ValueError:
+            params = {}
+    return df, params
+
+
+def _scalar_params(params: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out = {}
+    for k, v in params.items():
+        if k in _IGNORED_PARAMS:
+            continue
+        if isinstance(v, dict):
+            out.update(_scalar_params(v, f"{prefix}{k}."))
+        elif v is None or isinstance(v, (str, int, float, bool)):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def summarize(trial_dirs: List[str], root: str):
+    """One row per trial: identity, the varied hyperparameters, the last value of each metric."""
+    import pandas as pd
+
+    loaded = [(d, *load_trial(d)) for d in trial_dirs]
+    flat = [_scalar_params(p) for _d, _df, p in loaded]
+    keys = sorted({k for f in flat for k in f})
+    varied = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flat}) > 1]
+    rows = []
+    for (d, df, _p), f in zip(loaded, flat):
+        rel = os.path.relpath(d, root)
+        rel = os.path.basename(d) if rel == "." else rel
+        rel = re.sub(r"^(.*_\d{5})_\d+_.*$", r"\1", rel)  # drop Tune's "_<index>_<params>_<date>" suffix
+        row: Dict[str, Any] = {"trial": rel,
+                               "model": f.get("model", f.get("model_id")), "env": f.get("env")}
+        for k in varied:
+            if k not in ("model", "model_id", "env"):
+                row[k] = f.get(k)
+        row["iterations"] = int(df["training_iteration"].max()) if "training_iteration" in df and len(df) else 0
+        for short in METRICS:
+            if short in df:
+                s = df[short].dropna()
+                row[short] = float(s.iloc[-1]) if len(s) else float("nan")
+        if "reward" in df and df["reward"].notna().any():
+            row["best_reward"] = float(df["reward"].max())
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    order = ["trial", "model", "env"] + [k for k in varied if k in table] + ["iterations", "reward", "best_reward"]
+    order += [m for m in METRICS if m not in order]
+    table = table[[c for c in order if c in table] + [c for c in table if c not in order]]
+    return table, loaded, varied
+
+
+def _label(d: str, params: Dict[str, Any], varied: List[str], root: str) -> str:
+    flat = _scalar_params(params)
+    parts = [f"{k.split('.')[-1]}={flat.get(k)}" for k in varied if k in flat]
+    return ", ".join(parts) if parts else os.path.basename(d) or os.path.relpath(d, root)
+
+
+def plot(loaded, varied: List[str], out_dir: str, root: str) -> List[str]:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    written = []
+    for fname, (title, metrics) in PLOTS.items():
+        present = [m for m in metrics if any(m in df and df[m].notna().any() for _d, df, _p in loaded)]
+        if not present:
+            continue
+        n = len(present)
+        cols = min(n, 3)
+        nrows = (n + cols - 1) // cols
+        fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.6 * nrows), squeeze=False)
+        legend: Dict[str, Any] = {}
+        for ax, metric in zip(axes.flat, present):
+            for i, (d, df, params) in enumerate(loaded):
+                if metric not in df or "training_iteration" not in df:
+                    continue
+                sub = df[["training_iteration", metric]].dropna()
+                if len(sub):
+                    label = _label(d, params, varied, root)
+                    (line,) = ax.plot(sub["training_iteration"], sub[metric], color=f"C{i % 10}",
+                                      marker="o" if len(sub) < 20 else None, markersize=3, label=label)
+                    legend.setdefault(label, line)
+            ax.set_title(metric)
+            ax.set_xlabel("training iteration")
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[n:]:
+            ax.axis("off")
+        labels, handles = list(legend), list(legend.values())
+        bottom = 0.0
+        if 1 < len(labels) <= 20:  # one legend for all panels, below them
+            legend_rows = (len(labels) + 2) // 3
+            fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8)
+            bottom = min(0.4, (0.15 + 0.25 * legend_rows) / (3.6 * nrows))
+        fig.suptitle(title)
+        fig.tight_layout(rect=(0, bottom, 1, 0.95))
+        path = os.path.join(out_dir, fname)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def make_report(experiment_dir: str, out: Optional[str] = None):
+    """Write ``summary.csv`` and the PNGs; returns ``(table, png paths, out dir)``."""
+    root = os.path.abspath(os.path.expanduser(experiment_dir))
+    trials = find_trial_dirs(root)
+    table, loaded, varied = summarize(trials, root)
+    out_dir = os.path.abspath(os.path.expanduser(out)) if out else os.path.join(root, "report")
+    os.makedirs(out_dir, exist_ok=True)
+    table.to_csv(os.path.join(out_dir, SUMMARY_FILE), index=False)
+    pngs = plot(loaded, varied, out_dir, root)
+    return table, pngs, out_dir
