@@ -199,6 +199,7 @@ class Explorer:
         """Means of the per-sample statistics since the last call, under their ``r3l/`` names."""
         out = {k: float(np.mean(v)) for k, v in self.samples.items() if v}
         self.samples = {}
-        out.update(self.reflection_stats.as_metrics())
+        if self.reflection_stats.total:  # no reflection this round (reflect=False): no reflection metrics
+            out.update(self.reflection_stats.as_metrics())
         self.reflection_stats = reflect_lib.ReflectionStats()
         return out
