@@ -33,7 +33,7 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "reflector_model": (None, "None = the policy reflects itself; else an HF id/path of a separate reflector"),
     "reflection_template": (None, "None = built-in prompt; else a template string or a path to a template file"),
     "reflection_structured": (True, "hold the reflection to the report's JSON schema (structured outputs)"),
-    "max_reflection_tokens": (512, "token budget of a reflection (paper: 4096)"),
+    "max_reflection_tokens": (256, "token budget of a reflection (paper: 4096; the compact JSON report needs ~150)"),
     "aux_tasks": (True, "add reflection and guided-retry auxiliary items for successful retries"),
     "aux_weight": (1.0, "loss weight of the auxiliary reflection/retry-SFT items"),
     "verify_replay": (True, "check that a retry's replayed observations equal the recorded ones"),

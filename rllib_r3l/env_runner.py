@@ -202,7 +202,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             m.log_value(("r3l", k), v, reduce="mean", window=1)
         m.log_value(("r3l", "faults", "episodes_lost"), len(lost), reduce="sum")
         for k in ("env_errors", "generation_errors", "replay_mismatch", "context_overflow", "truncated_responses",
-                  "invalid_actions", "retries_skipped", "reflection_generation_errors", "env_close_errors",
+                  "invalid_actions", "retries_skipped", "reflection_generation_errors", "env_close_errors", "reflection_contradicts_reward",
                   "env_create_errors"):
             m.log_value(("r3l", "faults", k), self.counters[k] - before.get(k, 0), reduce="sum")
         for k in [k for k in self.counters if k.startswith("injected_")]:  # fault_injection (testing aid)

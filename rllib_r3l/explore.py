@@ -112,7 +112,8 @@ class Explorer:
             prompts.append(self.reflector_chat.prompt(messages))
         structured = self.opts.reflection_structured
         reqs = [GenerationRequest(p, self.opts.max_reflection_tokens,
-                                  json_schema=reflect_lib.report_json_schema(max(len(t.actions), 1)) if structured else None)
+                                  json_schema=reflect_lib.report_json_schema(max(len(t.actions), 1), failed=not t.success)
+                                  if structured else None)
                 for p, t in zip(prompts, trajectories)]
         try:
             outs = self.reflector.generate(reqs, temperature=self.opts.temperature)
@@ -123,6 +124,11 @@ class Explorer:
         results = []
         for t, p, o in zip(trajectories, prompts, outs):
             parsed = reflect_lib.parse_report(o.text, len(t.actions))
+            if parsed.ok and parsed.report.outcome == reflect_lib.Outcome.SUCCESS and not t.success:
+                # the reward says the episode failed: a "success" verdict is a misjudgment, not a report
+                self.counters["reflection_contradicts_reward"] += 1
+                parsed = reflect_lib.ParseResult(reflect_lib.ParseStatus.BAD_OUTCOME, None,
+                                                 "outcome 'success' contradicts the environment's reward")
             self.reflection_stats.add(parsed)
             results.append((parsed, p, o))
         return results

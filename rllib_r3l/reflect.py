@@ -747,23 +747,33 @@ def build_reflection_messages(
 # ==================================================================================================
 # Structured outputs
 # ==================================================================================================
-def report_json_schema(num_steps: Optional[int] = None) -> Dict[str, Any]:
+def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] = None) -> Dict[str, Any]:
     """JSON schema of a report, for constrained decoding (vLLM structured outputs).
 
-    With ``num_steps`` the pivot is also bounded above by ``num_steps - 1``. The schema cannot
-    express "null exactly on success"; :func:`parse_report` still enforces that.
+    With ``num_steps`` the pivot is also bounded above by ``num_steps - 1``. With ``failed=True``
+    (the environment's reward says the episode failed) the outcome ``success`` is not allowed and
+    a pivot and a suggestion are required: a weak reflector otherwise calls failures successes.
+    The schema cannot express "null exactly on success"; :func:`parse_report` still enforces that.
     """
     pivot: Dict[str, Any] = {"type": "integer", "minimum": 0}
     if num_steps is not None:
         pivot["maximum"] = max(0, int(num_steps) - 1)
+    if failed:
+        outcomes = [Outcome.FAILURE.value]
+        suggestion: Dict[str, Any] = {"type": "string", "minLength": 1}
+        retry: Dict[str, Any] = pivot
+    else:
+        outcomes = [o.value for o in Outcome]
+        suggestion = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+        retry = {"anyOf": [pivot, {"type": "null"}]}
     return {
         "type": "object",
         "properties": {
             "summary": {"type": "string"},
             "root_cause": {"type": "string"},
-            "outcome": {"type": "string", "enum": [o.value for o in Outcome]},
-            "suggestion": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-            "retry_from_step": {"anyOf": [pivot, {"type": "null"}]},
+            "outcome": {"type": "string", "enum": outcomes},
+            "suggestion": suggestion,
+            "retry_from_step": retry,
         },
         "required": ["summary", "root_cause", "outcome", "suggestion", "retry_from_step"],
         "additionalProperties": False,

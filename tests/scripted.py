@@ -29,10 +29,11 @@ def corridor_policy(prompt_text: str, choices: Optional[List[str]]) -> str:
 class ScriptedBackend(GenerationBackend):
     name = "scripted"
 
-    def __init__(self, tokenizer, policy: Callable = corridor_policy, pivot: int = 1) -> None:
+    def __init__(self, tokenizer, policy: Callable = corridor_policy, pivot: int = 1, outcome: str = "failure") -> None:
         self.tok = tokenizer
         self.policy = policy
         self.pivot = pivot
+        self.outcome = outcome
         self.calls: List[List[GenerationRequest]] = []
 
     def _result(self, text: str) -> GenerationResult:
@@ -48,7 +49,7 @@ class ScriptedBackend(GenerationBackend):
                 report = {
                     "summary": "The agent kept moving left and took a coin where none was.",
                     "root_cause": "Why did it fail? Because it moved away from the coin.",
-                    "outcome": "failure",
+                    "outcome": self.outcome,
                     "suggestion": f"{GUIDE_MARK}: move right to find the coin.",
                     "retry_from_step": self.pivot,
                 }

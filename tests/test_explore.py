@@ -179,3 +179,24 @@ def test_context_overflow_ends_episode_within_budget(tokenizer):
     assert t.status == Status.CONTEXT_OVERFLOW and runner.counters["context_overflow"] == 1
     assert 0 < t.num_turns < 6 and t.segments[-1].role == "response"
     assert t.num_tokens <= 160
+
+
+def test_success_verdict_on_a_failed_episode_is_counted_not_trusted(tokenizer):
+    chat = ChatFormat(tokenizer)
+    backend = ScriptedBackend(tokenizer, outcome="success")
+    opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
+    runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
+    ex = Explorer(runner, chat, ExploreOptions(group_size=4))
+    [group] = ex.explore([SEED], ["g0"])
+    assert [t.kind for t in group.trajectories] == [Kind.BASE, Kind.BASE]  # no retry, no aux item
+    assert runner.counters["reflection_contradicts_reward"] == 2
+    m = ex.pop_metrics()
+    assert m["reflection_valid_rate"] == 0.0 and m["retry_trigger_rate"] == 0.0
+
+
+def test_failed_episode_schema_forbids_success():
+    from rllib_r3l import reflect
+
+    schema = reflect.report_json_schema(5, failed=True)
+    assert schema["properties"]["outcome"]["enum"] == ["failure"]
+    assert schema["properties"]["retry_from_step"]["maximum"] == 4
