@@ -95,10 +95,26 @@ def _reload_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) -
         if reload is None:
             reload = worker.model_runner.reload_weights
         reload(weights_iterator=iter(weights))
+        if any(n.endswith("embed_tokens.weight") for n, _ in weights):
+            _refresh_tied_lm_head(worker)
     finally:
         for lg, level in saved:
             lg.setLevel(level)
     return len(weights)
+
+
+def _refresh_tied_lm_head(worker) -> None:
+    """A tied output head shares the embedding's parameter, but the reload post-processes only the
+    embedding layer: on CPU the head keeps the packed GEMM copy of the *old* weights (measured:
+    log-probs off by ~0.9 after an embedding update). Re-run the head's post-processing."""
+    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
+    head = getattr(model, "lm_head", None)
+    embed = next((m for n, m in model.named_modules() if n.endswith("embed_tokens")), None)
+    if head is None or embed is None or getattr(head, "weight", None) is not getattr(embed, "weight", False):
+        return
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)  # a no-op for unquantized heads on GPU
 
 
 def cpu_default_dtype() -> str:
