@@ -24,8 +24,7 @@ Helpers here are framework-light (torch only) so that tests and benchmarks can u
 
 from __future__ import annotations
 
-import time
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -37,7 +36,7 @@ __all__ = [
     "to_cpu_state",
     "state_nbytes",
     "lora_engine_state",
-    "sync_into_backends",
+    "num_buckets",
 ]
 
 _PEFT_PREFIX = "base_model.model."
@@ -93,16 +92,6 @@ def lora_engine_state(lm: torch.nn.Module) -> Dict[str, torch.Tensor]:
             continue
         out[hf] = merged.get(hf, t.detach())
     return to_cpu_state(out)
-
-
-def sync_into_backends(backends: Sequence, named_tensors: List[Tuple[str, torch.Tensor]]) -> List[float]:
-    """Load the same weights into several in-process backends; seconds per backend (benchmarks)."""
-    secs = []
-    for b in backends:
-        t0 = time.perf_counter()
-        b.update_weights(list(named_tensors))
-        secs.append(time.perf_counter() - t0)
-    return secs
 
 
 def num_buckets(named_tensors: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: Optional[int]) -> int:
