@@ -11,10 +11,24 @@ __version__ = "0.1.0"
 
 
 def register() -> None:
-    """Register ``"R3L"`` with Ray Tune (done on import; call again in a fresh process if needed)."""
+    """Register ``"R3L"`` with Ray Tune (done on import).
+
+    Tune's registry moves registrations into the Ray session when one starts and forgets them when it
+    shuts down; re-registering on every ``ray.init`` keeps ``"R3L"`` resolvable across sessions.
+    """
     from ray.tune.registry import register_trainable
 
     register_trainable("R3L", R3L)
 
 
+def _register_on_init() -> None:
+    try:
+        from ray._private import worker
+    except ImportError:  # pragma: no cover - private API moved: import-time registration still works
+        return
+    if register not in worker._post_init_hooks:
+        worker._post_init_hooks.append(register)
+
+
 register()
+_register_on_init()

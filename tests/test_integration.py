@@ -27,11 +27,21 @@ def tiny_config(**training):
             .training(**opts).debugging(seed=0))
 
 
-def test_registered_with_tune():
-    import rllib_r3l
-    from ray.tune.registry import get_trainable_cls
+def test_registered_with_tune_on_import_and_across_ray_sessions():
+    import subprocess
+    import sys
 
-    assert get_trainable_cls("R3L") is rllib_r3l.R3L
+    code = ("import os; os.environ['RAY_AUTH_MODE'] = 'disabled'\n"
+            "import ray, rllib_r3l\n"
+            "from ray.tune.registry import get_trainable_cls\n"
+            "assert get_trainable_cls('R3L') is rllib_r3l.R3L\n"
+            "for _ in range(2):\n"
+            "    ray.init(num_cpus=1, include_dashboard=False)\n"
+            "    assert get_trainable_cls('R3L') is rllib_r3l.R3L\n"
+            "    ray.shutdown()\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
 def test_import_is_light():
