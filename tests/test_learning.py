@@ -30,5 +30,9 @@ def test_tiny_model_learns_one_turn_task():
     finally:
         algo.stop()
         ray.shutdown()
-    assert np.mean(success[:2]) < 0.5, success
+    # Only iteration 1 samples the untrained policy (metrics are per iteration, window=1); the second
+    # already follows one update at lr 3e-3 and can be past 0.5 (CI saw 0.66). 32 draws at p=0.25:
+    # P(>= 0.6) < 1e-4, so this bound tests "starts near chance" without flaking.
+    assert success[0] < 0.6, success
     assert np.mean(success[-3:]) > 0.85, success
+    assert np.mean(success[-3:]) - success[0] > 0.3, success
