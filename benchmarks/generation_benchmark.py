@@ -5,7 +5,9 @@
 
 Each backend runs in its own subprocess (vLLM binds OpenMP threads for its whole process). Prints a
 table of generated tokens per second (sampling at T=1, chat prompt of ~250 tokens, tokens counted
-as actually generated), plus engine start and weight-sync times.
+as actually generated), plus engine start and weight-sync times. Raw results are written to
+``benchmarks/results/generation_benchmark.json`` after each backend finishes (a run cut short keeps
+what finished).
 """
 
 from __future__ import annotations
@@ -126,6 +128,11 @@ def main() -> None:
             print(f"{name} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
             continue
         results.append(json.loads(lines[-1][len("RESULT "):]))
+        out = ROOT / "benchmarks" / "results" / "generation_benchmark.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"model": args.model, "max_tokens": args.max_tokens, "cpus": os.cpu_count(),
+                                   "load_start": load_start, "load_now": os.getloadavg()[0],
+                                   "date": time.strftime("%Y-%m-%d %H:%M"), "results": results}, indent=1))
 
     if not results:
         sys.exit(1)

@@ -6,7 +6,9 @@
 All three train the same model (default SmolLM2-135M-Instruct) on the same fixed batch: B sequences
 of P prompt + C completion tokens (random token ids, fixed seed), loss on the C completion tokens,
 one AdamW step per batch (lr 1e-6, weight decay 0.01, grad-norm clip 1.0), no KL/reference model,
-no gradient checkpointing, the same weights dtype (``--dtype``; no autocast anywhere).
+no gradient checkpointing, the same weights dtype (``--dtype``) and the same autocast (``--autocast``:
+"none" = none anywhere; "bfloat16" = bf16 autocast over fp32 weights in all three: R3L
+``mixed_precision="bfloat16"``, TRL ``bf16=True``, bare ``torch.autocast``).
 
 * ``r3l``  - ``R3LConfig(...).build_algo()`` and ``algo.learner_group.update(MultiAgentBatch)``, i.e.
   the exact call ``R3L.training_step`` makes (micro_batch_size = B: one forward/backward).
@@ -61,6 +63,16 @@ def _timed(step, n_warm, n, meter):
     return steps
 
 
+def _autocast(args):
+    import contextlib
+
+    import torch
+
+    if args.autocast == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def run_bare(args, path, head_at_completion: bool):
     import torch
     from transformers import AutoModelForCausalLM
@@ -75,16 +87,20 @@ def run_bare(args, path, head_at_completion: bool):
 
     def step():
         opt.zero_grad(set_to_none=True)
+        with _autocast(args):
+            loss = forward_loss()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    def forward_loss():
         if head_at_completion:
             h = model.get_decoder()(input_ids=ids).last_hidden_state[:, P - 1:-1]
             logits = model.get_output_embeddings()(h).float()
         else:
             logits = model(input_ids=ids).logits[:, P - 1:-1].float()
         logp = torch.log_softmax(logits, -1).gather(-1, ids[:, P:].unsqueeze(-1)).squeeze(-1)
-        loss = -(adv[:, None] * logp).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        return -(adv[:, None] * logp).mean()
 
     return _timed(step, 1, args.steps, lambda s: None)
 
@@ -98,8 +114,10 @@ def run_r3l(args, path):
 
     import rllib_r3l  # noqa: F401
     from rllib_r3l import R3LConfig
+    from rllib_r3l.main import find_r3l_metrics
 
     cfg = R3LConfig().training(model=path, model_dtype=args.dtype, micro_batch_size=args.micro_batch or args.batch,
+                               micro_batch_tokens=None, mixed_precision=args.autocast,
                                lr=1e-6, backend="transformers", num_threads=args.threads)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     algo = cfg.build_algo()
@@ -119,7 +137,7 @@ def run_r3l(args, path):
         res = algo.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=B),
                                         timesteps={}, num_epochs=1, minibatch_size=None)
         r = res[0] if isinstance(res, list) else res
-        found = _find(r, "learner")
+        found = find_r3l_metrics(r, "learner")
         internal.append(found or {})
 
     steps = _timed(step, 1, args.steps, lambda s: None)
@@ -130,19 +148,6 @@ def run_r3l(args, path):
     algo.stop()
     ray.shutdown()
     return steps
-
-
-def _find(d, key):
-    """The dict under .../r3l/<key> anywhere in a (nested) result."""
-    if not isinstance(d, dict):
-        return None
-    if "r3l" in d and isinstance(d["r3l"], dict) and key in d["r3l"]:
-        return d["r3l"][key]
-    for v in d.values():
-        f = _find(v, key)
-        if f is not None:
-            return f
-    return None
 
 
 def _peek(v):
@@ -181,7 +186,7 @@ def run_trl(args, path):
     tmp = tempfile.mkdtemp(prefix="trl-bench-")
     conf = GRPOConfig(output_dir=tmp, per_device_train_batch_size=args.batch, num_generations=args.batch,
                       max_completion_length=args.completion, max_steps=1 + args.steps, learning_rate=1e-6,
-                      weight_decay=0.01, max_grad_norm=1.0, beta=0.0, bf16=False, fp16=False, use_cpu=True,
+                      weight_decay=0.01, max_grad_norm=1.0, beta=0.0, bf16=args.autocast == "bfloat16", fp16=False, use_cpu=True,
                       gradient_checkpointing=False, logging_steps=10_000, save_strategy="no", report_to="none",
                       dataloader_num_workers=0, seed=0)
     ds = Dataset.from_dict({"prompt": ["x"] * (args.batch * (args.steps + 2))})
@@ -233,6 +238,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=200)
     ap.add_argument("--completion", type=int, default=64)
     ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    ap.add_argument("--autocast", default="none", choices=["none", "bfloat16"],
+                    help="bf16 autocast over the --dtype weights, in all implementations")
     ap.add_argument("--micro-batch", type=int, default=0, help="r3l micro_batch_size (0 = the batch size)")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per run (after 1 warm-up step)")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
@@ -255,7 +262,7 @@ def main() -> None:
         for impl in order:
             cmd = [sys.executable, __file__, "--worker", impl, "--model", args.model, "--batch", str(args.batch),
                    "--prompt", str(args.prompt), "--completion", str(args.completion), "--dtype", args.dtype,
-                   "--micro-batch", str(args.micro_batch), "--steps", str(args.steps), "--threads", str(args.threads)]
+                   "--autocast", args.autocast, "--micro-batch", str(args.micro_batch), "--steps", str(args.steps), "--threads", str(args.threads)]
             p = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT),
                                env=dict(os.environ, RAY_AUTH_MODE="disabled", TOKENIZERS_PARALLELISM="false"))
             lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
@@ -289,7 +296,7 @@ def summarise(args, impls, runs) -> None:
                       "median_tok_per_cpu_s": statistics.median(tokens / s["cpu_s"] for s in st),
                       "mean_cpu_over_wall": statistics.mean(s["cpu_s"] / s["wall_s"] for s in st),
                       "mean_load": statistics.mean(s["load"] for s in st)}
-    print(f"\nmodel {args.model}, {args.dtype} weights, {args.batch} x ({args.prompt} + {args.completion}) tokens, "
+    print(f"\nmodel {args.model}, {args.dtype} weights, autocast {args.autocast}, {args.batch} x ({args.prompt} + {args.completion}) tokens, "
           f"threads={args.threads}, {args.reps} interleaved reps x {args.steps} steps, {os.cpu_count()} CPUs")
     print("| learner | steps | median step s | median tok/s | best tok/s | completion tok/s | tok per CPU-s | cpu/wall | load |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -306,7 +313,7 @@ def summarise(args, impls, runs) -> None:
             print(f"ratio {a}/{b}: wall median {r['median_tok_per_s']:.2f}, wall best {r['best_tok_per_s']:.2f}, "
                   f"per CPU-s {r['median_tok_per_cpu_s']:.2f}")
     OUT.mkdir(parents=True, exist_ok=True)
-    name = f"learner_throughput_{args.dtype}{('_' + args.tag) if args.tag else ''}"
+    name = f"learner_throughput_{args.dtype}{'_autocast_bf16' if args.autocast == 'bfloat16' else ''}{('_' + args.tag) if args.tag else ''}"
     with open(OUT / f"{name}.json", "w") as f:
         json.dump({"args": {k: v for k, v in vars(args).items()}, "tokens_per_step": tokens, "runs": runs,
                    "summary": summ, "ratios": ratios, "when": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)

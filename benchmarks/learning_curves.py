@@ -94,7 +94,7 @@ def run_variant(args) -> None:
     cfg = (R3LConfig()
            .environment("r3l/CoinCollector", env_config={"num_locations": args.num_locations, "max_turns": args.max_turns})
            .training(group_size=args.group_size, tasks_per_iteration=args.tasks, lr=args.lr,
-                     micro_batch_size=args.micro_batch_size, backend="vllm",
+                     micro_batch_size=args.micro_batch_size, micro_batch_tokens=args.micro_batch_tokens, backend="vllm",
                      **VARIANTS[args.variant])
            .debugging(seed=args.seed))
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
@@ -198,6 +198,8 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=2, help="task groups per iteration")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--micro-batch-size", type=int, default=4)
+    ap.add_argument("--micro-batch-tokens", type=int, default=2048,
+                    help="learner token budget per forward/backward (bounds memory: variants run concurrently)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=4)
     ap.add_argument("--eval-episodes", type=int, default=24)
@@ -214,7 +216,8 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--variant", v, "--iterations", str(args.iterations),
                    "--num-locations", str(args.num_locations), "--max-turns", str(args.max_turns),
                    "--group-size", str(args.group_size), "--tasks", str(args.tasks), "--lr", str(args.lr),
-                   "--micro-batch-size", str(args.micro_batch_size), "--seed", str(args.seed),
+                   "--micro-batch-size", str(args.micro_batch_size),
+                   "--micro-batch-tokens", str(args.micro_batch_tokens), "--seed", str(args.seed),
                    "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes)]
             log = open(OUT / f"{v}.log", "w")
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT)))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -71,3 +71,27 @@ def build_train_batch(
 def kind_counts(trajectories: Sequence[Trajectory]) -> Dict[str, int]:
     c = Counter(t.kind.value for t in trajectories)
     return {k.value: c.get(k.value, 0) for k in Kind}
+
+
+def plan_micro_batches(lengths: Sequence[int], *, max_sequences: int, max_tokens: Optional[int] = None) -> List[List[int]]:
+    """Group trajectory indices into micro-batches for gradient accumulation.
+
+    Longest first, so each micro-batch holds trajectories of similar length (little padding); a
+    micro-batch holds at most ``max_sequences`` trajectories and, when ``max_tokens`` is set, at
+    most ``max_tokens`` *padded* tokens (``len(group) * longest``). A trajectory longer than
+    ``max_tokens`` gets a micro-batch of its own. Activation memory grows with padded tokens, so
+    the token budget, not the trajectory count, is what bounds a learner's peak memory.
+    """
+    if max_sequences < 1:
+        raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    plan: List[List[int]] = []
+    for i in order:
+        cur = plan[-1] if plan else None
+        if cur is not None and len(cur) < max_sequences and (
+            max_tokens is None or (len(cur) + 1) * int(lengths[cur[0]]) <= max_tokens
+        ):
+            cur.append(i)
+        else:
+            plan.append([i])
+    return plan

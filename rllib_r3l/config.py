@@ -49,7 +49,9 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "use_importance_ratio": (False, "clipped importance ratio vs the sampler's log-probs on base data"),
     "clip_ratio_low": (0.2, "lower PPO clip epsilon (base data, with use_importance_ratio)"),
     "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
-    "micro_batch_size": (4, "trajectories per forward/backward pass (gradient accumulation)"),
+    "micro_batch_size": (4, "max trajectories per forward/backward pass (gradient accumulation)"),
+    "micro_batch_tokens": (4096, "max padded tokens (trajectories x longest) per forward/backward pass; bounds the learner's activation memory (~1.6 GB per 1k tokens for a 135M model in fp32); None = no cap"),
+    "mixed_precision": ("auto", "learner forward/backward under bf16 autocast (fp32 master weights and optimizer): 'auto' = where the device computes bf16 natively (CUDA with bf16, CPUs with AMX/AVX512-bf16), 'bfloat16' = always, 'none' = fp32"),
     "weight_decay": (0.01, "AdamW weight decay (authors' preset)"),
     "skip_nonfinite_updates": (True, "skip (and count) an update whose loss or gradient is NaN/inf"),
     # rollouts
@@ -90,6 +92,7 @@ _CHOICES = {
     "kl_estimator": ("k1", "k2", "k3"),
     "action_decoding": ("choice", "free_text"),
     "backend": ("auto", "vllm", "transformers"),
+    "mixed_precision": ("auto", "bfloat16", "none"),
 }
 
 
@@ -184,6 +187,8 @@ class R3LConfig(AlgorithmConfig):
         for f in ("group_size", "tasks_per_iteration", "retries_per_failure", "max_response_tokens",
                   "max_context_tokens", "micro_batch_size", "max_reflection_tokens", "weight_sync_interval"):
             positive_int(f)
+        if self.micro_batch_tokens is not None:
+            positive_int("micro_batch_tokens")
         if self.reflect and self.group_size < 2:
             err("group_size", f"must be >= 2 with reflect=True (N/2 base rollouts + N/2 retries), got {self.group_size}")
         if self.reflect and self.group_size % 2:

@@ -134,26 +134,23 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
         total_loss: Dict[str, torch.Tensor] = {}
         fwd_out: Dict[str, Any] = {}
         trained_tokens = 0
-        mbs = int(self.config.micro_batch_size)
         nonfinite = False
         for mid, b in batch.items():
             engine = self._engines[mid]
             module = self.module[mid]
-            B = int(b["input_ids"].shape[0])
             trained_tokens += int(b["num_loss_tokens"].sum())
             normalizer = max(distributed.global_sum(float(b["num_loss_tokens"].sum())), 1.0)
-            n_micro = -(-B // mbs)
+            subs = self.micro_batches(b)
+            n_micro = len(subs)
             n_all = int(_global_max(n_micro))  # same count on every learner (ZeRO-2/3 reduce per backward)
             acc = torch.zeros((), dtype=torch.float32)
             for i in range(n_all):
-                s = i * mbs if i < n_micro else 0
-                sub = {k: v[s:s + mbs] for k, v in b.items() if isinstance(v, torch.Tensor) and v.shape[:1] == (B,)}
+                sub = dict(subs[i] if i < n_micro else subs[0])
                 scale = float(world) if i < n_micro else 0.0  # extra micro-batches only keep the collectives in step
-                T = int(sub["attention_mask"].sum(dim=1).max())
-                sub = {k: (v[:, :T] if v.dim() == 2 else v) for k, v in sub.items()}
                 sub["normalizer"] = normalizer
-                out = module.forward_train(sub)
-                loss = self.compute_loss_for_module(module_id=mid, config=self.config, batch=sub, fwd_out=out)
+                with self.autocast():
+                    out = module.forward_train(sub)
+                    loss = self.compute_loss_for_module(module_id=mid, config=self.config, batch=sub, fwd_out=out)
                 if not torch.isfinite(loss):
                     nonfinite = True
                     loss = out["logprobs"].sum() * 0.0 if torch.isfinite(out["logprobs"]).all() else loss * 0.0

@@ -2,7 +2,8 @@
 
 One optimizer step per training batch (paper K.1: one step per batch). The batch (already holding
 per-trajectory advantages, credit masks and weights, see ``rllib_r3l.batch``) is cut into
-micro-batches of ``micro_batch_size`` trajectories; each micro-batch's loss is normalised by the
+micro-batches (at most ``micro_batch_size`` trajectories and ``micro_batch_tokens`` padded tokens,
+similar lengths together); each micro-batch's loss is normalised by the
 credited-token count of the *whole* batch, so the accumulated gradient equals the one-big-batch
 token-mean gradient (``core_algos.policy_gradient_loss``). A NaN/inf loss or gradient skips the
 step, is counted, and leaves the weights untouched.
@@ -13,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
-from rllib_r3l import core_algos, distributed, faults
+from rllib_r3l import core_algos, distributed, faults, precision
+from rllib_r3l.batch import plan_micro_batches
 
 
 class R3LTorchLearner(TorchLearner):
@@ -93,6 +95,25 @@ class R3LTorchLearner(TorchLearner):
         self._micro_stats[-1]["logprob_sum"] = float(logp.detach().sum())
         return loss
 
+    def micro_batches(self, b: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """The batch cut into micro-batches (``batch.plan_micro_batches``: at most ``micro_batch_size``
+        trajectories and ``micro_batch_tokens`` padded tokens each), right padding trimmed."""
+        B = int(b["input_ids"].shape[0])
+        lengths = b["attention_mask"].sum(dim=1).tolist()
+        plan = plan_micro_batches(lengths, max_sequences=int(self.config.micro_batch_size),
+                                  max_tokens=self.config.micro_batch_tokens)
+        out = []
+        for idx in plan:
+            rows = torch.as_tensor(idx, dtype=torch.long)
+            T = int(max(lengths[i] for i in idx))
+            sub = {k: v[rows] for k, v in b.items() if isinstance(v, torch.Tensor) and v.shape[:1] == (B,)}
+            out.append({k: (v[:, :T] if v.dim() == 2 else v) for k, v in sub.items()})
+        return out
+
+    def autocast(self):
+        """bf16 autocast per ``mixed_precision`` (fp32 master weights; ``rllib_r3l.precision``)."""
+        return precision.autocast(self.config.mixed_precision, self._device.type if self._device is not None else "cpu")
+
     @override(TorchLearner)
     def _update(self, batch: Dict[str, Any]):
         """Accumulate gradients over micro-batches, then one (clipped) optimizer step."""
@@ -106,35 +127,30 @@ class R3LTorchLearner(TorchLearner):
         total_loss: Dict[str, torch.Tensor] = {}
         fwd_out: Dict[str, Any] = {}
         nonfinite = False
-        trained_tokens = 0
-        mbs = int(self.config.micro_batch_size)
+        trained_tokens = forward_tokens = num_micro = 0
         for mid, b in batch.items():
-            B = int(b["input_ids"].shape[0])
             # the whole batch's credited tokens, over all learners (exact token-mean with DDP)
             normalizer = max(distributed.global_sum(float(b["num_loss_tokens"].sum())), 1.0)
             trained_tokens += int(b["num_loss_tokens"].sum())
             acc = torch.zeros((), dtype=torch.float32)
             module = self.module[mid]
-            starts = list(range(0, B, mbs))
-            for i, s in enumerate(starts):
-                sub = {k: v[s:s + mbs] for k, v in b.items() if isinstance(v, torch.Tensor) and v.shape[:1] == (B,)}
+            for sub in self.micro_batches(b):
                 if float(sub["num_loss_tokens"].sum()) == 0:
                     continue
-                # trim right padding of this micro-batch
-                T = int(sub["attention_mask"].sum(dim=1).max())
-                sub = {k: (v[:, :T] if v.dim() == 2 else v) for k, v in sub.items()}
                 sub["normalizer"] = normalizer
+                forward_tokens += int(sub["input_ids"].numel())
+                num_micro += 1
                 # DDP: forward/backward on the unwrapped module (no reducer hooks); one explicit
                 # all-reduce after the loop, whatever the number of micro-batches (distributed.py)
                 fwd = module.unwrapped() if hasattr(module, "no_sync") else module
-                with contextlib.nullcontext():
+                with self.autocast():
                     out = fwd.forward_train(sub)
                     loss = self.compute_loss_for_module(module_id=mid, config=self.config, batch=sub, fwd_out=out)
-                    loss = faults.poison_loss(self, loss)
-                    if not torch.isfinite(loss):
-                        nonfinite = True
-                        break
-                    loss.backward()
+                loss = faults.poison_loss(self, loss)
+                if not torch.isfinite(loss):
+                    nonfinite = True
+                    break
+                loss.backward()
                 acc = acc + loss.detach().float()
             total_loss[mid] = acc
             fwd_out[mid] = {}
@@ -157,6 +173,10 @@ class R3LTorchLearner(TorchLearner):
         self.metrics.log_value(("r3l", "learner", "trained_tokens"), trained_tokens, reduce="sum")
         self.metrics.log_value(("r3l", "learner", "update_seconds"), dt, reduce="mean", window=1)
         self.metrics.log_value(("r3l", "learner", "trained_tokens_per_s"), trained_tokens / max(dt, 1e-9), reduce="mean", window=1)
+        # forward tokens: every (padded) position run through the model, prompts and observations included
+        self.metrics.log_value(("r3l", "learner", "forward_tokens"), forward_tokens, reduce="sum")
+        self.metrics.log_value(("r3l", "learner", "forward_tokens_per_s"), forward_tokens / max(dt, 1e-9), reduce="mean", window=1)
+        self.metrics.log_value(("r3l", "learner", "micro_batches"), num_micro, reduce="sum")
         for key in ("pg_loss", "kl", "clip_fraction", "mean_ratio"):
             vals = [m[key] for m in self._micro_stats if key in m]
             if vals:

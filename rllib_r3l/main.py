@@ -19,14 +19,14 @@ from typing import Any, Dict, List
 
 
 def _parse_set(items: List[str]) -> Dict[str, Any]:
-    import yaml
+    from rllib_r3l.cli import parse_value  # YAML scalars, with 1e-6 read as a float
 
     out: Dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
             raise SystemExit(f"--set expects key=value, got {item!r}")
         k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
+        out[k.strip()] = parse_value(v)
     return out
 
 
@@ -36,6 +36,40 @@ def _get(d: Dict[str, Any], *path: str, default=float("nan")):
             return default
         d = d[p]
     return d
+
+
+def find_r3l_metrics(d: Any, key: str):
+    """The dict under ``.../r3l/<key>`` anywhere in a nested result (learner metrics sit under
+    ``learners/<module>/r3l/learner``)."""
+    if not isinstance(d, dict):
+        return None
+    if isinstance(d.get("r3l"), dict) and key in d["r3l"]:
+        return d["r3l"][key]
+    for v in d.values():
+        found = find_r3l_metrics(v, key)
+        if found is not None:
+            return found
+    return None
+
+
+def _flat(d: Any) -> Dict[str, Any]:
+    return {k: v for k, v in (d or {}).items() if not isinstance(v, dict)}
+
+
+def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
+    """One iteration's numbers for summary.json: success, every env-runner ``r3l/`` metric, the
+    credit/batch metrics and the learner's throughput (NaN where the iteration had no update)."""
+    er = r.get("env_runners", {})
+    return {
+        "iteration": it,
+        "seconds": r.get("time_this_iter_s"),
+        "success_rate": _get(er, "success_rate"),
+        "episode_return_mean": _get(er, "episode_return_mean"),
+        "r3l": _flat(_get(er, "r3l", default={})),
+        "credit": _flat(_get(r, "r3l", default={})),
+        "batch": _flat(_get(r, "r3l", "batch", default={})),
+        "learner": _flat(find_r3l_metrics(r.get("learners", {}), "learner")),
+    }
 
 
 def progress_line(it: int, r: Dict[str, Any]) -> str:
@@ -82,8 +116,12 @@ def main(argv: List[str] | None = None) -> int:
           f"{config.tasks_per_iteration} tasks x group {config.group_size} per iteration, reflect={config.reflect}; "
           f"built in {time.time() - t0:.1f} s", flush=True)
     last: Dict[str, Any] = {}
+    seconds: List[float] = []
+    per_iteration: List[Dict[str, Any]] = []
     for it in range(1, args.iterations + 1):
         last = algo.train()
+        seconds.append(float(last.get("time_this_iter_s", float("nan"))))
+        per_iteration.append(iteration_record(it, last))
         print(progress_line(it, last), flush=True)
     os.makedirs(args.out, exist_ok=True)
     ckpt = algo.save_to_path(os.path.join(os.path.abspath(args.out), "checkpoint"))
@@ -92,7 +130,12 @@ def main(argv: List[str] | None = None) -> int:
         "iterations": args.iterations,
         "seconds_total": round(time.time() - t0, 1),
         "peak_rss_gb_driver": round(peak_gb, 2),
-        "r3l": {k: v for k, v in _get(last, "env_runners", "r3l", default={}).items() if not isinstance(v, dict)},
+        "seconds_per_iteration": [round(s, 1) for s in seconds],
+        "per_iteration": per_iteration,
+        "r3l": _flat(_get(last, "env_runners", "r3l", default={})),
+        "learner": _flat(find_r3l_metrics(last.get("learners", {}), "learner")),
+        "credit": _flat(_get(last, "r3l", default={})),
+        "batch": _flat(_get(last, "r3l", "batch", default={})),
         "checkpoint": ckpt,
     }
     with open(os.path.join(args.out, "summary.json"), "w") as f:

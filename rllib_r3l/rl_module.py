@@ -62,10 +62,16 @@ class R3LCausalLMModule(TorchRLModule):
         """Log-probs of ``input_ids[:, t]`` for every ``t`` with ``loss_mask[:, t] > 0`` (flattened).
 
         Returns ``logprobs`` [M] and ``selection`` [B, T-1] (bool; position ``t-1`` predicts ``t``).
+        A right-padded batch (what ``trajectory.collate`` makes) runs without an attention mask:
+        under causal attention no real token sees the padding after it, so the result is exact,
+        and the mask-free path keeps SDPA on its memory-efficient kernel (with a padding mask, CPU
+        SDPA falls back to materialising [B, heads, T, T] attention per layer).
         """
         input_ids = batch["input_ids"]
         attention = batch["attention_mask"]
         sel = batch["loss_mask"][:, 1:] > 0
+        if right_padded(attention):
+            attention = None
         hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
         h = hidden[:, :-1][sel]
         head = self.lm.get_output_embeddings()
@@ -92,6 +98,12 @@ class R3LCausalLMModule(TorchRLModule):
     def hf_state_dict(self) -> Dict[str, torch.Tensor]:
         """Parameters under Hugging Face names (for engines and export)."""
         return {_strip("lm.", k): v.detach() for k, v in self.state_dict().items()}
+
+
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """True when every row is ones then zeros (real tokens first, padding after)."""
+    m = attention_mask.to(torch.int64)
+    return bool((m[:, 1:] <= m[:, :-1]).all()) and bool((m[:, 0] == 1).all())
 
 
 def hf_named_tensors(module_state: Dict[str, Any]):

@@ -119,11 +119,9 @@ def _refresh_tied_lm_head(worker) -> None:
 
 def cpu_default_dtype() -> str:
     """"bfloat16" when the CPU computes bf16 natively (AVX512-bf16 or AMX), else "float32"."""
-    try:
-        native = bool(torch.cpu._is_avx512_bf16_supported()) or bool(torch.cpu._is_amx_tile_supported())
-    except Exception:  # pragma: no cover - private torch helpers
-        native = False
-    return "bfloat16" if native else "float32"
+    from rllib_r3l.precision import native_bf16
+
+    return "bfloat16" if native_bf16("cpu") else "float32"
 
 
 def _logprob_of(entry: Any, token_id: int) -> float:
