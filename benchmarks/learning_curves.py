@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import numbers
 import os
 import resource
 import subprocess
@@ -49,8 +50,10 @@ def _flatten(d, prefix=""):
         key = f"{prefix}/{k}" if prefix else str(k)
         if isinstance(v, dict):
             out.update(_flatten(v, key))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[key] = float(v)
+        elif isinstance(v, bool):
+            continue
+        elif isinstance(v, numbers.Real) or (hasattr(v, "item") and getattr(v, "ndim", None) == 0):
+            out[key] = float(v)  # learner metrics arrive as numpy / 0-d torch scalars
     return out
 
 
