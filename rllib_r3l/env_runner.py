@@ -195,6 +195,11 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             m.log_value(("r3l", "generated_tokens_per_sample"), gen / len(samples), reduce="mean", window=1)
             m.log_value(("r3l", "generated_tokens"), gen, reduce="sum")
             m.log_value(("r3l", "generated_tokens_per_s"), gen / max(seconds, 1e-9), reduce="mean", window=1)
+            # prompt tokens submitted to the engine (every turn's context and every reflection prompt):
+            # under choice decoding the rollout cost is mostly this prefill, not the few generated tokens
+            prompt = self.counters["prompt_tokens"] - before.get("prompt_tokens", 0)
+            m.log_value(("r3l", "prompt_tokens"), prompt, reduce="sum")
+            m.log_value(("r3l", "prompt_tokens_per_sample"), prompt / len(samples), reduce="mean", window=1)
         m.log_value(("r3l", "rollout_seconds"), seconds, reduce="mean", window=1)
         if retries or base:
             m.log_value(("r3l", "num_retries"), len(retries), reduce="sum")

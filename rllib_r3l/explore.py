@@ -115,6 +115,7 @@ class Explorer:
                                   json_schema=reflect_lib.report_json_schema(max(len(t.actions), 1), failed=not t.success)
                                   if structured else None)
                 for p, t in zip(prompts, trajectories)]
+        self.counters["prompt_tokens"] += sum(len(p) for p in prompts)
         try:
             outs = self.reflector.generate(reqs, temperature=self.opts.temperature)
         except Exception:

@@ -226,6 +226,7 @@ class EpisodeRunner:
                     continue
                 choices = lv.admissible if (self.opts.action_decoding == "choice" and lv.admissible) else None
                 requests.append(GenerationRequest(ctx, min(self.opts.max_response_tokens, budget - 1), choices=choices))
+                self.counters["prompt_tokens"] += len(ctx)  # context submitted this turn (prefill work before caching)
                 ready.append(lv)
             if not ready:
                 continue

@@ -72,6 +72,8 @@ def test_tune_run_two_iterations_then_restore_and_continue(ray_session, tmp_path
     assert er["num_episodes"] > 0 and "r3l" in er
     for key in ("reflection_valid_rate", "rollout_turns_per_sample", "generated_tokens_per_sample"):
         assert key in er["r3l"], key
+    # every turn submits its whole context: far more prompt tokens than generated ones
+    assert er["r3l"]["prompt_tokens_per_sample"] > er["r3l"]["generated_tokens_per_sample"] > 0
     ckpt = trial.checkpoint.path
     algo = R3L.from_checkpoint(ckpt)
     try:
