@@ -63,19 +63,11 @@ def _timed(step, n_warm, n, meter):
     return steps
 
 
-def _autocast(args):
-    import contextlib
-
-    import torch
-
-    if args.autocast == "bfloat16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def run_bare(args, path, head_at_completion: bool):
     import torch
     from transformers import AutoModelForCausalLM
+
+    from rllib_r3l import precision
 
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -87,7 +79,7 @@ def run_bare(args, path, head_at_completion: bool):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with _autocast(args):
+        with precision.autocast(args.autocast, "cpu"):
             loss = forward_loss()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

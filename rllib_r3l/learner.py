@@ -11,7 +11,6 @@ step, is counted, and leaves the weights untouched.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from typing import Any, Dict, List, Optional

@@ -62,7 +62,7 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
     er = r.get("env_runners", {})
     return {
         "iteration": it,
-        "seconds": r.get("time_this_iter_s"),
+        "seconds": float(r.get("time_this_iter_s", float("nan"))),
         "success_rate": _get(er, "success_rate"),
         "episode_return_mean": _get(er, "episode_return_mean"),
         "r3l": _flat(_get(er, "r3l", default={})),
@@ -116,26 +116,23 @@ def main(argv: List[str] | None = None) -> int:
           f"{config.tasks_per_iteration} tasks x group {config.group_size} per iteration, reflect={config.reflect}; "
           f"built in {time.time() - t0:.1f} s", flush=True)
     last: Dict[str, Any] = {}
-    seconds: List[float] = []
     per_iteration: List[Dict[str, Any]] = []
     for it in range(1, args.iterations + 1):
         last = algo.train()
-        seconds.append(float(last.get("time_this_iter_s", float("nan"))))
         per_iteration.append(iteration_record(it, last))
         print(progress_line(it, last), flush=True)
     os.makedirs(args.out, exist_ok=True)
     ckpt = algo.save_to_path(os.path.join(os.path.abspath(args.out), "checkpoint"))
+    final = per_iteration[-1] if per_iteration else iteration_record(0, last)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
     summary = {
         "iterations": args.iterations,
         "seconds_total": round(time.time() - t0, 1),
         "peak_rss_gb_driver": round(peak_gb, 2),
-        "seconds_per_iteration": [round(s, 1) for s in seconds],
+        "seconds_per_iteration": [round(r["seconds"], 1) for r in per_iteration],
         "per_iteration": per_iteration,
-        "r3l": _flat(_get(last, "env_runners", "r3l", default={})),
-        "learner": _flat(find_r3l_metrics(last.get("learners", {}), "learner")),
-        "credit": _flat(_get(last, "r3l", default={})),
-        "batch": _flat(_get(last, "r3l", "batch", default={})),
+        # the last iteration's metrics, at the top level
+        **{k: final[k] for k in ("r3l", "learner", "credit", "batch")},
         "checkpoint": ckpt,
     }
     with open(os.path.join(args.out, "summary.json"), "w") as f:

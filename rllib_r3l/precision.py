@@ -9,10 +9,12 @@ here (Xeon with AMX, 2 cores, SmolLM2-135M, one 3,000-token trajectory): fp32 27
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
 
+@functools.lru_cache(maxsize=None)  # asked once per micro-batch with mixed_precision="auto"
 def native_bf16(device_type: str = "cpu") -> bool:
     """Whether ``device_type`` computes bf16 natively (CUDA with bf16; CPUs with AMX or AVX512-bf16)."""
     if device_type == "cuda":
