@@ -11,6 +11,9 @@ Contract every environment in this package follows:
   the observation says why it was invalid and ``info["invalid_action"]`` is True.
   ``info["won"]`` is True when the task is solved. ``info["admissible_actions"]`` as in reset.
 - ``max_turns`` bounds an episode (the runner truncates there).
+- ``failure_reward`` (default 0.0) is the return increment of an episode that ends unfinished; an
+  environment that penalises failure (WebShop: -0.1) gives it at its own truncation, and the
+  runner adds it when it ends an episode itself (context overflow, a lower turn limit).
 - ``rules`` is a short text of the environment's rules for the system prompt and the reflector.
 - ``restore(seed, actions) -> (observation, info)`` returns the environment to the state after
   ``actions`` were taken from ``reset(seed)``: replay by default, a snapshot where one exists.
@@ -30,6 +33,7 @@ class TextEnv(gym.Env):
     metadata = {"render_modes": []}
     rules: str = ""
     max_turns: int = 20
+    failure_reward: float = 0.0
 
     def __init__(self) -> None:
         super().__init__()

@@ -28,7 +28,7 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_r3l import resilience
-from rllib_r3l.batch import build_train_batch, kind_counts, select_trainable
+from rllib_r3l.batch import build_train_batch, drop_overlong, kind_counts, select_trainable
 from rllib_r3l.config import R3LConfig
 from rllib_r3l.distributed import pad_batch_for_learners
 from rllib_r3l.replay import replay_from_config
@@ -67,6 +67,8 @@ class R3L(Algorithm):
             self.metrics.log_value(("r3l", "faults" if k != "groups" else "batch", k), v, reduce="sum")
         if self._replay is not None:  # S > 1: train on a prioritised sample of recent whole groups
             trajectories = self._replay_sample(groups)
+        trajectories, n_long = drop_overlong(trajectories, c.max_context_tokens)
+        self.metrics.log_value(("r3l", "faults", "items_too_long"), n_long, reduce="sum")
         batch, adv = None, None
         if trajectories:
             batch, adv = build_train_batch(

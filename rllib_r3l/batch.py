@@ -32,6 +32,14 @@ def select_trainable(groups: Sequence, *, drop_partial_groups: bool = True) -> T
     return out, counts
 
 
+def drop_overlong(trajectories: Sequence[Trajectory], max_length: int) -> Tuple[List[Trajectory], int]:
+    """Items that cannot fit the learner's context are left out (and counted by the caller) rather
+    than failing the whole update. Episodes never exceed it (the runner stops them: context
+    overflow); an auxiliary item could, and the explorer already drops those (counted)."""
+    kept = [t for t in trajectories if t.num_tokens <= max_length]
+    return kept, len(trajectories) - len(kept)
+
+
 def build_train_batch(
     trajectories: Sequence[Trajectory],
     *,
@@ -46,7 +54,8 @@ def build_train_batch(
 ) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
     """Advantages (group-relative by ``group_id``, then amplified) and the padded batch.
 
-    Auxiliary items carry a fixed advantage of 1.0 and are alone in their group.
+    Auxiliary items carry a fixed advantage of 1.0 and are alone in their group. Amplification uses
+    each trajectory's ``success`` verdict (set once by the explorer, ``core_algos.is_success``).
     Returns ``(batch, advantages)``; items without credited tokens are kept out of the batch, and
     with ``skip_zero_advantage`` so are items whose advantage is exactly 0 (e.g. a group whose
     rewards are all equal): they contribute no gradient, and leaving them out saves their
@@ -55,9 +64,10 @@ def build_train_batch(
     rewards = [t.reward for t in trajectories]
     gids = [t.group_id for t in trajectories]
     fixed = [t.fixed_advantage for t in trajectories]
+    success = [core_algos.is_success(t.reward, t.success, success_reward=success_reward) for t in trajectories]
     adv = core_algos.compute_advantages(
         rewards, gids, std_normalize=std_normalize, amplify=positive_amplification, alpha=alpha,
-        success_reward=success_reward, fixed=fixed,
+        success_reward=success_reward, fixed=fixed, success=success,
     )
     batch = collate(trajectories, adv, pad_token_id=pad_token_id, pivotal_credit=pivotal_credit, max_length=max_length)
     keep = batch["num_loss_tokens"] > 0

@@ -23,9 +23,35 @@ class ChatFormat:
                 "(set training(model=...) to a chat model or give the tokenizer a template)"
             )
         self.tok = tokenizer
-        self.eos_token_id = tokenizer.eos_token_id
-        self.eos_text = tokenizer.eos_token or ""
+        self.eot_text = self._end_of_turn_text()
+        self.eot_token_id = self._single_token(self.eot_text)
         self._cache: Dict[tuple, List[int]] = {}
+
+    def _end_of_turn_text(self) -> str:
+        """The special token the template closes an assistant turn with (``<|im_end|>``,
+        ``<end_of_turn>``, ``<|eot_id|>``...). It is what a response must stop on, and it need not
+        be the tokenizer's EOS (Gemma: EOS ``<eos>``, end of turn ``<end_of_turn>``)."""
+        prior = [{"role": "system", "content": "s"}, {"role": "user", "content": "x"},
+                 {"role": "assistant", "content": _PLACEHOLDER}]
+        tail = self._render(prior, False).split(_PLACEHOLDER, 1)[1]
+        specials = {str(t) for t in getattr(self.tok, "all_special_tokens", [])}
+        specials |= {str(t) for t in (getattr(self.tok, "added_tokens_encoder", None) or {})}
+        if self.tok.eos_token:
+            specials.add(str(self.tok.eos_token))
+        found = [t for t in specials if t and tail.startswith(t)]
+        if not found:
+            raise ValueError(
+                f"the chat template closes an assistant turn with {tail[:20]!r}, not with a special "
+                "token; R3L needs one to stop responses and build token-exact contexts "
+                "(use a chat model whose template ends turns with a token such as <|im_end|>)"
+            )
+        return max(found, key=len)
+
+    def _single_token(self, text: str) -> int:
+        ids = self.tok.convert_tokens_to_ids(text)
+        if not isinstance(ids, int) or ids == self.tok.unk_token_id:
+            raise ValueError(f"the chat template's end-of-turn text {text!r} is not a single token of the tokenizer")
+        return ids
 
     # -- rendering -----------------------------------------------------------------------------------
     def _render(self, messages: List[Dict[str, str]], add_generation_prompt: bool) -> str:
@@ -70,8 +96,8 @@ class ChatFormat:
         before = self._render(prior, False)
         after = self._render(prior + new, True)
         tail = before.split(_PLACEHOLDER, 1)[1] + self._diff(before, after)
-        if self.eos_text and tail.startswith(self.eos_text):
-            tail = tail[len(self.eos_text):]
+        if tail.startswith(self.eot_text):  # the response's own stop token closed the turn
+            tail = tail[len(self.eot_text):]
         return self.encode(tail)
 
     def prompt(self, messages: List[Dict[str, str]]) -> List[int]:
@@ -79,7 +105,8 @@ class ChatFormat:
         return self.encode(self._render(messages, True))
 
     def closes_turn(self, response_ids: List[int]) -> List[int]:
-        """Tokens to append after a response that did not end on the stop token (truncated)."""
-        if response_ids and response_ids[-1] == self.eos_token_id:
+        """Tokens to append after a response that did not end on the end-of-turn token (truncated,
+        or stopped on another stop token such as an EOS that differs from it)."""
+        if response_ids and response_ids[-1] == self.eot_token_id:
             return []
-        return [self.eos_token_id] if self.eos_token_id is not None else []
+        return [self.eot_token_id]

@@ -46,9 +46,10 @@ R3L_OPTIONS: Dict[str, tuple] = {
     # loss (paper §4 "Objective")
     "kl_coef": (0.0, "KL to a frozen reference on base data; 0 = no reference model (paper)"),
     "kl_estimator": ("k3", "k1, k2 or k3"),
-    "use_importance_ratio": (False, "clipped importance ratio vs the sampler's log-probs on base data"),
+    "use_importance_ratio": (False, "clipped importance ratio on base data against the behaviour model's own log-probs (T=1, unconstrained: like the learner's), which the engine scores once per base rollout (one extra prefill each); the sampler's processed log-probs are not comparable"),
     "clip_ratio_low": (0.2, "lower PPO clip epsilon (base data, with use_importance_ratio)"),
     "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
+    "loss_scale": (1.0, "multiplies the loss: 1.0 = the paper's token-mean -A log pi; 0.5 = the authors' code, whose objective divides by 1 + tau (tau = 1). With AdamW it matters through grad_clip (the clip threshold applies to the scaled gradient: loss_scale 0.5 with grad_clip 1.0 clips like 1.0 with 2.0) and Adam's eps"),
     "micro_batch_size": (4, "max trajectories per forward/backward pass (gradient accumulation)"),
     "micro_batch_tokens": (4096, "max padded tokens (trajectories x longest) per forward/backward pass; bounds the learner's activation memory (~1.6 GB per 1k tokens for a 135M model in fp32); None = no cap"),
     "mixed_precision": ("auto", "learner forward/backward under bf16 autocast (fp32 master weights and optimizer): 'auto' = where the device computes bf16 natively (CUDA with bf16, CPUs with AMX/AVX512-bf16), 'bfloat16' = always, 'none' = fp32"),
@@ -191,8 +192,10 @@ class R3LConfig(AlgorithmConfig):
             positive_int("micro_batch_tokens")
         if self.reflect and self.group_size < 2:
             err("group_size", f"must be >= 2 with reflect=True (N/2 base rollouts + N/2 retries), got {self.group_size}")
-        if self.reflect and self.group_size % 2:
-            err("group_size", f"must be even with reflect=True (N/2 base + N/2 retries), got {self.group_size}; use e.g. 8")
+        if self.reflect and self.group_size % (1 + self.retries_per_failure):
+            r = self.retries_per_failure
+            err("group_size", f"must be a multiple of 1 + retries_per_failure = {1 + r} with reflect=True "
+                f"(N/{1 + r} base rollouts + up to {r} retries each), got {self.group_size}; use e.g. {4 * (1 + r)}")
         if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
             err("max_turns", f"must be None (environment's limit) or an integer >= 1, got {self.max_turns!r}")
         if self.max_response_tokens >= self.max_context_tokens:
@@ -205,6 +208,8 @@ class R3LConfig(AlgorithmConfig):
             err("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.amplification_alpha, (int, float)) or self.amplification_alpha < 1.0:
             err("amplification_alpha", f"must be >= 1.0 (1.0 = no amplification), got {self.amplification_alpha!r}")
+        if not isinstance(self.loss_scale, (int, float)) or isinstance(self.loss_scale, bool) or not self.loss_scale > 0:
+            err("loss_scale", f"must be a number > 0 (1.0 = paper, 0.5 = authors' code scale), got {self.loss_scale!r}")
         for f in ("kl_coef", "aux_weight", "clip_ratio_low", "clip_ratio_high", "weight_decay"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or v < 0:

@@ -15,6 +15,9 @@ import numpy as np
 import torch
 
 __all__ = [
+    "SUCCESS_TOLERANCE",
+    "ADVANTAGE_TOLERANCE",
+    "is_success",
     "group_relative_advantages",
     "positive_amplification",
     "compute_advantages",
@@ -22,6 +25,23 @@ __all__ = [
     "policy_gradient_loss",
     "kl_penalty",
 ]
+
+
+# Rewards are float sums of per-step increments: a ScienceWorld success can sum to 0.9999999999999999,
+# and a group of equal partial scores (0.7, 0.1, ...) can leave advantages of +-1e-16. One tolerance
+# each, used everywhere success or a zero advantage is decided.
+SUCCESS_TOLERANCE = 1e-6
+ADVANTAGE_TOLERANCE = 1e-9
+
+
+def is_success(reward: float, won: bool = False, *, success_reward: float = 1.0,
+               tol: float = SUCCESS_TOLERANCE) -> bool:
+    """Whether a trajectory counts as a success (amplification, auxiliary items and metrics alike).
+
+    The environment's own verdict (``won``) decides where it gives one; otherwise the return must
+    reach ``success_reward`` within ``tol`` (a float sum of increments may fall short by rounding).
+    """
+    return bool(won) or float(reward) >= float(success_reward) - tol
 
 
 def group_relative_advantages(
@@ -37,6 +57,9 @@ def group_relative_advantages(
     as in common GRPO implementations). R3L's default follows the authors' code: mean baseline only.
     A singleton group has no peers to compare with, so its baseline is 0 (``A = r``) and it is never
     std-normalised. Groups are formed by equality of ``group_ids``; order is preserved.
+    A group whose rewards are equal within ``ADVANTAGE_TOLERANCE`` carries no signal: its
+    advantages are exactly 0 (float rounding would otherwise leave +-1e-16, which std-normalisation
+    would blow up to +-1).
     """
     r = np.asarray(rewards, dtype=np.float64)
     if r.ndim != 1:
@@ -54,7 +77,11 @@ def group_relative_advantages(
         if len(idx) == 1:
             adv[idx] = gr
             continue
+        if float(gr.max() - gr.min()) <= ADVANTAGE_TOLERANCE:
+            adv[idx] = 0.0
+            continue
         score = gr - gr.mean()
+        score[np.abs(score) <= ADVANTAGE_TOLERANCE] = 0.0
         if std_normalize:
             score = score / (gr.std(ddof=1) + eps)
         adv[idx] = score
@@ -67,18 +94,27 @@ def positive_amplification(
     *,
     alpha: float = 3.0,
     success_reward: float = 1.0,
+    success: Optional[Sequence[bool]] = None,
 ) -> np.ndarray:
     """Positive Amplification (paper §4, K.1).
 
-    - a trajectory whose reward reaches ``success_reward`` gets advantage exactly ``1.0``;
+    - a successful trajectory gets advantage exactly ``1.0``;
     - any other trajectory with a non-negative advantage gets ``advantage * alpha``;
     - negative advantages are left unchanged.
+
+    ``success`` is the per-trajectory verdict (``is_success``: the environment's ``won`` or the
+    return within tolerance of ``success_reward``); without it, ``is_success`` on the rewards alone.
     """
     a = np.asarray(advantages, dtype=np.float64).copy()
     r = np.asarray(rewards, dtype=np.float64)
     if a.shape != r.shape:
         raise ValueError(f"advantages {a.shape} and rewards {r.shape} differ in shape")
-    success = r >= success_reward
+    if success is None:
+        success = r >= success_reward - SUCCESS_TOLERANCE
+    else:
+        success = np.asarray(success, dtype=bool)
+        if success.shape != r.shape:
+            raise ValueError(f"success {success.shape} and rewards {r.shape} differ in shape")
     nonneg = (a >= 0) & ~success
     a[nonneg] = a[nonneg] * alpha
     a[success] = 1.0
@@ -94,8 +130,11 @@ def compute_advantages(
     alpha: float = 3.0,
     success_reward: float = 1.0,
     fixed: Optional[Sequence[Optional[float]]] = None,
+    success: Optional[Sequence[bool]] = None,
 ) -> np.ndarray:
     """Advantages for a batch of trajectories: group-relative, then (optionally) amplified.
+
+    ``success`` (optional, per item): the success verdicts amplification uses (``is_success``).
 
     ``fixed[i]`` (when not None) overrides the computed value for item ``i``: auxiliary
     reflection/retry-SFT items are positive items with a fixed advantage of 1.0 (authors' code).
@@ -105,6 +144,8 @@ def compute_advantages(
     fixed = list(fixed) if fixed is not None else [None] * n
     if len(fixed) != n:
         raise ValueError(f"fixed has {len(fixed)} entries but rewards has {n}")
+    if success is not None and len(success) != n:
+        raise ValueError(f"success has {len(success)} entries but rewards has {n}")
     free = [i for i in range(n) if fixed[i] is None]
     adv = np.zeros(n, dtype=np.float64)
     if free:
@@ -112,7 +153,8 @@ def compute_advantages(
         fg = [group_ids[i] for i in free]
         a = group_relative_advantages(fr, fg, std_normalize=std_normalize)
         if amplify:
-            a = positive_amplification(a, fr, alpha=alpha, success_reward=success_reward)
+            fs = [bool(success[i]) for i in free] if success is not None else None
+            a = positive_amplification(a, fr, alpha=alpha, success_reward=success_reward, success=fs)
         adv[free] = a
     for i in range(n):
         if fixed[i] is not None:

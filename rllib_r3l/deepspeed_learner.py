@@ -129,7 +129,7 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
     def _update(self, batch: Dict[str, Any]):
         t0 = time.perf_counter()
         torch.set_num_threads(int(self.config.num_threads or os.cpu_count() or 1))
-        self._micro_stats = []
+        self._reset_step_stats()
         world = torch.distributed.get_world_size()
         total_loss: Dict[str, torch.Tensor] = {}
         fwd_out: Dict[str, Any] = {}
@@ -178,9 +178,7 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
         self.metrics.log_value(("r3l", "learner", "update_seconds"), dt, reduce="mean", window=1)
         self.metrics.log_value(("r3l", "learner", "trained_tokens_per_s"), trained_tokens / max(dt, 1e-9),
                                reduce="mean", window=1)
-        vals = [m["pg_loss"] for m in self._micro_stats if "pg_loss" in m]
-        if vals:
-            self.metrics.log_value(("r3l", "learner", "pg_loss"), sum(vals), reduce="mean", window=1)
+        self._log_step_stats()
         return fwd_out, total_loss, {}
 
     # ------------------------------------------------------------------------------------------------

@@ -2,14 +2,19 @@
 
 Per task group (N = ``group_size``):
 
-1. ``base``: N/2 on-policy rollouts (all N when reflection is off: the GRPO exploration budget);
+1. ``base``: N/2 on-policy rollouts (all N when reflection is off: the GRPO exploration budget;
+   N/(1+r) with ``retries_per_failure = r``, so base + retries never exceed N);
 2. ``reflect``: the policy (or a separate reflector) diagnoses each base rollout: outcome, root
    cause, suggestion and the pivot turn;
 3. ``retry``: a failed/inefficient rollout is restarted at its pivot with the guidance in context;
    the retry's training input has the guidance stripped and joins the base rollouts' group;
 4. ``pivot``: base and retry share the prefix before the pivot, which carries no credit;
 5. auxiliary items: a successful retry that beats its base adds the reflection (prompt -> report)
-   and the guided retry as positive items (advantage 1.0, weight ``aux_weight``).
+   and the guided retry as positive items (advantage 1.0, weight ``aux_weight``); one reflection
+   item per reflection, however many of its retries succeed.
+
+Success is decided once, by ``core_algos.is_success`` (the environment's ``won``, else the return
+within tolerance of ``success_reward``), and stored on ``Trajectory.success`` for every later use.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from rllib_r3l import core_algos
 from rllib_r3l import reflect as reflect_lib
 from rllib_r3l.chat import ChatFormat
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
@@ -45,6 +51,15 @@ class ExploreOptions:
     max_reflection_tokens: int = 512
     temperature: float = 1.0
     pivotal_credit: bool = True
+    max_context_tokens: Optional[int] = None  # auxiliary items longer than this are dropped (counted)
+    score_behaviour: bool = False  # attach the behaviour model's log-probs to base rollouts (importance ratio)
+
+    @property
+    def num_base(self) -> int:
+        """Base rollouts per group: N/(1+r) with reflection (r = retries per failure), else N."""
+        if not self.reflect:
+            return self.group_size
+        return max(1, self.group_size // (1 + self.retries_per_failure))
 
 
 @dataclass
@@ -82,16 +97,19 @@ class Explorer:
         self.samples.setdefault(key, []).append(float(value))
 
     def is_success(self, t: Trajectory) -> bool:
-        return bool(t.success or t.reward >= self.opts.success_reward)
+        """``t.success`` holds the environment's ``won`` until this sets the final verdict."""
+        return core_algos.is_success(t.reward, t.success, success_reward=self.opts.success_reward)
 
     # ------------------------------------------------------------------------------------------------
     def explore(self, seeds: Sequence[int], group_ids: Sequence[str]) -> List[GroupResult]:
         """Base rollouts -> reflect -> retry from the pivot, for every task (batched across tasks)."""
-        n_base = self.opts.group_size // 2 if self.opts.reflect else self.opts.group_size
+        n_base = self.opts.num_base
         specs = [EpisodeSpec(seed=s, group_id=g) for s, g in zip(seeds, group_ids) for _ in range(n_base)]
         bases = [b for b in self.episodes.run(specs) if b is not None]
         for b in bases:
             b.success = self.is_success(b)
+        if self.opts.score_behaviour:
+            self.episodes.score_behaviour(bases)
         groups = {g: GroupResult(group_id=g) for g in group_ids}
         for b in bases:
             (groups[b.group_id].lost if b.status in LOST else groups[b.group_id].trajectories).append(b)
@@ -149,7 +167,7 @@ class Explorer:
                                                    pivot=int(parsed.report.pivot), guidance=guidance))
             elif parsed.ok and b.success and self.opts.aux_tasks and out is not None:
                 # A success the reflector recognises: only the reflection item (authors' code).
-                groups[b.group_id].trajectories.append(self._reflection_item(b, prompt_ids, out))
+                self._add_reflection_item(b, groups[b.group_id])
         self._log_count("retry_trigger_rate", len(retry_specs), len(bases))
         if not retry_specs:
             return
@@ -170,6 +188,11 @@ class Explorer:
             group.lost.append(retry)
             return
         k = int(retry.pivot or 0)
+        if not any(s.role == "response" and s.turn >= k for s in retry.segments):
+            # nothing generated after the pivot (e.g. the context overflowed there): no corrected
+            # suffix, so no pair to credit and no sample for the baseline; counted, base untouched
+            self.counters["retries_empty"] += 1
+            return
         self._log("retry_success_rate", float(retry.success))
         self._log("retry_improvement_rate", float(retry.reward > base.reward))
         self._log("reward_gain", retry.reward - base.reward)
@@ -180,13 +203,30 @@ class Explorer:
         group.trajectories.append(retry.strip_guidance())
         beats = retry.reward > base.reward or (retry.reward == base.reward and retry.num_turns < base.num_turns)
         if self.opts.aux_tasks and retry.success and beats:
-            parsed, prompt_ids, out = base.info["reflection"]
-            group.trajectories.append(self._reflection_item(base, prompt_ids, out))
+            self._add_reflection_item(base, group)
             sft = retry.guided_view()
             sft.kind, sft.fixed_advantage, sft.weight = Kind.RETRY_SFT, 1.0, self.opts.aux_weight
             sft.credit_from_turn = k if self.opts.pivotal_credit else 0
             sft.group_id = f"{retry.group_id}/retry_sft/{id(retry)}"
-            group.trajectories.append(sft)
+            self._add_aux_item(sft, group)
+
+    def _add_reflection_item(self, base: Trajectory, group: GroupResult) -> None:
+        """One reflection item per reflection, however many of its retries succeed."""
+        if base.info.get("reflection_item_added"):
+            return
+        base.info["reflection_item_added"] = True
+        _parsed, prompt_ids, out = base.info["reflection"]
+        self._add_aux_item(self._reflection_item(base, prompt_ids, out), group)
+
+    def _add_aux_item(self, item: Trajectory, group: GroupResult) -> None:
+        """An auxiliary item joins the batch unless it cannot fit the learner's context (counted):
+        a reflection prompt re-renders the whole episode and, with a long report budget, can exceed
+        ``max_context_tokens`` in long-horizon tasks."""
+        limit = self.opts.max_context_tokens
+        if limit is not None and item.num_tokens > limit:
+            self.counters[f"{item.kind.value}_items_too_long"] += 1
+            return
+        group.trajectories.append(item)
 
     def _reflection_item(self, base: Trajectory, prompt_ids: List[int], out: Any) -> Trajectory:
         """The reflection as a positive item: reflection prompt -> report (auxiliary task, §4)."""

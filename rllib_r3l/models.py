@@ -300,8 +300,9 @@ def load_causal_lm(
 
 
 def stop_token_ids(tokenizer, model_path: Optional[Union[str, os.PathLike]] = None) -> list:
-    """Token ids that end an assistant turn: EOS, the chat end-of-turn token and the
-    generation config's EOS ids (deduplicated, in that order)."""
+    """Token ids that end an assistant turn: the chat template's end-of-turn token first (the one
+    a constrained response is closed with), then EOS and the generation config's EOS ids
+    (deduplicated, in that order)."""
     ids: list = []
 
     def add(value):
@@ -311,11 +312,15 @@ def stop_token_ids(tokenizer, model_path: Optional[Union[str, os.PathLike]] = No
             if isinstance(v, int) and v >= 0 and v not in ids:
                 ids.append(v)
 
+    template = str(getattr(tokenizer, "chat_template", None) or "")
+    turn_ends = [t for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+                 if isinstance(tokenizer.convert_tokens_to_ids(t), int)
+                 and tokenizer.convert_tokens_to_ids(t) != tokenizer.unk_token_id]
+    for tok in [t for t in turn_ends if t in template]:
+        add(tokenizer.convert_tokens_to_ids(tok))
     add(tokenizer.eos_token_id)
-    for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
-        tid = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-            add(tid)
+    for tok in turn_ends:
+        add(tokenizer.convert_tokens_to_ids(tok))
     if model_path is not None and os.path.isfile(os.path.join(os.fspath(model_path), "generation_config.json")):
         try:
             with open(os.path.join(os.fspath(model_path), "generation_config.json")) as f:

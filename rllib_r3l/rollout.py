@@ -222,6 +222,7 @@ class EpisodeRunner:
                     # the prompt that no longer fits was never answered: it is not part of the episode
                     while len(lv.traj.segments) > 1 and lv.traj.segments[-1].role != "response":
                         lv.traj.segments.pop()
+                    self._end_unfinished(lv)
                     self._finish(lv)
                     continue
                 choices = lv.admissible if (self.opts.action_decoding == "choice" and lv.admissible) else None
@@ -242,6 +243,29 @@ class EpisodeRunner:
             for lv, res in zip(ready, results):
                 self._advance(lv, res)
         return [lv.traj if lv is not None else None for lv in started]
+
+    def score_behaviour(self, trajectories: List[Trajectory]) -> None:
+        """Attach the behaviour model's own log-probs (T=1, unconstrained) to each response.
+
+        The sampler's log-probs are those of the distribution it sampled from (temperature, top-p,
+        the choice or JSON constraint), while the learner computes the model's own; an importance
+        ratio needs like with like, so the engine scores each trajectory once with the weights it
+        sampled with (one prefill per trajectory: only done when the ratio is used).
+        """
+        todo = [t for t in trajectories if t.status not in (Status.ENV_ERROR, Status.GENERATION_ERROR)
+                and t.num_generated_tokens and not t.has_guidance()]
+        if not todo:
+            return
+        pairs = [(t.token_ids[:1], t.token_ids[1:]) for t in todo]
+        scores = self.backend.score_batch(pairs)
+        for t, sc in zip(todo, scores):
+            start = 0  # sc[j] is the log-prob of token j + 1; a response never starts at token 0
+            for s in t.segments:
+                n = len(s.token_ids)
+                if s.role == "response":
+                    s.model_logprobs = [float(x) for x in sc[start - 1: start - 1 + n]]
+                start += n
+            self.counters["behaviour_scored_tokens"] += len(t.token_ids)
 
     def _advance(self, lv: _Live, res) -> None:
         traj = lv.traj
@@ -276,11 +300,22 @@ class EpisodeRunner:
         traj.num_turns = lv.turn
         if term or trunc or lv.turn >= self._max_turns(lv.env):
             traj.status = Status.OK if term else Status.TRUNCATED
+            if not (term or trunc):
+                self._end_unfinished(lv)
             self._finish(lv)
             return
         lv.close_prev = self.chat.closes_turn(res.token_ids)
         traj.segments.append(Segment("prompt", self._user_segment(lv, obs), turn=lv.turn))
         lv.close_prev = []
+
+    def _end_unfinished(self, lv: _Live) -> None:
+        """The runner, not the environment, ends this episode (context overflow, or a turn limit
+        below the environment's): it gets the return the environment gives an unfinished episode,
+        ``env.failure_reward`` (0 unless the environment penalises failure, e.g. WebShop's -0.1)."""
+        penalty = float(getattr(lv.env, "failure_reward", 0.0) or 0.0)
+        if penalty and not lv.traj.success:
+            lv.traj.reward += penalty
+            lv.traj.info["unfinished_reward"] = penalty
 
     def _finish(self, lv: _Live, healthy: bool = True) -> None:
         lv.done = True

@@ -35,6 +35,9 @@ class Kind(str, enum.Enum):
         return self is Kind.BASE
 
 
+KINDS = list(Kind)  # ``collate``'s ``kind`` column indexes this list
+
+
 class Status(str, enum.Enum):
     """How an episode ended; anything but OK/TRUNCATED is a counted loss, never silently dropped."""
 
@@ -50,7 +53,10 @@ class Segment:
     role: str  # "prompt" | "response" | "guidance"
     token_ids: List[int]
     turn: int
-    logprobs: Optional[List[float]] = None  # sampler log-probs, response segments only
+    logprobs: Optional[List[float]] = None  # sampler log-probs (processed: temperature, constraint), responses only
+    # The behaviour model's own log-probs of a response (T=1, no constraint: what the learner
+    # computes), scored by the engine with the sampling weights; the importance ratio's denominator.
+    model_logprobs: Optional[List[float]] = None
     # A retry keeps two renderings of the turn it restarted at: the guided one the model saw (role
     # "guidance") and the unguided one it is trained on (role "prompt", ``unguided_only=True``).
     unguided_only: bool = False
@@ -58,10 +64,10 @@ class Segment:
     def __post_init__(self) -> None:
         if self.role not in ("prompt", "response", "guidance"):
             raise ValueError(f"Segment.role must be prompt/response/guidance, got {self.role!r}")
-        if self.role == "response" and self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
-            raise ValueError(
-                f"response segment has {len(self.token_ids)} tokens but {len(self.logprobs)} log-probs"
-            )
+        for name in ("logprobs", "model_logprobs"):
+            lp = getattr(self, name)
+            if self.role == "response" and lp is not None and len(lp) != len(self.token_ids):
+                raise ValueError(f"response segment has {len(self.token_ids)} tokens but {len(lp)} {name}")
 
 
 @dataclass
@@ -134,23 +140,24 @@ class Trajectory:
         """Flatten to per-token arrays.
 
         Returns ``input_ids``, ``response_mask`` (generated tokens), ``loss_mask`` (response tokens
-        that carry credit), ``turn_ids`` and ``sampler_logprobs`` (0 where unknown).
+        that carry credit), ``turn_ids``, ``sampler_logprobs`` and ``behaviour_logprobs`` (the
+        sampler's processed and the behaviour model's own log-probs; 0 where unknown), and the
+        flags ``has_sampler_logprobs`` / ``has_behaviour_logprobs`` (every response segment has them).
         """
         if self.has_guidance():
             raise ValueError(
                 "trajectory still holds guidance: call strip_guidance() (retry) or guided_view() "
                 "(retry-SFT) before training on it"
             )
-        ids, resp, turns, lps = [], [], [], []
+        ids, resp, turns, lps, blps = [], [], [], [], []
+        responses = [s for s in self.segments if s.role == "response"]
         for s in self.segments:
             n = len(s.token_ids)
             ids.extend(s.token_ids)
             resp.extend([s.role == "response"] * n)
             turns.extend([s.turn] * n)
-            if s.role == "response" and s.logprobs is not None:
-                lps.extend(s.logprobs)
-            else:
-                lps.extend([0.0] * n)
+            for out, lp in ((lps, s.logprobs), (blps, s.model_logprobs)):
+                out.extend(lp if s.role == "response" and lp is not None else [0.0] * n)
         response_mask = np.asarray(resp, dtype=bool)
         turn_ids = np.asarray(turns, dtype=np.int64)
         pivot = self.credit_from_turn if pivotal_credit else 0
@@ -161,6 +168,9 @@ class Trajectory:
             "loss_mask": loss_mask,
             "turn_ids": turn_ids,
             "sampler_logprobs": np.asarray(lps, dtype=np.float32),
+            "behaviour_logprobs": np.asarray(blps, dtype=np.float32),
+            "has_sampler_logprobs": bool(responses) and all(s.logprobs is not None for s in responses),
+            "has_behaviour_logprobs": bool(responses) and all(s.model_logprobs is not None for s in responses),
         }
 
 
@@ -175,8 +185,10 @@ def collate(
     """Right-pad trajectories into the numpy batch the learner consumes.
 
     Keys: ``input_ids`` [B, T], ``attention_mask`` [B, T], ``loss_mask`` [B, T] (credited response
-    tokens), ``sampler_logprobs`` [B, T], ``advantages`` [B], ``weights`` [B], ``on_policy`` [B]
-    (base rollouts: importance ratio and KL may apply) and ``num_loss_tokens`` [B].
+    tokens), ``sampler_logprobs`` and ``behaviour_logprobs`` [B, T] with their row flags
+    ``has_sampler_logprobs`` / ``has_behaviour_logprobs`` [B], ``advantages`` [B], ``weights`` [B],
+    ``on_policy`` [B] (base rollouts: importance ratio and KL may apply), ``kind`` [B] (index in
+    ``KINDS``) and ``num_loss_tokens`` [B].
     """
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
@@ -193,19 +205,25 @@ def collate(
     attention = np.zeros((B, T), dtype=np.int64)
     loss_mask = np.zeros((B, T), dtype=np.float32)
     lps = np.zeros((B, T), dtype=np.float32)
+    blps = np.zeros((B, T), dtype=np.float32)
     for i, a in enumerate(arrays):
         n = lengths[i]
         input_ids[i, :n] = a["input_ids"]
         attention[i, :n] = 1
         loss_mask[i, :n] = a["loss_mask"]
         lps[i, :n] = a["sampler_logprobs"]
+        blps[i, :n] = a["behaviour_logprobs"]
     return {
         "input_ids": input_ids,
         "attention_mask": attention,
         "loss_mask": loss_mask,
         "sampler_logprobs": lps,
+        "behaviour_logprobs": blps,
+        "has_sampler_logprobs": np.asarray([a["has_sampler_logprobs"] for a in arrays], dtype=np.float32),
+        "has_behaviour_logprobs": np.asarray([a["has_behaviour_logprobs"] for a in arrays], dtype=np.float32),
         "advantages": np.asarray(advantages, dtype=np.float32),
         "weights": np.asarray([t.weight for t in trajectories], dtype=np.float32),
         "on_policy": np.asarray([t.kind.on_policy for t in trajectories], dtype=np.float32),
+        "kind": np.asarray([KINDS.index(t.kind) for t in trajectories], dtype=np.int64),
         "num_loss_tokens": loss_mask.sum(axis=1).astype(np.float32),
     }

@@ -40,7 +40,7 @@ def test_update_from_dict_roundtrip_with_model_string():
 
 @pytest.mark.parametrize("field,value,needle", [
     ("group_size", 0, "group_size: must be an integer >= 1"),
-    ("group_size", 5, "must be even"),
+    ("group_size", 5, "must be a multiple of 1 + retries_per_failure = 2"),
     ("amplification_alpha", 0.5, "amplification_alpha: must be >= 1.0"),
     ("temperature", -1, "temperature: must be a number >= 0"),
     ("action_decoding", "beam", "action_decoding: must be one of"),
