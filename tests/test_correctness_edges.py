@@ -22,9 +22,20 @@ from rllib_r3l.explore import ExploreOptions, Explorer, GroupResult
 from rllib_r3l.models import load_tokenizer, stop_token_ids
 from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory, collate
-from tests.scripted import ScriptedBackend, make_trajectory
+from tests.scripted import ScriptedBackend
 
 SEED = 11  # ToyCorridor(4 rooms): start in room 2, coin in room 4
+
+
+def make_trajectory(parts, *, reward, group_id, kind=Kind.BASE):
+    """``parts``: ``(role, num_tokens, turn)`` runs with distinct token ids; responses log-prob -1."""
+    segs, nxt = [], 10
+    for role, n, turn in parts:
+        segs.append(Segment(role, list(range(nxt, nxt + n)), turn=turn,
+                            logprobs=[-1.0] * n if role == "response" else None))
+        nxt += n
+    return Trajectory(segments=segs, reward=reward, group_id=group_id, kind=kind,
+                      num_turns=1 + max(t for _, _, t in parts))
 
 
 @pytest.fixture(scope="module")
