@@ -18,7 +18,9 @@ Answers are checked with ``math-verify`` (``\\boxed{}`` preferred). Up to ``max_
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 import logging
 import os
 import random
@@ -177,15 +179,38 @@ def _read_table(path: str):
     if low.endswith(".parquet"):
         return pd.read_parquet(path)
     if low.endswith((".jsonl", ".jsonl.gz")):
-        return pd.read_json(path, lines=True)
+        return _read_json_lines(path)
     if low.endswith((".json", ".json.gz")):
         try:
             return pd.read_json(path)
         except ValueError:
-            return pd.read_json(path, lines=True)
+            return _read_json_lines(path)
     if low.endswith((".csv", ".csv.gz")):
         return pd.read_csv(path)
     raise ValueError(f"data_files: unsupported file type {path!r} (parquet, jsonl, json or csv)")
+
+
+def _read_json_lines(path: str):
+    """A JSON-lines file as a DataFrame; a malformed line is reported with the file and line number."""
+    import pandas as pd
+
+    try:
+        return pd.read_json(path, lines=True)
+    except ValueError as e:
+        reason = str(e)
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"data_files: {path}:{lineno}: not valid JSON ({e}); fix or remove that line") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"data_files: {path}:{lineno}: expected one JSON object per line, got "
+                                 f"{type(record).__name__}; fix or remove that line")
+    raise ValueError(f"data_files: {path}: not readable as JSON lines ({reason})")
 
 
 def _fold_of(question: str) -> str:

@@ -27,7 +27,7 @@ from ray.rllib.utils.metrics import (
     TIMERS,
 )
 
-from rllib_r3l import resilience
+from rllib_r3l import preflight, resilience
 from rllib_r3l.batch import build_train_batch, drop_overlong, kind_counts, select_trainable
 from rllib_r3l.config import R3LConfig
 from rllib_r3l.distributed import pad_batch_for_learners
@@ -46,6 +46,7 @@ class R3L(Algorithm):
 
     @override(Algorithm)
     def setup(self, config) -> None:
+        preflight.check_config(self.config)  # the env builds with its env_config, the model exists: fail now
         super().setup(config)
         self._num_updates = 0
         self._pad_token_id = None
@@ -60,6 +61,8 @@ class R3L(Algorithm):
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             groups, runner_metrics = self._explore()
         self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+        preflight.raise_if_no_environment(groups, self.metrics.peek(
+            (ENV_RUNNER_RESULTS, "r3l", "faults", "env_create_errors"), default=0))
 
         # 2. Credit: group-relative advantages, positive amplification, pivotal credit.
         trajectories, counts = select_trainable(groups, drop_partial_groups=True)

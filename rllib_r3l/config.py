@@ -152,6 +152,7 @@ class R3LConfig(AlgorithmConfig):
 
     def update_from_dict(self, config_dict: Dict[str, Any]) -> "R3LConfig":
         config_dict = dict(config_dict)
+        check_config_keys(config_dict)  # tune.run("R3L", config={...}): a misspelt key is an error, not ignored
         r3l = {k: config_dict.pop(k) for k in list(config_dict) if k in R3L_OPTIONS}
         if isinstance(config_dict.get("model"), str):
             r3l["model"] = config_dict.pop("model")
@@ -173,6 +174,13 @@ class R3LConfig(AlgorithmConfig):
     def validate(self) -> None:
         super().validate()
         self.validate_r3l()
+        check_no_dropped_values(self)
+
+    def get_state(self) -> Dict[str, Any]:
+        # RLlib's get_state() (build_algo copies the config through it) silently drops every value
+        # equal to -1: such a value is rejected here with its field name instead.
+        check_no_dropped_values(self)
+        return super().get_state()
 
     def validate_r3l(self) -> None:
         """Check the R3L options; each error names the field and the fix."""
@@ -308,6 +316,60 @@ def _validate_scaling(cfg: "R3LConfig", err) -> None:
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             err(f, f"must be None or an integer >= 1, got {v!r}")
 
+
+# --------------------------------------------------------------------------------------------------
+# Every door (build_algo, tune.run with an R3LConfig or a dict, YAML, CLI) goes through these checks.
+_KEYS: Optional[frozenset] = None
+_DEFAULTS: Dict[str, Any] = {}
+# Keys RLlib's update_from_dict understands beyond the attribute names (old aliases).
+_SPECIAL_KEYS = frozenset({"multiagent", "_enable_new_api_stack", "model", "class"})
+
+
+def config_keys() -> frozenset:
+    """Every key a config dict may hold: R3L options, ``model``, RLlib's attribute and dict names."""
+    global _KEYS
+    if _KEYS is None:
+        cfg = R3LConfig()
+        _DEFAULTS.update(vars(cfg))
+        keys = {k for k in vars(cfg) if k not in ("algo_class", "_is_frozen")}
+        _KEYS = frozenset(keys | set(cfg.to_dict()) | set(R3L_OPTIONS) | _SPECIAL_KEYS)
+    return _KEYS
+
+
+def check_config_keys(config_dict: Dict[str, Any]) -> None:
+    """``ValueError("R3LConfig.<key>: unknown config key ...")`` for the first key no config has."""
+    known = config_keys()
+    for key in config_dict:
+        if key in known or AlgorithmConfig._translate_special_keys(str(key), warn_deprecated=False) in known:
+            continue
+        if str(key).startswith("__") and str(key).endswith("__"):  # Tune's own (__trial_info__, __stdout_file__)
+            continue
+        public = [k for k in known if not str(k).startswith("_")]
+        close = (difflib.get_close_matches(str(key), list(R3L_OPTIONS) + ["model"], n=1)
+                 or difflib.get_close_matches(str(key), public, n=1))
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"R3LConfig.{key}: unknown config key {key!r}{hint}; rllib_r3l.config.R3L_OPTIONS lists "
+                         "the R3L options (RLlib's AlgorithmConfig attribute names work too)")
+
+
+def check_no_dropped_values(cfg: "R3LConfig") -> None:
+    """Reject a value RLlib would silently drop: ``AlgorithmConfig.get_state`` leaves out every
+    attribute equal to -1 (its ``DEPRECATED_VALUE``), so the copy the algorithm runs with would hold
+    the default instead."""
+    from ray._common.deprecation import DEPRECATED_VALUE
+
+    config_keys()  # fills _DEFAULTS
+    dropped = [k for k, v in vars(cfg).items()
+               if not isinstance(v, bool) and isinstance(v, (int, float)) and v == DEPRECATED_VALUE
+               and _DEFAULTS.get(k, None) != DEPRECATED_VALUE]
+    if not dropped:
+        return
+    cfg.validate_r3l()  # a field where -1 is invalid anyway gets its own message first
+    field = dropped[0]
+    default = R3L_OPTIONS[field][0] if field in R3L_OPTIONS else _DEFAULTS.get(field)
+    raise ValueError(f"R3LConfig.{field}: the value -1 cannot be used: RLlib's AlgorithmConfig.get_state() drops "
+                     f"every value equal to -1 (its DEPRECATED_VALUE), so the algorithm would silently run with "
+                     f"the default {default!r}; use another value (e.g. -1.001)")
 
 def _rllib_training_args() -> set:
     import inspect

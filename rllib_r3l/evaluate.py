@@ -10,14 +10,14 @@ in training, at the evaluation temperature (paper K.1: 0.4) or greedily. Tasks a
 
 from __future__ import annotations
 
-import inspect
 import os
 import tempfile
 import time
 from collections import Counter
 from typing import Any, Dict, Optional, Tuple
 
-from rllib_r3l.cli import UsageError
+from rllib_r3l.errors import UsageError
+from rllib_r3l.preflight import accepts, check_env
 from rllib_r3l.config import R3L_OPTIONS
 
 _LOST = ("env_error", "generation_error")
@@ -63,18 +63,12 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
         backend_options = dict(cfg.get("backend_options") or {}) if (
             resolve_backend_name(train_backend) == name) else {}
 
-    if model_dir is None:
-        if name == "transformers":  # in memory: no copy of the weights on disk
-            model, tokenizer, _ = ex.load_policy(ckpt)
-        else:  # vLLM loads from a directory
-            tmp = tempfile.TemporaryDirectory(prefix="r3l-eval-")
-            model_dir = ex.export_checkpoint(ckpt, tmp.name, force=True)
-
     # Environment: the training env and env_config unless told otherwise.
     train_env = cfg.get("env")
     env_id = env or train_env
     if not env_id:
         raise UsageError(f"{what} does not name its environment; pass --env (e.g. --env r3l/ToyCorridor)")
+    env_config_given = env_config is not None
     if env_config is None:
         env_config = dict(cfg.get("env_config") or {}) if env_id == train_env else {}
     env_config = dict(env_config)
@@ -84,8 +78,20 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     except ValueError as e:
         raise UsageError(f"--env: {e}") from None
     split = split or eval_split or "test"
-    if "split" not in env_config and _accepts(factory, "split"):
+    if "split" not in env_config and accepts(factory, "split"):
         env_config["split"] = split
+    try:  # one environment built now: a bad option is one error, not a traceback per episode
+        check_env(env_id, env_config)
+    except ValueError as e:
+        flag = "--env-config" if env_config_given else f"the env_config of {what}"
+        raise UsageError(f"{flag}: {str(e).split(': ', 1)[1]}") from None
+
+    if model_dir is None:  # the weights, once the environment is known to work
+        if name == "transformers":  # in memory: no copy of the weights on disk
+            model, tokenizer, _ = ex.load_policy(ckpt)
+        else:  # vLLM loads from a directory
+            tmp = tempfile.TemporaryDirectory(prefix="r3l-eval-")
+            model_dir = ex.export_checkpoint(ckpt, tmp.name, force=True)
 
     temp = float(temperature if temperature is not None else _setting(cfg, "evaluation_temperature"))
     opts = RolloutOptions(
@@ -154,9 +160,3 @@ def format_summary(summary: Dict[str, Any]) -> str:
         body = table.to_string(index=False)
     return (f"evaluated {summary['source']} ({summary['backend']} backend, {summary['seconds']} s)\n{body}")
 
-
-def _accepts(factory: Any, kwarg: str) -> bool:
-    try:
-        return kwarg in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False

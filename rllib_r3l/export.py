@@ -17,7 +17,7 @@ import pickle
 import re
 from typing import Any, Dict, Optional, Tuple
 
-from rllib_r3l.cli import UsageError
+from rllib_r3l.errors import UsageError
 
 MODULE_SUBDIR = os.path.join("learner_group", "learner", "rl_module", "default_policy")
 EXPORT_META = "r3l_export.json"
@@ -42,6 +42,10 @@ def find_checkpoint(path: str) -> str:
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such checkpoint or directory")
+    if not os.path.isdir(path):
+        inside = next((p for p in _parents(path) if is_algorithm_checkpoint(p)), None)
+        raise UsageError(f"{path}: is a file, not a checkpoint directory; pass "
+                         f"{inside if inside else 'the checkpoint_* directory printed by `rllib-r3l train`'}")
     if is_algorithm_checkpoint(path):
         return path
     ckpts = _checkpoints_in(path)
@@ -68,10 +72,30 @@ def _checkpoints_in(d: str) -> list:
     return [p for _, p in sorted(found)]
 
 
+def _parents(path: str) -> list:
+    out, d = [], os.path.dirname(path)
+    while d and d != os.path.dirname(d):
+        out.append(d)
+        d = os.path.dirname(d)
+    return out
+
+
 def _load_pickle(path: str) -> Any:
+    """A pickle of the checkpoint; a missing, truncated or corrupt file is a one-line :class:`UsageError`."""
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: missing; the checkpoint is incomplete (was it copied or written only in part?); "
+                         "use another checkpoint_* of the trial")
+    if os.path.getsize(path) == 0:
+        raise UsageError(f"{path}: empty file; the checkpoint is damaged, use another checkpoint_* of the trial")
     # RLlib checkpoints are pickles written by RLlib itself (trusted like any RLlib checkpoint).
-    with open(path, "rb") as f:
-        return pickle.load(f)
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except (EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError, ImportError, IndexError,
+            KeyError, MemoryError, OverflowError) as e:
+        what = "truncated" if isinstance(e, EOFError) else "corrupt"
+        raise UsageError(f"{path}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:120]}); the checkpoint is "
+                         "damaged, use another checkpoint_* of the trial") from None
 
 
 def load_checkpoint_config(ckpt: str) -> Dict[str, Any]:
@@ -102,10 +126,16 @@ def _module_state_and_ctor(mdir: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     state_file = os.path.join(mdir, "module_state.pkl")
     if os.path.isfile(state_file):
         state = _load_pickle(state_file)
-    else:  # another serialisation (msgpack): let RLlib read it
+    elif os.path.isfile(os.path.join(mdir, "module_state.msgpack")):  # another serialisation: let RLlib read it
         from ray.rllib.core.rl_module.rl_module import RLModule
 
         state = RLModule.from_checkpoint(mdir).get_state()
+    else:
+        raise UsageError(f"{state_file}: missing (the policy's weights); the checkpoint is incomplete, use another "
+                         "checkpoint_* of the trial")
+    if not isinstance(state, dict):
+        raise UsageError(f"{state_file}: holds a {type(state).__name__}, not the module's weights; the checkpoint is "
+                         "damaged, use another checkpoint_* of the trial")
     return state, ctor
 
 

@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from rllib_r3l.cli import UsageError
+from rllib_r3l.errors import UsageError
 
 SUMMARY_FILE = "summary.csv"
 
@@ -40,6 +40,14 @@ METRICS: Dict[str, str] = {
     "grad_norm": "learners/default_policy/gradients_default_optimizer_global_norm",
     "time_this_iter_s": "time_this_iter_s",
     "time_total_s": "time_total_s",
+}
+# losses, summed over the iterations in the table (a run that lost every episode must show it)
+FAULTS: Dict[str, str] = {
+    "episodes_lost": "env_runners/r3l/faults/episodes_lost",
+    "env_errors": "env_runners/r3l/faults/env_errors",
+    "env_create_errors": "env_runners/r3l/faults/env_create_errors",
+    "generation_errors": "env_runners/r3l/faults/generation_errors",
+    "empty_batches": "r3l/batch/empty_batches",
 }
 # figure file -> (title, metrics on it)
 PLOTS: Dict[str, Tuple[str, List[str]]] = {
@@ -111,7 +119,7 @@ def load_trial(trial_dir: str):
     df = pd.DataFrame()
     if "training_iteration" in raw:
         df["training_iteration"] = pd.to_numeric(raw["training_iteration"], errors="coerce")
-    for short, key in METRICS.items():
+    for short, key in {**METRICS, **FAULTS}.items():
         if key in raw:
             df[short] = pd.to_numeric(raw[key], errors="coerce")
     params = {}
@@ -162,9 +170,13 @@ def summarize(trial_dirs: List[str], root: str):
                 row[short] = float(s.iloc[-1]) if len(s) else float("nan")
         if "reward" in df and df["reward"].notna().any():
             row["best_reward"] = float(df["reward"].max())
+        for short in FAULTS:
+            if short in df:
+                row[short] = int(df[short].fillna(0).sum())
         rows.append(row)
     table = pd.DataFrame(rows)
     order = ["trial", "model", "env"] + [k for k in varied if k in table] + ["iterations", "reward", "best_reward"]
+    order += list(FAULTS)
     order += [m for m in METRICS if m not in order]
     table = table[[c for c in order if c in table] + [c for c in table if c not in order]]
     return table, loaded, varied
@@ -220,6 +232,21 @@ def plot(loaded, varied: List[str], out_dir: str, root: str) -> List[str]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def warnings(table) -> List[str]:
+    """One line per trial that trained on nothing or lost episodes: what the table's averages hide."""
+    out = []
+    for _, row in table.iterrows():
+        iters, empty, lost = int(row.get("iterations") or 0), row.get("empty_batches"), row.get("episodes_lost")
+        if iters and empty is not None and int(empty) >= iters:
+            out.append(f"warning: {row['trial']} trained on nothing: all {iters} iteration(s) had an empty batch "
+                       f"({int(lost or 0)} episodes lost, {int(row.get('env_errors') or 0)} environment errors, "
+                       f"{int(row.get('generation_errors') or 0)} generation errors)")
+        elif lost:
+            out.append(f"warning: {row['trial']} lost {int(lost)} episode(s) (environment/generation errors; "
+                       "see docs/reliability.md)")
+    return out
 
 
 def make_report(experiment_dir: str, out: Optional[str] = None):

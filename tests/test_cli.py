@@ -73,7 +73,7 @@ def test_dry_run_prints_final_config(tmp_path, capsys):
 
 @pytest.mark.parametrize("text,needles", [
     (GOOD.replace("group_size: 4", "gruop_size: 4"), ["gruop_size", "did you mean 'group_size'"]),
-    (GOOD.replace("group_size: 4", "group_size: 3"), ["group_size", "even"]),
+    (GOOD.replace("group_size: 4", "group_size: 3"), ["group_size", "got 3"]),
     (GOOD.replace("group_size: 4", 'lr: "1e-6"'), ["lr", "1.0e-6"]),
     (GOOD.replace("group_size: 4", "reflect: maybe"), ["reflect", "true or false"]),
     (GOOD.replace("r3l/ToyCorridor", "r3l/ToyCoridor"), ["env", "r3l/ToyCorridor"]),

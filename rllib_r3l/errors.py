@@ -1,0 +1,21 @@
+"""User-facing errors: one line that names the field, flag or file and the fix.
+
+:class:`UsageError` is a mistake in what the user gave (a config file, a flag, a path, a
+checkpoint); the command line prints it without a traceback and exits with code 2. Every layer may
+raise it (it lives here, below the CLI, so that lower layers never import the CLI).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class UsageError(Exception):
+    """A mistake in the command line, a config file or a path: printed without a traceback, exit code 2."""
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate, or ``""`` when none is close."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

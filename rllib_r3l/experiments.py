@@ -1,0 +1,345 @@
+"""Experiment files: read Tune-style YAML, apply ``--set``/``--stop`` overrides, validate every config.
+
+An experiments file is ``{name: {run: R3L, stop: {...}, config: {...}}}`` (the same files
+``tune.run_experiments(yaml.safe_load(f))`` runs after ``import rllib_r3l``). Everything here is
+checked without starting Ray or loading a model, and every mistake is a :class:`UsageError` that
+names the key (``FILE: EXPERIMENT.config.KEY`` or ``--set KEY=...``) and the fix. The checks that
+need the machine (the environment can be built, the model can be found) are in
+``rllib_r3l.preflight``; stop criteria in ``rllib_r3l.stopping``.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from rllib_r3l.errors import UsageError, did_you_mean
+from rllib_r3l.stopping import check_stop_criteria
+
+# Keys of one experiment spec (Tune's ``Experiment`` arguments that make sense in a file).
+SPEC_KEYS = ("run", "stop", "config", "num_samples", "storage_path", "checkpoint_config", "time_budget_s",
+             "max_failures", "log_to_file", "sync_config")
+# env_config values that are file paths: made absolute before Tune changes directories.
+PATH_KEYS = ("data_files", "data_path", "webshop_path")
+MAX_VALIDATED_VARIANTS = 256
+
+
+# ==================================================================================================
+# YAML
+# ==================================================================================================
+def _yaml_loader():
+    """``yaml.SafeLoader`` that also reads ``1e-6`` as a float (YAML 1.2; PyYAML reads it as a string)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
+    return Loader
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set``/``--stop`` value as a YAML scalar or flow collection (``4``, ``true``, ``1e-6``,
+    ``null``, ``[1, 2]``, ``{num_rooms: 3}``); text that is not valid YAML stays a string."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_yaml_loader())
+    except yaml.YAMLError:
+        return text
+
+
+def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
+    """Read an experiments file: ``{name: {run: ..., stop: ..., config: ...}}``."""
+    import yaml
+
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file (give a YAML experiments file, e.g. tuned_examples/cpu/coin_collector.yaml)")
+    try:
+        with open(path) as f:
+            data = yaml.load(f, Loader=_yaml_loader())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise UsageError(f"{path}:{where}: not valid YAML ({problem}); fix the syntax there") from None
+    if not isinstance(data, dict) or not data:
+        raise UsageError(f"{path}: expected a mapping of experiment names to {{run, stop, config}}, "
+                         f"got {type(data).__name__}")
+    data = {name: copy.deepcopy(spec) for name, spec in data.items()}  # YAML anchors share objects
+    for name, spec in data.items():
+        where = f"{path}: experiment {name!r}"
+        if not isinstance(spec, dict):
+            raise UsageError(f"{where}: expected a mapping with run/stop/config, got {type(spec).__name__}")
+        if "env" in spec:  # Tune moves a spec-level env into the config; so do we
+            spec.setdefault("config", {})["env"] = spec.pop("env")
+        for key in spec:
+            if key not in SPEC_KEYS:
+                raise UsageError(f"{where}: unknown key {key!r}{did_you_mean(key, SPEC_KEYS)}; "
+                                 f"an experiment has {', '.join(SPEC_KEYS)} (R3L options go under 'config:')")
+        if "run" not in spec:
+            raise UsageError(f"{where}: missing 'run'; add `run: R3L`")
+        if spec["run"] != "R3L":
+            raise UsageError(f"{where}: run: {spec['run']!r} is not supported here; use `run: R3L`")
+        spec.setdefault("config", {})
+        if not isinstance(spec["config"], dict):
+            raise UsageError(f"{where}: 'config' must be a mapping of option names to values")
+        if spec.get("stop") is not None and not isinstance(spec["stop"], dict):
+            raise UsageError(f"{where}: 'stop' must be a mapping like {{training_iteration: 100}}")
+    return data
+
+
+# ==================================================================================================
+# Overrides
+# ==================================================================================================
+def parse_assignment(text: str, flag: str) -> Tuple[str, Any]:
+    if "=" not in text:
+        raise UsageError(f"{flag} {text!r}: expected KEY=VALUE, e.g. {flag} "
+                         f"{'training_iteration=10' if flag == '--stop' else 'group_size=4'}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise UsageError(f"{flag} {text!r}: the key before '=' is empty")
+    return key, parse_value(raw)
+
+
+def apply_set(config: Dict[str, Any], dotted: str, value: Any) -> None:
+    """``config[a][b] = value`` for ``dotted = "a.b"`` (intermediate mappings are created)."""
+    parts = dotted.split(".")
+    node = config
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise UsageError(f"--set {dotted}=...: {'.'.join(parts[:i + 1])} is {child!r}, not a mapping, so it "
+                             f"has no key {parts[i + 1]!r}; set the whole value instead, e.g. --set "
+                             f"{'.'.join(parts[:i + 1])}={{{parts[i + 1]}: ...}}")
+        node = child
+    node[parts[-1]] = value
+
+
+def apply_overrides(spec: Dict[str, Any], sets: Sequence[Tuple[str, Any]], stops: Sequence[Tuple[str, Any]]) -> None:
+    for key, value in sets:
+        apply_set(spec["config"], key, copy.deepcopy(value))
+    if stops:
+        stop = spec.get("stop") or {}
+        for key, value in stops:
+            stop[key] = value
+        spec["stop"] = stop
+
+
+# ==================================================================================================
+# Validation (before Ray starts)
+# ==================================================================================================
+_DEFAULTS: Dict[str, Any] = {}
+
+
+def known_config_keys() -> frozenset:
+    """Every key a config may hold: R3L options, ``model`` and RLlib's AlgorithmConfig fields."""
+    from rllib_r3l.config import R3L_OPTIONS, R3LConfig, config_keys
+
+    if not _DEFAULTS:
+        cfg = R3LConfig()
+        _DEFAULTS.update({k: getattr(cfg, k) for k in R3L_OPTIONS})
+        _DEFAULTS["lr"] = cfg.lr
+    return config_keys() - {"model_config"}  # a read-only property; the YAML key is _model_config
+
+
+def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
+    from rllib_r3l.config import R3L_OPTIONS
+
+    known = known_config_keys()
+    for key in config:
+        src = f"--set {key}=..." if key in overridden else f"{where}.config.{key}"
+        if key == "model_config":
+            raise UsageError(f"{src}: use `_model_config` (RLlib's model_config is read-only in config dicts)")
+        if key not in known:
+            public = [k for k in known if not k.startswith("_")]
+            hint = did_you_mean(key, list(R3L_OPTIONS) + ["model"]) or did_you_mean(key, public)
+            raise UsageError(f"{src}: unknown config key {key!r}{hint}; "
+                             "`rllib-r3l options` lists the R3L options (RLlib's AlgorithmConfig names work too)")
+        value = config[key]
+        if isinstance(value, dict) and "grid_search" in value:
+            continue
+        _check_type(key, value, src)
+
+
+def _check_type(key: str, value: Any, src: str) -> None:
+    if key not in _DEFAULTS or value is None:
+        return
+    default = _DEFAULTS[key]
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise UsageError(f"{src}: {key} must be true or false, got {value!r}")
+    elif isinstance(default, (int, float)):
+        if isinstance(value, str):
+            hint = (" (PyYAML reads 1e-6 as a string: write 1.0e-6)"
+                    if re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value) else "")
+            raise UsageError(f"{src}: {key} must be a number, got the string {value!r}{hint}")
+        if isinstance(value, bool):
+            raise UsageError(f"{src}: {key} must be a number, got {value!r}")
+    elif isinstance(default, dict) and not isinstance(value, dict):
+        raise UsageError(f"{src}: {key} must be a mapping, got {value!r}")
+
+
+def _grid_paths(node: Any, prefix: Tuple[str, ...] = ()) -> List[Tuple[Tuple[str, ...], list]]:
+    out = []
+    if isinstance(node, dict):
+        if set(node) == {"grid_search"}:
+            return [(prefix, list(node["grid_search"]))]
+        for k, v in node.items():
+            out.extend(_grid_paths(v, prefix + (k,)))
+    return out
+
+
+def expand_variants(config: Dict[str, Any], where: str) -> List[Dict[str, Any]]:
+    """The configs a ``grid_search`` expands to (every combination; the config itself if none)."""
+    grids = _grid_paths(config)
+    for path, values in grids:
+        if not values:
+            raise UsageError(f"{where}.config.{'.'.join(path)}: grid_search needs at least one value")
+    combos = list(itertools.islice(itertools.product(*[v for _, v in grids]), MAX_VALIDATED_VARIANTS))
+    variants = []
+    for combo in combos:
+        c = copy.deepcopy(config)
+        for (path, _), value in zip(grids, combo):
+            node = c
+            for p in path[:-1]:
+                node = node[p]
+            node[path[-1]] = value
+        variants.append(c)
+    return variants
+
+
+def _check_env(config: Dict[str, Any], where: str, overridden: set) -> None:
+    from environments import registry
+
+    from rllib_r3l.config import DEFAULT_ENV
+    from rllib_r3l.preflight import unknown_env_option
+
+    env_id = config.get("env", DEFAULT_ENV)
+    src = "--set env=..." if "env" in overridden else f"{where}.config.env"
+    if not isinstance(env_id, str):
+        raise UsageError(f"{src}: env must be an environment id such as 'r3l/CoinCollector', got {env_id!r}")
+    try:
+        factory = registry.resolve(env_id)
+    except (ValueError, ImportError, AttributeError) as e:
+        raise UsageError(f"{src}: {e}{did_you_mean(env_id, registry.registered())}") from None
+    env_config = config.get("env_config") or {}
+    esrc = "--set env_config" if "env_config" in overridden else f"{where}.config.env_config"
+    if not isinstance(env_config, dict):
+        raise UsageError(f"{esrc}: env_config must be a mapping, got {env_config!r}")
+    unknown = unknown_env_option(env_id, factory, env_config)
+    if unknown:
+        key, msg = unknown
+        raise UsageError(f"{esrc}.{key}{'=...' if 'env_config' in overridden else ''}: {msg}")
+
+
+def _absolutize_paths(config: Dict[str, Any]) -> None:
+    env_config = config.get("env_config")
+    if not isinstance(env_config, dict):
+        return
+
+    def fix(v):
+        if isinstance(v, str) and v and "://" not in v:
+            return os.path.abspath(os.path.expanduser(v))
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        return v
+
+    for key in PATH_KEYS:
+        if key in env_config and env_config[key] is not None:
+            env_config[key] = fix(env_config[key])
+
+
+def validate_config(config: Dict[str, Any], where: str = "config", overridden: Optional[set] = None):
+    """Check a config dict as a trial would receive it; returns the first variant's ``R3LConfig``.
+
+    Raises :class:`UsageError` naming the key and the fix. Loads no model and starts no Ray.
+    """
+    from rllib_r3l.config import R3LConfig
+
+    overridden = overridden or set()
+    if not isinstance(config, dict):
+        raise UsageError(f"{where}: config must be a mapping, got {type(config).__name__}")
+    _check_keys(config, where, overridden)
+    first = None
+    for variant in expand_variants(config, where):
+        _check_keys(variant, where, overridden)
+        _check_env(variant, where, overridden)
+        try:
+            cfg = R3LConfig().update_from_dict(copy.deepcopy(variant))
+            cfg.validate()
+        except (ValueError, TypeError, KeyError) as e:
+            raise UsageError(_explain(str(e), where, overridden)) from None
+        except Exception as e:  # RLlib raises its own error types for some checks
+            raise UsageError(_explain(f"{type(e).__name__}: {e}", where, overridden)) from None
+        if first is None:
+            first = cfg
+    return first
+
+
+def _explain(msg: str, where: str, overridden: set) -> str:
+    m = re.match(r"R3LConfig\.(\w+): (.*)", msg, re.S)
+    if m:
+        field = "model" if m.group(1) == "model_id" else m.group(1)
+        src = f"--set {field}=..." if field in overridden else f"{where}.config.{field}"
+        return f"{src}: {m.group(2)} (fix it in the file or override with --set {field}=VALUE)"
+    return f"{where}.config: {msg}"
+
+
+def check_resources(experiments: Dict[str, Dict[str, Any]], path: str, sets: Sequence[str] = ()) -> None:
+    """What needs the machine, for every variant of every experiment: the environment can be built with
+    its env_config and the model can be found (``rllib_r3l.preflight``); a :class:`UsageError` otherwise.
+    ``rllib-r3l train`` runs this (``--dry-run`` too); :func:`prepare_experiments` does not."""
+    from rllib_r3l.config import R3LConfig
+    from rllib_r3l.preflight import check_config
+
+    overridden = {parse_assignment(s, "--set")[0].split(".")[0] for s in sets}
+    for name, spec in experiments.items():
+        where = f"{path}: {name}"
+        for variant in expand_variants(spec["config"], where):
+            try:
+                check_config(R3LConfig().update_from_dict(copy.deepcopy(variant)))
+            except ValueError as e:
+                raise UsageError(_explain(str(e), where, overridden)) from None
+
+
+def prepare_experiments(path: str, sets: Sequence[str] = (), stops: Sequence[str] = (),
+                        only: Sequence[str] = ()) -> Dict[str, Dict[str, Any]]:
+    """Load a file, apply overrides, validate every config; the specs ready for Tune."""
+    experiments = load_yaml_file(path)
+    if only:
+        missing = [n for n in only if n not in experiments]
+        if missing:
+            raise UsageError(f"--experiment {missing[0]!r}: not in {path}"
+                             f"{did_you_mean(missing[0], experiments)}; it has {', '.join(experiments)}")
+        experiments = {n: experiments[n] for n in only}
+    set_pairs = [parse_assignment(s, "--set") for s in sets]
+    stop_pairs = [parse_assignment(s, "--stop") for s in stops]
+    overridden = {k.split(".")[0] for k, _ in set_pairs}
+    for name, spec in experiments.items():
+        apply_overrides(spec, set_pairs, stop_pairs)
+        _absolutize_paths(spec["config"])
+        validate_config(spec["config"], where=f"{path}: {name}", overridden=overridden)
+        check_stop_criteria(spec.get("stop") or {}, where=f"{path}: {name}", overridden={k for k, _ in stop_pairs})
+    return experiments
+
+
+
+def validate_env_only(env_id: str, env_config: Dict[str, Any]) -> None:
+    try:
+        _check_env({"env": env_id, "env_config": env_config}, "--env", set())
+    except UsageError as e:
+        msg = str(e).replace("--env.config.env_config", "--env-config").replace("--env.config.env", "--env")
+        raise UsageError(msg) from None

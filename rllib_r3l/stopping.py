@@ -1,0 +1,78 @@
+"""Stop criteria: a misspelt stop key must be an error, not a run that never ends.
+
+Tune stops a trial when a result's value reaches any ``stop`` criterion; a key the results never
+hold is only a one-time warning there, and the run goes on forever. ``check_stop_criteria`` checks
+every key of a file's ``stop:`` and of ``--stop`` against the metrics an R3L result has (the names
+below, as Tune flattens them with ``/``), with "did you mean", before anything starts.
+
+Metrics whose names depend on the run (per-module learner stats, evaluation results, fault
+counters) live under ``OPEN_NAMESPACES``: a key there passes unless it is close to a known name
+(then it is taken for a typo).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Dict, Iterable
+
+from rllib_r3l.errors import UsageError, did_you_mean
+
+# Tune's own (auto-filled) result keys.
+TUNE_KEYS = ("training_iteration", "time_total_s", "time_this_iter_s", "time_since_restore", "timestamp",
+             "iterations_since_restore", "timesteps_total", "timesteps_since_restore", "episodes_total")
+# What an R3L training result holds (RLlib's keys and R3L's; see README "Metrics" and docs/reliability.md).
+RESULT_KEYS = (
+    "num_env_steps_sampled_lifetime", "num_training_step_calls_per_iteration",
+    "env_runners/episode_return_mean", "env_runners/success_rate", "env_runners/episode_len_mean",
+    "env_runners/num_episodes", "env_runners/num_groups",
+    "env_runners/r3l/reflection_valid_rate", "env_runners/r3l/retry_trigger_rate",
+    "env_runners/r3l/retry_success_rate", "env_runners/r3l/retry_improvement_rate", "env_runners/r3l/reward_gain",
+    "env_runners/r3l/mean_pivot_turn", "env_runners/r3l/num_retries", "env_runners/r3l/rollout_turns_per_sample",
+    "env_runners/r3l/generated_tokens", "env_runners/r3l/generated_tokens_per_sample",
+    "env_runners/r3l/generated_tokens_per_s", "env_runners/r3l/prompt_tokens",
+    "env_runners/r3l/prompt_tokens_per_sample", "env_runners/r3l/rollout_seconds",
+    "env_runners/r3l/faults/episodes_lost", "env_runners/r3l/faults/env_errors",
+    "env_runners/r3l/faults/env_create_errors", "env_runners/r3l/faults/generation_errors",
+    "env_runners/r3l/faults/context_overflow", "env_runners/r3l/faults/truncated_responses",
+    "r3l/trained_tokens", "r3l/trained_tokens_per_sample", "r3l/advantage_mean",
+    "r3l/batch/items", "r3l/batch/groups", "r3l/batch/empty_batches", "r3l/batch/zero_advantage_items",
+    "r3l/batch/num_base", "r3l/batch/num_retry", "r3l/faults/episodes_lost", "r3l/faults/partial_groups",
+    "learners/default_policy/total_loss", "learners/default_policy/policy_loss",
+    "learners/default_policy/gradients_default_optimizer_global_norm",
+    "evaluation/env_runners/episode_return_mean", "evaluation/env_runners/success_rate",
+)
+# Namespaces with run-dependent names: a key there passes unless it looks like a typo of a known one.
+OPEN_NAMESPACES = ("learners/", "evaluation/", "env_runners/r3l/", "r3l/", "timers/", "perf/", "fault_tolerance/",
+                   "env_runner_group/")
+EXAMPLES = "training_iteration, time_total_s, env_runners/success_rate, env_runners/episode_return_mean"
+
+
+def known_stop_keys() -> frozenset:
+    return frozenset(TUNE_KEYS) | frozenset(RESULT_KEYS)
+
+
+def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[str] = ()) -> None:
+    """Raise :class:`UsageError` for a stop key no R3L result has, or a value that is not a number."""
+    overridden = set(overridden)
+    known = known_stop_keys()
+    for key, value in (stop or {}).items():
+        src = f"--stop {key}=..." if key in overridden else f"{where}.stop.{key}"
+        if isinstance(value, dict):
+            inner = next(iter(value), "KEY")
+            raise UsageError(f"{src}: nested stop criteria are not read; write the flattened key, e.g. "
+                             f"{key}/{inner}: {value.get(inner, 'VALUE')!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"{src}: a stop value must be a number (the trial stops when the metric reaches it), "
+                             f"got {value!r}")
+        if key in known:
+            continue
+        if isinstance(key, str) and key.startswith(OPEN_NAMESPACES):
+            # run-dependent names: only a near-copy of a known name is taken for a typo
+            typo = difflib.get_close_matches(key, known, n=1, cutoff=0.9)
+            if not typo:
+                continue
+            hint = f" (did you mean {typo[0]!r}?)"
+        else:
+            hint = did_you_mean(key, known)
+        raise UsageError(f"{src}: {key!r} is not a metric of R3L's results{hint}, so the trial would never stop "
+                         f"on it; e.g. {EXAMPLES} (nested metrics are joined with '/')")

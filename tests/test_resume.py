@@ -1,0 +1,92 @@
+"""Ray-level checks of issue 15: an interrupted ``rllib-r3l train`` exits non-zero and resumes from the
+command line with the iteration counter continuing; an iteration that loses every episode to
+environment creation raises with the environment's message. Tiny model, toy corridor, CPU.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rllib_r3l import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
+SMALL = ["--experiment", "toy-corridor-tiny-no-reflect", "--set", "tasks_per_iteration=1",
+         "--set", "env_config={num_rooms: 3, max_turns: 3}", "--num-cpus", "4", "--quiet-workers", "--verbose", "0"]
+
+
+class BrokenEnv:
+    """An environment whose constructor always fails (a JVM that does not start)."""
+
+    def __init__(self, split: str = "train") -> None:
+        raise OSError("JVM did not start")
+
+
+def test_iteration_losing_every_episode_to_env_creation_raises_with_the_env_message(monkeypatch):
+    import ray
+
+    from rllib_r3l import R3LConfig, preflight
+
+    monkeypatch.setattr(preflight, "check_env", lambda *a, **k: None)  # the build-time check would catch it first
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        algo = (R3LConfig().environment("tests.test_resume:BrokenEnv")
+                .training(model="tiny", backend="transformers", group_size=4, tasks_per_iteration=1,
+                          max_response_tokens=8, max_context_tokens=2048, reflect=False)).build_algo()
+        try:
+            with pytest.raises(Exception, match="environment could not be created: OSError: JVM did not start"):
+                algo.train()
+        finally:
+            algo.stop()
+    finally:
+        ray.shutdown()
+
+
+def _cli(argv, **kw):
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_CHDIR_TO_TRIAL_DIR="0")
+    return subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli", *argv], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def _iterations(trial_dir):
+    with open(os.path.join(trial_dir, "result.json")) as f:
+        return [json.loads(line)["training_iteration"] for line in f if line.strip()]
+
+
+def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_path, capsys):
+    argv = ["train", TOY, *SMALL, "--stop", "training_iteration=4", "--checkpoint-freq", "1",
+            "--storage-path", str(tmp_path)]
+    exp = tmp_path / "toy-corridor-tiny-no-reflect"
+    proc = _cli(argv)
+    while proc.poll() is None and not glob.glob(str(exp / "*" / "checkpoint_000000" / "rllib_checkpoint.json")):
+        time.sleep(0.5)
+    assert proc.poll() is None, "the run ended before it could be interrupted:\n" + proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    out, err = proc.communicate()
+    assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    assert "INTERRUPTED" in out and "--resume" in err
+    (trial,) = [d for d in glob.glob(str(exp / "*")) if os.path.isdir(d)]
+    assert max(_iterations(trial)) < 4
+
+    # the same command again: no silent second trial
+    code = cli.main(argv + ["--dry-run"])
+    assert code == 2 and "--resume" in capsys.readouterr().err
+
+    proc = _cli(argv + ["--resume"])
+    out, err = proc.communicate()
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert [d for d in glob.glob(str(exp / "*")) if os.path.isdir(d)] == [trial]  # the same trial continued
+    its = _iterations(trial)
+    assert its[-1] == 4 and its.count(1) == 1, its  # the counter continued from the checkpoint
+    assert f"tensorboard --logdir {exp}" in out
+    from rllib_r3l.export import find_checkpoint
+
+    assert find_checkpoint(str(exp)).endswith("checkpoint_000003")  # evaluate EXPERIMENT_DIR: one trial
