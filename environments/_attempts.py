@@ -14,7 +14,14 @@ class MultiAttemptEnv(TextEnv):
     Subclasses implement ``_problem(seed) -> (prompt, gold, meta)`` and
     ``_check(response, gold) -> (correct, extracted, reason)``; ``extracted`` None means no answer
     could be read (an invalid action, which still uses up an attempt).
+
+    Oracle: the optimal episode answers correctly at once, so the oracle pivot is the first incorrect
+    attempt (the failed attempt: turn 0 of any episode that did not start with a correct answer),
+    and the gold action is the reference answer (``_oracle_answer``; a correct answer by
+    construction, checked by the environment's own verifier).
     """
+
+    has_oracle = True
 
     instruction = ""
 
@@ -39,6 +46,19 @@ class MultiAttemptEnv(TextEnv):
 
     def _gold_text(self, gold: Any) -> str:
         return str(gold)
+
+    def _oracle_answer(self, seed: int) -> Tuple[Any, str]:
+        """(gold, an answer the verifier accepts) for ``seed``, without touching the current episode."""
+        _prompt, gold, _meta = self._problem(int(seed))
+        return gold, f"\\boxed{{{self._gold_text(gold)}}}"
+
+    def _oracle_walk(self, seed, actions):
+        gold, answer = self._oracle_answer(int(seed or 0))
+        if not actions:
+            return None, [answer]
+        if self._check(actions[0], gold)[0]:
+            return None, []
+        return 0, [answer]  # every later attempt comes after the first failed one
 
     # ------------------------------------------------------------------ gym API
     def _info(self, **kw: Any) -> Dict[str, Any]:

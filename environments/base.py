@@ -18,11 +18,19 @@ Contract every environment in this package follows:
 - ``restore(seed, actions) -> (observation, info)`` returns the environment to the state after
   ``actions`` were taken from ``reset(seed)``: replay by default, a snapshot where one exists.
 - ``close()`` frees every process the environment started (JVMs included).
+
+Optional oracle (``has_oracle = True``; used by the oracle reflector and the pivot-quality metrics
+of ``rllib_r3l.pivot_metrics``): ``oracle_pivot(seed, actions)`` is the first turn from which the
+episode could no longer be finished optimally (in the fewest turns), or None when it still could
+(nothing to fix); ``oracle_action(seed, actions)`` is the first action of an optimal finish from the
+state after ``actions`` (None when ``actions`` already left every optimal path); ``oracle(seed,
+actions)`` gives the pivot and the gold action at it. Each environment's docstring says how its
+truth is computed.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
 
@@ -54,6 +62,92 @@ class TextEnv(gym.Env):
         return obs, info
 
 
+    # -------------------------------------------------------------------------------------- oracle
+    has_oracle: bool = False
+
+    def _oracle_walk(self, seed: Optional[int], actions: Sequence[str]) -> Tuple[Optional[int], List[str]]:
+        """``(pivot, plan)``: the oracle pivot of ``actions`` (None: no pivot) and an optimal plan from
+        the state at the pivot (after all of ``actions`` when there is none). Oracle environments
+        implement this."""
+        raise NotImplementedError(f"{type(self).__name__} has no oracle (has_oracle is False)")
+
+    def oracle(self, seed: Optional[int], actions: Sequence[str]) -> Tuple[Optional[int], Optional[str]]:
+        """``(oracle pivot, gold action at the pivot)``; ``(None, None)`` when there is no pivot."""
+        pivot, plan = self._oracle_walk(seed, [check_action(a) for a in actions])
+        if pivot is None:
+            return None, None
+        return pivot, (plan[0] if plan else None)
+
+    def oracle_pivot(self, seed: Optional[int], actions: Sequence[str]) -> Optional[int]:
+        """The first turn from which the episode could no longer be finished optimally (None: it can)."""
+        return self.oracle(seed, actions)[0]
+
+    def oracle_action(self, seed: Optional[int], actions: Sequence[str]) -> Optional[str]:
+        """The gold action after ``actions``: the first action of an optimal finish from that state.
+        None when ``actions`` already left every optimal path (or the task is finished)."""
+        pivot, plan = self._oracle_walk(seed, [check_action(a) for a in actions])
+        if pivot is not None or not plan:
+            return None
+        return plan[0]
+
+
+def follow_plan(actions: Sequence[str], plan: Sequence[str],
+                replan: Callable[[int, List[str], str], Optional[List[str]]],
+                same: Callable[[str, str], bool] = lambda a, b: a == b) -> Tuple[Optional[int], List[str]]:
+    """Walk ``actions`` along an optimal ``plan`` (from the start state); returns ``(pivot, plan)``.
+
+    An action equal to the plan's next one keeps the episode optimal. Any other action at turn ``k``
+    asks ``replan(k + 1, plan, action)`` for a plan of ``len(plan) - 1`` actions that still finishes
+    from the state after ``actions[:k + 1]`` (None: there is none, so turn ``k`` is the pivot; the
+    returned plan is then the one at the pivot, whose first action is the gold action there).
+    """
+    plan = list(plan)
+    for k, a in enumerate(actions):
+        if plan and same(a, plan[0]):
+            plan = plan[1:]
+            continue
+        new = replan(k + 1, plan, a) if plan else None
+        if new is None:
+            return k, plan
+        plan = list(new)
+    return None, plan
+
+
+def repair_candidates(plan: Sequence[str], action: str) -> List[List[str]]:
+    """Plans one action shorter than ``plan`` that may still finish after ``action`` was taken instead
+    of ``plan[0]``: ``plan`` without ``action`` (the agent did a later step of the plan early) and
+    ``plan[1:]`` (the plan's first step was not needed)."""
+    out: List[List[str]] = []
+    if action in plan:
+        i = list(plan).index(action)
+        out.append(list(plan[:i]) + list(plan[i + 1:]))
+    if plan and list(plan[1:]) not in out:
+        out.append(list(plan[1:]))
+    return out
+
+
+def minimize_plan(plan: Sequence[str], wins: Callable[[List[str]], Optional[int]],
+                  max_checks: Optional[int] = None) -> List[str]:
+    """A solution no single action of which can be left out: ``plan`` cut at its win, then, one
+    action at a time (up to ``max_checks`` replays), without each action whose removal still wins.
+    ``wins(actions)`` replays from the start and returns how many actions were played when the task
+    was won (None: not won)."""
+    n = wins(list(plan))
+    if n is None:
+        raise RuntimeError("the plan does not win")
+    plan = list(plan[:n])
+    checks, i = 0, len(plan) - 1
+    while i >= 0 and (max_checks is None or checks < max_checks):
+        cand = plan[:i] + plan[i + 1:]
+        checks += 1
+        m = wins(cand)
+        if m is not None:
+            plan = cand[:m]
+            i = min(i, len(plan))
+        i -= 1
+    return plan
+
+
 def check_action(action: Any) -> str:
     """Actions must be strings; anything else is a caller bug with a clear message."""
     if not isinstance(action, str):
@@ -61,4 +155,4 @@ def check_action(action: Any) -> str:
     return action
 
 
-__all__ = ["TextEnv", "check_action"]
+__all__ = ["TextEnv", "check_action", "follow_plan", "repair_candidates", "minimize_plan"]

@@ -176,6 +176,11 @@ class CountdownEnv(MultiAttemptEnv):
     def _gold_text(self, gold: Any) -> str:
         return f"{self._solution} = {gold[1]}"
 
+    def _oracle_answer(self, seed: int):
+        numbers, target, solution = generate_puzzle(seed, self.split, self.num_numbers, self.max_number,
+                                                    self.max_target)
+        return (numbers, target), f"<answer>{solution}</answer>"
+
     def solution(self) -> str:
         """One expression that solves the current puzzle (for tests)."""
         return self._solution

@@ -6,21 +6,59 @@ variation lists: with ``tasks`` = [t0, ..., tn-1], ``task = tasks[seed % n]`` an
 step also carries any score the start state already has), so a solved task returns 1.0; a failed task's negative score is clipped to 0 unless
 ``clip_negative_score=False``. One JVM per environment instance (started on the first reset,
 heap capped at ``java_max_heap``), stopped by ``close()``.
+
+Disambiguation: where an action could mean several identical objects, the engine answers
+"Ambiguous request" with numbered options and waits for a number. The adapter keeps that question
+open for one turn: the observation lists the options and the admissible actions are their numbers
+("0", "1", ...), as ScienceWorld's own gold sequences answer. An option's number or its full text
+picks it; any other action cancels the request and counts as invalid (with feedback).
+
+Oracle (``oracle_pivot`` / ``oracle_action``): ScienceWorld's gold action sequence of the variation,
+cut where its score progress reaches the win (replaying it must win; gold sequences often go on
+after it), taken as the optimal plan. An action equal to the
+plan's next one stays optimal; any other action stays optimal only if the plan without it (a later
+step done early) or without its first step (a step that was not needed) still reaches score 100 by
+replay. The first action for which neither does is the pivot (a focus on a wrong object, which
+fails the task, is one); the gold action is the plan's next step there. Equal-length alternatives
+the plan cannot express count as pivots: a conservative oracle.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from environments._common import (
     check_heap, check_positive_int, check_split, disarm_close, invalid_feedback, java_heap, normalize_action,
     sorted_unique, stop_py4j_wrapper,
 )
-from environments.base import TextEnv, check_action
+from environments.base import TextEnv, check_action, follow_plan, minimize_plan, repair_candidates
 
 _INVALID_PREFIXES = ("no known action matches that input", "unknown action")
 _AMBIGUOUS_PREFIX = "ambiguous request"
+_OPTION_LINE = re.compile(r"^\s*(\d+):\s*(.+?)\s*$")
+
+
+def _ambiguous_options(obs: str) -> List[str]:
+    """The numbered options of the engine's "Ambiguous request" message, in their order."""
+    opts = []
+    for ln in obs.splitlines():
+        m = _OPTION_LINE.match(ln)
+        if m and int(m.group(1)) == len(opts):
+            opts.append(m.group(2).strip())
+    return opts
+
+
+def _choose(action: str, options: Sequence[str]) -> Optional[int]:
+    """The option an answer picks: its number ("0", "1", ...) or its full text; None otherwise."""
+    a = action.strip()
+    if a.isdigit():
+        return int(a) if int(a) < len(options) else None
+    for i, o in enumerate(options):
+        if a == normalize_action(o):
+            return i
+    return None
 
 
 def task_names() -> List[str]:
@@ -95,6 +133,7 @@ class ScienceWorldEnv(TextEnv):
         self._turn = 0
         self._done = True
         self._gold: Optional[List[str]] = None
+        self._pending: Optional[List[str]] = None  # the options of an "ambiguous request" awaiting a number
 
     # ------------------------------------------------------------------ engine
     def _engine(self):
@@ -157,8 +196,28 @@ class ScienceWorldEnv(TextEnv):
         self._task_name, self._variation = task, var
         self._task_desc = str(env.server.freeActionTaskDesc()).replace("Task Description:", "").strip()
         self._score, self._turn, self._done = 0.0, 0, False
+        self._pending = None
         self._valid = self._valid_actions()
         return obs, self._info(seed=seed)
+
+    def restore(self, seed: Optional[int], actions: Sequence[str]) -> Tuple[str, Dict[str, Any]]:
+        """Replay ``actions`` from ``reset(seed)``; valid actions are listed only after the last one
+        (listing them dominates a step's cost), so the result equals a plain replay's."""
+        actions = list(actions)
+        if not actions:
+            return self.reset(seed=seed)
+        keep = self.list_actions
+        self.list_actions = False
+        try:
+            self.reset(seed=seed)
+            for i, a in enumerate(actions[:-1]):
+                _o, _r, term, trunc, _info = self.step(a)
+                if term or trunc:
+                    raise RuntimeError(f"episode ended at replayed action {i} of {len(actions)}")
+        finally:
+            self.list_actions = keep
+        obs, _r, _term, _trunc, info = self.step(actions[-1])
+        return obs, info
 
     def gold_actions(self, seed: int) -> List[str]:
         """ScienceWorld's gold action sequence for ``seed``; leaves the env reset to that task."""
@@ -173,16 +232,28 @@ class ScienceWorldEnv(TextEnv):
             raise RuntimeError("step() called on a finished episode; call reset() first")
         server = self._env.server
         a = normalize_action(action)
-        obs = str(server.step(a)) if a else "No known action matches that input."
-        invalid, reason = False, ""
+        invalid, reason, options = False, "", None
+        if self._pending is not None:
+            # The engine asked which of several objects was meant: a number (or an option's text) answers it.
+            pending, self._pending = self._pending, None
+            choice = _choose(a, pending)
+            if choice is None:
+                server.step("")  # a blank line cancels the request; the engine acts normally again
+                obs = "The request was cancelled."
+                invalid = True
+                reason = (f"the engine was waiting for the number of one of the options "
+                          f"({'; '.join(f'{i}: {o}' for i, o in enumerate(pending))}); the request was cancelled.")
+            else:
+                obs = str(server.step(str(choice)))
+        else:
+            obs = str(server.step(a)) if a else "No known action matches that input."
         low = obs.strip().lower()
-        if low.startswith(_AMBIGUOUS_PREFIX):
-            # The engine now waits for a number; cancel (a blank line) so the agent stays in control.
-            server.step("")
-            options = [ln.split("\t", 1)[-1].strip() for ln in obs.splitlines()[1:] if ln.strip()]
-            invalid = True
-            reason = "it is ambiguous; it could mean: " + "; ".join(options) + ". Say the full action."
-        elif low.startswith(_INVALID_PREFIXES):
+        if not invalid and _AMBIGUOUS_PREFIX in low.split("\n", 1)[0]:
+            options = _ambiguous_options(obs)
+            if not options:  # nothing to choose from: cancel, as before
+                server.step("")
+                invalid, reason = True, obs.strip()
+        elif not invalid and low.startswith(_INVALID_PREFIXES):
             invalid = True
             reason = obs.strip()
         self._turn += 1
@@ -196,13 +267,65 @@ class ScienceWorldEnv(TextEnv):
         terminated = completed or raw_failed
         truncated = not terminated and self._turn >= self.max_turns
         self._done = terminated or truncated
-        self._valid = self._valid_actions() if not self._done else []
+        if options and not self._done:
+            self._pending = options
+            self._valid = [str(i) for i in range(len(options))] if self.list_actions else None
+            obs = (f"{obs.strip()}\nAnswer with the number of the one you mean "
+                   f"(0 to {len(options) - 1}); any other action cancels the request.")
+        else:
+            self._valid = self._valid_actions() if not self._done else []
         if invalid:
             obs = invalid_feedback(action, reason, self._valid, self.max_listed_actions)
         elif terminated and not won:
             obs = f"{obs.strip()}\nThe task failed."
         return obs, reward, terminated, truncated, self._info(won=won, invalid_action=invalid,
-                                                               task_failed=terminated and not won)
+                                                               task_failed=terminated and not won,
+                                                               ambiguous=bool(options) and not self._done)
+
+    # ------------------------------------------------------------------ oracle
+    has_oracle = True
+    oracle_checks: Optional[int] = 0  # removal checks when minimising a gold sequence (None: all)
+
+    def _wins(self, seed: int, actions: Sequence[str]) -> Optional[int]:
+        """Replay ``actions`` from ``reset(seed)`` (without listing valid actions): how many were
+        played when the task was won (None: not won)."""
+        keep = self.list_actions, self.max_turns
+        self.list_actions, self.max_turns = False, 10 ** 6
+        try:
+            self.reset(seed=seed)
+            for i, a in enumerate(actions):
+                _o, _r, term, trunc, info = self.step(a)
+                if info["won"]:
+                    return i + 1
+                if term or trunc:
+                    return None
+            return None
+        finally:
+            self.list_actions, self.max_turns = keep
+            self._done = True  # the replayed episode is not the caller's: reset() before stepping
+
+    def _gold_plan(self, seed: int) -> List[str]:
+        cache = self.__dict__.setdefault("_oracle_plans", {})
+        if seed not in cache:
+            gold = [normalize_action(a) for a in self.gold_actions(seed)]
+            try:  # cut at the win; at most a few removal checks (a replay costs up to seconds here)
+                cache[seed] = minimize_plan(gold, lambda acts: self._wins(seed, acts), max_checks=self.oracle_checks)
+            except RuntimeError:
+                raise RuntimeError(f"ScienceWorld's gold sequence does not solve seed {seed} "
+                                   f"({self.task_for_seed(seed)}) through this adapter") from None
+        return list(cache[seed])
+
+    def _oracle_walk(self, seed, actions):
+        seed = int(seed or 0)
+        acts = [normalize_action(a) for a in actions]
+
+        def replan(n: int, plan: List[str], a: str) -> Optional[List[str]]:
+            for cand in repair_candidates(plan, a):
+                if self._wins(seed, acts[:n] + cand) is not None:
+                    return cand
+            return None
+
+        return follow_plan(acts, self._gold_plan(seed), replan)
 
     def close(self) -> None:
         env, self._env = self._env, None

@@ -14,7 +14,14 @@ class ToyCorridorEnv(TextEnv):
     Actions: ``move left``, ``move right``, ``take coin``. Taking the coin where it lies wins
     (reward 1); taking it elsewhere is an invalid action with feedback. Multi-turn, with language
     feedback, restorable by replay: the smallest environment that exercises reflect-then-retry.
+
+    Oracle: the optimal finish walks straight to the coin and takes it. The oracle pivot is the
+    first turn whose action is not that walk's next step (a move away from the coin, an invalid
+    move, or taking the coin where it is not); the gold action there is the step towards the coin
+    (``take coin`` in its room).
     """
+
+    has_oracle = True
 
     rules = (
         "You are in a corridor of rooms. Move left or right to find the coin, then take it. "
@@ -51,14 +58,19 @@ class ToyCorridorEnv(TextEnv):
         info.update(kw)
         return info
 
+    def _layout(self, seed: Optional[int]) -> Tuple[int, int]:
+        """(start room, coin room) of ``seed``."""
+        rng = random.Random(seed)
+        coin = rng.randrange(self.num_rooms)
+        pos = rng.randrange(self.num_rooms)
+        if self.num_rooms > 1:
+            while pos == coin:
+                pos = rng.randrange(self.num_rooms)
+        return pos, coin
+
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> Tuple[str, Dict[str, Any]]:
         super().reset(seed=seed)
-        rng = random.Random(seed)
-        self._coin = rng.randrange(self.num_rooms)
-        self._pos = rng.randrange(self.num_rooms)
-        if self.num_rooms > 1:
-            while self._pos == self._coin:
-                self._pos = rng.randrange(self.num_rooms)
+        self._pos, self._coin = self._layout(seed)
         self._done = False
         return self._describe(), self._info()
 
@@ -81,6 +93,22 @@ class ToyCorridorEnv(TextEnv):
                     self._info(invalid_action=True))
         return self._describe(), 0.0, False, False, self._info()
 
+    def _oracle_walk(self, seed, actions):
+        pos, coin = self._layout(seed)
+
+        def plan_from(p: int) -> List[str]:
+            step = "move left" if coin < p else "move right"
+            return [step] * abs(coin - p) + ["take coin"]
+
+        for k, a in enumerate(actions):
+            plan = plan_from(pos)
+            if a.strip().lower() != plan[0]:
+                return k, plan
+            if plan[0] == "take coin":
+                return None, []
+            pos += -1 if plan[0] == "move left" else 1
+        return None, plan_from(pos)
+
     def close(self) -> None:
         self._done = True
 
@@ -89,7 +117,10 @@ class ToyWordEnv(TextEnv):
     """One turn: say the target word (chosen by the seed from ``vocabulary``). Reward 1 if exact.
 
     The trivial one-turn task of the learning-signal test: a policy that learns raises its success.
+    Oracle: a wrong word is the pivot (turn 0); the gold action is the target word.
     """
+
+    has_oracle = True
 
     rules = "Answer with exactly the word you are asked for."
 
@@ -115,6 +146,12 @@ class ToyWordEnv(TextEnv):
         info = {"task": "", "admissible_actions": list(self.vocabulary), "won": won,
                 "invalid_action": action not in self.vocabulary}
         return obs, float(won), True, False, info
+
+    def _oracle_walk(self, seed, actions):
+        target = self.fixed_target or random.Random(seed).choice(self.vocabulary)
+        if actions and actions[0].strip().strip(".").lower() == target:
+            return None, []
+        return (0, [target]) if actions else (None, [target])
 
     def close(self) -> None:
         pass

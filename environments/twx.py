@@ -6,6 +6,20 @@ The episode seed picks a game from the package's own seed list of the split (TWX
 dev and test seeds, and their generated worlds, disjoint): ``game_seed = fold_seeds[seed % len]``.
 Rewards are increments of the game's normalised score (1.0 = solved); a failed game's negative
 score is clipped to 0 unless ``clip_negative_score=False``.
+
+Oracle (``oracle_pivot`` / ``oracle_action``; optimal = the fewest turns to ``tasksuccess``):
+
+- ``coin`` and ``mapreader`` (navigation; TWX's coin gold path is a random walk, not a shortest
+  one): exact breadth-first search over the admissible actions, by replay, with states told apart by
+  the text of ``look around`` and ``inventory``, the score, and the doors opened or closed on the
+  way. The pivot is the first turn after which the shortest finish is not one turn shorter than
+  before it; the gold action is the first step of a shortest finish from the state before it.
+- the other games: TWX's gold path with every needless step left out (cut at its win, then each
+  action whose removal still wins is removed), taken as optimal. An action equal to the plan's next one stays
+  optimal; any other action stays optimal only if the plan without it (a later step done early) or
+  without its first step (a step that was not needed) still wins by replay. The first action for
+  which neither does is the pivot; the gold action is the plan's next step there. (Equal-length
+  detours the plan cannot express count as pivots: a conservative oracle.)
 """
 
 from __future__ import annotations
@@ -16,9 +30,13 @@ from environments._common import (
     check_heap, check_positive_int, check_split, disarm_close, invalid_feedback, java_heap, normalize_action,
     sorted_unique, stop_py4j_wrapper,
 )
-from environments.base import TextEnv, check_action
+from environments.base import TextEnv, check_action, follow_plan, minimize_plan, repair_candidates
 
 GAMES = ("coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
+
+SEARCH_GAMES = ("coin", "mapreader")  # oracle by exact search; the others follow TWX's gold path
+_NO_OP = frozenset({"look around", "inventory", "task", "help", "read map"})
+_MAX_SEARCH_NODES = 20_000
 
 COIN_DEFAULT_PARAMS = {"numLocations": 4, "numDistractorItems": 0, "includeDoors": 0, "limitInventorySize": 0}
 
@@ -171,6 +189,108 @@ class TextWorldExpressEnv(TextEnv):
         elif failed:
             obs = f"{obs.strip()}\nThe task failed."
         return obs, reward, terminated, truncated, self._info(won=won, invalid_action=invalid, task_failed=failed)
+
+    # ------------------------------------------------------------------ oracle
+    has_oracle = True
+
+    def _play(self, seed: Optional[int], actions: List[str], probe: bool = False):
+        """Replay ``actions`` from ``seed`` on the engine: ``(status, valid actions, state key)``;
+        status "won" / "failed" (the game ended, possibly before the last action) or "open"."""
+        env = self._engine()
+        self._done = True  # the adapter's episode is gone: reset() before stepping again
+        game_seed = self._fold_seeds[int(seed or 0) % len(self._fold_seeds)]
+        _obs, raw = env.reset(seed=game_seed, gameFold=self.split, generateGoldPath=False)
+        for a in actions:
+            _obs, _r, _d, raw = env.step(a)
+            if raw.get("tasksuccess"):
+                return "won", [], None
+            if raw.get("taskfailure"):
+                return "failed", [], None
+        valid = sorted_unique(raw.get("validActions", []))
+        key = None
+        if probe:
+            score = raw.get("score")
+            key = (env.step("look around")[0], env.step("inventory")[0], score)
+        return "open", valid, key
+
+    def _wins(self, seed: Optional[int], actions: List[str]) -> Optional[int]:
+        """How many of ``actions`` were played when the game was won (None: not won)."""
+        env = self._engine()
+        self._done = True
+        game_seed = self._fold_seeds[int(seed or 0) % len(self._fold_seeds)]
+        env.reset(seed=game_seed, gameFold=self.split, generateGoldPath=False)
+        for i, a in enumerate(actions):
+            _obs, _r, _d, raw = env.step(a)
+            if raw.get("tasksuccess"):
+                return i + 1
+            if raw.get("taskfailure"):
+                return None
+        return None
+
+    def _search(self, seed: Optional[int], prefix: List[str], max_len: int) -> Optional[List[str]]:
+        """A shortest action list (at most ``max_len``) that wins from the state after ``prefix``."""
+        status, valid, key = self._play(seed, prefix, probe=True)
+        if status != "open":
+            return [] if status == "won" else None
+        room = key[0].split(".")[0]
+        seen = {(key, ())}
+        frontier = [([], valid, room, ())]
+        for _depth in range(max_len):
+            nxt = []
+            for path, acts, where, doors in frontier:
+                for a in acts:
+                    if a in _NO_OP:
+                        continue
+                    new_doors = doors
+                    if a.startswith(("open ", "close ")):  # door states are not all visible from one room
+                        verb, target = a.split(" ", 1)
+                        d = dict(doors)
+                        d[(where, target)] = verb
+                        new_doors = tuple(sorted(d.items()))
+                    status, valid2, key2 = self._play(seed, prefix + path + [a], probe=True)
+                    if status == "won":
+                        return path + [a]
+                    if status == "failed" or (key2, new_doors) in seen:
+                        continue
+                    seen.add((key2, new_doors))
+                    if len(seen) > _MAX_SEARCH_NODES:
+                        raise RuntimeError(f"oracle search for {self.game} seed {seed} exceeded {_MAX_SEARCH_NODES} states")
+                    nxt.append((path + [a], valid2, key2[0].split(".")[0], new_doors))
+            frontier = nxt
+            if not frontier:
+                break
+        return None
+
+    def _gold_plan(self, seed: Optional[int]) -> List[str]:
+        cache = self.__dict__.setdefault("_oracle_plans", {})
+        key = int(seed or 0)
+        if key not in cache:
+            if self.game in SEARCH_GAMES:
+                plan = self._search(seed, [], 10 ** 6)
+            else:  # TWX's gold path with every needless step left out (some gold paths wander)
+                gold = [normalize_action(a) for a in self.gold_actions(seed)]
+                try:
+                    plan = minimize_plan(gold, lambda acts: self._wins(seed, acts))
+                except RuntimeError:
+                    plan = None
+            if plan is None:
+                raise RuntimeError(f"no solution found for TextWorldExpress {self.game} seed {seed}")
+            cache[key] = plan
+        return list(cache[key])
+
+    def _oracle_walk(self, seed, actions):
+        acts = [normalize_action(a) for a in actions]
+
+        def replan(n: int, plan: List[str], a: str) -> Optional[List[str]]:
+            if self.game in SEARCH_GAMES:
+                found = self._search(seed, acts[:n], len(plan) - 1)
+                return found if found is not None and len(found) <= len(plan) - 1 else None
+            for cand in repair_candidates(plan, a):
+                if self._wins(seed, acts[:n] + cand) is not None:
+                    return cand
+            return None
+
+        return follow_plan(acts, self._gold_plan(seed), replan)
 
     def close(self) -> None:
         env, self._env = self._env, None

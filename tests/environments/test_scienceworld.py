@@ -64,17 +64,56 @@ def test_determinism_across_instances_replay_restore_and_close_stops_the_jvm(sw)
     other.close()  # idempotent
 
 
-def test_invalid_and_ambiguous_actions_get_feedback(sw):
+def test_invalid_actions_get_feedback_and_ambiguous_ones_ask_for_a_number(sw):
     sw.reset(seed=0)
     sw.step("look around")  # the first step carries the start state's score, if any
     obs, r, term, _t, info = sw.step("fly to the moon")
     assert info["invalid_action"] and r == 0 and not term
     assert "invalid action" in obs.lower() and "no known action" in obs.lower()
+    # ambiguous: the options are listed and their numbers are the admissible actions for one turn
     obs, _r, _term, _t, info = sw.step("open door")
-    assert info["invalid_action"] and "ambiguous" in obs.lower() and "open door between" in obs
-    # the engine is not left waiting for a number: a normal action works right after
+    assert not info["invalid_action"] and info["ambiguous"] and "open door between" in obs
+    assert info["admissible_actions"] == [str(i) for i in range(len(info["admissible_actions"]))]
+    assert len(info["admissible_actions"]) >= 2 and "1:" in obs
+    # anything else cancels the request (invalid, with the options named); the engine acts normally again
+    obs, _r, _term, _t, info = sw.step("look around")
+    assert info["invalid_action"] and "cancelled" in obs and not info["ambiguous"]
+    assert "look around" in info["admissible_actions"]
     obs, _r, _term, _t, info = sw.step("look around")
     assert not info["invalid_action"] and "this room is called" in obs.lower()
+    # a number picks the option
+    sw.step("open door")
+    obs, _r, _term, _t, info = sw.step("0")
+    assert not info["invalid_action"] and not info["ambiguous"] and "door" in obs.lower()
+
+
+def test_grow_plant_gold_sequence_answers_an_ambiguous_request_and_wins_also_after_restore():
+    # regression: the adapter used to cancel "Ambiguous request" prompts, so grow-plant ended at 0.14
+    env = ScienceWorldEnv(tasks=["grow-plant"], split="train")
+    try:
+        gold = env.gold_actions(0)
+        assert any(a.isdigit() for a in gold)  # ScienceWorld's own answer to a disambiguation
+        _obs, info = env.reset(seed=0)
+        env.max_turns = len(gold)
+        total, amb = 0.0, 0
+        for a in gold:
+            _o, r, term, trunc, info = env.step(a)
+            total += r
+            amb += info["ambiguous"]
+            if term or trunc:
+                break
+        assert amb >= 1 and term and info["won"] and total == pytest.approx(1.0)
+        # restored right after the ambiguous request (a retry's replay), the question is still open
+        j = next(i for i, a in enumerate(gold) if a.isdigit())
+        obs, info = env.restore(0, gold[:j])
+        assert info["ambiguous"] and gold[j] in info["admissible_actions"] and "Ambiguous request" in obs
+        for a in gold[j:]:
+            _o, r, term, trunc, info = env.step(a)
+            if term or trunc:
+                break
+        assert term and info["won"] and info["score"] == pytest.approx(1.0)
+    finally:
+        env.close()
 
 
 def test_split_variations_are_disjoint(sw):
