@@ -31,6 +31,7 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "reflect": (True, "reflect-then-retry on; False = no reflection/retry (GRPO-style exploration, N base rollouts)"),
     "retries_per_failure": (1, "retries per reflected failure (paper C.1: 1 is best)"),
     "reflector_model": (None, "None = the policy reflects itself; else an HF id/path of a separate reflector"),
+    "reflector": ("policy", "who writes the reflections: 'policy' (R3L); 'oracle' = DIAGNOSTIC upper bound: reports from the environment's oracle (oracle pivot + the gold action there), never trained on; needs an environment with an oracle"),
     "reflection_template": (None, "None = built-in prompt; else a template string or a path to a template file"),
     "reflection_structured": (True, "hold the reflection to the report's JSON schema (structured outputs)"),
     "max_reflection_tokens": (256, "token budget of a reflection (paper: 4096; the compact JSON report needs ~150)"),
@@ -92,6 +93,7 @@ _CHOICES = {
     "model_dtype": ("float32", "bfloat16"),
     "kl_estimator": ("k1", "k2", "k3"),
     "action_decoding": ("choice", "free_text"),
+    "reflector": ("policy", "oracle"),
     "backend": ("auto", "vllm", "transformers"),
     "mixed_precision": ("auto", "bfloat16", "none"),
 }
@@ -227,6 +229,8 @@ class R3LConfig(AlgorithmConfig):
         for f, allowed in _CHOICES.items():
             if getattr(self, f) not in allowed:
                 err(f, f"must be one of {allowed}, got {getattr(self, f)!r}")
+        if self.reflector == "oracle":
+            _validate_oracle_reflector(self, err)
         if not isinstance(self.model_id, str) or not self.model_id:
             err("model_id", f"set training(model='<HF id or local path>'), got {self.model_id!r}")
         if not isinstance(self.backend_options, dict):
@@ -370,6 +374,26 @@ def check_no_dropped_values(cfg: "R3LConfig") -> None:
     raise ValueError(f"R3LConfig.{field}: the value -1 cannot be used: RLlib's AlgorithmConfig.get_state() drops "
                      f"every value equal to -1 (its DEPRECATED_VALUE), so the algorithm would silently run with "
                      f"the default {default!r}; use another value (e.g. -1.001)")
+
+
+def _validate_oracle_reflector(cfg: "R3LConfig", err) -> None:
+    """``reflector="oracle"`` (a diagnostic) needs reflection on, no separate reflector model, and an
+    environment whose truth is computable (``has_oracle``)."""
+    from rllib_r3l.oracle import env_has_oracle
+
+    if not cfg.reflect:
+        err("reflector", "'oracle' replaces the reflections of reflect-then-retry; it needs reflect=True")
+    if cfg.reflector_model:
+        err("reflector", f"'oracle' writes the reports itself; unset reflector_model (got {cfg.reflector_model!r})")
+    try:
+        ok = env_has_oracle(cfg.env)
+    except ValueError as e:
+        err("env", str(e))
+    if not ok:
+        err("reflector", f"'oracle' needs an environment with an oracle (has_oracle=True); {cfg.env!r} has none. "
+            "Environments with one: r3l/CoinCollector, r3l/TextWorldExpress, r3l/ScienceWorld, r3l/Math, "
+            "r3l/Countdown, r3l/ToyCorridor, r3l/ToyWord")
+
 
 def _rllib_training_args() -> set:
     import inspect

@@ -120,6 +120,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             pivotal_credit=c.pivotal_credit,
             max_context_tokens=c.max_context_tokens,
             score_behaviour=bool(c.use_importance_ratio) and not self._in_eval,
+            reflector=getattr(c, "reflector", "policy"),
         )
         self._explorer = Explorer(self._episodes, self._chat, eopts, reflector=self._reflector,
                                   reflector_chat=reflector_chat)
@@ -210,7 +211,8 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         m.log_value(("r3l", "faults", "episodes_lost"), len(lost), reduce="sum")
         for k in ("env_errors", "generation_errors", "replay_mismatch", "context_overflow", "truncated_responses",
                   "invalid_actions", "retries_skipped", "reflection_generation_errors", "env_close_errors", "reflection_contradicts_reward",
-                  "env_create_errors", "retries_empty", "reflection_sft_items_too_long", "retry_sft_items_too_long"):
+                  "env_create_errors", "retries_empty", "reflection_sft_items_too_long", "retry_sft_items_too_long",
+                  "oracle_errors", "oracle_no_pivot"):
             m.log_value(("r3l", "faults", k), self.counters[k] - before.get(k, 0), reduce="sum")
         for k in [k for k in self.counters if k.startswith("injected_")]:  # fault_injection (testing aid)
             m.log_value(("r3l", "faults", k), self.counters[k] - before.get(k, 0), reduce="sum")

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from rllib_r3l import core_algos
+from rllib_r3l import oracle as oracle_lib
 from rllib_r3l import reflect as reflect_lib
 from rllib_r3l.chat import ChatFormat
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
@@ -53,6 +54,7 @@ class ExploreOptions:
     pivotal_credit: bool = True
     max_context_tokens: Optional[int] = None  # auxiliary items longer than this are dropped (counted)
     score_behaviour: bool = False  # attach the behaviour model's log-probs to base rollouts (importance ratio)
+    reflector: str = "policy"  # "oracle": DIAGNOSTIC reports from the environment's oracle (rllib_r3l.oracle)
 
     @property
     def num_base(self) -> int:
@@ -124,6 +126,8 @@ class Explorer:
     # -- reflect -------------------------------------------------------------------------------------
     def reflect(self, trajectories: List[Trajectory]) -> List[tuple]:
         """Reflect on each trajectory; returns ``(ParseResult, prompt_ids, GenerationResult)`` per item."""
+        if self.opts.reflector == "oracle":  # diagnostic: no prompt, no generation, nothing to train on
+            return oracle_lib.oracle_reflections(self, trajectories)
         prompts = []
         for t in trajectories:
             messages = reflect_lib.build_reflection_messages(t, template=self.template)
@@ -150,6 +154,7 @@ class Explorer:
                                                  "outcome 'success' contradicts the environment's reward")
             self.reflection_stats.add(parsed)
             results.append((parsed, p, o))
+        oracle_lib.log_pivot_quality(self, trajectories, results)  # r3l/pivot_* where the env has an oracle
         return results
 
     # -- retry ---------------------------------------------------------------------------------------
@@ -216,6 +221,8 @@ class Explorer:
             return
         base.info["reflection_item_added"] = True
         _parsed, prompt_ids, out = base.info["reflection"]
+        if out is None:  # an oracle report: the policy did not write it, so it is never trained on
+            return
         self._add_aux_item(self._reflection_item(base, prompt_ids, out), group)
 
     def _add_aux_item(self, item: Trajectory, group: GroupResult) -> None:

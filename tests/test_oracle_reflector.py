@@ -1,0 +1,115 @@
+"""Oracle reflection (a diagnostic, issue 11 item 3) and pivot-quality metrics (item 2)."""
+
+import json
+
+import pytest
+
+import environments
+from rllib_r3l import R3LConfig
+from rllib_r3l.chat import ChatFormat
+from rllib_r3l.explore import ExploreOptions, Explorer
+from rllib_r3l.models import load_tokenizer
+from rllib_r3l.oracle import oracle_report
+from rllib_r3l.pivot_metrics import pivot_quality, summarize_pivot_quality
+from rllib_r3l.reflect import Outcome, ParseStatus
+from rllib_r3l.rollout import EpisodeRunner, RolloutOptions
+from rllib_r3l.trajectory import Kind
+from tests.scripted import ScriptedBackend
+
+SEED = 11  # ToyCorridor(4 rooms): start in room 2, coin in room 4; the oracle pivot of "move left ..." is 0
+
+
+# ------------------------------------------------------------------------------------------- pure metrics
+def test_pivot_quality_hand_values():
+    assert pivot_quality(3, 3) == {"pivot_accuracy": 1.0, "pivot_error": 0.0, "pivot_early": 0.0}
+    assert pivot_quality(2, 3) == {"pivot_accuracy": 1.0, "pivot_error": -1.0, "pivot_early": 1.0}
+    assert pivot_quality(5, 3) == {"pivot_accuracy": 0.0, "pivot_error": 2.0, "pivot_early": 0.0}
+    assert pivot_quality(0, 4) == {"pivot_accuracy": 0.0, "pivot_error": -4.0, "pivot_early": 1.0}
+    assert pivot_quality(None, 3) is None and pivot_quality(3, None) is None and pivot_quality(True, 1) is None
+    assert summarize_pivot_quality([(3, 3), (2, 3), (5, 3), (0, 4), (None, 1), (1, None)]) == {
+        "pivot_accuracy": 0.5, "pivot_error_mean": -0.75, "pivot_early_rate": 0.5, "pivot_scored": 4.0}
+    assert summarize_pivot_quality([(None, 2)]) == {}
+
+
+def test_oracle_report_is_valid_and_names_the_gold_action():
+    r = oracle_report(["move left", "take coin"], False, 0, "move right")
+    assert r.status is ParseStatus.VALID and r.triggers_retry
+    assert r.report.pivot == 0 and r.report.outcome is Outcome.FAILURE
+    assert "'move right'" in r.report.suggestion and "'move left'" in r.report.suggestion
+    r = oracle_report(["look", "move right", "take coin"], True, 0, "move right")
+    assert r.report.outcome is Outcome.SUCCESS_BUT_INEFFICIENT and r.report.pivot == 0
+    assert oracle_report(["move right", "take coin"], True, None, None).status is ParseStatus.PERFECT
+    assert oracle_report(["move right"], False, None, None) is None  # nothing to retry
+
+
+# ------------------------------------------------------------------------------------------- explorer
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+def follows_oracle(prompt_text, choices):
+    """Moves left unguided; with the oracle's guidance in context, does what it says at each room."""
+    last_user = prompt_text.rsplit("user\n", 1)[-1]
+    if "coin here" in last_user:
+        return "take coin"
+    if "do 'move right'" in prompt_text:
+        return "move right"
+    return "move left" if "move left" in last_user else "take coin"
+
+
+def make_explorer(tokenizer, pivot=1, **kw):
+    chat = ChatFormat(tokenizer)
+    backend = ScriptedBackend(tokenizer, policy=follows_oracle, pivot=pivot)
+    opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
+    runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
+    return Explorer(runner, chat, ExploreOptions(group_size=4, **kw)), backend
+
+
+def test_oracle_reflector_retries_from_the_oracle_pivot_and_is_never_trained_on(tokenizer):
+    ex, backend = make_explorer(tokenizer, reflector="oracle")
+    [group] = ex.explore([SEED], ["g0"])
+    kinds = [t.kind for t in group.trajectories]
+    assert kinds.count(Kind.BASE) == 2 and kinds.count(Kind.RETRY) == 2
+    assert Kind.REFLECTION_SFT not in kinds  # the policy did not write the report
+    assert all(r.json_schema is None for call in backend.calls for r in call)  # no reflection generated
+    retries = [t for t in group.trajectories if t.kind == Kind.RETRY]
+    assert all(r.pivot == 0 and r.success and r.actions == ["move right", "move right", "take coin"] for r in retries)
+    parsed, prompt_ids, out = [t for t in group.trajectories if t.kind == Kind.BASE][0].info["reflection"]
+    assert parsed.report.pivot == 0 and "'move right'" in parsed.report.suggestion and out is None
+    m = ex.pop_metrics()
+    assert m["retry_success_rate"] == 1.0 and m["reflection_valid_rate"] == 1.0
+    assert "pivot_accuracy" not in m  # scored only for the policy's own reflections
+
+
+@pytest.mark.parametrize("pivot, accuracy, error, early", [(1, 1.0, 1.0, 0.0), (3, 0.0, 3.0, 0.0), (0, 1.0, 0.0, 0.0)])
+def test_policy_reflections_are_scored_against_the_oracle_pivot(tokenizer, pivot, accuracy, error, early):
+    ex, _backend = make_explorer(tokenizer, pivot=pivot)
+    ex.explore([SEED], ["g0"])
+    m = ex.pop_metrics()
+    assert m["pivot_accuracy"] == accuracy and m["pivot_error_mean"] == error and m["pivot_early_rate"] == early
+
+
+def test_no_pivot_metrics_without_an_oracle(tokenizer):
+    class NoOracle(environments.toy.ToyCorridorEnv):
+        has_oracle = False
+
+    ex, _backend = make_explorer(tokenizer, pivot=1)
+    ex.episodes.env_factory = lambda: NoOracle(num_rooms=4)
+    ex.explore([SEED], ["g0"])
+    assert not any(k.startswith("pivot_") for k in ex.pop_metrics())
+
+
+# ------------------------------------------------------------------------------------------- config
+def test_config_reflector_option_is_validated():
+    R3LConfig().training(reflector="oracle").validate_r3l()  # the default env (coin collector) has one
+    R3LConfig().environment("r3l/ToyCorridor").training(reflector="oracle").validate_r3l()
+    with pytest.raises(ValueError, match="R3LConfig.reflector.*WebShop.*has none"):
+        R3LConfig().environment("r3l/WebShop").training(reflector="oracle").validate_r3l()
+    with pytest.raises(ValueError, match="R3LConfig.reflector.*reflect=True"):
+        R3LConfig().training(reflector="oracle", reflect=False).validate_r3l()
+    with pytest.raises(ValueError, match="R3LConfig.reflector.*reflector_model"):
+        R3LConfig().training(reflector="oracle", reflector_model="tiny").validate_r3l()
+    with pytest.raises(ValueError, match="R3LConfig.reflector: must be one of"):
+        R3LConfig().training(reflector="gpt").validate_r3l()
+    assert json.dumps(R3LConfig().training(reflector="oracle").r3l_options["reflector"]) == '"oracle"'
