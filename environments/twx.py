@@ -12,7 +12,8 @@ Oracle (``oracle_pivot`` / ``oracle_action``; optimal = the fewest turns to ``ta
 - ``coin`` and ``mapreader`` (navigation; TWX's coin gold path is a random walk, not a shortest
   one): exact breadth-first search over the admissible actions, by replay, with states told apart by
   the text of ``look around`` and ``inventory``, the score, and the doors opened or closed on the
-  way. The pivot is the first turn after which the shortest finish is not one turn shorter than
+  way (actions that cannot change the state, and closing doors, are not searched). The pivot is
+  the first turn after which the shortest finish is not one turn shorter than
   before it; the gold action is the first step of a shortest finish from the state before it.
 - the other games: TWX's gold path with every needless step left out (cut at its win, then each
   action whose removal still wins is removed), taken as optimal. An action equal to the plan's next one stays
@@ -239,7 +240,7 @@ class TextWorldExpressEnv(TextEnv):
             nxt = []
             for path, acts, where, doors in frontier:
                 for a in acts:
-                    if a in _NO_OP:
+                    if a in _NO_OP or a.startswith("close "):  # closing a door never shortens a way
                         continue
                     new_doors = doors
                     if a.startswith(("open ", "close ")):  # door states are not all visible from one room

@@ -22,7 +22,8 @@ from rllib_r3l.pivot_metrics import pivot_quality
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["REFLECTORS", "env_has_oracle", "oracle_report", "oracle_reflections", "log_pivot_quality"]
+__all__ = ["REFLECTORS", "env_has_oracle", "oracle_report", "oracle_reflections", "log_pivot_quality",
+           "reflection_quality"]
 
 REFLECTORS = ("policy", "oracle")
 
@@ -125,3 +126,33 @@ def log_pivot_quality(explorer: Any, trajectories: Sequence[Any], results: Seque
             explorer._log("pivot_accuracy", q["pivot_accuracy"])
             explorer._log("pivot_error_mean", q["pivot_error"])
             explorer._log("pivot_early_rate", q["pivot_early"])
+
+
+def reflection_quality(episodes: Any, chat: Any, seeds: Sequence[int], *, reflector: Any = None,
+                       reflector_chat: Any = None, max_reflection_tokens: int = 256, temperature: float = 0.4,
+                       structured: bool = True, template: Optional[str] = None) -> dict:
+    """How good are a policy's reflections on held-out tasks? (a building block for evaluation)
+
+    Runs one base episode per seed with ``episodes`` (an :class:`~rllib_r3l.rollout.EpisodeRunner`),
+    lets the policy (or ``reflector``) reflect on each, retries nothing, and returns the explorer's
+    metrics: ``reflection_valid_rate`` and the other reflection counts, and, where the environment has
+    an oracle, ``pivot_accuracy``, ``pivot_error_mean`` and ``pivot_early_rate``; plus ``episodes``,
+    ``reflected`` and ``success_rate``.
+    """
+    from rllib_r3l.explore import LOST, ExploreOptions, Explorer
+    from rllib_r3l.rollout import EpisodeSpec
+
+    opts = ExploreOptions(group_size=2, reflect=True, max_reflection_tokens=max_reflection_tokens,
+                          temperature=temperature, reflection_structured=structured, reflection_template=template)
+    ex = Explorer(episodes, chat, opts, reflector=reflector, reflector_chat=reflector_chat)
+    runs = episodes.run([EpisodeSpec(seed=int(s), group_id=f"reflection-quality-{s}") for s in seeds])
+    bases = [t for t in runs if t is not None and t.status not in LOST]
+    for b in bases:
+        b.success = ex.is_success(b)
+    todo = [b for b in bases if b.actions]
+    if todo:
+        ex.reflect(todo)
+    out = ex.pop_metrics()
+    out.update({"episodes": float(len(bases)), "reflected": float(len(todo)),
+                "success_rate": float(sum(b.success for b in bases) / len(bases)) if bases else 0.0})
+    return out

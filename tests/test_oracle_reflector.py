@@ -113,3 +113,14 @@ def test_config_reflector_option_is_validated():
     with pytest.raises(ValueError, match="R3LConfig.reflector: must be one of"):
         R3LConfig().training(reflector="gpt").validate_r3l()
     assert json.dumps(R3LConfig().training(reflector="oracle").r3l_options["reflector"]) == '"oracle"'
+
+
+def test_reflection_quality_on_held_out_seeds(tokenizer):
+    from rllib_r3l.oracle import reflection_quality
+
+    ex, backend = make_explorer(tokenizer, pivot=1)
+    m = reflection_quality(ex.episodes, ex.chat, [SEED, SEED])
+    assert m["episodes"] == 2 and m["reflected"] == 2 and m["success_rate"] == 0.0
+    assert m["reflection_valid_rate"] == 1.0
+    assert m["pivot_accuracy"] == 1.0 and m["pivot_error_mean"] == 1.0 and m["pivot_early_rate"] == 0.0
+    assert all(r.json_schema is not None for r in backend.calls[-1])  # the last call: the reflections
