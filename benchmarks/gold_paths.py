@@ -40,9 +40,11 @@ def _cases(args) -> List[Tuple[str, str, Any, List[int]]]:
     """(group, label, env factory, seeds)."""
     out = []
     if "scienceworld" in args.only:
-        from environments.sciworld import task_names
+        from environments.sciworld import resolve_task, task_names
 
         for i, t in enumerate(task_names()):
+            if args.sw_tasks and t not in {resolve_task(x) for x in args.sw_tasks}:
+                continue
             out.append(("ScienceWorld", t, lambda i=i: make("r3l/ScienceWorld", {"tasks": task_names()[i],
                                                                                 "split": args.sw_split}), [0]))
     if "twx" in args.only:
@@ -81,6 +83,9 @@ def main(argv=None) -> int:
     p.add_argument("--twx-seeds", type=int, default=3)
     p.add_argument("--tw-seeds", type=int, default=2)
     p.add_argument("--sw-split", default="train")
+    p.add_argument("--sw-prefixes", type=int, default=None,
+                   help="ScienceWorld: restore at about N evenly spaced prefixes per task instead of --sw-stride")
+    p.add_argument("--sw-tasks", nargs="+", default=None, help="ScienceWorld: only these tasks (names or ids)")
     p.add_argument("--json", default=None, help="write every case's result here")
     args = p.parse_args(argv)
     rows: Dict[str, Dict[str, Any]] = {}
@@ -94,12 +99,15 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 try:
                     gold = env.gold_actions(seed)
+                    if group == "ScienceWorld" and args.sw_prefixes:
+                        stride = max(1, -(-len(gold) // args.sw_prefixes))
                     r = check_solution(env, seed, gold, stride=stride or None)
                 except Exception as e:  # noqa: BLE001
                     from environments._gold import SolutionCheck
 
                     r = SolutionCheck(error=f"{type(e).__name__}: {e}")
-                row = rows.setdefault(group, {"stride": stride, "cases": 0, "pass": 0, "restore_pass": 0, "prefixes": 0,
+                row = rows.setdefault(group, {"stride": stride if not (group == "ScienceWorld" and args.sw_prefixes)
+                                              else f"~{args.sw_prefixes} per task", "cases": 0, "pass": 0, "restore_pass": 0, "prefixes": 0,
                                               "fits": 0, "failures": []})
                 row["cases"] += 1
                 row["pass"] += r.passed
@@ -127,7 +135,7 @@ def main(argv=None) -> int:
     for group, row in rows.items():
         st = row["stride"]
         print(f"| {group} | {row['cases']} | {row['pass']} | "
-              f"{(str(row['restore_pass']) + ('' if st == 1 else f' (every {st}th)')) if st else '-'} | "
+              f"{(str(row['restore_pass']) + ('' if st == 1 else f' (every {st}th)' if isinstance(st, int) else f' ({st})')) if st else '-'} | "
               f"{row['prefixes']} | {row['fits']} |")
     for group, row in rows.items():
         for f in row["failures"]:

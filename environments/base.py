@@ -148,6 +148,79 @@ def minimize_plan(plan: Sequence[str], wins: Callable[[List[str]], Optional[int]
     return plan
 
 
+def replay_wins(env: Any, seed: Optional[int], actions: Sequence[str], **overrides: Any) -> Optional[int]:
+    """Replay ``actions`` from ``env.reset(seed)`` with the env's attributes ``overrides`` set for the
+    replay (e.g. no turn limit): how many were played when the task was won (None: not won). The
+    env is left finished (``reset()`` before stepping it again)."""
+    keep = {k: getattr(env, k) for k in overrides}
+    for k, v in overrides.items():
+        setattr(env, k, v)
+    try:
+        env.reset(seed=seed)
+        for i, a in enumerate(actions):
+            _o, _r, term, trunc, info = env.step(a)
+            if info.get("won"):
+                return i + 1
+            if term or trunc:
+                return None
+        return None
+    finally:
+        for k, v in keep.items():
+            setattr(env, k, v)
+        env._done = True
+
+
+def plan_walk(actions: Sequence[str], plan: Sequence[str],
+              wins: Callable[[List[str]], Optional[int]]) -> Tuple[Optional[int], List[str]]:
+    """:func:`follow_plan` whose deviations are repaired by :func:`repair_candidates` checked with
+    ``wins`` (a replay from the start); actions are compared normalised."""
+    from environments._common import normalize_action
+
+    acts = [normalize_action(a) for a in actions]
+
+    def replan(n: int, p: List[str], a: str) -> Optional[List[str]]:
+        for cand in repair_candidates(p, a):
+            if wins(acts[:n] + cand) is not None:
+                return cand
+        return None
+
+    return follow_plan(acts, [normalize_action(a) for a in plan], replan)
+
+
+class GoldPlanOracle:
+    """Mixin for a :class:`TextEnv` whose oracle follows the environment's own solution.
+
+    The plan is ``gold_actions(seed)`` cut at its win and, with up to ``oracle_checks`` replays
+    (None: all), without each action whose removal still wins (:func:`minimize_plan`), taken as
+    optimal; :func:`plan_walk` finds the pivot. ``_wins`` replays through the adapter with
+    ``_replay_overrides`` set (by default: no turn limit). Cached per seed in the instance.
+    """
+
+    has_oracle = True
+    oracle_checks: Optional[int] = None
+    _replay_overrides: Dict[str, Any] = {"max_turns": 10 ** 6}
+
+    def _wins(self, seed: Optional[int], actions: Sequence[str]) -> Optional[int]:
+        return replay_wins(self, seed, actions, **self._replay_overrides)
+
+    def _gold_plan(self, seed: Optional[int]) -> List[str]:
+        from environments._common import normalize_action
+
+        cache = self.__dict__.setdefault("_oracle_plans", {})
+        key = int(seed or 0)
+        if key not in cache:
+            gold = [normalize_action(a) for a in self.gold_actions(seed)]
+            try:
+                cache[key] = minimize_plan(gold, lambda acts: self._wins(seed, acts), max_checks=self.oracle_checks)
+            except RuntimeError:
+                raise RuntimeError(f"{type(self).__name__}: the environment's own solution does not solve seed "
+                                   f"{seed} through this adapter") from None
+        return list(cache[key])
+
+    def _oracle_walk(self, seed, actions):
+        return plan_walk(actions, self._gold_plan(seed), lambda acts: self._wins(seed, acts))
+
+
 def check_action(action: Any) -> str:
     """Actions must be strings; anything else is a caller bug with a clear message."""
     if not isinstance(action, str):
@@ -155,4 +228,5 @@ def check_action(action: Any) -> str:
     return action
 
 
-__all__ = ["TextEnv", "check_action", "follow_plan", "repair_candidates", "minimize_plan"]
+__all__ = ["TextEnv", "check_action", "follow_plan", "repair_candidates", "minimize_plan", "replay_wins", "plan_walk",
+           "GoldPlanOracle"]

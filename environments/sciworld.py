@@ -33,7 +33,7 @@ from environments._common import (
     check_heap, check_positive_int, check_split, disarm_close, invalid_feedback, java_heap, normalize_action,
     sorted_unique, stop_py4j_wrapper,
 )
-from environments.base import TextEnv, check_action, follow_plan, minimize_plan, repair_candidates
+from environments.base import GoldPlanOracle, TextEnv, check_action
 
 _INVALID_PREFIXES = ("no known action matches that input", "unknown action")
 _AMBIGUOUS_PREFIX = "ambiguous request"
@@ -83,9 +83,13 @@ def resolve_task(name: str) -> str:
     return t
 
 
-class ScienceWorldEnv(TextEnv):
+class ScienceWorldEnv(GoldPlanOracle, TextEnv):
     """ScienceWorld tasks; ``tasks`` (a name/id, a list, or None = all 30) and ``split`` choose them."""
 
+    # oracle (GoldPlanOracle): replays list no valid actions (that dominates a step's cost); the gold
+    # sequence is only cut at its win (a removal check replays the whole sequence: seconds here)
+    oracle_checks = 0
+    _replay_overrides = {"list_actions": False, "max_turns": 10 ** 6}
     rules = (
         "You are an agent in a simulated world doing a science experiment. Type one action per turn, "
         "e.g. 'look around', 'open door to kitchen', 'go to kitchen', 'pick up thermometer', "
@@ -281,51 +285,6 @@ class ScienceWorldEnv(TextEnv):
         return obs, reward, terminated, truncated, self._info(won=won, invalid_action=invalid,
                                                                task_failed=terminated and not won,
                                                                ambiguous=bool(options) and not self._done)
-
-    # ------------------------------------------------------------------ oracle
-    has_oracle = True
-    oracle_checks: Optional[int] = 0  # removal checks when minimising a gold sequence (None: all)
-
-    def _wins(self, seed: int, actions: Sequence[str]) -> Optional[int]:
-        """Replay ``actions`` from ``reset(seed)`` (without listing valid actions): how many were
-        played when the task was won (None: not won)."""
-        keep = self.list_actions, self.max_turns
-        self.list_actions, self.max_turns = False, 10 ** 6
-        try:
-            self.reset(seed=seed)
-            for i, a in enumerate(actions):
-                _o, _r, term, trunc, info = self.step(a)
-                if info["won"]:
-                    return i + 1
-                if term or trunc:
-                    return None
-            return None
-        finally:
-            self.list_actions, self.max_turns = keep
-            self._done = True  # the replayed episode is not the caller's: reset() before stepping
-
-    def _gold_plan(self, seed: int) -> List[str]:
-        cache = self.__dict__.setdefault("_oracle_plans", {})
-        if seed not in cache:
-            gold = [normalize_action(a) for a in self.gold_actions(seed)]
-            try:  # cut at the win; at most a few removal checks (a replay costs up to seconds here)
-                cache[seed] = minimize_plan(gold, lambda acts: self._wins(seed, acts), max_checks=self.oracle_checks)
-            except RuntimeError:
-                raise RuntimeError(f"ScienceWorld's gold sequence does not solve seed {seed} "
-                                   f"({self.task_for_seed(seed)}) through this adapter") from None
-        return list(cache[seed])
-
-    def _oracle_walk(self, seed, actions):
-        seed = int(seed or 0)
-        acts = [normalize_action(a) for a in actions]
-
-        def replan(n: int, plan: List[str], a: str) -> Optional[List[str]]:
-            for cand in repair_candidates(plan, a):
-                if self._wins(seed, acts[:n] + cand) is not None:
-                    return cand
-            return None
-
-        return follow_plan(acts, self._gold_plan(seed), replan)
 
     def close(self) -> None:
         env, self._env = self._env, None

@@ -9,6 +9,15 @@ protocol of the reference). Its subclasses only say where the game files of a sp
   TextWorld's own challenges (``tw-coin_collector``, ``tw-treasure_hunter``, ``tw-simple``,
   ``tw-cooking``) into a cache folder, one game per seed, with disjoint generation seeds per split.
 - ``environments.alfworld_env.ALFWorldEnv`` (``r3l/ALFWorld``): ALFWorld's PDDL games.
+
+Oracle (``oracle_pivot`` / ``oracle_action``; optimal = the fewest turns to ``won``): the game's own
+solution (``gold_actions``: TextWorld's walkthrough / ALFWorld's PDDL plan) with every needless step
+left out (cut at its win, then each action whose removal still wins by replay is removed), taken as
+the optimal plan. An action equal to the plan's next one stays optimal; any other action stays
+optimal only if the plan without it (a later step done early) or without its first step still wins
+by replay under the episode's rules (``end_on_invalid``, ``max_repeats``). The first action for which
+neither does is the pivot; the gold action is the plan's next step there. Equal-length alternatives
+the plan cannot express count as pivots: a conservative oracle.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from environments._common import check_positive_int, check_split, invalid_feedback, normalize_action
-from environments.base import TextEnv, check_action
+from environments.base import GoldPlanOracle, TextEnv, check_action
 
 GAME_EXTENSIONS = (".z8", ".z5", ".z3", ".tw-pddl")
 
@@ -40,7 +49,7 @@ def _import_textworld():
     return textworld
 
 
-class TextWorldGameEnv(TextEnv):
+class TextWorldGameEnv(GoldPlanOracle, TextEnv):
     """Shared adapter over TextWorld game files. Subclasses implement ``_games(split)``."""
 
     rules = (

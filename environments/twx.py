@@ -31,7 +31,7 @@ from environments._common import (
     check_heap, check_positive_int, check_split, disarm_close, invalid_feedback, java_heap, normalize_action,
     sorted_unique, stop_py4j_wrapper,
 )
-from environments.base import TextEnv, check_action, follow_plan, minimize_plan, repair_candidates
+from environments.base import GoldPlanOracle, TextEnv, check_action, follow_plan
 
 GAMES = ("coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 
@@ -60,7 +60,7 @@ def params_to_string(game_params: Union[None, str, Mapping[str, Any]]) -> str:
     raise ValueError(f"game_params must be a dict or a 'key=value,...' string; got {game_params!r}")
 
 
-class TextWorldExpressEnv(TextEnv):
+class TextWorldExpressEnv(GoldPlanOracle, TextEnv):
     """Any TextWorldExpress game; ``game`` and ``game_params`` choose it, ``split`` the seed fold."""
 
     rules = (
@@ -192,8 +192,6 @@ class TextWorldExpressEnv(TextEnv):
         return obs, reward, terminated, truncated, self._info(won=won, invalid_action=invalid, task_failed=failed)
 
     # ------------------------------------------------------------------ oracle
-    has_oracle = True
-
     def _play(self, seed: Optional[int], actions: List[str], probe: bool = False):
         """Replay ``actions`` from ``seed`` on the engine: ``(status, valid actions, state key)``;
         status "won" / "failed" (the game ended, possibly before the last action) or "open"."""
@@ -263,33 +261,25 @@ class TextWorldExpressEnv(TextEnv):
         return None
 
     def _gold_plan(self, seed: Optional[int]) -> List[str]:
+        if self.game not in SEARCH_GAMES:  # TWX's gold path, minimised (GoldPlanOracle)
+            return super()._gold_plan(seed)
         cache = self.__dict__.setdefault("_oracle_plans", {})
         key = int(seed or 0)
         if key not in cache:
-            if self.game in SEARCH_GAMES:
-                plan = self._search(seed, [], 10 ** 6)
-            else:  # TWX's gold path with every needless step left out (some gold paths wander)
-                gold = [normalize_action(a) for a in self.gold_actions(seed)]
-                try:
-                    plan = minimize_plan(gold, lambda acts: self._wins(seed, acts))
-                except RuntimeError:
-                    plan = None
+            plan = self._search(seed, [], 10 ** 6)
             if plan is None:
                 raise RuntimeError(f"no solution found for TextWorldExpress {self.game} seed {seed}")
             cache[key] = plan
         return list(cache[key])
 
     def _oracle_walk(self, seed, actions):
+        if self.game not in SEARCH_GAMES:
+            return super()._oracle_walk(seed, actions)
         acts = [normalize_action(a) for a in actions]
 
         def replan(n: int, plan: List[str], a: str) -> Optional[List[str]]:
-            if self.game in SEARCH_GAMES:
-                found = self._search(seed, acts[:n], len(plan) - 1)
-                return found if found is not None and len(found) <= len(plan) - 1 else None
-            for cand in repair_candidates(plan, a):
-                if self._wins(seed, acts[:n] + cand) is not None:
-                    return cand
-            return None
+            found = self._search(seed, acts[:n], len(plan) - 1)
+            return found if found is not None and len(found) <= len(plan) - 1 else None
 
         return follow_plan(acts, self._gold_plan(seed), replan)
 

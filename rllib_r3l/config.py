@@ -391,8 +391,8 @@ def _validate_oracle_reflector(cfg: "R3LConfig", err) -> None:
         err("env", str(e))
     if not ok:
         err("reflector", f"'oracle' needs an environment with an oracle (has_oracle=True); {cfg.env!r} has none. "
-            "Environments with one: r3l/CoinCollector, r3l/TextWorldExpress, r3l/ScienceWorld, r3l/Math, "
-            "r3l/Countdown, r3l/ToyCorridor, r3l/ToyWord")
+            "Environments with one: r3l/CoinCollector, r3l/TextWorldExpress, r3l/ScienceWorld, r3l/TextWorld, "
+            "r3l/ALFWorld, r3l/Math, r3l/Countdown, r3l/ToyCorridor, r3l/ToyWord")
 
 
 def _rllib_training_args() -> set:
