@@ -63,3 +63,95 @@ class ScriptedBackend(GenerationBackend):
 
     def score(self, prompt_token_ids, continuation_ids):
         raise NotImplementedError("scripted backend has no weights")
+
+
+def walk_policy(unguided: str = "left", guided: str = "right") -> Callable:
+    """A corridor policy: take the coin when it is here, else move in a fixed direction.
+
+    ``unguided``/``guided`` are the directions without/with the retry guidance in context:
+    ``"left"``, ``"right"`` or ``"detour"`` (right to the last room first, then left). When the
+    move is not admissible the policy answers ``take coin`` (an invalid action, the episode goes on).
+    """
+    import re
+
+    def policy(prompt_text: str, choices: Optional[List[str]]) -> str:
+        last_user = prompt_text.rsplit("user\n", 1)[-1]
+        if "coin here" in last_user:
+            return "take coin"
+        direction = guided if GUIDE_MARK in prompt_text else unguided
+        if direction == "detour":
+            rooms = re.findall(r"You are in room (\d+) of (\d+)", prompt_text)
+            direction = "left" if any(a == b for a, b in rooms) else "right"
+        move = f"move {direction}"
+        return move if move in last_user else "take coin"
+
+    return policy
+
+
+def make_trajectory(parts, *, reward: float, group_id: str, kind=None, credit_from_turn: int = 0,
+                    weight: float = 1.0, fixed_advantage: Optional[float] = None, first_id: int = 10):
+    """A hand-made trajectory: ``parts`` is a list of ``(role, num_tokens, turn)``.
+
+    Token ids count up from ``first_id`` (distinct, inside any vocabulary used here); response
+    segments get sampler log-probs of -1.0. Returns the trajectory; its credited positions are
+    what a test states by hand.
+    """
+    from rllib_r3l.trajectory import Kind, Segment, Trajectory
+
+    segs, nxt = [], first_id
+    for role, n, turn in parts:
+        ids = list(range(nxt, nxt + n))
+        nxt += n
+        segs.append(Segment(role, ids, turn=turn, logprobs=[-1.0] * n if role == "response" else None))
+    return Trajectory(segments=segs, reward=reward, group_id=group_id, kind=kind or Kind.BASE,
+                      credit_from_turn=credit_from_turn, weight=weight, fixed_advantage=fixed_advantage,
+                      num_turns=1 + max(t for _, _, t in parts))
+
+
+# A hand-made batch for the credit and loss tests: (name, parts, options, credited positions).
+# Positions are counted by hand from the parts: prompt/response runs laid end to end.
+HANDMADE = [
+    # a base whose retry restarted at turn 1: its turn-0 response (positions 3-4) carries no credit
+    ("A", [("prompt", 3, 0), ("response", 2, 0), ("prompt", 2, 1), ("response", 3, 1)],
+     dict(reward=0.0, group_id="g", credit_from_turn=1), [7, 8, 9]),
+    # a base without pivot, ending on an observation it never answered (positions 10-11)
+    ("B", [("prompt", 4, 0), ("response", 2, 0), ("prompt", 3, 1), ("response", 1, 1), ("prompt", 2, 2)],
+     dict(reward=0.7, group_id="g"), [4, 5, 9]),
+    # the retry from turn 1: its replayed turn-0 response (3-4) carries no credit
+    ("R", [("prompt", 3, 0), ("response", 2, 0), ("prompt", 2, 1), ("response", 2, 1), ("prompt", 1, 2),
+           ("response", 2, 2)],
+     dict(reward=1.0, group_id="g", kind="retry", credit_from_turn=1), [7, 8, 10, 11]),
+    # auxiliary items: fixed advantage 1.0, alone in their group, weight aux_weight (0.5 here)
+    ("X", [("prompt", 5, 0), ("response", 3, 0)],
+     dict(reward=1.0, group_id="g/reflection/1", kind="reflection_sft", fixed_advantage=1.0, weight=0.5), [5, 6, 7]),
+    ("Y", [("prompt", 2, 0), ("response", 1, 0), ("prompt", 3, 1), ("response", 2, 1)],
+     dict(reward=1.0, group_id="g/retry_sft/1", kind="retry_sft", fixed_advantage=1.0, weight=0.5,
+          credit_from_turn=1), [6, 7]),
+    # a group whose rewards are all equal: advantage 0, left out of the batch
+    ("Z1", [("prompt", 2, 0), ("response", 2, 0)], dict(reward=0.5, group_id="h"), [2, 3]),
+    ("Z2", [("prompt", 2, 0), ("response", 2, 0)], dict(reward=0.5, group_id="h"), [2, 3]),
+    # a success (advantage 1.0) and a member with no credited token (pivot past its last turn): left out
+    ("V1", [("prompt", 2, 0), ("response", 2, 0)], dict(reward=1.0, group_id="v"), [2, 3]),
+    ("V2", [("prompt", 2, 0), ("response", 2, 0), ("prompt", 1, 1), ("response", 1, 1)],
+     dict(reward=0.0, group_id="v", kind="retry", credit_from_turn=3), []),
+]
+# Advantages by hand: group g rewards (0, 0.7, 1.0), mean 0.5667: A -0.5667 (negative: unchanged),
+# B (0.7 - 0.5667) x 3 = 0.4 (amplified), R 1.0 (success); X, Y fixed 1.0; h: 0, 0; v: V1 1.0, V2 -0.5.
+HANDMADE_ADVANTAGES = {"A": -1.7 / 3, "B": 0.4, "R": 1.0, "X": 1.0, "Y": 1.0, "Z1": 0.0, "Z2": 0.0,
+                       "V1": 1.0, "V2": -0.5}
+HANDMADE_KEPT = ["A", "B", "R", "X", "Y", "V1"]  # rows of the learner batch, in this order
+
+
+def handmade_trajectories(**overrides):
+    """The ``HANDMADE`` trajectories (token ids distinct per trajectory); ``overrides[name]`` updates options."""
+    from rllib_r3l.trajectory import Kind
+
+    out = []
+    for i, (name, parts, opts, _pos) in enumerate(HANDMADE):
+        o = dict(opts, **overrides.get(name, {}))
+        if isinstance(o.get("kind"), str):
+            o["kind"] = Kind(o["kind"])
+        t = make_trajectory(parts, first_id=100 + 20 * i, **o)
+        t.task = name
+        out.append(t)
+    return out

@@ -1,0 +1,44 @@
+"""RLlib-level scripted pieces, injected through RLlib's own config hooks (no hook in rllib_r3l):
+
+- ``ScriptedEnvRunner`` (``config.env_runners(env_runner_cls=...)``): the real ``R3LEnvRunner``
+  (engine, weight sync, environments, explorer, metrics) whose episodes and reflections are
+  answered by ``tests.scripted.ScriptedBackend``, so reflections are valid and retries happen;
+  the real engine still receives every weight sync.
+- ``RecordingLearner`` (``config.training(learner_class=...)``): the real ``R3LTorchLearner``
+  that also reports what reached it: rows by kind signature and how far the update moved the
+  weights (under ``r3l_test/`` in the learner results).
+"""
+
+from __future__ import annotations
+
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+
+from rllib_r3l.env_runner import R3LEnvRunner
+from rllib_r3l.learner import R3LTorchLearner
+from tests.scripted import ScriptedBackend, corridor_policy
+
+
+class ScriptedEnvRunner(R3LEnvRunner):
+    def _setup(self) -> None:
+        if self._explorer is not None:
+            return
+        super()._setup()
+        scripted = ScriptedBackend(self._tokenizer, policy=corridor_policy, pivot=1, outcome="failure")
+        self._episodes.backend = scripted
+        self._explorer.reflector = scripted
+
+
+class RecordingLearner(R3LTorchLearner):
+    def _update(self, batch):
+        b = batch[DEFAULT_MODULE_ID]
+        before = {k: p.detach().clone() for k, p in self._params.items()}
+        out = super()._update(batch)
+        rows = torch.as_tensor(b["num_loss_tokens"]) > 0
+        off = (torch.as_tensor(b["on_policy"]) == 0) & rows
+        aux = off & (torch.as_tensor(b["weights"]) != 1.0)
+        delta = sum(float((p.detach() - before[k]).pow(2).sum()) for k, p in self._params.items()) ** 0.5
+        for key, value in (("rows", int(rows.sum())), ("off_policy_rows", int(off.sum())),
+                           ("aux_rows", int(aux.sum())), ("weight_delta", delta)):
+            self.metrics.log_value(("r3l_test", key), value, reduce="sum")
+        return out

@@ -1,0 +1,140 @@
+"""More hand values for the core math and batch helpers: defaults, dtypes, error messages and the
+edges that mutation testing (docs/mutation.md) showed no test pinned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rllib_r3l import core_algos as ca
+from rllib_r3l.batch import build_train_batch, kind_counts, select_trainable
+from rllib_r3l.trajectory import Kind
+from tests.scripted import make_trajectory
+
+
+def test_compute_advantages_defaults_are_r3l_amplification_with_alpha_3():
+    # group mean 0.24: success -> 1.0, partial 0.26 above the mean -> x3, the rest unchanged
+    adv = ca.compute_advantages([1.0, 0.5, 0.0, 0.0, -0.3], ["g"] * 5)
+    np.testing.assert_allclose(adv, [1.0, 0.78, -0.24, -0.24, -0.54], rtol=1e-9)
+    plain = ca.compute_advantages([1.0, 0.5, 0.0, 0.0, -0.3], ["g"] * 5, amplify=False)
+    np.testing.assert_allclose(plain, [0.76, 0.26, -0.24, -0.24, -0.54], rtol=1e-9)
+
+
+def test_group_relative_advantages_edges():
+    # integer rewards still give float advantages
+    np.testing.assert_allclose(ca.group_relative_advantages([1, 0, 0, 0], ["g"] * 4), [0.75, -0.25, -0.25, -0.25])
+    # a singleton group first does not end the loop over groups
+    np.testing.assert_allclose(ca.group_relative_advantages([0.4, 1.0, 0.0], ["s", "g", "g"]), [0.4, 0.5, -0.5])
+    # std normalisation: the default eps is tiny; a given eps is added to the std
+    r = [1.0, 0.0, 0.0, 0.0]  # std 0.5
+    np.testing.assert_allclose(ca.group_relative_advantages(r, ["g"] * 4, std_normalize=True),
+                               np.array([0.75, -0.25, -0.25, -0.25]) / (0.5 + 1e-6), rtol=1e-9)
+    np.testing.assert_allclose(ca.group_relative_advantages(r, ["g"] * 4, std_normalize=True, eps=0.5),
+                               [0.75, -0.25, -0.25, -0.25], rtol=1e-9)
+    with pytest.raises(ValueError, match=r"^rewards must be 1-D, got shape \(1, 2\)$"):
+        ca.group_relative_advantages([[1.0, 0.0]], ["g"])
+    with pytest.raises(ValueError, match=r"^rewards contain NaN or inf; fix the environment's reward$"):
+        ca.group_relative_advantages([float("inf"), 0.0], ["g", "g"])
+
+
+def test_positive_amplification_defaults_dtypes_and_errors():
+    # defaults: alpha 3, success at reward 1.0
+    np.testing.assert_allclose(ca.positive_amplification([0.5, 0.2, -0.3], [1.0, 0.7, 0.2]), [1.0, 0.6, -0.3])
+    out = ca.positive_amplification([1, 0, -1], [0.5, 0.2, 0.0], alpha=2.5)  # integer advantages
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, [2.5, 0.0, -1.0])
+    with pytest.raises(ValueError, match=r"advantages \(2,\) and rewards \(1,\) differ in shape"):
+        ca.positive_amplification([0.1, 0.2], [1.0])
+
+
+def test_compute_advantages_passes_every_option_on():
+    r, g = [1.0, 0.5, 0.0, 0.0], ["g"] * 4  # mean 0.375, std 0.4787
+    sd = float(np.std(r, ddof=1))
+    std = ca.compute_advantages(r, g, std_normalize=True, amplify=False)
+    np.testing.assert_allclose(std, (np.array(r) - 0.375) / (sd + 1e-6), rtol=1e-9)
+    np.testing.assert_allclose(ca.compute_advantages(r, g, alpha=2.0), [1.0, 0.25, -0.375, -0.375])
+    # success_reward 0.5: the 0.5 is a success too
+    np.testing.assert_allclose(ca.compute_advantages(r, g, success_reward=0.5), [1.0, 1.0, -0.375, -0.375])
+
+
+def test_compute_advantages_rejects_a_fixed_list_of_the_wrong_length():
+    with pytest.raises(ValueError, match="fixed has 1 entries but rewards has 2"):
+        ca.compute_advantages([1.0, 0.0], ["g", "g"], fixed=[None])
+
+
+def test_pivotal_credit_mask_is_boolean_for_integer_masks():
+    out = ca.pivotal_credit_mask(np.array([0, 2, 1, 1]), np.array([0, 0, 1, 1]), 1)
+    assert out.dtype == np.bool_
+    np.testing.assert_array_equal(out, [False, False, True, True])
+    with pytest.raises(ValueError, match=r"response_mask \(3,\) and turn_ids \(2,\) differ"):
+        ca.pivotal_credit_mask(np.ones(3, bool), np.zeros(2, int), 0)
+
+
+def test_kl_estimators_away_from_one_and_k3_by_default():
+    p, q = torch.tensor([-1.0, 0.5]), torch.tensor([-3.0, 0.0])  # d = 2, 0.5
+    torch.testing.assert_close(ca.kl_penalty(p, q, "k1"), torch.tensor([2.0, 0.5]))
+    torch.testing.assert_close(ca.kl_penalty(p, q, "k2"), torch.tensor([2.0, 0.125]))
+    k3 = torch.exp(torch.tensor([-2.0, -0.5])) + torch.tensor([2.0, 0.5]) - 1.0
+    torch.testing.assert_close(ca.kl_penalty(p, q, "k3"), k3)
+    torch.testing.assert_close(ca.kl_penalty(p, q), k3)
+
+
+def test_kind_counts_names_every_kind():
+    trajs = [make_trajectory([("prompt", 1, 0), ("response", 1, 0)], reward=0.0, group_id="g", kind=k)
+             for k in (Kind.BASE, Kind.BASE, Kind.RETRY, Kind.RETRY_SFT)]
+    assert kind_counts(trajs) == {"base": 2, "retry": 1, "reflection_sft": 0, "retry_sft": 1}
+    assert kind_counts([]) == {"base": 0, "retry": 0, "reflection_sft": 0, "retry_sft": 0}
+
+
+def _build(trajs, **kw):
+    opts = dict(pad_token_id=0, std_normalize=False, positive_amplification=True, alpha=3.0, success_reward=1.0,
+                pivotal_credit=True, max_length=64)
+    opts.update(kw)
+    return build_train_batch(trajs, **opts)
+
+
+def test_a_row_with_a_single_credited_token_is_kept_and_an_empty_one_left_out():
+    one = make_trajectory([("prompt", 2, 0), ("response", 1, 0)], reward=1.0, group_id="g")
+    none = make_trajectory([("prompt", 2, 0), ("response", 1, 0)], reward=0.0, group_id="g", credit_from_turn=1)
+    batch, adv = _build([one, none])
+    np.testing.assert_allclose(adv, [1.0, -0.5])
+    assert batch["num_loss_tokens"].tolist() == [1.0]
+    assert batch["advantages"].tolist() == [1.0]
+    assert batch["input_ids"].shape == (1, 3)  # every column kept: the longest row is the kept one
+
+
+def test_zero_advantage_rows_leave_by_default_and_nothing_else_does():
+    a = make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=0.5, group_id="g")
+    b = make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=0.5, group_id="g")
+    c = make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=1.0, group_id="h")  # singleton: A = r
+    d = make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=0.0, group_id="h2")  # singleton: A = 0
+    batch, _ = _build([a, b, c, d])  # a, b: equal rewards, advantage 0
+    assert batch["advantages"].tolist() == [1.0]
+    assert len(batch["input_ids"]) == len(batch["loss_mask"]) == len(batch["weights"]) == 1
+
+
+def test_select_trainable_counts_and_drops_partial_groups():
+    from rllib_r3l.explore import GroupResult
+
+    t = [make_trajectory([("prompt", 1, 0), ("response", 1, 0)], reward=0.0, group_id=g) for g in "abbcc"]
+    p1 = GroupResult("a", trajectories=t[:1], lost=[t[0], t[0]], complete=False)
+    whole = GroupResult("b", trajectories=t[1:3])
+    p2 = GroupResult("c", trajectories=t[3:], lost=[t[3]], complete=False)
+    out, counts = select_trainable([p1, whole, p2])
+    assert out == t[1:3]
+    assert dict(counts) == {"groups": 3, "episodes_lost": 3, "partial_groups": 2,
+                            "episodes_dropped_with_partial_group": 3}
+    out, counts = select_trainable([p1, whole, p2], drop_partial_groups=False)
+    assert out == t
+    assert dict(counts) == {"groups": 3, "episodes_lost": 3, "partial_groups": 2}
+
+
+def test_fixed_advantages_override_and_stay_out_of_group_statistics():
+    base = [make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=r, group_id="g") for r in (0.5, 0.0)]
+    # an auxiliary item that shares the group id and would score 0.5 x 3 on its own: fixed 1.0
+    aux = make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=0.5, group_id="g", kind=Kind.REFLECTION_SFT,
+                          fixed_advantage=1.0, weight=0.25)
+    batch, adv = _build(base + [aux])
+    np.testing.assert_allclose(adv, [0.75, -0.25, 1.0])  # base mean 0.25 (the aux item not in it)
+    assert batch["weights"].tolist() == [1.0, 1.0, 0.25]
