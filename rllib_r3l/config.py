@@ -51,8 +51,9 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "clip_ratio_low": (0.2, "lower PPO clip epsilon (base data, with use_importance_ratio)"),
     "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
     "loss_scale": (1.0, "multiplies the loss: 1.0 = the paper's token-mean -A log pi; 0.5 = the authors' code, whose objective divides by 1 + tau (tau = 1). With AdamW it matters through grad_clip (the clip threshold applies to the scaled gradient: loss_scale 0.5 with grad_clip 1.0 clips like 1.0 with 2.0) and Adam's eps"),
+    "share_prefixes": (True, "exact shared-prefix training: each micro-batch's token trie runs once (a group's task prompt, a retry's prefix up to the pivot), continuations on the prefix's KV cache, so the gradient equals the unshared one; off (logged) with gradient checkpointing, sliding-window models and DeepSpeed"),
     "micro_batch_size": (4, "max trajectories per forward/backward pass (gradient accumulation)"),
-    "micro_batch_tokens": (4096, "max padded tokens (trajectories x longest) per forward/backward pass; bounds the learner's activation memory (~1.6 GB per 1k tokens for a 135M model in fp32); None = no cap"),
+    "micro_batch_tokens": (4096, "max tokens per forward/backward pass: padded tokens (trajectories x longest), or the prefix trie's tokens with share_prefixes; bounds the learner's activation memory (~1.6 GB per 1k tokens for a 135M model in fp32); None = no cap"),
     "mixed_precision": ("auto", "learner forward/backward under bf16 autocast (fp32 master weights and optimizer): 'auto' = where the device computes bf16 natively (CUDA with bf16, CPUs with AMX/AVX512-bf16), 'bfloat16' = always, 'none' = fp32"),
     "weight_decay": (0.01, "AdamW weight decay (authors' preset)"),
     "skip_nonfinite_updates": (True, "skip (and count) an update whose loss or gradient is NaN/inf"),
@@ -257,6 +258,7 @@ class R3LConfig(AlgorithmConfig):
             "model_id": self.model_id,
             "model_dtype": self.model_dtype,
             "gradient_checkpointing": self.gradient_checkpointing,
+            "share_prefixes": bool(self.share_prefixes),
             "lora": dict(self.lora) if self.lora else None,
         }
 

@@ -23,6 +23,7 @@ On CPU (tests) DeepSpeed's CPU accelerator with gloo is used; its shared-memory 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Dict
@@ -34,6 +35,7 @@ from ray.rllib.utils.annotations import override
 from rllib_r3l import distributed
 from rllib_r3l.learner import R3LTorchLearner
 
+logger = logging.getLogger(__name__)
 
 def ds_config(options: Dict[str, Any], *, grad_clip: float | None, bf16: bool) -> Dict[str, Any]:
     """The DeepSpeed config of an R3L ``deepspeed`` option dict."""
@@ -98,6 +100,11 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
         self._engines: Dict[str, Any] = {}
         self._gathered: Dict[str, Dict[str, torch.Tensor]] = {}
         super().build()
+        for mod in self.module.values():  # several forward calls per micro-batch: not verified under ZeRO
+            if getattr(mod, "share_prefixes", False):
+                logger.warning("share_prefixes off under the DeepSpeed learner (not verified with ZeRO "
+                               "partitioning); every sequence runs on its own")
+                mod.share_prefixes = False
         if self._stage == 3:  # every learner builds: the first gather (for the initial weight sync)
             self._gather_states()
 

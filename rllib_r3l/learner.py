@@ -22,6 +22,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_r3l import core_algos, distributed, faults, precision
 from rllib_r3l.batch import plan_micro_batches
+from rllib_r3l.prefix_tree import plan_shared_micro_batches, trie_tokens
 from rllib_r3l.trajectory import KINDS
 
 
@@ -124,13 +125,25 @@ class R3LTorchLearner(TorchLearner):
                     self._gap_stats[f"{tag}_logprob_gap_{name}/sum"] += float((logp - ref).abs()[m].sum())
                     self._gap_stats[f"{tag}_logprob_gap_{name}/n"] += n
 
-    def micro_batches(self, b: Dict[str, Any]) -> List[Dict[str, Any]]:
-        """The batch cut into micro-batches (``batch.plan_micro_batches``: at most ``micro_batch_size``
-        trajectories and ``micro_batch_tokens`` padded tokens each), right padding trimmed."""
+    def shares_prefixes(self, module_id) -> bool:
+        mod = self.module[module_id]
+        mod = mod.unwrapped() if hasattr(mod, "unwrapped") else mod
+        return bool(getattr(mod, "share_prefixes", False))
+
+    def micro_batches(self, b: Dict[str, Any], share_prefixes: bool = False) -> List[Dict[str, Any]]:
+        """The batch cut into micro-batches, right padding trimmed: at most ``micro_batch_size``
+        trajectories and ``micro_batch_tokens`` tokens each. Padded tokens, longest first
+        (``batch.plan_micro_batches``); with shared-prefix training, the tokens of the micro-batch's
+        prefix trie, rows in token order so that shared prefixes meet (``prefix_tree``)."""
         B = int(b["input_ids"].shape[0])
         lengths = b["attention_mask"].sum(dim=1).tolist()
-        plan = plan_micro_batches(lengths, max_sequences=int(self.config.micro_batch_size),
-                                  max_tokens=self.config.micro_batch_tokens)
+        if share_prefixes:
+            seqs = [b["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)]
+            plan = plan_shared_micro_batches(seqs, max_sequences=int(self.config.micro_batch_size),
+                                             max_tokens=self.config.micro_batch_tokens)
+        else:
+            plan = plan_micro_batches(lengths, max_sequences=int(self.config.micro_batch_size),
+                                      max_tokens=self.config.micro_batch_tokens)
         out = []
         for idx in plan:
             rows = torch.as_tensor(idx, dtype=torch.long)
@@ -156,18 +169,21 @@ class R3LTorchLearner(TorchLearner):
         total_loss: Dict[str, torch.Tensor] = {}
         fwd_out: Dict[str, Any] = {}
         nonfinite = False
-        trained_tokens = forward_tokens = num_micro = 0
+        trained_tokens = forward_tokens = unshared_tokens = num_micro = 0
         for mid, b in batch.items():
             # the whole batch's credited tokens, over all learners (exact token-mean with DDP)
             normalizer = max(distributed.global_sum(float(b["num_loss_tokens"].sum())), 1.0)
             trained_tokens += int(b["num_loss_tokens"].sum())
             acc = torch.zeros((), dtype=torch.float32)
             module = self.module[mid]
-            for sub in self.micro_batches(b):
+            share = self.shares_prefixes(mid)
+            for sub in self.micro_batches(b, share_prefixes=share):
                 if float(sub["num_loss_tokens"].sum()) == 0:
                     continue
                 sub["normalizer"] = normalizer
-                forward_tokens += int(sub["input_ids"].numel())
+                computed = _computed_tokens(sub, share)
+                forward_tokens += computed
+                unshared_tokens += int(sub["attention_mask"].sum())
                 num_micro += 1
                 # DDP: forward/backward on the unwrapped module (no reducer hooks); one explicit
                 # all-reduce after the loop, whatever the number of micro-batches (distributed.py)
@@ -202,8 +218,11 @@ class R3LTorchLearner(TorchLearner):
         self.metrics.log_value(("r3l", "learner", "trained_tokens"), trained_tokens, reduce="sum")
         self.metrics.log_value(("r3l", "learner", "update_seconds"), dt, reduce="mean", window=1)
         self.metrics.log_value(("r3l", "learner", "trained_tokens_per_s"), trained_tokens / max(dt, 1e-9), reduce="mean", window=1)
-        # forward tokens: every (padded) position run through the model, prompts and observations included
+        # forward tokens: every position run through the model, prompts and observations included
+        # (padded positions without prefix sharing; each shared prefix once with it)
         self.metrics.log_value(("r3l", "learner", "forward_tokens"), forward_tokens, reduce="sum")
+        self.metrics.log_value(("r3l", "learner", "shared_prefix_tokens_saved"),
+                               max(unshared_tokens - forward_tokens, 0) if forward_tokens else 0, reduce="sum")
         self.metrics.log_value(("r3l", "learner", "forward_tokens_per_s"), forward_tokens / max(dt, 1e-9), reduce="mean", window=1)
         self.metrics.log_value(("r3l", "learner", "micro_batches"), num_micro, reduce="sum")
         self._log_step_stats()
@@ -226,6 +245,15 @@ class R3LTorchLearner(TorchLearner):
         if "ratio_tokens_without_behaviour_logprobs" in g:
             self.metrics.log_value(("r3l", "learner", "ratio_tokens_without_behaviour_logprobs"),
                                    g["ratio_tokens_without_behaviour_logprobs"], reduce="sum")
+
+
+def _computed_tokens(sub: Dict[str, Any], share_prefixes: bool) -> int:
+    """Positions the forward pass of a micro-batch computes: its prefix trie's tokens when
+    shared, else every (padded) position."""
+    if not share_prefixes:
+        return int(sub["input_ids"].numel())
+    lengths = sub["attention_mask"].sum(dim=1).tolist()
+    return trie_tokens([sub["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)])
 
 
 def _mean(vals: List[float]) -> float:

@@ -8,10 +8,13 @@ converts to numpy, which has no bf16).
 
 from __future__ import annotations
 
-from typing import Any, Dict
+import logging
+from typing import Any, Dict, List, Optional
 
 import torch
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -39,6 +42,11 @@ class R3LCausalLMModule(TorchRLModule):
         self.lm.config.use_cache = False
         if cfg.get("gradient_checkpointing"):
             self.lm.gradient_checkpointing_enable()
+        self.share_prefixes = bool(cfg.get("share_prefixes", False))
+        reason = prefix_sharing_unsupported(self.lm.config, bool(cfg.get("gradient_checkpointing")))
+        if self.share_prefixes and reason:
+            logger.warning("share_prefixes off: %s; every sequence runs on its own", reason)
+            self.share_prefixes = False
         self.lora = dict(cfg["lora"]) if cfg.get("lora") else None
         if self.lora:  # LoRA adapters via peft; only they train (engines get merged weights)
             from peft import LoraConfig, get_peft_model
@@ -70,9 +78,12 @@ class R3LCausalLMModule(TorchRLModule):
         input_ids = batch["input_ids"]
         attention = batch["attention_mask"]
         sel = batch["loss_mask"][:, 1:] > 0
-        if right_padded(attention):
-            attention = None
-        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
+        if getattr(self, "share_prefixes", False) and right_padded(attention):
+            hidden = shared_prefix_hidden(self.lm.get_decoder(), input_ids, attention.sum(dim=1).tolist())
+        else:
+            if right_padded(attention):
+                attention = None
+            hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
         h = hidden[:, :-1][sel]
         head = self.lm.get_output_embeddings()
         logits = head(h).float()
@@ -98,6 +109,46 @@ class R3LCausalLMModule(TorchRLModule):
     def hf_state_dict(self) -> Dict[str, torch.Tensor]:
         """Parameters under Hugging Face names (for engines and export)."""
         return {_strip("lm.", k): v.detach() for k, v in self.state_dict().items()}
+
+
+def prefix_sharing_unsupported(hf_config: Any, gradient_checkpointing: bool) -> Optional[str]:
+    """Why exact shared-prefix training cannot run with this model, or None."""
+    if gradient_checkpointing:
+        return "gradient checkpointing recomputes without a KV cache"
+    layer_types = getattr(hf_config, "layer_types", None) or []
+    if any("sliding" in str(t) for t in layer_types) or getattr(hf_config, "use_sliding_window", False):
+        return "the model has sliding-window attention layers (a cache would drop their window's edge)"
+    return None
+
+
+def shared_prefix_hidden(decoder: torch.nn.Module, input_ids: torch.Tensor, lengths: List[int]) -> torch.Tensor:
+    """The decoder's last hidden states of a right-padded batch, each shared prefix computed once.
+
+    The rows' token trie (``prefix_tree.build_prefix_tree``) is run node by node: a node continues
+    from its parent's KV cache (with gradient), so every row's hidden states, and the gradient
+    through them, equal those of running the row on its own. Padding positions are zero.
+    """
+    from transformers import DynamicCache
+
+    from rllib_r3l.prefix_tree import build_prefix_tree
+
+    seqs = [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
+    nodes, paths = build_prefix_tree(seqs)
+    has_children = {n.parent for n in nodes}
+    hidden: List[torch.Tensor] = []
+    caches: Dict[int, list] = {}
+    for j, n in enumerate(nodes):
+        cache = DynamicCache(ddp_cache_data=caches[n.parent]) if n.parent >= 0 else None
+        out = decoder(input_ids=input_ids[n.row, n.start:n.end][None], past_key_values=cache,
+                      use_cache=j in has_children or cache is not None)
+        hidden.append(out.last_hidden_state[0])
+        if j in has_children:
+            caches[j] = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    B, T = input_ids.shape
+    empty = input_ids.new_zeros((0, hidden[0].shape[-1]) if hidden else (0, 1), dtype=torch.float32)
+    rows = [torch.cat([hidden[j] for j in path]) if path else empty for path in paths]
+    pad = [torch.nn.functional.pad(r, (0, 0, 0, T - r.shape[0])) for r in rows]
+    return torch.stack(pad)
 
 
 def right_padded(attention_mask: torch.Tensor) -> bool:

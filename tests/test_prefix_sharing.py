@@ -1,0 +1,168 @@
+"""Exact shared-prefix training (issue 12): each shared prefix runs once, the gradient is unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rllib_r3l.prefix_tree import build_prefix_tree, plan_shared_micro_batches, trie_tokens
+
+
+def _rebuild(seqs, nodes, path):
+    return [t for j in path for t in seqs[nodes[j].row][nodes[j].start:nodes[j].end]]
+
+
+def test_prefix_tree_hand_values():
+    seqs = [[1, 2, 3, 4], [1, 2, 3, 5, 6], [1, 2, 7], [9, 9], [1, 2, 3, 4]]
+    nodes, paths = build_prefix_tree(seqs)
+    # [1 2] -> [3] -> {[4], [5 6]}, [1 2] -> [7], and [9 9]: 2 + 1 + 1 + 2 + 1 + 2 tokens
+    assert sorted(sum(([t for t in seqs[n.row][n.start:n.end]],), []) for n in nodes) == \
+        sorted([[1, 2], [3], [4], [5, 6], [7], [9, 9]])
+    assert trie_tokens(seqs) == 9 and sum(len(s) for s in seqs) == 18
+    for i, s in enumerate(seqs):
+        assert _rebuild(seqs, nodes, paths[i]) == s
+        assert [nodes[j].parent for j in paths[i]] == [-1] + paths[i][:-1]  # a path runs root -> leaf
+    assert paths[0] == paths[4]  # identical rows share one path
+    for j, n in enumerate(nodes):
+        assert n.parent < j  # parents come first (the order the forward pass needs)
+
+
+def test_prefix_tree_on_random_batches_reconstructs_every_row():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        base = torch.randint(0, 4, (12,), generator=g).tolist()
+        seqs = [base[: int(torch.randint(1, 12, (1,), generator=g))] + torch.randint(0, 4, (int(torch.randint(0, 6, (1,), generator=g)),), generator=g).tolist()
+                for _ in range(int(torch.randint(1, 7, (1,), generator=g)))]
+        nodes, paths = build_prefix_tree(seqs)
+        assert all(_rebuild(seqs, nodes, p) == s for p, s in zip(paths, seqs))
+        assert trie_tokens(seqs) <= sum(len(s) for s in seqs)
+
+
+def test_plan_shared_micro_batches_keeps_shared_prefixes_together():
+    a, a_retry, b, b_retry = [5, 1, 1, 1, 2], [5, 1, 1, 1, 3, 3], [7, 2, 2], [7, 2, 4]
+    seqs = [a, b, a_retry, b_retry]
+    # token order puts each retry beside its base; 2 rows each
+    assert plan_shared_micro_batches(seqs, max_sequences=2) == [[0, 2], [1, 3]]
+    # trie budget 7: a (5) + a_retry (+2) fits, b would add 3
+    assert plan_shared_micro_batches(seqs, max_sequences=4, max_tokens=7) == [[0, 2], [1, 3]]
+    assert plan_shared_micro_batches(seqs, max_sequences=4, max_tokens=10) == [[0, 2, 1], [3]]
+    assert plan_shared_micro_batches([[1] * 20, [2]], max_sequences=4, max_tokens=5) == [[0], [1]]
+    with pytest.raises(ValueError, match="max_sequences"):
+        plan_shared_micro_batches(seqs, max_sequences=0)
+
+
+def _shared_batch(vocab: int, with_prefix_credit: bool):
+    """Two groups: a base and its retry sharing 40 tokens, a third item sharing the task prompt
+    (12 tokens), and an unrelated item; credited suffixes (and, without pivotal credit, a credited
+    shared span), right-padded."""
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(1, vocab, (12,), generator=g).tolist()
+    base = prompt + torch.randint(1, vocab, (40,), generator=g).tolist()
+    rows = [base, base[:40] + torch.randint(1, vocab, (17,), generator=g).tolist(),
+            prompt + torch.randint(1, vocab, (25,), generator=g).tolist(),
+            torch.randint(1, vocab, (30,), generator=g).tolist()]
+    B, T = len(rows), max(len(r) for r in rows)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    att = torch.zeros(B, T, dtype=torch.long)
+    loss = torch.zeros(B, T)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+        att[i, :len(r)] = 1
+        loss[i, len(r) - 6:len(r)] = 1.0
+        if with_prefix_credit and i < 2:
+            loss[i, 20:26] = 1.0  # inside the shared span: credited in both rows
+    return {"input_ids": ids, "attention_mask": att, "loss_mask": loss, "sampler_logprobs": torch.zeros(B, T),
+            "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0]), "weights": torch.tensor([1.0, 1.0, 3.0, 1.0]),
+            "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
+
+
+def test_shared_hidden_states_equal_the_unshared_ones(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from rllib_r3l.rl_module import shared_prefix_hidden
+
+    lm = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    b = _shared_batch(lm.config.vocab_size, with_prefix_credit=False)
+    with torch.no_grad():
+        plain = lm.get_decoder()(input_ids=b["input_ids"]).last_hidden_state
+        shared = shared_prefix_hidden(lm.get_decoder(), b["input_ids"], b["attention_mask"].sum(1).tolist())
+    m = b["attention_mask"].bool()
+    torch.testing.assert_close(shared[m], plain[m], atol=1e-5, rtol=1e-5)
+    assert torch.all(shared[~m] == 0)
+
+
+def _grads(learner, batch):
+    from tests.test_learner import _grads_after_update
+
+    return _grads_after_update(learner, batch)
+
+
+def _rel_err(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("with_prefix_credit", [False, True])
+def test_shared_prefix_gradient_equals_unshared_tiny(tiny_model_dir, with_prefix_credit):
+    from tests.test_learner import _learner
+
+    off = _learner(micro_batch_size=4, mixed_precision="none", share_prefixes=False)
+    on = _learner(micro_batch_size=4, mixed_precision="none", share_prefixes=True)
+    assert on.shares_prefixes("default_policy") and not off.shares_prefixes("default_policy")
+    batch = _shared_batch(off.module["default_policy"].lm.config.vocab_size, with_prefix_credit)
+    g_off, g_on = _grads(off, batch), _grads(on, batch)
+    assert g_off.abs().sum() > 0
+    assert _rel_err(g_on, g_off) <= 1e-5
+    m_on = {k: float(v) for k, v in on.metrics.reduce()["r3l"]["learner"].items()}
+    # 4 rows of 52 + 57 + 37 + 30 tokens; shared: 40 (base/retry) + 12 (prompt with the third row)
+    assert m_on["forward_tokens"] == 52 + 57 + 37 + 30 - 40 - 12
+    assert m_on["shared_prefix_tokens_saved"] == 40 + 12
+
+
+def test_shared_prefix_gradient_with_micro_batches_and_autocast(tiny_model_dir):
+    from tests.test_learner import _learner
+
+    batch = _shared_batch(4096, with_prefix_credit=True)
+    # two rows per micro-batch: token order keeps base and retry together
+    off = _learner(micro_batch_size=2, mixed_precision="none", share_prefixes=False)
+    on = _learner(micro_batch_size=2, mixed_precision="none", share_prefixes=True)
+    assert _rel_err(_grads(on, batch), _grads(off, batch)) <= 1e-5
+    b16_off = _learner(micro_batch_size=2, mixed_precision="bfloat16", share_prefixes=False)
+    b16_on = _learner(micro_batch_size=2, mixed_precision="bfloat16", share_prefixes=True)
+    cos = torch.nn.functional.cosine_similarity(_grads(b16_on, batch), _grads(b16_off, batch), dim=0)
+    assert cos > 0.99, float(cos)
+
+
+def test_prefix_sharing_falls_back_with_a_reason(tiny_model_dir, caplog):
+    from tests.test_learner import _learner
+
+    with caplog.at_level("WARNING"):
+        learner = _learner(share_prefixes=True, gradient_checkpointing=True)
+    assert not learner.shares_prefixes("default_policy")
+    assert "share_prefixes off: gradient checkpointing" in caplog.text
+    from rllib_r3l.rl_module import prefix_sharing_unsupported
+
+    cfg = type("Cfg", (), {"layer_types": ["sliding_attention", "full_attention"]})()
+    assert "sliding-window" in prefix_sharing_unsupported(cfg, False)
+
+
+@pytest.mark.slow
+def test_shared_prefix_gradient_equals_unshared_real_model():
+    """SmolLM2-135M-Instruct (the default model), fp32: relative gradient error <= 1e-5."""
+    import gymnasium as gym
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_r3l import R3LConfig
+
+    def build(share):
+        cfg = R3LConfig().training(backend="transformers", lr=1e-3, weight_decay=0.0, micro_batch_size=4,
+                                   mixed_precision="none", share_prefixes=share)
+        space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
+        learner = cfg.build_learner(env=None, spaces={"__env__": space, DEFAULT_MODULE_ID: space})
+        learner.build()
+        return learner
+
+    off = build(False)
+    batch = _shared_batch(off.module["default_policy"].lm.config.vocab_size, with_prefix_credit=True)
+    g_off = _grads(off, batch)
+    del off
+    assert _rel_err(_grads(build(True), batch), g_off) <= 1e-5
