@@ -32,8 +32,13 @@ def _setting(cfg: Dict[str, Any], name: str) -> Any:
 def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_config: Optional[Dict[str, Any]] = None,
              split: Optional[str] = None, temperature: Optional[float] = None, backend: Optional[str] = None,
              backend_options: Optional[Dict[str, Any]] = None, max_turns: Optional[int] = None,
-             max_response_tokens: Optional[int] = None, seed: int = 0, batch_size: int = 32):
-    """Run ``episodes`` base episodes; returns ``(summary dict, per-episode DataFrame)``."""
+             max_response_tokens: Optional[int] = None, seed: int = 0, batch_size: int = 32,
+             reflections: bool = False, max_reflection_tokens: Optional[int] = None):
+    """Run ``episodes`` base episodes; returns ``(summary dict, per-episode DataFrame)``.
+
+    ``reflections=True`` also lets the policy reflect on each episode (no retry) and adds its
+    reflection quality to the summary: ``reflection_valid_rate`` and, where the environment has an
+    oracle, ``pivot_accuracy``, ``pivot_error_mean``, ``pivot_early_rate`` (``rllib_r3l.oracle``)."""
     import pandas as pd
 
     import environments
@@ -114,11 +119,14 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     counters: Counter = Counter()
     runner = EpisodeRunner(gen, ChatFormat(tokenizer), lambda: environments.make(env_id, env_config), opts, counters)
     rows = []
+    finished = []  # the trajectories, for reflections=True
+    reflection_metrics: Dict[str, Any] = {}
     try:
         seeds = list(range(seed, seed + episodes))
         for start in range(0, len(seeds), max(1, batch_size)):
             chunk = seeds[start:start + batch_size]
             trajs = runner.run([EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in chunk])
+            finished.extend(trajs)
             for s, t in zip(chunk, trajs):
                 status = t.status.value if hasattr(t.status, "value") else str(t.status)
                 rows.append({
@@ -129,6 +137,15 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
                     "status": status,
                     "last_action": t.actions[-1] if t.actions else "",
                 })
+        if reflections:
+            from rllib_r3l.oracle import score_reflections
+
+            m = score_reflections(runner, ChatFormat(tokenizer), finished, temperature=temp,
+                                  max_reflection_tokens=int(max_reflection_tokens or _setting(cfg, "max_reflection_tokens")),
+                                  structured=bool(_setting(cfg, "reflection_structured")),
+                                  template=cfg.get("reflection_template"), success_reward=success_reward)
+            reflection_metrics = {k: m[k] for k in ("reflected", "reflection_valid_rate", "pivot_accuracy",
+                                                    "pivot_error_mean", "pivot_early_rate") if k in m}
     finally:
         runner.close()
         gen.close()
@@ -148,6 +165,7 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
         "backend": name,
         "seconds": round(time.perf_counter() - t0, 1),
     }
+    summary.update(reflection_metrics)
     return summary, df
 
 

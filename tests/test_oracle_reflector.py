@@ -12,7 +12,7 @@ from rllib_r3l.models import load_tokenizer
 from rllib_r3l.oracle import oracle_report
 from rllib_r3l.pivot_metrics import pivot_quality, summarize_pivot_quality
 from rllib_r3l.reflect import Outcome, ParseStatus
-from rllib_r3l.rollout import EpisodeRunner, RolloutOptions
+from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind
 from tests.scripted import ScriptedBackend
 
@@ -124,3 +124,19 @@ def test_reflection_quality_on_held_out_seeds(tokenizer):
     assert m["reflection_valid_rate"] == 1.0
     assert m["pivot_accuracy"] == 1.0 and m["pivot_error_mean"] == 1.0 and m["pivot_early_rate"] == 0.0
     assert all(r.json_schema is not None for r in backend.calls[-1])  # the last call: the reflections
+
+
+def test_score_reflections_on_finished_episodes_and_evaluate_reports_reflection_quality(tokenizer, tiny_model_dir):
+    from rllib_r3l.evaluate import evaluate
+    from rllib_r3l.oracle import score_reflections
+
+    ex, _backend = make_explorer(tokenizer, pivot=3)
+    trajs = ex.episodes.run([EpisodeSpec(seed=SEED, group_id="e")])
+    m = score_reflections(ex.episodes, ex.chat, trajs)
+    assert m["reflected"] == 1 and m["pivot_accuracy"] == 0.0 and m["pivot_error_mean"] == 3.0
+    # through evaluate (a tiny random model: its reflections are scored, whatever they are)
+    summary, _df = evaluate(tiny_model_dir, env="r3l/ToyCorridor", episodes=1, backend="transformers",
+                            max_response_tokens=4, reflections=True, max_reflection_tokens=8)
+    assert summary["reflected"] == 1 and summary["reflection_valid_rate"] == 0.0  # 8 tokens: no valid report
+    assert "pivot_accuracy" not in evaluate(tiny_model_dir, env="r3l/ToyCorridor", episodes=1,
+                                            backend="transformers", max_response_tokens=4)[0]
