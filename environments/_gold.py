@@ -66,15 +66,15 @@ def check_solution(env: Any, seed: int, solution: Sequence[str], stride: Optiona
         res.fits_max_turns = res.steps <= keep
         if not res.passed or stride is None:
             return res
-        played = list(solution[: res.steps])
         for k in range(0, res.steps, max(1, int(stride))):
             res.prefixes_checked += 1
             try:
-                obs, _i = env.restore(seed, played[:k])
-                cont, _obs, info, _ended = _play(env, played[k:])
+                obs, info = env.restore(seed, solution[:k])
+                # the rest of the solution, to its end: an engine may finish a step earlier or later
+                # from the same actions (ScienceWorld's power-component wins after 8 or 9 of them)
+                cont, _obs, info, _ended = _play(env, solution[k:])
                 ok = (obs == observations[k] and bool(info.get("won"))
-                      and math.isclose(sum(rewards[:k]) + sum(cont), 1.0, abs_tol=1e-6)
-                      and all(math.isclose(a, b, abs_tol=1e-9) for a, b in zip(cont, rewards[k:])))
+                      and math.isclose(sum(rewards[:k]) + sum(cont), 1.0, abs_tol=1e-6))
             except Exception:  # a restore that raises is a failed prefix
                 ok = False
             if not ok:

@@ -44,3 +44,36 @@ def test_textworld_and_alfworld_solutions_solve_after_restore_at_every_prefix(tm
             _assert_solves_everywhere(alf, seed, alf.gold_actions(seed))
     finally:
         alf.close()
+
+
+class _FlakyTiming:
+    """A task an engine finishes one 'wait' earlier or later from the same actions (as ScienceWorld's
+    power-component does after 8 or 9 gold actions): odd resets need one wait, even ones two."""
+
+    max_turns = 10
+
+    def __init__(self):
+        self.resets = 0
+
+    def reset(self, seed=None):
+        self.resets += 1
+        self.need, self.waits, self.started = (1 if self.resets % 2 else 2), 0, False
+        return "start", {"won": False}
+
+    def step(self, action):
+        self.started |= action == "switch on"
+        self.waits += action == "wait" and self.started
+        won = self.started and self.waits >= self.need
+        return "ok", float(won), won, False, {"won": won}
+
+    def restore(self, seed, actions):
+        obs, info = self.reset(seed)
+        for a in actions:
+            obs, _r, _t, _tr, info = self.step(a)
+        return obs, info
+
+
+def test_check_solution_plays_the_whole_rest_of_the_solution_after_a_restore():
+    # regression: the check used to replay only as many actions as the first play needed
+    r = check_solution(_FlakyTiming(), 0, ["switch on", "wait", "wait"], stride=1)
+    assert r.passed and r.steps == 2 and r.prefixes_checked == 2 and r.prefixes_failed == []
