@@ -210,6 +210,16 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             prompt = self.counters["prompt_tokens"] - before.get("prompt_tokens", 0)
             m.log_value(("r3l", "prompt_tokens"), prompt, reduce="sum")
             m.log_value(("r3l", "prompt_tokens_per_sample"), prompt / len(samples), reduce="mean", window=1)
+            # what the engine really computed: submitted minus what its prefix cache served, per phase
+            computed = 0
+            for phase in ("base", "retry", "reflect"):
+                sub = self.counters[f"prompt_tokens_{phase}"] - before.get(f"prompt_tokens_{phase}", 0)
+                hit = self.counters[f"prompt_tokens_cached_{phase}"] - before.get(f"prompt_tokens_cached_{phase}", 0)
+                computed += sub - hit
+                if sub:
+                    m.log_value(("r3l", f"prompt_tokens_computed_{phase}"), sub - hit, reduce="sum")
+                    m.log_value(("r3l", f"prefix_cache_hit_rate_{phase}"), hit / sub, reduce="mean", window=1)
+            m.log_value(("r3l", "prompt_tokens_computed_per_sample"), computed / len(samples), reduce="mean", window=1)
         m.log_value(("r3l", "rollout_seconds"), seconds, reduce="mean", window=1)
         # the part of rollout_seconds spent reflecting, and (once) the engine start before the first sample
         m.log_value(("r3l", "timers", "reflect_s"), self._explorer.reflect_seconds, reduce="mean", window=1)

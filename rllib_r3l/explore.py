@@ -141,12 +141,14 @@ class Explorer:
                                   if structured else None)
                 for p, t in zip(prompts, trajectories)]
         self.counters["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.counters["prompt_tokens_reflect"] += sum(len(p) for p in prompts)
         try:
             outs = self.reflector.generate(reqs, temperature=self.opts.temperature)
         except Exception:
             self.counters["reflection_generation_errors"] += len(reqs)
             logger.exception("reflection generation failed")
             return [(None, p, None) for p in prompts]
+        self.counters["prompt_tokens_cached_reflect"] += sum(o.cached_prompt_tokens for o in outs)
         self.counters["progress_reflections"] += len(outs)  # live progress (rllib_r3l.progress)
         self.counters["progress_tokens"] += sum(len(o.token_ids) for o in outs)
         results = []

@@ -228,6 +228,7 @@ class EpisodeRunner:
                 choices = lv.admissible if (self.opts.action_decoding == "choice" and lv.admissible) else None
                 requests.append(GenerationRequest(ctx, min(self.opts.max_response_tokens, budget - 1), choices=choices))
                 self.counters["prompt_tokens"] += len(ctx)  # context submitted this turn (prefill work before caching)
+                self.counters[f"prompt_tokens_{_phase(lv)}"] += len(ctx)
                 ready.append(lv)
             if not ready:
                 continue
@@ -241,6 +242,7 @@ class EpisodeRunner:
                     self._finish(lv, healthy=True)
                 continue
             for lv, res in zip(ready, results):
+                self.counters[f"prompt_tokens_cached_{_phase(lv)}"] += res.cached_prompt_tokens
                 self._advance(lv, res)
         return [lv.traj if lv is not None else None for lv in started]
 
@@ -326,6 +328,11 @@ class EpisodeRunner:
         if lv.env is not None:
             self._release(lv.env, healthy)
             lv.env = None
+
+
+def _phase(lv: _Live) -> str:
+    """The cost phase a turn belongs to: base rollouts or retries (reflection counts its own)."""
+    return "base" if lv.spec.kind == Kind.BASE else "retry"
 
 
 class _ReplayMismatch(RuntimeError):

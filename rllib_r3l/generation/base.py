@@ -29,6 +29,9 @@ class GenerationResult:
     logprobs: List[float]  # the sampler's log-prob of each generated token
     text: str  # decoded text without the stop token
     finish_reason: str  # "stop" | "length"
+    # prompt tokens the engine served from its prefix cache instead of computing them (vLLM's
+    # ``num_cached_tokens``; 0 for a backend without a cross-request cache)
+    cached_prompt_tokens: int = 0
 
 
 class GenerationBackend(abc.ABC):

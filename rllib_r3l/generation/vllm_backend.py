@@ -343,7 +343,8 @@ class VLLMBackend(GenerationBackend):
                 reason = "length"
             else:
                 raise RuntimeError(f"vLLM request ended with finish_reason={o.finish_reason!r}")
-            results.append(GenerationResult(token_ids=ids, logprobs=lps, text=o.text, finish_reason=reason))
+            results.append(GenerationResult(token_ids=ids, logprobs=lps, text=o.text, finish_reason=reason,
+                                            cached_prompt_tokens=int(getattr(out, "num_cached_tokens", 0) or 0)))
         return results
 
     # ----------------------------------------------------------------------------------------------

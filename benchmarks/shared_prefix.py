@@ -1,0 +1,132 @@
+"""Learner cost with and without exact shared-prefix training, on an R3L-shaped batch.
+
+    .venv/bin/python benchmarks/shared_prefix.py [--groups 1] [--turns 10] [--reps 2] [--model default]
+
+The batch mirrors a coin-collector R3L group (measured shapes, docs/benchmarks.md): a task prompt
+(system + rules + first observation, ~260 tokens), then turns of an observation (~100 tokens) and
+a short choice-decoded response (~6 tokens). Each group holds 4 base episodes and 4 retries; retry
+``i`` replays its base up to pivot ``k_i`` (tokens identical up to the pivot turn's prompt) and
+diverges after; pivotal credit: responses of turns >= k carry credit in the retry and its base.
+The two learners (share_prefixes off / on) run one update each per repetition, interleaved, on the
+same batch; the table gives seconds, forward tokens, credited tokens and their ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import numpy as np
+import torch
+
+
+def rseq(rng, n, vocab):
+    return rng.integers(100, vocab, size=n).tolist()
+
+
+def r3l_group(rng, vocab, turns, prompt=260, obs=100, resp=6):
+    """Rows (token lists) and credited spans for one group: 4 bases, 4 retries."""
+    task = rseq(rng, prompt, vocab)
+    rows, credit = [], []
+    pivots = [max(1, turns * f // 10) for f in (2, 4, 6, 8)]
+    for k in pivots:
+        base, spans = list(task), []
+        for t in range(turns):
+            if t:
+                base += rseq(rng, obs, vocab)
+            spans.append((len(base), len(base) + resp, t))
+            base += rseq(rng, resp, vocab)
+        # the retry: the base's tokens up to the pivot turn's prompt, then its own turns
+        cut = spans[k][0]
+        retry, rspans = base[:cut], [s for s in spans if s[2] < k]
+        for t in range(k, turns):
+            if t > k:
+                retry += rseq(rng, obs, vocab)
+            rspans.append((len(retry), len(retry) + resp, t))
+            retry += rseq(rng, resp, vocab)
+        for r, sp in ((base, spans), (retry, rspans)):
+            rows.append(r)
+            credit.append([(a, b) for a, b, t in sp if t >= k])  # pivotal credit
+    return rows, credit
+
+
+def make_batch(groups, turns, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    rows, credit = [], []
+    for _ in range(groups):
+        r, c = r3l_group(rng, vocab, turns)
+        rows += r
+        credit += c
+    B, T = len(rows), max(len(r) for r in rows)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    att = torch.zeros(B, T, dtype=torch.long)
+    loss = torch.zeros(B, T)
+    for i, (r, c) in enumerate(zip(rows, credit)):
+        ids[i, :len(r)] = torch.tensor(r)
+        att[i, :len(r)] = 1
+        for a, b in c:
+            loss[i, a:b] = 1.0
+    adv = torch.tensor(rng.normal(size=B), dtype=torch.float32)
+    return {"input_ids": ids, "attention_mask": att, "loss_mask": loss, "sampler_logprobs": torch.zeros(B, T),
+            "advantages": adv, "weights": torch.ones(B), "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
+
+
+def build_learner(model, share):
+    import gymnasium as gym
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_r3l import R3LConfig
+
+    cfg = R3LConfig().training(backend="transformers", lr=1e-6, share_prefixes=share,
+                               **({} if model == "default" else {"model": model}))
+    space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
+    learner = cfg.build_learner(env=None, spaces={"__env__": space, DEFAULT_MODULE_ID: space})
+    learner.build()
+    return learner
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--groups", type=int, default=1)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--model", default="default")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_r3l.precision import uses_autocast
+
+    learners = {share: build_learner(args.model, share) for share in (False, True)}
+    vocab = learners[False].module[DEFAULT_MODULE_ID].lm.config.vocab_size
+    batch = make_batch(args.groups, args.turns, vocab)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    print(f"CPU: {cpu}; autocast bf16: {uses_autocast('auto', 'cpu')}; {len(batch['input_ids'])} rows, "
+          f"{int(batch['attention_mask'].sum())} tokens, {int(batch['loss_mask'].sum())} credited")
+    rows = {False: [], True: []}
+    for rep in range(args.reps):
+        for share in (False, True):
+            lr = learners[share]
+            c0, t0 = time.process_time(), time.perf_counter()
+            lr._update({DEFAULT_MODULE_ID: {k: v.clone() for k, v in batch.items()}})
+            wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+            m = {k: float(v) for k, v in lr.metrics.reduce()["r3l"]["learner"].items()}
+            rows[share].append((wall, cpu_s, m["forward_tokens"], m["trained_tokens"]))
+            print(f"rep {rep} share_prefixes={share!s:5}: {wall:7.1f} s wall, {cpu_s:7.1f} s CPU, "
+                  f"{int(m['forward_tokens'])} forward tokens, {int(m['trained_tokens'])} credited", flush=True)
+    print("\n| share_prefixes | wall s (mean) | CPU s (mean) | forward tokens | forward / credited |")
+    print("|---|---|---|---|---|")
+    for share in (False, True):
+        w, c, f, t = (np.mean([r[i] for r in rows[share]]) for i in range(4))
+        print(f"| {share} | {w:.1f} | {c:.1f} | {int(f)} | {f / t:.1f} |")
+    w_off, w_on = (np.mean([r[0] for r in rows[s]]) for s in (False, True))
+    f_off, f_on = (np.mean([r[2] for r in rows[s]]) for s in (False, True))
+    print(f"\nratios on/off: wall {w_on / w_off:.2f}, forward tokens {f_on / f_off:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

