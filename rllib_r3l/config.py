@@ -34,6 +34,8 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "reflector": ("policy", "who writes the reflections: 'policy' (R3L); 'oracle' = DIAGNOSTIC upper bound: reports from the environment's oracle (oracle pivot + the gold action there), never trained on; needs an environment with an oracle"),
     "reflection_template": (None, "None = built-in prompt; else a template string or a path to a template file"),
     "reflection_structured": (True, "hold the reflection to the report's JSON schema (structured outputs)"),
+    "reflection_context": ("log", "what the reflector reads: 'log' = the episode re-rendered as a numbered log (authors' layout); 'transcript' = the episode's own context plus a reflection request (the engine's prefix cache serves the episode, only the request and the report are computed; the policy must be the reflector)"),
+    "reflection_max_chars": (None, "None = unbounded; else the structured report's text fields (summary, root cause, suggestion) hold at most this many characters each (fewer generated tokens per reflection)"),
     "max_reflection_tokens": (256, "token budget of a reflection (paper: 4096; the compact JSON report needs ~150)"),
     "aux_tasks": (True, "add reflection and guided-retry auxiliary items for successful retries"),
     "aux_weight": (1.0, "loss weight of the auxiliary reflection/retry-SFT items"),
@@ -94,6 +96,7 @@ _CHOICES = {
     "model_dtype": ("float32", "bfloat16"),
     "kl_estimator": ("k1", "k2", "k3"),
     "action_decoding": ("choice", "free_text"),
+    "reflection_context": ("log", "transcript"),
     "reflector": ("policy", "oracle"),
     "backend": ("auto", "vllm", "transformers"),
     "mixed_precision": ("auto", "bfloat16", "none"),
@@ -219,6 +222,11 @@ class R3LConfig(AlgorithmConfig):
             err("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.amplification_alpha, (int, float)) or self.amplification_alpha < 1.0:
             err("amplification_alpha", f"must be >= 1.0 (1.0 = no amplification), got {self.amplification_alpha!r}")
+        if self.reflection_context == "transcript" and self.reflector_model:
+            err("reflection_context", "'transcript' continues the policy's own context, so the policy must reflect: "
+                "set reflector_model=None or reflection_context='log'")
+        if self.reflection_max_chars is not None:
+            positive_int("reflection_max_chars")
         if not isinstance(self.loss_scale, (int, float)) or isinstance(self.loss_scale, bool) or not self.loss_scale > 0:
             err("loss_scale", f"must be a number > 0 (1.0 = paper, 0.5 = authors' code scale), got {self.loss_scale!r}")
         for f in ("kl_coef", "aux_weight", "clip_ratio_low", "clip_ratio_high", "weight_decay"):

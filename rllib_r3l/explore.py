@@ -30,6 +30,7 @@ import numpy as np
 from rllib_r3l import core_algos
 from rllib_r3l import oracle as oracle_lib
 from rllib_r3l import reflect as reflect_lib
+from rllib_r3l import reflection_context
 from rllib_r3l.chat import ChatFormat
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
 from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec
@@ -55,6 +56,8 @@ class ExploreOptions:
     pivotal_credit: bool = True
     max_context_tokens: Optional[int] = None  # auxiliary items longer than this are dropped (counted)
     score_behaviour: bool = False  # attach the behaviour model's log-probs to base rollouts (importance ratio)
+    reflection_context: str = "log"  # "transcript": continue the episode's own context (rllib_r3l.reflection_context)
+    reflection_max_chars: Optional[int] = None  # bound on each text field of a structured report
     reflector: str = "policy"  # "oracle": DIAGNOSTIC reports from the environment's oracle (rllib_r3l.oracle)
 
     @property
@@ -131,13 +134,11 @@ class Explorer:
         """Reflect on each trajectory; returns ``(ParseResult, prompt_ids, GenerationResult)`` per item."""
         if self.opts.reflector == "oracle":  # diagnostic: no prompt, no generation, nothing to train on
             return oracle_lib.oracle_reflections(self, trajectories)
-        prompts = []
-        for t in trajectories:
-            messages = reflect_lib.build_reflection_messages(t, template=self.template)
-            prompts.append(self.reflector_chat.prompt(messages))
+        prompts = [self._reflection_prompt(t) for t in trajectories]
         structured = self.opts.reflection_structured
         reqs = [GenerationRequest(p, self.opts.max_reflection_tokens,
-                                  json_schema=reflect_lib.report_json_schema(max(len(t.actions), 1), failed=not t.success)
+                                  json_schema=reflect_lib.report_json_schema(
+                                      max(len(t.actions), 1), failed=not t.success, max_chars=self.opts.reflection_max_chars)
                                   if structured else None)
                 for p, t in zip(prompts, trajectories)]
         self.counters["prompt_tokens"] += sum(len(p) for p in prompts)
@@ -163,6 +164,16 @@ class Explorer:
             results.append((parsed, p, o))
         oracle_lib.log_pivot_quality(self, trajectories, results)  # r3l/pivot_* where the env has an oracle
         return results
+
+    def _reflection_prompt(self, t: Trajectory) -> List[int]:
+        """The episode's own context + a reflection request ("transcript": served from the prefix
+        cache), or the episode re-rendered as a log ("log"; also the fallback, counted)."""
+        if self.opts.reflection_context == "transcript" and self.reflector_chat is self.chat:
+            ids = reflection_context.transcript_prompt(self.chat, t)
+            if ids is not None:
+                return ids
+            self.counters["reflection_transcript_fallbacks"] += 1
+        return self.reflector_chat.prompt(reflect_lib.build_reflection_messages(t, template=self.template))
 
     # -- retry ---------------------------------------------------------------------------------------
     def _reflect_and_retry(self, bases: List[Trajectory], groups: Dict[str, GroupResult]) -> None:

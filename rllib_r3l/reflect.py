@@ -747,30 +747,37 @@ def build_reflection_messages(
 # ==================================================================================================
 # Structured outputs
 # ==================================================================================================
-def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] = None) -> Dict[str, Any]:
+def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] = None,
+                       max_chars: Optional[int] = None) -> Dict[str, Any]:
     """JSON schema of a report, for constrained decoding (vLLM structured outputs).
+
+    With ``max_chars`` the text fields (summary, root cause, suggestion) are bounded to that many
+    characters each: a compact report costs fewer generated tokens per reflection.
 
     With ``num_steps`` the pivot is also bounded above by ``num_steps - 1``. With ``failed=True``
     (the environment's reward says the episode failed) the outcome ``success`` is not allowed and
     a pivot and a suggestion are required: a weak reflector otherwise calls failures successes.
     The schema cannot express "null exactly on success"; :func:`parse_report` still enforces that.
     """
+    text: Dict[str, Any] = {"type": "string"}
+    if max_chars is not None:
+        text["maxLength"] = int(max_chars)
     pivot: Dict[str, Any] = {"type": "integer", "minimum": 0}
     if num_steps is not None:
         pivot["maximum"] = max(0, int(num_steps) - 1)
     if failed:
         outcomes = [Outcome.FAILURE.value]
-        suggestion: Dict[str, Any] = {"type": "string", "minLength": 1}
+        suggestion: Dict[str, Any] = {**text, "minLength": 1}
         retry: Dict[str, Any] = pivot
     else:
         outcomes = [o.value for o in Outcome]
-        suggestion = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+        suggestion = {"anyOf": [dict(text), {"type": "null"}]}
         retry = {"anyOf": [pivot, {"type": "null"}]}
     return {
         "type": "object",
         "properties": {
-            "summary": {"type": "string"},
-            "root_cause": {"type": "string"},
+            "summary": dict(text),
+            "root_cause": dict(text),
             "outcome": {"type": "string", "enum": outcomes},
             "suggestion": suggestion,
             "retry_from_step": retry,

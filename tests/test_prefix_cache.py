@@ -56,3 +56,30 @@ def test_retries_replay_their_prefix_from_the_cache(engine, tiny_tokenizer):
     replayed = [sum(len(s.token_ids) for s in r.segments if s.turn < r.pivot) for r in retries]
     assert c["prompt_tokens_cached_retry"] >= sum(n // block * block for n in replayed) > 0, dict(c)
     assert 0 < c["prompt_tokens_cached_base"] < c["prompt_tokens_base"]
+
+
+def test_transcript_reflection_is_served_from_the_cache_and_bounded(engine, tiny_tokenizer):
+    import json
+
+    chat = ChatFormat(tiny_tokenizer)
+    opts = RolloutOptions(max_turns=4, max_response_tokens=8, max_context_tokens=2048, temperature=1.0,
+                          system_prompt="You are an agent in a text game. " * 30 + "{rules}\nYour task: {task}")
+    runner = EpisodeRunner(engine, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
+    ex = Explorer(runner, chat, ExploreOptions(group_size=4, reflection_context="transcript", reflection_max_chars=40,
+                                               max_reflection_tokens=200, max_context_tokens=2048))
+    groups = ex.explore([11, 12], ["a", "b"])
+    c = ex.counters
+    bases = [t for g in groups for t in g.trajectories if t.kind == Kind.BASE]
+    block = _block(engine)
+    # each reflection prompt starts with its episode's whole context: at least its full blocks are cached
+    assert c["prompt_tokens_cached_reflect"] >= sum(t.num_tokens // block * block for t in bases) > 0, dict(c)
+    assert c["reflection_transcript_fallbacks"] == 0
+    checked = 0
+    for b in bases:
+        parsed, prompt_ids, out = b.info["reflection"]
+        assert prompt_ids[:b.num_tokens] == b.token_ids
+        if out is not None and parsed is not None and parsed.ok:
+            report = json.loads(out.text[out.text.index("{"):out.text.rindex("}") + 1])
+            assert all(len(report[k] or "") <= 40 for k in ("summary", "root_cause", "suggestion"))
+            checked += 1
+    assert checked, "the schema holds even a random model's report to the fields"
