@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from typing import Any, Dict, Optional, Tuple
 
+from rllib_r3l import core_algos
 from rllib_r3l.errors import UsageError
 from rllib_r3l.preflight import accepts, check_env
 from rllib_r3l.config import R3L_OPTIONS
@@ -132,7 +133,7 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
                 rows.append({
                     "seed": s,
                     "return": float(t.reward),
-                    "success": bool(t.success or t.reward >= success_reward),
+                    "success": core_algos.is_success(t.reward, t.success, success_reward=success_reward),
                     "turns": int(t.num_turns),
                     "status": status,
                     "last_action": t.actions[-1] if t.actions else "",
