@@ -138,3 +138,98 @@ def test_fixed_advantages_override_and_stay_out_of_group_statistics():
     batch, adv = _build(base + [aux])
     np.testing.assert_allclose(adv, [0.75, -0.25, 1.0])  # base mean 0.25 (the aux item not in it)
     assert batch["weights"].tolist() == [1.0, 1.0, 0.25]
+
+
+def _pg(logp, adv, **kw):
+    t = torch.tensor
+    loss, stats = ca.policy_gradient_loss(t(logp), t(adv), torch.ones(len(logp)), **kw)
+    return float(loss), stats
+
+
+def test_clipped_surrogate_default_bounds_and_both_sides():
+    # new prob 1 vs old 0.5 / 2.0: ratios 2 and 0.5; defaults clip to [0.8, 1.2]
+    old = torch.log(torch.tensor([0.5, 2.0]))
+    on = torch.ones(2)
+    # A = 2 (ratio 2): -min(4, 2.4) = -2.4 ; A = -0.5 (ratio 0.5): -min(-0.25, -0.4) = 0.4
+    loss, stats = _pg([0.0, 0.0], [2.0, -0.5], old_logprobs=old, ratio_mask=on)
+    assert loss == pytest.approx((-2.4 + 0.4) / 2)
+    assert float(stats["clip_fraction"]) == 1.0 and float(stats["mean_ratio"]) == pytest.approx(1.25)
+    # explicit, asymmetric bounds: [0.9, 1.5]
+    loss, _ = _pg([0.0, 0.0], [2.0, -0.5], old_logprobs=old, ratio_mask=on, clip_low=0.1, clip_high=0.5)
+    assert loss == pytest.approx((-3.0 + 0.45) / 2)
+
+
+def test_log_ratio_is_clamped_to_plus_minus_20():
+    # log ratios of +30 and -30 count as +-20: -min(e^20 A, 1.2 A) with A < 0, -min(e^-20 A, 0.8 A) with A > 0
+    loss, _ = _pg([0.0], [-1.0], old_logprobs=torch.tensor([-30.0]), ratio_mask=torch.ones(1))
+    assert loss == pytest.approx(np.exp(20.0), rel=1e-5)
+    loss, _ = _pg([-30.0], [1.0], old_logprobs=torch.tensor([0.0]), ratio_mask=torch.ones(1))
+    assert loss == pytest.approx(-np.exp(-20.0), rel=1e-5)
+
+
+def test_old_logprobs_without_ratio_mask_is_the_plain_objective():
+    loss, stats = _pg([-1.0, -2.0], [1.0, -1.0], old_logprobs=torch.tensor([-5.0, -5.0]))
+    assert loss == pytest.approx((1.0 - 2.0) / 2) and "mean_ratio" not in stats
+
+
+def test_kl_term_defaults_to_k3_and_a_single_token_is_its_own_mean():
+    d = torch.tensor([0.5])  # log p - log q
+    loss, stats = ca.policy_gradient_loss(torch.tensor([-1.0]), torch.zeros(1), torch.ones(1),
+                                          ref_logprobs=torch.tensor([-1.5]), kl_coef=0.1)
+    k3 = float(torch.exp(-d) + d - 1.0)
+    assert float(loss) == pytest.approx(0.1 * k3) and float(stats["kl"]) == pytest.approx(k3)
+    # one credited token: the token mean divides by 1
+    loss, _ = ca.policy_gradient_loss(torch.tensor([-2.0, -7.0]), torch.tensor([1.5, 9.0]), torch.tensor([1.0, 0.0]))
+    assert float(loss) == pytest.approx(3.0)
+
+
+def test_boolean_masks_and_integer_advantages():
+    loss, stats = ca.policy_gradient_loss(torch.tensor([-1.0, -2.0, -4.0]), torch.tensor([2, -1, 3]),
+                                          torch.tensor([True, True, False]))
+    assert loss.dtype == torch.float32 and float(loss) == pytest.approx((2.0 - 2.0) / 2)
+    assert float(stats["pg_loss"]) == pytest.approx(0.0)
+
+
+def test_one_trajectory_per_micro_batch():
+    from rllib_r3l.batch import plan_micro_batches
+
+    assert plan_micro_batches([3, 9, 5], max_sequences=1) == [[1], [2], [0]]
+
+
+def test_policy_gradient_loss_every_term_and_statistic_by_hand():
+    """Ratio on some tokens, KL on others, weights, a masked token: the loss and every statistic."""
+    t = torch.tensor
+    logp = t([-1.0, -2.0, -0.5, -3.0])
+    old = t([-1.5, -2.0, -0.5, -3.0])  # ratios e^0.5, 1, 1, 1
+    adv = t([1.0, -1.0, 2.0, 5.0])
+    mask = t([1.0, 1.0, 1.0, 0.0])  # token 3 carries no credit
+    ratio_mask = t([1.0, 0.0, 1.0, 1.0])  # token 1: no ratio (retry data)
+    kl_mask = t([1.0, 0.0, 1.0, 1.0])
+    ref = t([-1.0, -1.0, -1.0, -1.0])
+    weights = t([1.0, 2.0, 0.5, 1.0])
+    loss, stats = ca.policy_gradient_loss(logp, adv, mask, weights=weights, old_logprobs=old, ratio_mask=ratio_mask,
+                                          ref_logprobs=ref, kl_mask=kl_mask, kl_coef=0.1)
+    r0 = np.exp(0.5)
+    # policy term: token 0 clipped -min(r0 * 1, 1.2 * 1) = -1.2; token 1 plain -(-1)(-2) = -2; token 2 ratio 1: -2
+    pg = [-1.2, -2.0, -2.0]
+    k3 = [0.0, np.e - 2.0, np.exp(-0.5) - 0.5]  # d = 0, -1, 0.5 (kl_mask drops token 1)
+    kl_terms = [0.1 * k3[0], 0.0, 0.1 * k3[2]]
+    expected = sum(w * (p + k) for w, p, k in zip([1.0, 2.0, 0.5], pg, kl_terms)) / 3
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+    assert float(stats["pg_loss"]) == pytest.approx(sum(pg) / 3, rel=1e-6)
+    assert float(stats["kl"]) == pytest.approx((k3[0] + k3[2]) / 3, rel=1e-5)
+    assert float(stats["clip_fraction"]) == pytest.approx(0.5)  # token 0 of the two ratio tokens
+    assert float(stats["mean_ratio"]) == pytest.approx((r0 + 1.0) / 2, rel=1e-6)
+    loss_k1, _ = ca.policy_gradient_loss(logp, adv, mask, weights=weights, old_logprobs=old, ratio_mask=ratio_mask,
+                                         ref_logprobs=ref, kl_mask=kl_mask, kl_coef=0.1, kl_kind="k1")
+    k1_terms = [0.0, 0.0, 0.1 * 0.5]
+    assert float(loss_k1) == pytest.approx(sum(w * (p + k) for w, p, k in zip([1.0, 2.0, 0.5], pg, k1_terms)) / 3,
+                                           rel=1e-6)
+    with pytest.raises(ValueError, match=r"^kl_coef > 0 needs ref_logprobs \(a frozen reference model\)$"):
+        ca.policy_gradient_loss(logp, adv, mask, kl_coef=0.1)
+
+
+def test_build_train_batch_passes_success_reward_on():
+    trajs = [make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=r, group_id="g") for r in (0.5, 0.0)]
+    _, adv = _build(trajs, success_reward=0.5)
+    np.testing.assert_allclose(adv, [1.0, -0.25])  # 0.5 is a success: exactly 1.0
