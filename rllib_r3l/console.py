@@ -167,10 +167,11 @@ def header_lines(info: Mapping[str, Any]) -> List[str]:
 
 def progress_line(counts: Mapping[str, int], elapsed: float, expected_episodes: Optional[int] = None,
                   phase: str = "exploring") -> str:
-    """The live line: ``exploring  episodes 3/8 | turns 41 | reflections 2 | retries 1 | tokens 1,234 | 0:41``."""
+    """The live line: ``exploring  episodes 3/8 | turns 41 | reflections 2 | retries 1 | tokens 1,234 | 0:41``
+    (phases: starting, exploring, reflecting, retrying, learning)."""
     eps = int(counts.get(progress.EPISODES, 0))
     eps_text = f"{eps}/{expected_episodes}" if expected_episodes else f"{eps}"
-    return (f"  {phase:<9} episodes {eps_text} | turns {fmt_int(counts.get(progress.TURNS, 0))}"
+    return (f"  {phase:<10} episodes {eps_text} | turns {fmt_int(counts.get(progress.TURNS, 0))}"
             f" | reflections {fmt_int(counts.get(progress.REFLECTIONS, 0))}"
             f" | retries {fmt_int(counts.get(progress.RETRIES, 0))}"
             f" | tokens {fmt_int(counts.get(progress.TOKENS, 0))} | {fmt_clock(elapsed)}")
@@ -549,8 +550,9 @@ def progress_folder(enabled: bool = True) -> Iterator[Optional[str]]:
 class LiveProgress:
     """Draws :func:`progress_line` from the runners' published counters while an iteration runs."""
 
-    def __init__(self, console: Console, folder: Optional[str], expected: Optional[int] = None) -> None:
-        self.console, self.folder, self.expected = console, folder, expected
+    def __init__(self, console: Console, folder: Optional[str], expected: Optional[int] = None,
+                 reflect: bool = True) -> None:
+        self.console, self.folder, self.expected, self.reflect = console, folder, expected, reflect
         self._baseline: Dict[str, Dict[str, int]] = {}
         self._t0 = time.time()
         self._active = False
@@ -565,9 +567,19 @@ class LiveProgress:
 
     def line(self) -> str:
         c = self.counts()
-        n_runners = max(len(progress.read(self.folder)), 1)
-        phase = "learning" if c.get(progress.SAMPLES, 0) >= n_runners else "exploring"
-        return progress_line(c, time.time() - self._t0, self.expected, phase=phase)
+        runners = progress.read(self.folder)
+        return progress_line(c, time.time() - self._t0, self.expected, phase=self.phase(c, len(runners)))
+
+    def phase(self, c: Mapping[str, int], n_runners: int) -> str:
+        """What the runners are at, as far as their counts tell (the sums over runners)."""
+        if self.folder and not n_runners:
+            return "starting"  # no runner has its engine up yet
+        if c.get(progress.SAMPLES, 0) >= max(n_runners, 1):
+            return "learning"  # every runner returned its sample
+        episodes = c.get(progress.EPISODES, 0)
+        if not self.expected or episodes < self.expected or not self.reflect:
+            return "exploring"
+        return "reflecting" if c.get(progress.REFLECTIONS, 0) < episodes else "retrying"
 
     def begin(self) -> None:
         """A new iteration starts now."""

@@ -89,7 +89,8 @@ class ConsoleCallback(Callback):
         self.con.lines(console.header_lines(head))
         self.rows.setdefault(trial.trial_id, [])
         if self.live is None:
-            self.live = console.LiveProgress(self.con, self.live_dir, expected=console.expected_episodes(head))
+            self.live = console.LiveProgress(self.con, self.live_dir, expected=console.expected_episodes(head),
+                                             reflect=bool(head.get("reflect", True)))
         self.live.begin()
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:

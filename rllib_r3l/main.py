@@ -117,7 +117,7 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     t0 = time.time()
     algo = config.build_algo()
     con.line(f"learner built in {time.time() - t0:.0f} s; the engine starts with the first iteration")
-    live = console.LiveProgress(con, live_dir, expected=console.expected_episodes(info))
+    live = console.LiveProgress(con, live_dir, expected=console.expected_episodes(info), reflect=info["reflect"])
     last: Dict[str, Any] = {}
     per_iteration: List[Dict[str, Any]] = []
     rows: List[Dict[str, Any]] = []

@@ -72,9 +72,9 @@ def test_progress_line_with_hand_counts():
     counts = {progress.EPISODES: 3, progress.TURNS: 41, progress.REFLECTIONS: 2, progress.RETRIES: 1,
               progress.TOKENS: 12345}
     assert console.progress_line(counts, 75.4, expected_episodes=16) == (
-        "  exploring episodes 3/16 | turns 41 | reflections 2 | retries 1 | tokens 12.3k | 1:15")
+        "  exploring  episodes 3/16 | turns 41 | reflections 2 | retries 1 | tokens 12.3k | 1:15")
     assert console.progress_line({}, 3725, phase="learning") == (
-        "  learning  episodes 0 | turns 0 | reflections 0 | retries 0 | tokens 0 | 1:02:05")
+        "  learning   episodes 0 | turns 0 | reflections 0 | retries 0 | tokens 0 | 1:02:05")
 
 
 def test_iteration_row_and_line_with_an_update():
@@ -120,6 +120,8 @@ def test_plot_run_writes_a_png(tmp_path):
 
 def test_live_progress_counts_this_iteration_from_the_runners_files(tmp_path):
     c1, c2 = Counter({progress.EPISODES: 5, progress.TURNS: 50}), Counter()
+    waiting = console.LiveProgress(console.Console(io.StringIO()), str(tmp_path), expected=8)
+    assert waiting.line().startswith("  starting   episodes 0/8 | turns 0")  # no engine up yet
     p1 = progress.Publisher(c1, str(tmp_path / "runner-1-1.json"), interval=3600)
     p1.write()
     out = io.StringIO()
@@ -134,7 +136,20 @@ def test_live_progress_counts_this_iteration_from_the_runners_files(tmp_path):
     live.stop()
     assert counts[progress.EPISODES] == 3 and counts[progress.TURNS] == 7 and counts[progress.RETRIES] == 1
     assert counts[progress.TOKENS] == 30
-    assert live.line().startswith("  exploring episodes 3/8 | turns 7")  # one of two runners done sampling
+    assert live.line().startswith("  exploring  episodes 3/8 | turns 7")  # one of two runners done sampling
+
+
+def test_live_phase_follows_the_counts():
+    live = console.LiveProgress(console.Console(io.StringIO()), "/nonexistent", expected=8, reflect=True)
+    E, R, S, T = progress.EPISODES, progress.REFLECTIONS, progress.SAMPLES, progress.RETRIES
+    assert live.phase({}, 0) == "starting"
+    assert live.phase({E: 5}, 1) == "exploring"
+    assert live.phase({E: 8, R: 0}, 1) == "reflecting"
+    assert live.phase({E: 8, R: 8, T: 2}, 1) == "retrying"
+    assert live.phase({E: 8, R: 8, S: 1}, 1) == "learning"
+    assert live.phase({E: 8, S: 1}, 2) == "reflecting"  # one of two runners still at it
+    live.reflect = False
+    assert live.phase({E: 8}, 1) == "exploring"
 
 
 def test_console_without_a_terminal_prints_live_lines_as_lines():
