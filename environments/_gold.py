@@ -70,11 +70,14 @@ def check_solution(env: Any, seed: int, solution: Sequence[str], stride: Optiona
             res.prefixes_checked += 1
             try:
                 obs, info = env.restore(seed, solution[:k])
-                # the rest of the solution, to its end: an engine may finish a step earlier or later
-                # from the same actions (ScienceWorld's power-component wins after 8 or 9 of them)
+                # the return so far is the restored episode's own (``score``): an engine may score the
+                # same actions at other times (ScienceWorld's mendelian-genetics), and may finish a
+                # step earlier or later (power-component wins after 8 or 9 gold actions), so the rest
+                # of the solution is played to its end
+                before = float(info["score"]) if "score" in info else sum(rewards[:k])
                 cont, _obs, info, _ended = _play(env, solution[k:])
                 ok = (obs == observations[k] and bool(info.get("won"))
-                      and math.isclose(sum(rewards[:k]) + sum(cont), 1.0, abs_tol=1e-6))
+                      and math.isclose(before + sum(cont), 1.0, abs_tol=1e-6))
             except Exception:  # a restore that raises is a failed prefix
                 ok = False
             if not ok:

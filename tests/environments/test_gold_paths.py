@@ -47,8 +47,10 @@ def test_textworld_and_alfworld_solutions_solve_after_restore_at_every_prefix(tm
 
 
 class _FlakyTiming:
-    """A task an engine finishes one 'wait' earlier or later from the same actions (as ScienceWorld's
-    power-component does after 8 or 9 gold actions): odd resets need one wait, even ones two."""
+    """A task an engine scores and finishes at other times from the same actions (as ScienceWorld's
+    power-component wins after 8 or 9 gold actions, and mendelian-genetics scores at other steps):
+    the first episode scores half at 'switch on' and wins at the first 'wait', later ones score half
+    at the first 'wait' and win at the second."""
 
     max_turns = 10
 
@@ -57,14 +59,17 @@ class _FlakyTiming:
 
     def reset(self, seed=None):
         self.resets += 1
-        self.need, self.waits, self.started = (1 if self.resets % 2 else 2), 0, False
-        return "start", {"won": False}
+        self.need, self.waits, self.started, self.score = (1 if self.resets == 1 else 2), 0, False, 0.0
+        return "start", {"won": False, "score": 0.0}
 
     def step(self, action):
+        before = self.score
         self.started |= action == "switch on"
         self.waits += action == "wait" and self.started
         won = self.started and self.waits >= self.need
-        return "ok", float(won), won, False, {"won": won}
+        half = self.started and (self.need == 1 or self.waits >= 1)
+        self.score = 1.0 if won else (0.5 if half else 0.0)
+        return "ok", self.score - before, won, False, {"won": won, "score": self.score}
 
     def restore(self, seed, actions):
         obs, info = self.reset(seed)
@@ -74,6 +79,7 @@ class _FlakyTiming:
 
 
 def test_check_solution_plays_the_whole_rest_of_the_solution_after_a_restore():
-    # regression: the check used to replay only as many actions as the first play needed
+    # regression: the check used to replay only as many actions as the first play needed, and to
+    # add the first play's rewards before the prefix to the restored episode's
     r = check_solution(_FlakyTiming(), 0, ["switch on", "wait", "wait"], stride=1)
     assert r.passed and r.steps == 2 and r.prefixes_checked == 2 and r.prefixes_failed == []
