@@ -2,8 +2,8 @@
 
 Tune calls a trial TERMINATED both when it reached its stop criterion and when the run was
 interrupted (Ctrl-C): only the first has ``done`` in its last result. A trial whose every iteration
-had an empty batch (every episode lost, every group partial) "succeeds" in Tune's eyes although no
-update happened; :class:`TrainingTracker` (a Tune callback) counts trained iterations and losses so
+had an empty batch because episodes were lost (every episode lost, every group partial) "succeeds"
+in Tune's eyes although no update happened; :class:`TrainingTracker` (a Tune callback) counts trained iterations and losses so
 that the command line can end non-zero with the reason.
 """
 
@@ -62,8 +62,12 @@ class TrainingTracker(Callback):
         if not s or s["iterations"] == 0 or s["trained"] > 0:
             return None
         losses = ", ".join(f"{k} {s[k]}" for k in LOSS_KEYS if s[k])
-        return (f"trained on nothing: all {s['iterations']} iteration(s) had an empty batch"
-                f"{f' ({losses})' if losses else ''}; see its error/log output and docs/reliability.md")
+        if not losses:
+            # every batch empty because every advantage was 0 (all episodes of each group scored
+            # alike: nothing to learn from) is a legitimate outcome, not a fault
+            return None
+        return (f"trained on nothing: all {s['iterations']} iteration(s) had an empty batch ({losses}); "
+                "see its error/log output and docs/reliability.md")
 
 
 def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[str, Any]]:

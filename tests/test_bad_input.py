@@ -94,6 +94,19 @@ def test_a_run_that_trained_on_nothing_is_a_failure_with_the_reason():
     assert r2["status"] == INTERRUPTED and r2["problem"] is None  # Ctrl-C: TERMINATED without "done"
 
 
+def test_empty_batches_without_losses_are_not_a_failure():
+    """Every group scored alike (all advantages 0): nothing to learn from, but nothing went wrong."""
+    from rllib_r3l.outcome import TrainingTracker, trial_rows
+
+    tracker = TrainingTracker()
+    trial = _Trial("t1", "TERMINATED", {"done": True})
+    for _ in range(2):
+        tracker.on_trial_result(0, [], trial, {"r3l": {"batch": {"empty_batches": 1}},
+                                               "env_runners": {"r3l": {"faults": {"episodes_lost": 0}}}})
+    [row] = trial_rows([trial], tracker)
+    assert row["status"] == "TERMINATED" and row["problem"] is None
+
+
 # ---------------------------------------------------------------------------- 2. stop keys
 @pytest.mark.parametrize("flag,needles", [
     ("training_iteraton=2", ["--stop training_iteraton", "did you mean 'training_iteration'"]),
