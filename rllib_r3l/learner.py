@@ -181,8 +181,7 @@ class R3LTorchLearner(TorchLearner):
                 if float(sub["num_loss_tokens"].sum()) == 0:
                     continue
                 sub["normalizer"] = normalizer
-                computed = _computed_tokens(sub, share)
-                forward_tokens += computed
+                forward_tokens += _computed_tokens(sub, share)
                 unshared_tokens += int(sub["attention_mask"].sum())
                 num_micro += 1
                 # DDP: forward/backward on the unwrapped module (no reducer hooks); one explicit
