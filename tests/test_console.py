@@ -10,6 +10,7 @@ import textwrap
 from collections import Counter
 
 from rllib_r3l import console, progress
+from tests.hang_guard import HANG_GUARD_S
 
 INFO = {
     "title": "R3L main job: 3 iteration(s), results in /tmp/out",
@@ -190,7 +191,8 @@ def _route(tmp_path, verbose: bool):
     log = tmp_path / "main.log"
     env = {**os.environ, "PYTHONWARNINGS": "always"}
     proc = subprocess.run([sys.executable, "-c", _ROUTING_SCRIPT, str(log), "1" if verbose else "0"],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+                          capture_output=True, text=True, timeout=HANG_GUARD_S, env=env,
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
     assert proc.returncode == 0, proc.stderr
     return proc.stdout + proc.stderr, (log.read_text() if log.exists() else "")
 

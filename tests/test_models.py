@@ -17,6 +17,7 @@ from rllib_r3l.models import (
     load_tokenizer,
     resolve_model,
 )
+from tests.hang_guard import HANG_GUARD_S
 
 
 def _logits(model, ids):
@@ -113,9 +114,9 @@ def test_concurrent_builds_run_once(tmp_path):
     for p in procs:
         p.start()
     for p in procs:
-        p.join(60)
+        p.join(HANG_GUARD_S)  # waits for the exit; the bound only stops a deadlocked builder
         assert p.exitcode == 0
-    results = {queue.get(timeout=5) for _ in procs}
+    results = {queue.get(timeout=HANG_GUARD_S) for _ in procs}  # each child put its result before exiting
     assert results == {str(target)}
     assert len(counter.read_text().splitlines()) == 1  # built exactly once
     assert (target / "weights.bin").stat().st_size == 1000

@@ -17,6 +17,7 @@ from envtest_helpers import ROOT, random_walk
 from environments import make
 from environments.alfworld_env import ALFWorldEnv
 from environments.textworld_games import TextWorldEnv
+from tests.hang_guard import HANG_GUARD_S
 
 
 # ------------------------------------------------------------------------------ r3l/TextWorld
@@ -189,7 +190,7 @@ def test_alfworld_observations_do_not_depend_on_the_hash_seed(alf_data):
     env.close()
     seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
     res = subprocess.run([sys.executable, "-c", script, ROOT, alf_data], env=dict(os.environ, PYTHONHASHSEED=seed),
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout == here and "mug" in here
 
