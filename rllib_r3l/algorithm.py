@@ -109,6 +109,7 @@ class R3L(Algorithm):
 
         # 4. Sync: the new weights into every engine (every S updates), in place.
         if self._num_updates % c.weight_sync_interval == 0:
+            t_sync = time.perf_counter()
             with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
                 # timeout_seconds=None: first collect the previous sync's acknowledgements (long done),
                 # else RLlib silently drops this sync for a runner whose previous one it has not yet
@@ -116,6 +117,9 @@ class R3L(Algorithm):
                 self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
                                                    inference_only=True, timeout_seconds=None)
             self._synced_update = self._num_updates
+            # this iteration's sync, exact (RLlib's timer above is a moving average): the console's split
+            self.metrics.log_value(("r3l", "timers", "weight_sync_s"), time.perf_counter() - t_sync, reduce="mean",
+                                   window=1)
         if c.colocate_engine_sleep:  # queued after the weight sync on every runner
             self._foreach_runner(lambda r: r.wake_engine())
 

@@ -78,9 +78,9 @@ def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
     Times (seconds): ``rollout`` = the runners' sampling time without reflection
     (``env_runners/r3l/rollout_seconds`` - ``env_runners/r3l/timers/reflect_s``), ``reflect``,
     ``learn`` (the learner's ``update_seconds``), ``start`` (the engine start, first iteration),
-    ``sync`` = the rest of the iteration: the weight sync into the engines, with the credit
-    assignment and RLlib's bookkeeping (RLlib's own ``timers/`` are moving averages, not this
-    iteration's).
+    ``sync`` (the weight sync into the engines, ``r3l/timers/weight_sync_s``: RLlib's own
+    ``timers/`` are moving averages, not this iteration's) and ``other`` = the rest of the
+    iteration: the credit assignment and RLlib's bookkeeping.
     """
     total = _num(result.get("time_this_iter_s"), math.nan)
     sampling = _num(metric(result, "env_runners/r3l/rollout_seconds"))
@@ -89,7 +89,8 @@ def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
     learn = learner_metric(result, "update_seconds")
     updated = _finite(learn)
     learn = learn if updated else 0.0
-    rest = total - sampling - learn - start if _finite(total) else math.nan
+    sync = _num(metric(result, "r3l/timers/weight_sync_s"))
+    rest = total - sampling - learn - start - sync if _finite(total) else math.nan
     episodes = _num(metric(result, "env_runners/num_episodes"))
     success = metric(result, "env_runners/success_rate")
     retries = _num(metric(result, "env_runners/r3l/num_retries"))
@@ -110,7 +111,8 @@ def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
             "reflect": reflect,
             "learn": learn,
             "start": start,
-            "sync": max(rest, 0.0) if _finite(rest) else math.nan,
+            "sync": sync,
+            "other": max(rest, 0.0) if _finite(rest) else math.nan,
             "total": total,
         },
     }
@@ -177,14 +179,14 @@ def progress_line(counts: Mapping[str, int], elapsed: float, expected_episodes: 
             f" | tokens {fmt_int(counts.get(progress.TOKENS, 0))} | {fmt_clock(elapsed)}")
 
 
-TIME_LABELS = {"start": "start", "rollout": "rollout", "reflect": "reflect", "learn": "learn", "sync": "sync/other",
-               "total": "total"}
+TIME_LABELS = {"start": "start", "rollout": "rollout", "reflect": "reflect", "learn": "learn", "sync": "sync",
+               "other": "other", "total": "total"}
 
 
 def time_split(t: Mapping[str, float]) -> str:
-    """``rollout 52 + reflect 20 + learn 28 + sync/other 3 s`` (and the engine start where there was one)."""
+    """``rollout 52 + reflect 20 + learn 28 + sync 1 + other 2 s`` (and the engine start where there was one)."""
     parts = [("start", t.get("start", 0.0))] if _num(t.get("start")) >= 0.5 else []
-    parts += [(k, t.get(k, math.nan)) for k in ("rollout", "reflect", "learn", "sync")]
+    parts += [(k, t.get(k, math.nan)) for k in ("rollout", "reflect", "learn", "sync", "other")]
     return " + ".join(f"{TIME_LABELS[k]} {_num(v):.0f}" for k, v in parts) + " s"
 
 
@@ -204,8 +206,8 @@ def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> 
 
 
 SUMMARY_COLUMNS = ("iter", "success", "retries", "retry ok", "update", "trained tok", "gen tok",
-                   "start s", "rollout s", "reflect s", "learn s", "sync/other s", "total s")
-TIME_KEYS = ("start", "rollout", "reflect", "learn", "sync", "total")
+                   "start s", "rollout s", "reflect s", "learn s", "sync s", "other s", "total s")
+TIME_KEYS = ("start", "rollout", "reflect", "learn", "sync", "other", "total")
 
 
 def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
@@ -271,7 +273,7 @@ def plot_run(rows: Sequence[Mapping[str, Any]], path: str, title: str = "R3L run
     ax3.set_xlabel("iteration")
     ax3.set_title("trained tokens (the update)")
     bottom = [0.0] * len(rows)
-    for key in ("start", "rollout", "reflect", "learn", "sync"):
+    for key in ("start", "rollout", "reflect", "learn", "sync", "other"):
         vals = [_num(r.get("time", {}).get(key)) for r in rows]
         if any(vals):
             ax2.bar(its, vals, bottom=bottom, label=TIME_LABELS[key])
@@ -514,7 +516,11 @@ def _retarget_handlers(match, stream) -> List[tuple]:
     for lg in loggers:
         for h in list(lg.handlers):
             if type(h) is logging.StreamHandler and match(h.stream):
-                moved.append((h, h.setStream(stream)))
+                if getattr(h.stream, "closed", False):  # setStream would flush the closed stream
+                    moved.append((h, h.stream))
+                    h.stream = stream
+                else:
+                    moved.append((h, h.setStream(stream)))
     return moved
 
 

@@ -26,6 +26,8 @@ from rllib_r3l.explore import LOST, ExploreOptions, Explorer, GroupResult
 
 logger = logging.getLogger(__name__)
 
+ROLLOUT_TIMERS = ("generate_base", "generate_retry", "env_step", "env_reset", "replay")
+
 
 class R3LEnvRunner(EnvRunner, Checkpointable):
     """Samples R3L task groups: base rollouts, reflections and retries."""
@@ -225,6 +227,12 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         m.log_value(("r3l", "rollout_seconds"), seconds, reduce="mean", window=1)
         # the part of rollout_seconds spent reflecting, and (once) the engine start before the first sample
         m.log_value(("r3l", "timers", "reflect_s"), self._explorer.reflect_seconds, reduce="mean", window=1)
+        # where the rollout time went (rollout.EpisodeRunner): the engine per phase (constraint and
+        # grammar set-up happen inside the engine's generate call and are part of it), environment
+        # steps, resets (with environment creation) and a retry's replay of its base's prefix
+        for name in ROLLOUT_TIMERS:
+            m.log_value(("r3l", "timers", f"{name}_s"), self.counters[f"seconds_{name}"] - before.get(f"seconds_{name}", 0),
+                        reduce="mean", window=1)
         if not self._engine_start_logged:
             self._engine_start_logged = True
             m.log_value(("r3l", "timers", "engine_start_s"), self.counters["backend_start_seconds"],

@@ -70,6 +70,8 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
         "success_rate": _get(er, "success_rate"),
         "episode_return_mean": _get(er, "episode_return_mean"),
         "r3l": _flat(_get(er, "r3l", default={})),
+        # where the runner's time went: engine per phase, environment steps/resets, replay, reflection
+        "timers": _flat(_get(er, "r3l", "timers", default={})),
         "credit": _flat(_get(r, "r3l", default={})),
         "batch": _flat(_get(r, "r3l", "batch", default={})),
         "learner": _flat(find_r3l_metrics(r.get("learners", {}), "learner")),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -126,7 +127,18 @@ class EpisodeRunner:
         text = format_observation(obs, live.admissible)
         return live.close_prev + self.chat.user_turn(live.system_text, text, first=first, guidance=guidance)
 
+    def _timed(self, name: str, t0: float) -> None:
+        """Add the seconds since ``t0`` to the phase timer ``name`` (``r3l/timers/<name>_s``)."""
+        self.counters[f"seconds_{name}"] += time.perf_counter() - t0
+
     def _start(self, spec: EpisodeSpec) -> Optional[_Live]:
+        t0 = time.perf_counter()
+        try:
+            return self._start_episode(spec)
+        finally:
+            self._timed("env_reset" if spec.kind == Kind.BASE else "replay", t0)
+
+    def _start_episode(self, spec: EpisodeSpec) -> Optional[_Live]:
         traj = Trajectory(segments=[], reward=0.0, group_id=spec.group_id, kind=spec.kind, seed=spec.seed)
         try:
             env = self._acquire()
@@ -232,6 +244,7 @@ class EpisodeRunner:
                 ready.append(lv)
             if not ready:
                 continue
+            t0 = time.perf_counter()
             try:
                 results = self.backend.generate(requests, temperature=self.opts.temperature, top_p=self.opts.top_p)
             except Exception:
@@ -241,6 +254,8 @@ class EpisodeRunner:
                     lv.traj.status = Status.GENERATION_ERROR
                     self._finish(lv, healthy=True)
                 continue
+            finally:  # one wave holds one phase: explore runs bases and retries in separate calls
+                self._timed(f"generate_{_phase(ready[0])}", t0)
             for lv, res in zip(ready, results):
                 self.counters[f"prompt_tokens_cached_{_phase(lv)}"] += res.cached_prompt_tokens
                 self._advance(lv, res)
@@ -279,6 +294,7 @@ class EpisodeRunner:
             traj.info["truncated_turns"].append(lv.turn)
         action = res.text.strip()
         traj.actions.append(action)
+        t0 = time.perf_counter()
         try:
             obs, reward, term, trunc, info = lv.env.step(action)
             _check_env_output(obs, info)
@@ -292,6 +308,8 @@ class EpisodeRunner:
             traj.info["error"] = traceback.format_exc(limit=3)
             self._finish(lv, healthy=False)
             return
+        finally:
+            self._timed("env_step", t0)
         traj.reward += reward
         traj.info.setdefault("step_rewards", []).append(reward)
         traj.observations.append(obs)

@@ -41,6 +41,7 @@ RESULT = {
                 "reflection_total": 16, "timers": {"reflect_s": 20.0, "engine_start_s": 12.0}},
     },
     "learners": {"r3l": {"learner": {"update_seconds": 25.0, "trained_tokens": 408}}, "default_policy": {}},
+    "r3l": {"timers": {"weight_sync_s": 2.0}},
 }
 # the same kind of result as a Tune callback may see it (flattened), iteration without an update
 FLAT_NO_UPDATE = {
@@ -83,30 +84,31 @@ def test_iteration_row_and_line_with_an_update():
     assert row["episodes"] == 16 and row["success_rate"] == 0.125
     assert row["retries"] == 6 and math.isclose(row["retry_success_rate"], 1 / 3)
     assert row["updated"] and row["trained_tokens"] == 408 and row["generated_tokens"] == 2310
-    # rollout = sampling - reflection; sync = the rest of the iteration
-    assert row["time"] == {"rollout": 50.0, "reflect": 20.0, "learn": 25.0, "start": 12.0, "sync": 3.0,
+    # rollout = sampling - reflection; sync = the weight sync; other = the rest of the iteration
+    assert row["time"] == {"rollout": 50.0, "reflect": 20.0, "learn": 25.0, "start": 12.0, "sync": 2.0, "other": 1.0,
                            "total": 110.0}
     assert console.iteration_line(row, 3) == (
         "iter 1/3 | success 0.125 (2/16) | retries 6, 2 succeeded | update yes, 408 tok"
-        " | 110 s: start 12 + rollout 50 + reflect 20 + learn 25 + sync/other 3 s")
+        " | 110 s: start 12 + rollout 50 + reflect 20 + learn 25 + sync 2 + other 1 s")
 
 
 def test_iteration_row_and_line_without_an_update_from_a_flat_result():
     row = console.iteration_row(2, FLAT_NO_UPDATE)
     assert not row["updated"] and row["trained_tokens"] == 0 and math.isnan(row["retry_success_rate"])
     assert console.iteration_line(row) == (
-        "iter 2 | success 0.000 (0/16) | retries 0 | update no | 80 s: rollout 60 + reflect 15 + learn 0 + sync/other 5 s")
+        "iter 2 | success 0.000 (0/16) | retries 0 | update no | 80 s: rollout 60 + reflect 15 + learn 0 + sync 0 + other 5 s")
 
 
 def test_summary_table_rows_and_totals():
     rows = [console.iteration_row(1, RESULT), console.iteration_row(2, FLAT_NO_UPDATE)]
     table = console.summary_table(rows)
     assert table[0].split() == ["iter", "success", "retries", "retry", "ok", "update", "trained", "tok", "gen", "tok",
-                                "start", "s", "rollout", "s", "reflect", "s", "learn", "s", "sync/other", "s", "total", "s"]
+                                "start", "s", "rollout", "s", "reflect", "s", "learn", "s", "sync", "s", "other", "s",
+                                "total", "s"]
     assert set(table[1].replace(" ", "")) == {"-"}
-    assert table[2].split() == ["1", "0.125", "6", "2", "yes", "408", "2,310", "12", "50", "20", "25", "3", "110"]
-    assert table[3].split() == ["2", "0.000", "0", "0", "no", "0", "0", "0", "60", "15", "0", "5", "80"]
-    assert table[4].split() == ["all", "0.062", "6", "2", "1/2", "408", "2,310", "12", "110", "35", "25", "8", "190"]
+    assert table[2].split() == ["1", "0.125", "6", "2", "yes", "408", "2,310", "12", "50", "20", "25", "2", "1", "110"]
+    assert table[3].split() == ["2", "0.000", "0", "0", "no", "0", "0", "0", "60", "15", "0", "0", "5", "80"]
+    assert table[4].split() == ["all", "0.062", "6", "2", "1/2", "408", "2,310", "12", "110", "35", "25", "2", "6", "190"]
     assert len({len(line) for line in table}) == 1  # aligned
     # no engine start in these iterations: no start column
     assert "start s" not in console.summary_table([console.iteration_row(2, FLAT_NO_UPDATE)])[0]

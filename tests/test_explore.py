@@ -200,3 +200,50 @@ def test_failed_episode_schema_forbids_success():
     schema = reflect.report_json_schema(5, failed=True)
     assert schema["properties"]["outcome"]["enum"] == ["failure"]
     assert schema["properties"]["retry_from_step"]["maximum"] == 4
+
+
+def test_rollout_phase_timers_account_for_engine_env_and_replay(tokenizer):
+    """r3l/timers (issue 12): the engine's time per phase, environment steps and a retry's replay are
+    each timed where they happen. Delays planted in the backend and the environment give lower bounds
+    that only the right timer can meet."""
+    import time as _time
+
+    class SlowEnv:
+        def __init__(self):
+            self.env = environments.make("r3l/ToyCorridor", {"num_rooms": 4})
+            self.rules, self.max_turns = self.env.rules, self.env.max_turns
+
+        def reset(self, seed=None):
+            _time.sleep(0.03)
+            return self.env.reset(seed=seed)
+
+        def step(self, action):
+            _time.sleep(0.01)
+            return self.env.step(action)
+
+        def close(self):
+            self.env.close()
+
+    class SlowBackend(ScriptedBackend):
+        def generate(self, requests, **kw):
+            _time.sleep(0.05)
+            return super().generate(requests, **kw)
+
+    chat = ChatFormat(tokenizer)
+    backend = SlowBackend(tokenizer, pivot=1)
+    opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
+    runner = EpisodeRunner(backend, chat, SlowEnv, opts)
+    ex = Explorer(runner, chat, ExploreOptions(group_size=4))
+    [group] = ex.explore([SEED], ["g0"])
+    bases = [t for t in group.trajectories if t.kind == Kind.BASE]
+    retries = [t for t in group.trajectories if t.kind == Kind.RETRY]
+    assert len(retries) == 2 and all(r.pivot == 1 for r in retries)
+    c = runner.counters
+    live_steps = sum(len(b.actions) for b in bases) + sum(len(r.actions) - r.pivot for r in retries)
+    assert c["seconds_env_step"] >= 0.01 * live_steps
+    assert c["seconds_env_reset"] >= 0.03 * len(bases)
+    assert c["seconds_replay"] >= (0.03 + 0.01) * len(retries)  # a reset and one replayed step each
+    base_waves = max(len(b.actions) for b in bases)  # one generate call per turn wave
+    retry_waves = max(len(r.actions) - r.pivot for r in retries)
+    assert c["seconds_generate_base"] >= 0.05 * base_waves
+    assert c["seconds_generate_retry"] >= 0.05 * retry_waves

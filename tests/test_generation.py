@@ -119,6 +119,21 @@ def test_sampler_logprobs_are_those_sampled_from(backend, ref_model, prompt_ids,
         assert torch.allclose(torch.tensor(res.logprobs), ref, atol=tol(backend), rtol=0)
 
 
+@needs_vllm
+@pytest.mark.slow
+def test_seeded_batch_longer_than_one_engine_step_on_cpu(vllm_backend, prompt_ids):
+    """Seeded prompts that together exceed one engine step's token budget (4,096 here). With chunked
+    prefill, vLLM's CPU runner discarded a mid-prompt sample and rewound the request's generator
+    offset, which CPU generators lack ("CPU Generator does not use offset": the engine died on every
+    seeded run with long reflection prompts). The CPU engine now prefills whole prompts only."""
+    long_prompt = (list(prompt_ids) * (1900 // len(prompt_ids) + 1))[:1900]
+    reqs = [GenerationRequest(long_prompt[i:], 4) for i in range(3)]  # 5,697 prompt tokens in all
+    r1 = vllm_backend.generate(reqs, temperature=1.0, seed=11)
+    r2 = vllm_backend.generate(reqs, temperature=1.0, seed=11)
+    assert [len(r.token_ids) for r in r1] == [4, 4, 4]
+    assert [r.token_ids for r in r1] == [r.token_ids for r in r2]  # still reproducible
+
+
 def test_greedy_and_seed_determinism(backend, prompt_ids):
     reqs = [GenerationRequest(prompt_ids, 8), GenerationRequest(prompt_ids, 8)]
     g1 = backend.generate(reqs, temperature=0.0)

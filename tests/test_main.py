@@ -33,7 +33,7 @@ def test_main_job_trains_and_writes_summary(tmp_path, capfd):
     assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((tmp_path / "summary.json").read_text())
     for rec in summary["per_iteration"]:
-        assert set(rec["time_split"]) == {"start", "rollout", "reflect", "learn", "sync", "total"}
+        assert set(rec["time_split"]) == {"start", "rollout", "reflect", "learn", "sync", "other", "total"}
     assert summary["per_iteration"][0]["time_split"]["reflect"] > 0  # reflection is timed (r3l/timers/reflect_s)
     n_updates = sum(not math.isnan(rec["learner"].get("update_seconds", math.nan)) for rec in summary["per_iteration"])
     assert shown.count("| update yes, ") == n_updates and shown.count("| update no |") == 2 - n_updates

@@ -133,6 +133,18 @@ def _logprob_of(entry: Any, token_id: int) -> float:
     return float(lp.logprob)
 
 
+CPU_MIN_BATCHED_TOKENS = 4096  # vLLM's CPU default step budget (tokens per engine step)
+
+
+def _max_positions(model_path: str) -> int:
+    """The model's context length (its config's ``max_position_embeddings``), the engine's default."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_path)
+    cfg = getattr(cfg, "get_text_config", lambda: cfg)()
+    return int(getattr(cfg, "max_position_embeddings", CPU_MIN_BATCHED_TOKENS) or CPU_MIN_BATCHED_TOKENS)
+
+
 class VLLMBackend(GenerationBackend):
     """``vllm.LLM`` over a local model directory, with in-place weight updates.
 
@@ -226,6 +238,15 @@ class VLLMBackend(GenerationBackend):
                 kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * (1 << 30))
             if enable_sleep_mode:
                 logger.warning("vLLM sleep mode is not supported on CPU; sleep()/wake_up() are no-ops")
+            if "enable_chunked_prefill" not in (engine_kwargs or {}):
+                # A seeded request (sampling_seed) whose prefill is chunked has the token it sampled
+                # mid-prompt discarded, and vLLM then rewinds the request's generator offset, which a
+                # CPU generator does not have: "RuntimeError: CPU Generator does not use offset" kills
+                # the engine. Without chunked prefill no sampled token is ever discarded; a prompt
+                # waits for a step with room for all of it (the step budget holds the longest one).
+                kwargs["enable_chunked_prefill"] = False
+                kwargs["max_num_batched_tokens"] = max(int(max_model_len or _max_positions(model_path)),
+                                                       CPU_MIN_BATCHED_TOKENS)
         else:
             if enforce_eager is not None:
                 kwargs["enforce_eager"] = enforce_eager
