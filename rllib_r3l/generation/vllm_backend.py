@@ -315,6 +315,13 @@ class VLLMBackend(GenerationBackend):
             structured = StructuredOutputsParams(choice=list(req.choices))
         elif req.json_schema is not None:
             structured = StructuredOutputsParams(json=req.json_schema)
+        logit_bias = None
+        if structured is not None and len(self.stop_token_ids) > 1:
+            # A constrained response is closed with the first stop token (the template's end of
+            # turn), as in the transformers backend's trie. The grammar would accept any stop
+            # token, and a model whose EOS is not its end of turn (Gemma: <eos> vs <end_of_turn>)
+            # may pick EOS, which leaves an off-template "<eos><end_of_turn>" in the context.
+            logit_bias = {int(t): -100.0 for t in self.stop_token_ids[1:]}
         return SamplingParams(
             n=1,
             temperature=float(temperature),
@@ -325,6 +332,7 @@ class VLLMBackend(GenerationBackend):
             stop_token_ids=list(self.stop_token_ids),
             skip_special_tokens=True,
             structured_outputs=structured,
+            logit_bias=logit_bias,
         )
 
     def generate(
