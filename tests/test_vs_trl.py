@@ -1,0 +1,100 @@
+"""The pure parts of ``benchmarks/vs_trl.py`` (issue 13): both systems see the same prompts, the
+same reward and matching hyperparameters. Fast; TRL is optional (its part skips without it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import vs_trl  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def settings():
+    return vs_trl.Settings()
+
+
+def test_our_grpo_form_is_a_valid_config(settings):
+    from rllib_r3l import R3LConfig
+
+    cfg = R3LConfig().environment(settings.env, env_config=dict(settings.env_config)).training(
+        **vs_trl.ours_training_options(settings))
+    cfg.validate_r3l()
+    assert cfg.is_grpo_baseline and cfg.std_normalize and not cfg.aux_tasks
+    assert (cfg.lr, cfg.grad_clip, cfg.weight_decay, cfg.temperature) == (settings.lr, 1.0, 0.01, 1.0)
+    assert cfg.backend_options == {"dtype": "bfloat16"}
+    assert vs_trl.ours_training_options(settings, "ours_fp32")["backend_options"] == {"dtype": "float32"}
+
+
+def test_task_seeds_are_what_our_runner_draws(settings):
+    """The TRL dataset is built from the seeds our local env runner draws per iteration."""
+    from rllib_r3l import R3LConfig
+    from rllib_r3l.env_runner import R3LEnvRunner
+
+    cfg = R3LConfig().environment(settings.env, env_config=dict(settings.env_config)).training(
+        **vs_trl.ours_training_options(settings)).debugging(seed=7)
+    runner = R3LEnvRunner(config=cfg)
+    drawn = [[int(s) for s in runner._rng.integers(0, 2**31 - 1, size=2)] for _ in range(3)]
+    assert drawn == vs_trl.train_task_seeds(7, 3, 2)
+    assert vs_trl.train_task_seeds(8, 3, 2) != drawn
+
+
+def test_trl_prompt_tokens_equal_ours(settings, tiny_tokenizer):
+    """TRL applies the chat template to both messages at once; ours concatenates segments."""
+    assert vs_trl.check_prompt_tokens(tiny_tokenizer, settings, [0, 1, 12345]) == 3
+    msgs = vs_trl.prompt_messages(vs_trl.make_env(settings, "train"), settings, 0)
+    assert msgs[0]["content"].startswith("Solve the math problem.") and "Your task: " in msgs[0]["content"]
+    assert msgs[1]["content"].endswith("Put your final answer within \\boxed{}.")
+
+
+def test_reward_is_the_environments_own(settings):
+    env = vs_trl.make_env(settings, "train")
+    env.reset(seed=3)
+    gold = env.reference_answer()
+    reward = vs_trl.TaskReward(settings)
+    conv = [[{"role": "assistant", "content": f" so it is \\boxed{{{gold}}}\n"}],
+            [{"role": "assistant", "content": f"\\boxed{{{int(gold) + 1}}}"}], [{"role": "assistant", "content": ""}]]
+    assert reward(prompts=None, completions=conv, task_seed=[3, 3, 3]) == [1.0, 0.0, 0.0]
+    assert reward.calls == [[1.0, 0.0, 0.0]]
+    assert vs_trl.env_reward(env, 3, f"\\boxed{{{gold}}}") == 1.0
+
+
+def test_trl_config_matches_ours(settings):
+    kw = vs_trl.trl_config_kwargs(settings, "/tmp/unused", seed=1)
+    ours = vs_trl.ours_training_options(settings)
+    assert kw["learning_rate"] == ours["lr"] and kw["max_grad_norm"] == ours["grad_clip"]
+    assert kw["weight_decay"] == ours["weight_decay"] and kw["temperature"] == ours["temperature"]
+    assert kw["max_completion_length"] == ours["max_response_tokens"] and kw["num_generations"] == ours["group_size"]
+    assert kw["beta"] == 0.0 and kw["loss_type"] == "dapo" and kw["scale_rewards"] == "group"
+    assert kw["num_iterations"] == 1 and not kw["vllm_importance_sampling_correction"]
+    # one optimizer step per generation batch of prompts_per_step x group_size completions
+    assert kw["per_device_train_batch_size"] * kw["gradient_accumulation_steps"] == settings.batch_size
+    assert kw["steps_per_generation"] == kw["gradient_accumulation_steps"]
+    assert kw["lr_scheduler_type"] == "constant" and not kw["bf16"] and not kw["gradient_checkpointing"]
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("trl not installed (benchmark-only: requirements/bench.txt); GRPOConfig not checked")
+    from trl import GRPOConfig
+
+    args = GRPOConfig(**dict(kw, use_vllm=False))
+    assert args.generation_batch_size == settings.batch_size
+    assert args.learning_rate == settings.lr and args.adam_beta2 == 0.999 and args.adam_epsilon == 1e-8
+
+
+def test_summary_ratios_are_paired_by_seed():
+    def run(cpu, wall, held):
+        return {"steps": [{"cpu_s": 99.0, "wall_s": 99.0, "reward_mean": 0.0}, {"cpu_s": cpu, "wall_s": wall, "reward_mean": 0.5}],
+                "eval": {"eval_reward_mean": held}}
+
+    runs = {"ours": {0: run(10.0, 6.0, 0.2), 1: run(20.0, 10.0, 0.3)},
+            "trl": {0: run(20.0, 12.0, 0.2), 1: run(20.0, 10.0, 0.1)}}
+    s = vs_trl.summarize(runs, skip_first=True)
+    r = s["ratio_ours_over_trl"]
+    assert r["speedup_cpu_s_per_step"][0] == pytest.approx(1.5)  # (2.0 + 1.0) / 2, first step left out
+    assert r["speedup_wall_s_per_step"][0] == pytest.approx(1.5)
+    assert r["heldout_reward"][0] == pytest.approx(2.0)  # (1.0 + 3.0) / 2
+    assert r["heldout_diff"][0] == pytest.approx(0.1)
+    assert s["ours"]["cpu_s_per_step"][0] == pytest.approx(15.0)
