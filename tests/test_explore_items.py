@@ -1,0 +1,151 @@
+"""What exploration builds, item by item (rllib_r3l.explore), with scripted episodes and hand-made
+trajectories: the reflection item's every field (policy reflector, and a separate reflector whose
+report is re-encoded for the policy), one reflection item per reflection however many retries
+beat the base, auxiliary items over the context limit, retries that are lost or generated nothing
+after the pivot, and metrics that reset. The rules for when items are added: test_aux_rules.py.
+
+ToyCorridor(4 rooms), seed 11: start in room 2, coin in room 4; the scripted policy goes left
+unguided and right with the guidance, so every base fails and every retry from turn 1 succeeds.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import environments
+from rllib_r3l import reflect as reflect_lib
+from rllib_r3l.chat import ChatFormat
+from rllib_r3l.explore import ExploreOptions, Explorer, GroupResult
+from rllib_r3l.rollout import EpisodeRunner, RolloutOptions
+from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
+from tests.scripted import ScriptedBackend, walk_policy
+
+SEED = 11
+TEMPLATE = "A custom review.\nRULES {rules}\nTASK {task}\nSTEPS\n{trajectory}\nReward {reward}; answer in JSON."
+
+
+def make(tokenizer, *, separate_reflector=False, **options):
+    chat = ChatFormat(tokenizer)
+    backend = ScriptedBackend(tokenizer, policy=walk_policy("left", "right"), pivot=1, outcome="failure")
+    ro = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
+    runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), ro)
+    opts = ExploreOptions(**{"group_size": 4, **options})
+    if separate_reflector:  # another model's chat format (same tokenizer here: what matters is the object)
+        return Explorer(runner, chat, opts, reflector=backend, reflector_chat=ChatFormat(tokenizer)), chat
+    return Explorer(runner, chat, opts), chat
+
+
+def kinds(group, kind):
+    return [t for t in group.trajectories if t.kind == kind]
+
+
+def test_reflection_item_is_the_reflection_prompt_and_the_policys_report(tiny_tokenizer):
+    ex, chat = make(tiny_tokenizer, aux_weight=0.3, reflection_template=TEMPLATE)
+    [group] = ex.explore([SEED], ["g0"])
+    bases, refl = kinds(group, Kind.BASE), kinds(group, Kind.REFLECTION_SFT)
+    assert len(bases) == len(refl) == 2
+    for b, r in zip(bases, refl):
+        _parsed, prompt_ids, out = b.info["reflection"]
+        assert prompt_ids == chat.prompt(reflect_lib.build_reflection_messages(b, template=TEMPLATE))
+        assert "A custom review." in tiny_tokenizer.decode(prompt_ids)
+        prompt, response = r.segments
+        assert (prompt.role, prompt.turn, prompt.token_ids) == ("prompt", 0, prompt_ids)
+        # the report as the policy generated it: its own tokens and sampler log-probs
+        assert (response.role, response.turn, response.token_ids) == ("response", 0, out.token_ids)
+        assert response.logprobs == out.logprobs == [-0.5] * len(out.token_ids)
+        assert r.group_id == f"g0/reflection/{id(b)}" and r.kind is Kind.REFLECTION_SFT
+        assert (r.reward, r.success, r.num_turns, r.fixed_advantage, r.weight) == (1.0, True, 1, 1.0, 0.3)
+        assert r.seed == b.seed == SEED and r.task == b.task != ""
+    for s in kinds(group, Kind.RETRY_SFT):
+        assert s.group_id.startswith("g0/retry_sft/")
+
+
+def test_a_separate_reflectors_report_is_re_encoded_for_the_policy(tiny_tokenizer):
+    ex, chat = make(tiny_tokenizer, separate_reflector=True, reflection_template=TEMPLATE)
+    [group] = ex.explore([SEED], ["g0"])
+    bases, refl = kinds(group, Kind.BASE), kinds(group, Kind.REFLECTION_SFT)
+    assert len(bases) == len(refl) == 2
+    for b, r in zip(bases, refl):
+        _parsed, _prompt_ids, out = b.info["reflection"]
+        prompt, response = r.segments
+        # the policy's own rendering of the reflection prompt (with the configured template), and the
+        # report's text in the policy's tokens, closed like a turn; no log-probs (another model's)
+        assert prompt.token_ids == chat.prompt(reflect_lib.build_reflection_messages(b, template=TEMPLATE))
+        assert response.token_ids == chat.encode(out.text) + [chat.eot_token_id]
+        assert response.logprobs is None and (prompt.turn, response.turn) == (0, 0)
+
+
+def test_one_reflection_item_per_reflection_however_many_retries_beat_the_base(tiny_tokenizer):
+    ex, _ = make(tiny_tokenizer, group_size=6, retries_per_failure=2)
+    [group] = ex.explore([SEED], ["g0"])
+    assert len(kinds(group, Kind.BASE)) == 2 and len(kinds(group, Kind.RETRY)) == 4
+    assert all(r.success for r in kinds(group, Kind.RETRY))
+    assert len(kinds(group, Kind.RETRY_SFT)) == 4  # one guided item per beating retry
+    assert len(kinds(group, Kind.REFLECTION_SFT)) == 2  # but one reflection item per base
+    assert all(b.info["reflection_item_added"] is True for b in kinds(group, Kind.BASE))
+
+
+def test_auxiliary_items_over_the_context_limit_are_dropped_and_counted(tiny_tokenizer):
+    ex, _ = make(tiny_tokenizer)
+    [group] = ex.explore([SEED], ["g0"])
+    aux = kinds(group, Kind.REFLECTION_SFT) + kinds(group, Kind.RETRY_SFT)
+    assert len(aux) == 4 and not [k for k in ex.counters if k.endswith("_items_too_long")]
+    longest = max(t.num_tokens for t in aux)
+    ex, _ = make(tiny_tokenizer, max_context_tokens=longest)  # at the limit: kept
+    [group] = ex.explore([SEED], ["g0"])
+    assert len(kinds(group, Kind.REFLECTION_SFT) + kinds(group, Kind.RETRY_SFT)) == 4
+    limit = longest - 1
+    over = {k: sum(t.kind == k and t.num_tokens > limit for t in aux) for k in (Kind.REFLECTION_SFT, Kind.RETRY_SFT)}
+    ex, _ = make(tiny_tokenizer, max_context_tokens=limit)
+    [group] = ex.explore([SEED], ["g0"])
+    for k, n in over.items():
+        assert ex.counters[f"{k.value}_items_too_long"] == n
+        assert len(kinds(group, k)) == 2 - n
+    assert sum(over.values()) >= 1
+    assert len(kinds(group, Kind.BASE)) == len(kinds(group, Kind.RETRY)) == 2  # only auxiliary items are dropped
+
+
+def test_metrics_are_popped_once(tiny_tokenizer):
+    ex, _ = make(tiny_tokenizer)
+    ex.explore([SEED], ["g0"])
+    first = ex.pop_metrics()
+    assert first["retry_success_rate"] == 1.0 and first["reflection_total"] == 2
+    assert ex.pop_metrics() == {}  # samples and reflection counts start again
+
+
+# ---------------------------------------------------------------------- retries by hand
+def _traj(parts, *, reward, kind=Kind.BASE, pivot=None, status=Status.OK):
+    segs = [Segment(role, [10 + i], turn=turn, logprobs=[-1.0] if role == "response" else None)
+            for i, (role, turn) in enumerate(parts)]
+    return Trajectory(segments=segs, reward=reward, group_id="g", kind=kind, pivot=pivot, status=status,
+                      num_turns=1 + max(t for _, t in parts))
+
+
+BASE = [("prompt", 0), ("response", 0), ("prompt", 1), ("response", 1), ("prompt", 2), ("response", 2)]
+
+
+def test_a_lost_retry_joins_the_lost_episodes(tiny_tokenizer):
+    ex, _ = make(tiny_tokenizer)
+    base, group = _traj(BASE, reward=0.0), GroupResult("g")
+    retry = _traj(BASE[:3], reward=0.0, kind=Kind.RETRY, pivot=1, status=Status.ENV_ERROR)
+    ex._add_retry(base, retry, group)
+    assert group.lost == [retry] and group.trajectories == [] and base.credit_from_turn == 0
+    assert ex.samples == {}
+
+
+def test_a_retry_with_nothing_generated_after_its_pivot_is_counted_not_trained(tiny_tokenizer):
+    ex, _ = make(tiny_tokenizer, aux_tasks=False)  # no auxiliary items: the base has no reflection here
+    base, group = _traj(BASE, reward=0.0), GroupResult("g")
+    for n in (1, 2):
+        # the context overflowed at the pivot's prompt: no response from turn 2 on
+        empty = _traj(BASE[:5], reward=0.0, kind=Kind.RETRY, pivot=2, status=Status.CONTEXT_OVERFLOW)
+        ex._add_retry(base, empty, group)
+        assert ex.counters["retries_empty"] == n
+    assert group.trajectories == [] and group.lost == [] and base.credit_from_turn == 0 and ex.samples == {}
+    # a response at the pivot's own turn is a corrected suffix: trained, with pivotal credit
+    retry = _traj(BASE[:4], reward=1.0, kind=Kind.RETRY, pivot=1, status=Status.TRUNCATED)
+    ex._add_retry(base, retry, group)
+    assert ex.counters["retries_empty"] == 2
+    [item] = [t for t in group.trajectories if t.kind is Kind.RETRY]
+    assert item.credit_from_turn == 1 and base.credit_from_turn == 1
+    assert ex.samples["mean_pivot_turn"] == [1.0] and ex.samples["reward_gain"] == [1.0]
