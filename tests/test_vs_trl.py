@@ -47,20 +47,23 @@ def test_trl_prompt_tokens_equal_ours(settings, tiny_tokenizer):
     """TRL applies the chat template to both messages at once; ours concatenates segments."""
     assert vs_trl.check_prompt_tokens(tiny_tokenizer, settings, [0, 1, 12345]) == 3
     msgs = vs_trl.prompt_messages(vs_trl.make_env(settings, "train"), settings, 0)
-    assert msgs[0]["content"].startswith("Solve the math problem.") and "Your task: " in msgs[0]["content"]
-    assert msgs[1]["content"].endswith("Put your final answer within \\boxed{}.")
+    assert msgs[0]["content"].startswith("Countdown:") and "Your task: " in msgs[0]["content"]
+    assert msgs[0]["content"].endswith("then the final answer.") and "{" not in msgs[0]["content"]
+    assert msgs[1]["content"].endswith("<answer>expression</answer>.")
 
 
 def test_reward_is_the_environments_own(settings):
     env = vs_trl.make_env(settings, "train")
     env.reset(seed=3)
-    gold = env.reference_answer()
+    sol = env.solution()
+    a, b = env._meta["numbers"]
+    wrong = f"{a} + {b}" if env._meta["target"] != a + b else f"{a} * {b}"
     reward = vs_trl.TaskReward(settings)
-    conv = [[{"role": "assistant", "content": f" so it is \\boxed{{{gold}}}\n"}],
-            [{"role": "assistant", "content": f"\\boxed{{{int(gold) + 1}}}"}], [{"role": "assistant", "content": ""}]]
+    conv = [[{"role": "assistant", "content": f" so: <answer>{sol}</answer>\n"}],
+            [{"role": "assistant", "content": f"<answer>{wrong}</answer>"}], [{"role": "assistant", "content": ""}]]
     assert reward(prompts=None, completions=conv, task_seed=[3, 3, 3]) == [1.0, 0.0, 0.0]
     assert reward.calls == [[1.0, 0.0, 0.0]]
-    assert vs_trl.env_reward(env, 3, f"\\boxed{{{gold}}}") == 1.0
+    assert vs_trl.env_reward(env, 3, f"{sol} = {env._meta['target']}") == 1.0
 
 
 def test_trl_config_matches_ours(settings):
