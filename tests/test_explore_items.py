@@ -135,7 +135,7 @@ def test_a_lost_retry_joins_the_lost_episodes(tiny_tokenizer):
 
 def test_a_retry_with_nothing_generated_after_its_pivot_is_counted_not_trained(tiny_tokenizer):
     ex, _ = make(tiny_tokenizer, aux_tasks=False)  # no auxiliary items: the base has no reflection here
-    base, group = _traj(BASE, reward=0.0), GroupResult("g")
+    base, group = _traj(BASE, reward=0.25), GroupResult("g")
     for n in (1, 2):
         # the context overflowed at the pivot's prompt: no response from turn 2 on
         empty = _traj(BASE[:5], reward=0.0, kind=Kind.RETRY, pivot=2, status=Status.CONTEXT_OVERFLOW)
@@ -148,4 +148,5 @@ def test_a_retry_with_nothing_generated_after_its_pivot_is_counted_not_trained(t
     assert ex.counters["retries_empty"] == 2
     [item] = [t for t in group.trajectories if t.kind is Kind.RETRY]
     assert item.credit_from_turn == 1 and base.credit_from_turn == 1
-    assert ex.samples["mean_pivot_turn"] == [1.0] and ex.samples["reward_gain"] == [1.0]
+    assert ex.samples == {"retry_success_rate": [1.0], "retry_improvement_rate": [1.0], "reward_gain": [0.75],
+                          "mean_pivot_turn": [1.0]}

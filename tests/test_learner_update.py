@@ -33,7 +33,7 @@ class Metrics:
     def __init__(self):
         self.logged = {}
 
-    def log_value(self, key, value, reduce="mean", window=None, **kw):
+    def log_value(self, key, value, reduce=None, window=None, **kw):  # RLlib's defaults
         assert key not in self.logged, key
         self.logged[key] = (value, reduce, window)
 
@@ -277,6 +277,28 @@ def test_loss_with_the_importance_ratio_on_base_rows_with_behaviour_log_probs():
     assert g["sampler_logprob_gap_retry/sum"] == pytest.approx(0.25) and g["sampler_logprob_gap_retry/n"] == 1
     assert g["behaviour_logprob_gap_base/sum"] == pytest.approx(0.5) and g["behaviour_logprob_gap_base/n"] == 2
     assert "behaviour_logprob_gap_retry/sum" not in g
+
+
+def test_log_prob_gaps_add_up_over_micro_batches_and_skip_unknown_log_probs():
+    lrn = StubLearner()
+    b = _loss_batch()
+    b["has_sampler_logprobs"] = torch.tensor([1.0, 1.0, 0.0])  # the retry's sampler log-probs unknown
+    _loss(lrn, b)
+    _loss(lrn, b)  # a second micro-batch of the same update
+    g = lrn._gap_stats
+    assert g["sampler_logprob_gap_base/sum"] == pytest.approx(1.8) and g["sampler_logprob_gap_base/n"] == 6
+    assert g["behaviour_logprob_gap_base/sum"] == pytest.approx(1.0) and g["behaviour_logprob_gap_base/n"] == 4
+    assert not [k for k in g if "retry" in k]
+
+
+def test_autocast_follows_the_learners_device(monkeypatch):
+    from rllib_r3l import precision
+
+    monkeypatch.setattr(precision, "autocast", lambda mode, device_type: (mode, device_type))
+    lrn = StubLearner(mixed_precision="bfloat16")
+    assert lrn.autocast() == ("bfloat16", "cpu")  # no device: the CPU
+    lrn._device = types.SimpleNamespace(type="cuda")
+    assert lrn.autocast() == ("bfloat16", "cuda")
 
 
 def test_loss_without_the_importance_ratio_is_the_weighted_token_mean():
