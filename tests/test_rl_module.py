@@ -23,6 +23,11 @@ from rllib_r3l.rl_module import (
 SPACE = gym.spaces.Text(max_length=8)
 
 
+def ours(caplog):
+    """This module's log lines (RLlib may log its own deprecation notices meanwhile)."""
+    return [r.getMessage() for r in caplog.records if r.name == "rllib_r3l.rl_module"]
+
+
 def module(**model_config):
     return R3LCausalLMModule(observation_space=SPACE, action_space=SPACE, model_config={"model_id": "tiny", **model_config})
 
@@ -53,12 +58,12 @@ def test_setup_options(tiny_model_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="rllib_r3l.rl_module"):
         gc = module(gradient_checkpointing=True, share_prefixes=True)
     assert gc.lm.is_gradient_checkpointing and gc.share_prefixes is False
-    assert caplog.messages == ["share_prefixes off: gradient checkpointing recomputes without a KV cache; every "
+    assert ours(caplog) == ["share_prefixes off: gradient checkpointing recomputes without a KV cache; every "
                                "sequence runs on its own"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="rllib_r3l.rl_module"):
         assert module(gradient_checkpointing=True).share_prefixes is False
-    assert caplog.messages == []  # nothing asked, nothing to warn about
+    assert ours(caplog) == []  # nothing asked, nothing to warn about
 
 
 def test_setup_with_lora_trains_the_adapters_only(tiny_model_dir):
@@ -77,6 +82,33 @@ def test_setup_with_lora_trains_the_adapters_only(tiny_model_dir):
     gc = module(lora={"r": 2, "target_modules": ["q_proj"]}, gradient_checkpointing=True)
     assert gc.lm.get_input_embeddings()(torch.tensor([[1, 2]])).requires_grad
     assert not m.lm.get_input_embeddings()(torch.tensor([[1, 2]])).requires_grad
+
+
+def test_a_sliding_window_model_trains_without_shared_prefixes(tiny_model_dir, monkeypatch, caplog):
+    import transformers
+
+    load = transformers.AutoModelForCausalLM.from_pretrained
+
+    def sliding(*a, **kw):
+        lm = load(*a, **kw)
+        lm.config.use_sliding_window = True
+        return lm
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", sliding)
+    with caplog.at_level(logging.WARNING, logger="rllib_r3l.rl_module"):
+        m = module(share_prefixes=True)
+    assert m.share_prefixes is False
+    assert ours(caplog) == ["share_prefixes off: the model has sliding-window attention layers (a cache would "
+                               "drop their window's edge); every sequence runs on its own"]
+
+
+def test_lora_adapts_every_linear_layer_by_default(tiny_model_dir):
+    pytest.importorskip("peft")
+    from peft.tuners.lora import LoraLayer
+
+    m = module(lora={"r": 2})
+    adapted = {name.rsplit(".", 1)[-1] for name, mod in m.lm.named_modules() if isinstance(mod, LoraLayer)}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
 # ------------------------------------------------------------------------------ log-probs
@@ -137,6 +169,42 @@ def test_token_logprobs_with_shared_prefixes_equal_the_plain_ones(plain):
     with torch.no_grad():
         torch.testing.assert_close(shared.token_logprobs(lb)["logprobs"], plain.token_logprobs(lb)["logprobs"],
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_a_shim_without_the_option_runs_the_plain_forward(plain):
+    """token_logprobs on a bare object holding the LM (the learner's KL reference does this): one
+    decoder call for the whole batch, no prefix trie."""
+    shim = types.SimpleNamespace(lm=plain.lm)
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 0]])
+    b = {"input_ids": ids, "attention_mask": (ids > 0).long(),
+         "loss_mask": torch.tensor([[0, 1, 1, 1], [0, 0, 1, 0]], dtype=torch.float32)}
+    calls = []
+    hook = plain.lm.get_decoder().register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with torch.no_grad():
+            got = R3LCausalLMModule.token_logprobs(shim, b)["logprobs"]
+    finally:
+        hook.remove()
+    assert calls == [1]
+    torch.testing.assert_close(got, _reference(plain.lm, ids, b["attention_mask"], b["loss_mask"]), atol=1e-5,
+                               rtol=1e-5)
+
+
+def test_shared_prefix_hidden_of_empty_rows_is_zeros(plain):
+    from rllib_r3l.rl_module import shared_prefix_hidden
+
+    decoder = plain.lm.get_decoder()
+    ids = torch.tensor([[5, 6, 7], [0, 0, 0]])
+    hidden_size = plain.lm.config.hidden_size
+    with torch.no_grad():
+        out = shared_prefix_hidden(decoder, ids, [3, 0])
+        want = decoder(input_ids=ids[:1]).last_hidden_state[0]
+    assert out.shape == (2, 3, hidden_size) and out.dtype == torch.float32
+    torch.testing.assert_close(out[0], want, atol=1e-5, rtol=1e-5)
+    assert torch.count_nonzero(out[1]) == 0
+    with torch.no_grad():
+        none = shared_prefix_hidden(decoder, ids, [0, 0])  # no token at all: nothing to run
+    assert none.shape == (2, 3, 1) and none.dtype == torch.float32 and torch.count_nonzero(none) == 0
 
 
 # ---------------------------------------------------------------------------------- state
