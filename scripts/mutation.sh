@@ -21,12 +21,15 @@ CHILDREN="${MUTATION_CHILDREN:-1}"
 ALL_MODULES=(core_algos batch trajectory learner rl_module explore reflect)
 MODULES=("$@")
 [ ${#MODULES[@]} -gt 0 ] || MODULES=("${ALL_MODULES[@]}")
-# The fast tests (no Ray runtime, no learner built; the tiny model's tokenizer at most): the ones
-# that pin the core modules. Tests that build a learner (test_learner_loss, two of test_learner)
-# take a minute a mutant on two cores; they are checked with planted bugs instead (docs/mutation.md).
+# The fast tests (no Ray runtime, no RLlib learner built; the tiny model at most): the ones that pin
+# the core modules. Tests that build a learner (test_learner_loss, two of test_learner) or run an
+# evaluation take a minute a mutant on two cores; test_learner_update runs the learner's own code on a
+# stub instead, and the rest is checked with planted bugs (docs/mutation.md).
 TESTS=(tests/test_core_algos.py tests/test_core_hand_values.py tests/test_batch_credit.py tests/test_learner.py
-       tests/test_aux_rules.py tests/test_explore.py tests/test_reflect.py)
-DESELECT="${MUTATION_DESELECT-not micro_batching_leaves_the_gradient_unchanged and not bf16_autocast_gradient}"
+       tests/test_aux_rules.py tests/test_explore.py tests/test_reflect.py tests/test_trajectory.py
+       tests/test_learner_update.py tests/test_rl_module.py tests/test_explore_items.py
+       tests/test_reflection_context.py tests/test_oracle_reflector.py)
+DESELECT="${MUTATION_DESELECT-not micro_batching_leaves_the_gradient_unchanged and not bf16_autocast_gradient and not evaluate_reports_reflection_quality}"
 [ -z "${MUTATION_TESTS:-}" ] || read -r -a TESTS <<< "$MUTATION_TESTS"
 
 [ -x "$VENV/bin/mutmut" ] || { echo "mutmut missing: $VENV/bin/pip install -r requirements/mutation.txt" >&2; exit 2; }

@@ -16,6 +16,7 @@ import environments
 from rllib_r3l import reflect as reflect_lib
 from rllib_r3l.chat import ChatFormat
 from rllib_r3l.explore import ExploreOptions, Explorer, GroupResult
+from rllib_r3l.reflect import ParseStatus
 from rllib_r3l.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
 from tests.scripted import ScriptedBackend, walk_policy
@@ -24,9 +25,28 @@ SEED = 11
 TEMPLATE = "A custom review.\nRULES {rules}\nTASK {task}\nSTEPS\n{trajectory}\nReward {reward}; answer in JSON."
 
 
-def make(tokenizer, *, separate_reflector=False, **options):
+class Recording(ScriptedBackend):
+    """The scripted backend, also recording the temperature of each call."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.temperatures = []
+
+    def generate(self, requests, *, temperature, top_p=1.0, seed=None):
+        self.temperatures.append(temperature)
+        return super().generate(requests, temperature=temperature, top_p=top_p, seed=seed)
+
+
+class Failing(ScriptedBackend):
+    def generate(self, requests, *, temperature, top_p=1.0, seed=None):
+        if any(r.json_schema is not None for r in requests):
+            raise RuntimeError("engine died")
+        return super().generate(requests, temperature=temperature, top_p=top_p, seed=seed)
+
+
+def make(tokenizer, *, separate_reflector=False, backend_cls=ScriptedBackend, outcome="failure", **options):
     chat = ChatFormat(tokenizer)
-    backend = ScriptedBackend(tokenizer, policy=walk_policy("left", "right"), pivot=1, outcome="failure")
+    backend = backend_cls(tokenizer, policy=walk_policy("left", "right"), pivot=1, outcome=outcome)
     ro = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
     runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), ro)
     opts = ExploreOptions(**{"group_size": 4, **options})
@@ -150,3 +170,67 @@ def test_a_retry_with_nothing_generated_after_its_pivot_is_counted_not_trained(t
     assert item.credit_from_turn == 1 and base.credit_from_turn == 1
     assert ex.samples == {"retry_success_rate": [1.0], "retry_improvement_rate": [1.0], "reward_gain": [0.75],
                           "mean_pivot_turn": [1.0]}
+
+
+def test_a_shallower_pivot_moves_the_bases_credit_a_deeper_one_does_not(tiny_tokenizer):
+    ex, _ = make(tiny_tokenizer, aux_tasks=False)
+    base, group = _traj(BASE, reward=0.0), GroupResult("g")
+    base.credit_from_turn = 1  # an earlier retry restarted at turn 1
+    ex._add_retry(base, _traj(BASE, reward=0.0, kind=Kind.RETRY, pivot=2), group)
+    assert base.credit_from_turn == 1 and group.trajectories[-1].credit_from_turn == 2
+    base.credit_from_turn = 2
+    ex._add_retry(base, _traj(BASE, reward=0.0, kind=Kind.RETRY, pivot=1), group)
+    assert base.credit_from_turn == 1
+    ex._add_retry(base, _traj(BASE, reward=0.0, kind=Kind.RETRY, pivot=0), group)  # no shared prefix
+    assert base.credit_from_turn == 1 and group.trajectories[-1].credit_from_turn == 0
+
+
+# ----------------------------------------------------------------------------- reflect()
+def _episode(actions, *, reward):
+    segs = [Segment("prompt", [10], 0)] + [Segment("response", [11 + k], k) for k in range(len(actions))]
+    return Trajectory(segments=segs, reward=reward, group_id="g", success=reward == 1.0, num_turns=len(actions),
+                      actions=list(actions), observations=[f"room {k}" for k in range(len(actions) + 1)],
+                      task="Find the coin.", seed=5)
+
+
+def test_reflection_requests_and_their_accounting(tiny_tokenizer):
+    ex, chat = make(tiny_tokenizer, backend_cls=Recording, outcome="success", reflection_max_chars=40,
+                    max_reflection_tokens=77, temperature=0.7)
+    failed, won = _episode([], reward=0.0), _episode(["a", "b", "c"], reward=1.0)
+    results = ex.reflect([failed, won])
+    backend = ex.reflector
+    [reqs] = backend.calls
+    assert [r.prompt_token_ids for r in reqs] == [p for _parsed, p, _o in results] == [
+        chat.prompt(reflect_lib.build_reflection_messages(t)) for t in (failed, won)]
+    assert [r.max_tokens for r in reqs] == [77, 77] and backend.temperatures == [0.7]
+    # the schema bounds the pivot by the episode's steps (at least one) and, for a failure, forbids "success"
+    assert reqs[0].json_schema == reflect_lib.report_json_schema(1, failed=True, max_chars=40)
+    assert reqs[1].json_schema == reflect_lib.report_json_schema(3, failed=False, max_chars=40)
+    # a "success" verdict on a failed episode is counted and not trusted; on a won one it is PERFECT
+    assert [r[0].status for r in results] == [ParseStatus.BAD_OUTCOME, ParseStatus.PERFECT]
+    assert results[0][0].error == "outcome 'success' contradicts the environment's reward"
+    assert ex.reflection_stats.counts[ParseStatus.BAD_OUTCOME] == 1 and ex.reflection_stats.total == 2
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in reqs)
+    generated = sum(len(o.token_ids) for _p, _i, o in results)
+    ex.reflect([failed, won])  # the counters add up
+    c = ex.counters
+    assert c["prompt_tokens"] == c["prompt_tokens_reflect"] == 2 * prompt_tokens
+    assert c["progress_reflections"] == 4 and c["progress_tokens"] == 2 * generated
+    assert c["reflection_contradicts_reward"] == 2 and c["prompt_tokens_cached_reflect"] == 0
+
+
+def test_unstructured_reflection_has_no_schema(tiny_tokenizer):
+    ex, _ = make(tiny_tokenizer, reflection_structured=False)
+    ex.reflect([_episode(["a"], reward=0.0)])
+    [[req]] = ex.reflector.calls
+    assert req.json_schema is None and req.max_tokens == 512
+
+
+def test_a_failed_reflection_call_is_counted_and_reflects_nothing(tiny_tokenizer):
+    ex, chat = make(tiny_tokenizer, backend_cls=Failing)
+    eps = [_episode(["a"], reward=0.0), _episode(["a", "b"], reward=0.0)]
+    for n in (2, 4):
+        results = ex.reflect(eps)
+        assert results == [(None, chat.prompt(reflect_lib.build_reflection_messages(t)), None) for t in eps]
+        assert ex.counters["reflection_generation_errors"] == n
+    assert ex.reflection_stats.total == 0 and ex.counters["progress_reflections"] == 0
