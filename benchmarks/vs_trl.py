@@ -40,8 +40,8 @@ and optionally ``ours_fp32`` (ours with its default fp32 engine on this CPU).
 
 Runs are interleaved (seed by seed; the order of systems alternates per seed) so that machine
 load affects both alike; each run is a subprocess that writes ``runs/<system>_seed<k>.json`` when
-it completes (rerunning skips completed runs). After each run its final weights are evaluated in
-another subprocess by one evaluator for all systems (our EpisodeRunner on the **test** split, fp32
+it completes (rerunning skips completed runs). After all training runs (the speed data first), each
+run's final weights are evaluated in another subprocess by one evaluator for all systems (our EpisodeRunner on the **test** split, fp32
 vLLM engine, the evaluation temperature), so held-out numbers do not depend on a system's engine.
 Per step: wall and CPU seconds (process CPU: the engine, learner and environment all run in that
 process), generation / training / weight-sync split, mean reward. CPU seconds are the primary speed
@@ -495,12 +495,7 @@ def orchestrate(a) -> None:
     models = Path(a.model_tmp)
     seeds = [int(x) for x in a.seeds.split(",")]
     systems = [x for x in a.systems.split(",") if x]
-    base_eval = out / "runs" / "base_eval.json"
-    if a.eval_prompts and not base_eval.exists():
-        from rllib_r3l.models import resolve_model
-
-        meta = _run_child(["--_eval", resolve_model(s.model), "--_dst", str(base_eval)] + _common(a), log)
-        _merge(base_eval, {"evaluator": meta})
+    # training runs first (the speed data), interleaved; then the held-out evaluations
     for i, seed in enumerate(seeds):
         order = systems if i % 2 == 0 else list(reversed(systems))  # alternate who goes first
         for system in order:
@@ -516,20 +511,37 @@ def orchestrate(a) -> None:
                 print(f"  FAILED (rc {meta['rc']}); see {log}", flush=True)
                 continue
             _merge(tmp, {"run_process": meta})
-            if a.eval_prompts:
-                ev = out / "runs" / f".{system}_seed{seed}.eval.json"
-                emeta = _run_child(["--_eval", save, "--_dst", str(ev)] + _common(a), log)
-                if emeta["rc"] == 0 and ev.exists():
-                    _merge(tmp, {"eval": json.loads(ev.read_text()), "eval_process": emeta})
-                    ev.unlink()
-            shutil.rmtree(save, ignore_errors=True)
             tmp.rename(dst)
-            d = json.loads(dst.read_text())
-            st = d["steps"]
+            st = json.loads(dst.read_text())["steps"]
             print(f"  done: {len(st)} steps, cpu/step {sum(x['cpu_s'] for x in st) / len(st):.1f} s, "
                   f"wall/step {sum(x['wall_s'] for x in st) / len(st):.1f} s, reward "
-                  f"{[round(x['reward_mean'], 3) for x in st]}, held-out {d.get('eval', {}).get('eval_reward_mean')}",
-                  flush=True)
+                  f"{[round(x['reward_mean'], 3) for x in st]}", flush=True)
+            report(out, quiet=True)
+    if not a.eval_prompts:
+        report(out)
+        return
+    base_eval = out / "runs" / "base_eval.json"
+    if not base_eval.exists():
+        from rllib_r3l.models import resolve_model
+
+        print(f"{time.strftime('%H:%M:%S')} held-out: base model ...", flush=True)
+        meta = _run_child(["--_eval", resolve_model(s.model), "--_dst", str(base_eval)] + _common(a), log)
+        if base_eval.exists():
+            _merge(base_eval, {"evaluator": meta})
+    for seed in seeds:
+        for system in systems:
+            dst = out / "runs" / f"{system}_seed{seed}.json"
+            save = models / f"{system}_seed{seed}"
+            if not dst.exists() or "eval" in json.loads(dst.read_text()) or not save.is_dir():
+                continue
+            print(f"{time.strftime('%H:%M:%S')} held-out: {system} seed {seed} ...", flush=True)
+            ev = out / "runs" / f".{system}_seed{seed}.eval.json"
+            emeta = _run_child(["--_eval", str(save), "--_dst", str(ev)] + _common(a), log)
+            if emeta["rc"] == 0 and ev.exists():
+                _merge(dst, {"eval": json.loads(ev.read_text()), "eval_process": emeta})
+                ev.unlink()
+                shutil.rmtree(save, ignore_errors=True)
+                report(out, quiet=True)
     report(out)
 
 
@@ -646,7 +658,7 @@ def load_runs(out: Path) -> Dict[str, Dict[int, Dict[str, Any]]]:
     return runs
 
 
-def report(out: Path) -> Dict[str, Any]:
+def report(out: Path, quiet: bool = False) -> Dict[str, Any]:
     out = Path(out)
     runs = load_runs(out)
     if not runs:
@@ -686,7 +698,9 @@ def report(out: Path) -> Dict[str, Any]:
                     w.writerow({"system": system, "seed": seed, **x,
                                 "heldout_reward": d.get("eval", {}).get("eval_reward_mean") if x is d["steps"][-1] else ""})
     _plot(runs, out / "vs_trl.png", summ)
-    print(_table(summ))
+    (out / "table.md").write_text(_table(summ) + "\n")
+    if not quiet:
+        print(_table(summ))
     return summ
 
 
