@@ -28,7 +28,7 @@ MODULES=("$@")
 TESTS=(tests/test_core_algos.py tests/test_core_hand_values.py tests/test_batch_credit.py tests/test_learner.py
        tests/test_aux_rules.py tests/test_explore.py tests/test_reflect.py tests/test_trajectory.py
        tests/test_learner_update.py tests/test_rl_module.py tests/test_explore_items.py
-       tests/test_reflection_context.py tests/test_oracle_reflector.py)
+       tests/test_reflection_context.py tests/test_oracle_reflector.py tests/test_reflect_values.py)
 DESELECT="${MUTATION_DESELECT-not micro_batching_leaves_the_gradient_unchanged and not bf16_autocast_gradient and not evaluate_reports_reflection_quality}"
 [ -z "${MUTATION_TESTS:-}" ] || read -r -a TESTS <<< "$MUTATION_TESTS"
 
