@@ -764,7 +764,7 @@ def _plot(runs, path: Path, summ) -> None:
         mean = [sum(x[i] for x in curves) / len(curves) for i in range(n)]
         axes[0].plot(range(1, n + 1), mean, color=c, lw=2.5, label=f"{system} (mean of {len(curves)} seeds)")
     axes[0].set_xlabel("step")
-    axes[0].set_ylabel("mean training reward (16 completions)")
+    axes[0].set_ylabel("mean training reward of the step's completions")
     axes[0].set_title("reward vs step")
     axes[0].legend(fontsize=8)
     axes[1].set_xlabel("cumulative wall seconds (training steps)")
