@@ -106,6 +106,7 @@ def measure(rooms: int, turns: int, args) -> Dict[str, Any]:
         "generated_tokens": _num(r3l.get("generated_tokens")),
         "engine_start_s": round(t_start, 1), "explore_s": round(t_explore, 1),
         "reflect_s": round(_num(r3l.get("timers", {}).get("reflect_s")), 1),
+        "timers": {k: round(_num(v), 1) for k, v in r3l.get("timers", {}).items()},
         "cpu_s": round((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime), 1),
         "load": os.getloadavg(), "cpu": cpu_model(), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

@@ -34,8 +34,8 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "reflector": ("policy", "who writes the reflections: 'policy' (R3L); 'oracle' = DIAGNOSTIC upper bound: reports from the environment's oracle (oracle pivot + the gold action there), never trained on; needs an environment with an oracle"),
     "reflection_template": (None, "None = built-in prompt; else a template string or a path to a template file"),
     "reflection_structured": (True, "hold the reflection to the report's JSON schema (structured outputs)"),
-    "reflection_context": ("log", "what the reflector reads: 'log' = the episode re-rendered as a numbered log (authors' layout); 'transcript' = the episode's own context plus a reflection request (the engine's prefix cache serves the episode, only the request and the report are computed; the policy must be the reflector)"),
-    "reflection_max_chars": (None, "None = unbounded; else the structured report's text fields (summary, root cause, suggestion) hold at most this many characters each (fewer generated tokens per reflection)"),
+    "reflection_context": ("auto", "what the reflector reads: 'transcript' = the episode's own context plus a reflection request (the engine's prefix cache serves the episode, only the request and the report are computed; the policy must be the reflector); 'log' = the episode re-rendered as a numbered log (authors' layout); 'auto' = transcript when the policy reflects, log with a separate reflector_model (measured: docs/benchmarks.md section 5)"),
+    "reflection_max_chars": (100, "the structured report's text fields (summary, root cause, suggestion) hold at most this many characters each: fewer generated tokens per reflection, and a report that always closes within max_reflection_tokens (unbounded, SmolLM2-135M wrote ~180 tokens a report on CPU, some cut off as invalid JSON: docs/benchmarks.md section 5); None = unbounded (the paper's free-length reflections)"),
     "max_reflection_tokens": (256, "token budget of a reflection (paper: 4096; the compact JSON report needs ~150)"),
     "aux_tasks": (True, "add reflection and guided-retry auxiliary items for successful retries"),
     "aux_weight": (1.0, "loss weight of the auxiliary reflection/retry-SFT items"),
@@ -96,7 +96,7 @@ _CHOICES = {
     "model_dtype": ("float32", "bfloat16"),
     "kl_estimator": ("k1", "k2", "k3"),
     "action_decoding": ("choice", "free_text"),
-    "reflection_context": ("log", "transcript"),
+    "reflection_context": ("auto", "log", "transcript"),
     "reflector": ("policy", "oracle"),
     "backend": ("auto", "vllm", "transformers"),
     "mixed_precision": ("auto", "bfloat16", "none"),
@@ -187,6 +187,13 @@ class R3LConfig(AlgorithmConfig):
         # equal to -1: such a value is rejected here with its field name instead.
         check_no_dropped_values(self)
         return super().get_state()
+
+    def resolved_reflection_context(self) -> str:
+        """``reflection_context`` with ``"auto"`` resolved: ``"transcript"`` when the policy reflects
+        (its own context is in the engine's prefix cache), ``"log"`` with a separate reflector."""
+        if self.reflection_context == "auto":
+            return "log" if self.reflector_model else "transcript"
+        return self.reflection_context
 
     def validate_r3l(self) -> None:
         """Check the R3L options; each error names the field and the fix."""

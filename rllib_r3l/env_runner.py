@@ -120,7 +120,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             reflection_template=c.reflection_template,
             reflection_structured=c.reflection_structured,
             max_reflection_tokens=c.max_reflection_tokens,
-            reflection_context=c.reflection_context,
+            reflection_context=c.resolved_reflection_context(),
             reflection_max_chars=c.reflection_max_chars,
             temperature=c.temperature,
             pivotal_credit=c.pivotal_credit,

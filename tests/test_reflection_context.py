@@ -64,3 +64,14 @@ def test_bounded_report_schema_and_config_checks():
         R3LConfig().training(reflection_context="notes").validate_r3l()
     with pytest.raises(ValueError, match="reflection_max_chars"):
         R3LConfig().training(reflection_max_chars=0).validate_r3l()
+
+
+def test_auto_reflection_context_follows_who_reflects():
+    """The default continues the policy's own transcript (cache-served); a separate reflector has not
+    seen that context, so it gets the re-rendered log."""
+    assert R3LConfig().reflection_context == "auto"
+    assert R3LConfig().resolved_reflection_context() == "transcript"
+    other = R3LConfig().training(reflector_model="other")
+    other.validate_r3l()  # "auto" with a separate reflector is valid (unlike an explicit "transcript")
+    assert other.resolved_reflection_context() == "log"
+    assert R3LConfig().training(reflection_context="log").resolved_reflection_context() == "log"

@@ -17,7 +17,7 @@ def coin():
 
 def test_coin_defaults_from_empty_env_config(coin):
     assert isinstance(coin, CoinCollectorEnv)
-    assert coin.max_turns == 15 and coin.split == "train"
+    assert coin.max_turns == 10 and coin.split == "train"
     assert coin.game == "coin" and coin.game_params == params_to_string(COIN_DEFAULT_PARAMS)
     obs, info = coin.reset(seed=3)
     assert "kitchen" in obs.lower() or "you are in" in obs.lower()
