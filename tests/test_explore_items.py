@@ -10,6 +10,8 @@ unguided and right with the guidance, so every base fails and every retry from t
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 import environments
@@ -234,3 +236,33 @@ def test_a_failed_reflection_call_is_counted_and_reflects_nothing(tiny_tokenizer
         assert results == [(None, chat.prompt(reflect_lib.build_reflection_messages(t)), None) for t in eps]
         assert ex.counters["reflection_generation_errors"] == n
     assert ex.reflection_stats.total == 0 and ex.counters["progress_reflections"] == 0
+
+
+def test_success_takes_the_environments_verdict_or_the_configured_reward(tiny_tokenizer):
+    ex, _ = make(tiny_tokenizer, success_reward=2.0)
+    assert ex.is_success(Trajectory([], 0.0, "g", success=True))  # won, whatever the reward
+    assert ex.is_success(Trajectory([], 2.0, "g")) and not ex.is_success(Trajectory([], 1.0, "g"))
+
+
+def test_reflection_time_and_group_bookkeeping(tiny_tokenizer, monkeypatch):
+    import rllib_r3l.explore as explore_mod
+
+    clock = iter(range(100))
+    monkeypatch.setattr(explore_mod, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    ex, _ = make(tiny_tokenizer, group_size=2)  # one base rollout: a rate over 1 is still logged
+    assert ex.reflect_seconds == 0.0  # nothing reflected yet
+    [group] = ex.explore([SEED], ["g0"])
+    assert group.group_id == "g0" and group.complete is True
+    assert ex.reflect_seconds == 1.0  # the reflection phase, one tick of the fake clock
+    assert ex.pop_metrics()["retry_trigger_rate"] == 1.0
+    ex.explore([SEED], ["g1"])
+    assert ex.reflect_seconds == 1.0  # per explore() call, not accumulated
+
+
+def test_failed_reflection_calls_leave_every_base_unreflected(tiny_tokenizer):
+    ex, chat = make(tiny_tokenizer, backend_cls=Failing)
+    [group] = ex.explore([SEED], ["g0"])
+    bases = kinds(group, Kind.BASE)
+    assert len(bases) == 2 and [t.kind for t in group.trajectories] == [Kind.BASE, Kind.BASE]
+    for b in bases:
+        assert b.info["reflection"] == (None, chat.prompt(reflect_lib.build_reflection_messages(b)), None)
