@@ -266,3 +266,15 @@ def test_failed_reflection_calls_leave_every_base_unreflected(tiny_tokenizer):
     assert len(bases) == 2 and [t.kind for t in group.trajectories] == [Kind.BASE, Kind.BASE]
     for b in bases:
         assert b.info["reflection"] == (None, chat.prompt(reflect_lib.build_reflection_messages(b)), None)
+
+
+def test_transcript_reflection_falls_back_to_the_log_and_counts_it(tiny_tokenizer, monkeypatch):
+    from rllib_r3l import reflection_context
+
+    monkeypatch.setattr(reflection_context, "transcript_prompt", lambda chat, t: None)  # e.g. no room left
+    ex, chat = make(tiny_tokenizer, reflection_context="transcript")
+    eps = [_episode(["a"], reward=0.0), _episode(["a", "b"], reward=0.0)]
+    for n in (2, 4):
+        results = ex.reflect(eps)
+        assert [p for _r, p, _o in results] == [chat.prompt(reflect_lib.build_reflection_messages(t)) for t in eps]
+        assert ex.counters["reflection_transcript_fallbacks"] == n
