@@ -198,8 +198,11 @@ def test_gemma_generates_in_vllm_like_transformers(gemma_dir, gemma_hf, gemma_to
     reqs = [GenerationRequest(_prompt(tok), max_tokens=8),
             GenerationRequest(_prompt(tok, "Once upon a time"), max_tokens=8)]
     want = [r.token_ids for r in gemma_hf.generate(reqs, temperature=0.0)]
-    backend = make_backend("vllm", gemma_dir, dtype="float32", kv_cache_gib=0.25, max_model_len=2048, seed=0)
+    # No max_model_len: on CPU the engine fits the model's 32,768 tokens to its KV cache (it refused
+    # to start with R3LConfig's defaults before).
+    backend = make_backend("vllm", gemma_dir, dtype="float32", kv_cache_gib=0.25, seed=0)
     try:
+        assert 2048 <= backend._llm.llm_engine.model_config.max_model_len < 32768
         got = backend.generate(reqs, temperature=0.0)
         assert [r.token_ids for r in got] == want  # fp32 engine on this CPU: the same greedy tokens
         chat = ChatFormat(tok)

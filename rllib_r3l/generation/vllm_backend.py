@@ -156,7 +156,7 @@ class VLLMBackend(GenerationBackend):
         dtype: engine dtype; default on CPU "bfloat16" where the CPU has native bf16 (AVX512-bf16 /
             AMX), else "float32" (bf16 is emulated and ~3x slower on AVX2-only CPUs); "auto" on GPU.
         seed: engine seed (note: creating an engine re-seeds the process' global RNGs with it).
-        max_model_len: context length; default the model's.
+        max_model_len: context length; default the model's (on CPU: capped to what the KV cache holds).
         kv_cache_gib: KV cache size in GiB (CPU default 1.0; GPU default: use
             ``gpu_memory_utilization``). ``VLLM_CPU_KVCACHE_SPACE`` overrides it on CPU.
         gpu_memory_utilization, tensor_parallel_size, enable_prefix_caching, enable_sleep_mode,
@@ -228,6 +228,11 @@ class VLLMBackend(GenerationBackend):
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = int(max_model_len)
+        elif current_platform.is_cpu():
+            # The model's own limit, or the longest that fits the (small, fixed) CPU KV cache: vLLM
+            # refuses to start when one max-length request does not fit (Gemma 3 270M: 32,768
+            # tokens need 1.13 GiB of fp32 KV cache, the default is 1 GiB). -1 = vLLM's auto-fit.
+            kwargs["max_model_len"] = -1
         if max_num_seqs is not None:
             kwargs["max_num_seqs"] = int(max_num_seqs)
         if self.on_cpu:
