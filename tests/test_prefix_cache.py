@@ -79,7 +79,8 @@ def test_transcript_reflection_is_served_from_the_cache_and_bounded(engine, tiny
         parsed, prompt_ids, out = b.info["reflection"]
         assert prompt_ids[:b.num_tokens] == b.token_ids
         if out is not None and parsed is not None and parsed.ok:
-            report = json.loads(out.text[out.text.index("{"):out.text.rindex("}") + 1])
+            # read as the parser reads it: a random model may put raw control characters in a string
+            report = json.loads(out.text[out.text.index("{"):out.text.rindex("}") + 1], strict=False)
             assert all(len(report[k] or "") <= 40 for k in ("summary", "root_cause", "suggestion"))
             checked += 1
     assert checked, "the schema holds even a random model's report to the fields"
