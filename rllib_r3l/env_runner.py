@@ -23,10 +23,9 @@ from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 
 from rllib_r3l.explore import LOST, ExploreOptions, Explorer, GroupResult
+from rllib_r3l.rollout import ROLLOUT_TIMERS
 
 logger = logging.getLogger(__name__)
-
-ROLLOUT_TIMERS = ("generate_base", "generate_retry", "env_step", "env_reset", "replay")
 
 
 class R3LEnvRunner(EnvRunner, Checkpointable):

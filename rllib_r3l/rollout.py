@@ -24,6 +24,9 @@ from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
 
 logger = logging.getLogger(__name__)
 
+# the phase timers EpisodeRunner keeps in its counters as ``seconds_<name>`` (r3l/timers/<name>_s)
+ROLLOUT_TIMERS = ("generate_base", "generate_retry", "env_step", "env_reset", "replay")
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent acting in a text environment. {rules}\n"
     "Your task: {task}\n"

@@ -250,8 +250,8 @@ class VLLMBackend(GenerationBackend):
                 # the engine. Without chunked prefill no sampled token is ever discarded; a prompt
                 # waits for a step with room for all of it (the step budget holds the longest one).
                 kwargs["enable_chunked_prefill"] = False
-                kwargs["max_num_batched_tokens"] = max(int(max_model_len or _max_positions(model_path)),
-                                                       CPU_MIN_BATCHED_TOKENS)
+                longest = int(max_model_len) if max_model_len and int(max_model_len) > 0 else _max_positions(model_path)
+                kwargs["max_num_batched_tokens"] = max(longest, CPU_MIN_BATCHED_TOKENS)
         else:
             if enforce_eager is not None:
                 kwargs["enforce_eager"] = enforce_eager
