@@ -11,6 +11,7 @@ the training iteration.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
@@ -234,15 +235,26 @@ def plot(loaded, varied: List[str], out_dir: str, root: str) -> List[str]:
     return written
 
 
+def _count(value) -> Optional[int]:
+    """A table cell as a count; ``None`` when the trial never logged it (pandas fills such cells with NaN)."""
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else int(value)
+
+
 def warnings(table) -> List[str]:
     """One line per trial that trained on nothing or lost episodes: what the table's averages hide."""
     out = []
     for _, row in table.iterrows():
-        iters, empty, lost = int(row.get("iterations") or 0), row.get("empty_batches"), row.get("episodes_lost")
-        if iters and empty is not None and int(empty) >= iters:
+        iters, empty, lost = _count(row.get("iterations")), _count(row.get("empty_batches")), _count(row.get("episodes_lost"))
+        if iters and empty is not None and empty >= iters:
             out.append(f"warning: {row['trial']} trained on nothing: all {iters} iteration(s) had an empty batch "
-                       f"({int(lost or 0)} episodes lost, {int(row.get('env_errors') or 0)} environment errors, "
-                       f"{int(row.get('generation_errors') or 0)} generation errors)")
+                       f"({lost or 0} episodes lost, {_count(row.get('env_errors')) or 0} environment errors, "
+                       f"{_count(row.get('generation_errors')) or 0} generation errors)")
         elif lost:
             out.append(f"warning: {row['trial']} lost {int(lost)} episode(s) (environment/generation errors; "
                        "see docs/reliability.md)")

@@ -285,3 +285,23 @@ def test_export_merges_lora_adapters(tmp_path):
     x = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         assert torch.allclose(module.lm(input_ids=x).logits, model(input_ids=x).logits, atol=1e-4)
+
+
+def test_report_warnings_read_cells_a_trial_never_logged_as_missing():
+    """A trial that never logged a count gets NaN in the joint table (pandas); that is 'unknown', not a crash
+    (CI failed on exactly this: one trial with an empty batch, one without, in one report)."""
+    import pandas as pd
+
+    from rllib_r3l import report
+
+    table = pd.DataFrame([
+        {"trial": "a", "iterations": 2, "empty_batches": 2, "episodes_lost": 3, "env_errors": 3, "generation_errors": None},
+        {"trial": "b", "iterations": 1, "empty_batches": None, "episodes_lost": None},
+        {"trial": "c", "iterations": 4, "empty_batches": 1, "episodes_lost": 2},
+    ])
+    lines = report.warnings(table)
+    assert lines == [
+        "warning: a trained on nothing: all 2 iteration(s) had an empty batch "
+        "(3 episodes lost, 3 environment errors, 0 generation errors)",
+        "warning: c lost 2 episode(s) (environment/generation errors; see docs/reliability.md)",
+    ]
