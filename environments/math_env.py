@@ -10,7 +10,9 @@ Problem sources, in order of precedence:
   them for GSM8K, MATH, MATH500, AIME24/25, AMC23, Minerva, OlympiadBench and DAPO files.
 - ``hf_dataset``: a dataset already in the local Hugging Face ``datasets`` cache (offline; needs
   the optional ``datasets`` package).
-- otherwise a built-in offline generator of arithmetic word problems (the default).
+- otherwise a built-in offline generator: arithmetic word problems (``difficulty`` 1-3, the
+  default 1), or bare one-operation arithmetic such as ``What is 37 + 48?`` (``difficulty=0``: a
+  task a ~100M-parameter model solves part of the time, so its groups have a reward spread).
 
 Answers are checked with ``math-verify`` (``\\boxed{}`` preferred). Up to ``max_attempts``
 (default 3) answers per episode with "incorrect, try again" feedback; reward 1.0 when correct.
@@ -297,11 +299,27 @@ def _word_problem(rng: random.Random, difficulty: int) -> Tuple[str, int]:
     return q, salary - salary * pct // 100 - spend
 
 
+def _bare_arithmetic(rng: random.Random) -> Tuple[str, int]:
+    """One operation: a sum or difference of two-digit numbers, or a product of a two-digit and a
+    one-digit number (the answer is never negative)."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        return f"What is {a} + {b}?", a + b
+    if kind == 1:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = max(a, b), min(a, b)
+        return f"What is {a} - {b}?", a - b
+    a, b = rng.randint(10, 99), rng.randint(2, 9)
+    return f"What is {a} * {b}?", a * b
+
+
 def generate_problem(seed: int, split: str, difficulty: int = 1) -> Tuple[str, str]:
-    """A word problem for ``seed`` whose text hashes into ``split``'s fold (so folds are disjoint)."""
+    """A problem for ``seed`` whose text hashes into ``split``'s fold (so folds are disjoint):
+    bare arithmetic at ``difficulty`` 0, a word problem at 1-3."""
     for k in range(10_000):
         rng = random.Random(f"r3l-math/{difficulty}/{split}/{seed}/{k}")
-        q, ans = _word_problem(rng, difficulty)
+        q, ans = _bare_arithmetic(rng) if difficulty == 0 else _word_problem(rng, difficulty)
         if _fold_of(q) == split:
             return q, str(ans)
     raise RuntimeError("generator failed to find a problem in the split")  # pragma: no cover
@@ -321,8 +339,8 @@ class MathEnv(MultiAttemptEnv):
                  hf_splits: Optional[Mapping[str, str]] = None, difficulty: int = 1, split: str = "train",
                  max_attempts: int = 3, require_boxed: bool = False, reveal_answer: bool = False) -> None:
         super().__init__(split=split, max_attempts=max_attempts, reveal_answer=reveal_answer)
-        if isinstance(difficulty, bool) or not isinstance(difficulty, int) or not 1 <= difficulty <= 3:
-            raise ValueError(f"difficulty must be 1, 2 or 3; got {difficulty!r}")
+        if isinstance(difficulty, bool) or not isinstance(difficulty, int) or not 0 <= difficulty <= 3:
+            raise ValueError(f"difficulty must be 0 (bare arithmetic), 1, 2 or 3 (word problems); got {difficulty!r}")
         self.difficulty = difficulty
         self.require_boxed = bool(require_boxed)
         if preset is not None:

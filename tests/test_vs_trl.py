@@ -13,9 +13,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import vs_trl  # noqa: E402
 
 
+@pytest.fixture(scope="module", params=sorted(vs_trl.TASKS))
+def settings(request):
+    return vs_trl.task_settings(request.param)
+
+
 @pytest.fixture(scope="module")
-def settings():
-    return vs_trl.Settings()
+def countdown():
+    return vs_trl.task_settings("countdown")
+
+
+def test_default_task_is_arithmetic_and_unknown_tasks_are_refused():
+    s = vs_trl.Settings()
+    assert (s.env, s.env_config, s.max_completion_tokens) == ("r3l/Math", {"difficulty": 0, "max_attempts": 1}, 96)
+    assert vs_trl.task_settings("countdown", max_completion_tokens=12).max_completion_tokens == 12
+    with pytest.raises(SystemExit, match="--task"):
+        vs_trl.task_settings("chess")
 
 
 def test_our_grpo_form_is_a_valid_config(settings):
@@ -47,12 +60,28 @@ def test_trl_prompt_tokens_equal_ours(settings, tiny_tokenizer):
     """TRL applies the chat template to both messages at once; ours concatenates segments."""
     assert vs_trl.check_prompt_tokens(tiny_tokenizer, settings, [0, 1, 12345]) == 3
     msgs = vs_trl.prompt_messages(vs_trl.make_env(settings, "train"), settings, 0)
-    assert msgs[0]["content"].startswith("Countdown:") and "Your task: " in msgs[0]["content"]
-    assert msgs[0]["content"].endswith("then the final answer.") and "{" not in msgs[0]["content"]
-    assert msgs[1]["content"].endswith("<answer>expression</answer>.")
+    assert "Your task: " in msgs[0]["content"] and msgs[0]["content"].endswith("then the final answer.")
+    if settings.env == "r3l/Countdown":
+        assert msgs[0]["content"].startswith("Countdown:") and "{" not in msgs[0]["content"]
+        assert msgs[1]["content"].endswith("<answer>expression</answer>.")
+    else:
+        assert msgs[0]["content"].startswith("Solve the math problem.") and "What is " in msgs[1]["content"]
 
 
-def test_reward_is_the_environments_own(settings):
+def test_arithmetic_reward_is_the_environments_own():
+    s = vs_trl.task_settings("arithmetic")
+    env = vs_trl.make_env(s, "train")
+    env.reset(seed=5)
+    gold = env.reference_answer()
+    reward = vs_trl.TaskReward(s)
+    conv = [[{"role": "assistant", "content": f"It is \\boxed{{{gold}}}."}],
+            [{"role": "assistant", "content": f"It is {int(gold) + 1}."}], [{"role": "assistant", "content": ""}]]
+    assert reward(prompts=None, completions=conv, task_seed=[5, 5, 5]) == [1.0, 0.0, 0.0]
+    assert vs_trl.env_reward(env, 5, f"The answer is {gold}") == 1.0
+
+
+def test_reward_is_the_environments_own(countdown):
+    settings = countdown
     env = vs_trl.make_env(settings, "train")
     env.reset(seed=3)
     sol = env.solution()

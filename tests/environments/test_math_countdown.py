@@ -52,6 +52,33 @@ def test_generator_is_deterministic_and_splits_are_disjoint():
     assert env.step(f"\\boxed{{{env.reference_answer()}}}")[1] == 1.0
 
 
+def test_bare_arithmetic_at_difficulty_zero_has_correct_answers_and_disjoint_folds():
+    """difficulty=0: one operation on two-digit numbers; the gold answer is that operation's value,
+    recomputed here from the question text (not from the generator)."""
+    import re
+
+    env = MathEnv(difficulty=0, max_attempts=1)
+    ops = set()
+    for seed in range(60):
+        q, _ = env.reset(seed=seed)
+        m = re.search(r"What is (\d+) ([+*-]) (\d+)\?", q)
+        assert m, q
+        a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+        ops.add(op)
+        want = {"+": a + b, "-": a - b, "*": a * b}[op]
+        assert want >= 0 and env.reference_answer() == str(want)
+    assert ops == {"+", "-", "*"}
+    env.reset(seed=3)
+    obs, r, term, _, _ = env.step(f"The answer is {int(env.reference_answer()) + 1}.")
+    assert r == 0.0 and term
+    env.reset(seed=3)
+    assert env.step(f"so it is \\boxed{{{env.reference_answer()}}}")[1] == 1.0
+    folds = {s: {MathEnv(difficulty=0, split=s).reset(seed=i)[0] for i in range(100)} for s in ("train", "test")}
+    assert len(folds["train"]) > 90 and not (folds["train"] & folds["test"])
+    with pytest.raises(ValueError, match="difficulty must be 0"):
+        MathEnv(difficulty=-1)
+
+
 def test_math_verify_equivalences():
     assert check_math_answer("so x = \\boxed{\\frac{1}{2}}", "0.5")[0]
     assert check_math_answer("The answer is \\boxed{0.5}", "\\frac12")[0]
