@@ -1,0 +1,173 @@
+"""Issue 12's "done when" ratios, measured side by side in one run on one machine.
+
+    .venv/bin/python benchmarks/step_cost_ratios.py --iterations 2 --seed 0     # resumable
+    .venv/bin/python benchmarks/step_cost_ratios.py --report-only
+
+Three main jobs (``python -m rllib_r3l.main``, the embedded default: SmolLM2-135M-Instruct on
+coin collector, vLLM CPU engine), one after the other, each seeded the same way
+(``seed`` = ``sampling_seed`` = ``--seed``: the same task seeds, reproducible sampling), so the
+machine is not shared between them:
+
+* ``before``: today's code with the configuration the issue measured (``reflection_context="log"``:
+  the episode re-rendered as a log for every reflection; unbounded reports; 15 turns; no shared-prefix
+  training). The code paths the issue changed are all behind these options, so this stands in for
+  the code of the time (which cannot run seeded: its CPU engine died on seeded prompts split by
+  chunked prefill).
+* ``after``: today's defaults (the episode's own transcript as the reflection context, served from
+  the prefix cache; reports bounded to 100 characters a field; 10 turns).
+* ``grpo``: today's defaults in the GRPO form (``reflect``, ``pivotal_credit`` and
+  ``positive_amplification`` off, ``std_normalize`` on): the same tasks and group size.
+
+Per variant: wall and process CPU seconds per iteration (the driver holds the env runner, the engine
+and the learner), prompt tokens computed per sample (not served from vLLM's prefix cache), learner
+forward tokens per credited token, generated tokens per sample. Ratios: after/before and R3L/GRPO.
+Output: a table, and ``benchmarks/results/step_cost_ratios/<label>/ratios.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "step_cost_ratios"
+
+VARIANTS: Dict[str, List[str]] = {
+    "before": ["reflection_context=log", "reflection_max_chars=null", 'env_config={"max_turns": 15}',
+               "share_prefixes=False"],
+    "after": [],
+    "grpo": ["reflect=False", "pivotal_credit=False", "positive_amplification=False", "std_normalize=True"],
+}
+TARGETS = {  # issue 12: after/before (or R3L/GRPO) must be at most this
+    "s_per_iter": 0.5, "prompt_computed_per_sample": 0.5, "forward_per_credited": 0.6,
+}
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def run_variant(name: str, out: Path, iterations: int, seed: int, verbose: bool) -> Dict[str, Any]:
+    """One main job as a child process; its wall and CPU seconds (the child and what it waited for)."""
+    dst = out / name
+    sets = VARIANTS[name] + [f"seed={seed}", f"sampling_seed={seed}"]
+    cmd = [sys.executable, "-m", "rllib_r3l.main", "--iterations", str(iterations), "--out", str(dst), "--set", *sets]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    with open(out / f"{name}.console.txt", "w") as f:
+        rc = subprocess.call(cmd, cwd=ROOT, stdout=f if not verbose else None, stderr=subprocess.STDOUT)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    meta = {"variant": name, "rc": rc, "cmd": cmd, "wall_s": time.time() - t0,
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "load_after": os.getloadavg()[0], "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (out / f"{name}.run.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def _mean(xs: List[float]) -> float:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def variant_numbers(out: Path, name: str) -> Optional[Dict[str, Any]]:
+    """The per-iteration numbers of one finished variant (None when it has not run)."""
+    summ, run = out / name / "summary.json", out / f"{name}.run.json"
+    if not summ.exists() or not run.exists():
+        return None
+    s, meta = json.loads(summ.read_text()), json.loads(run.read_text())
+    its = s["per_iteration"]
+    n = len(its)
+    fwd = sum(x["learner"].get("forward_tokens") or 0 for x in its if not _nan(x["learner"].get("forward_tokens")))
+    cred = sum(x["learner"].get("trained_tokens") or 0 for x in its if not _nan(x["learner"].get("trained_tokens")))
+    return {
+        "iterations": n,
+        "s_per_iter": _mean([x["seconds"] for x in its]),
+        "cpu_s_per_iter": meta["cpu_s"] / n,  # includes start-up (model conversion check, Ray, learner build)
+        "prompt_computed_per_sample": _mean([x["r3l"].get("prompt_tokens_computed_per_sample") for x in its]),
+        "generated_per_sample": _mean([x["r3l"].get("generated_tokens_per_sample") for x in its]),
+        "forward_tokens": fwd, "credited_tokens": cred,
+        "forward_per_credited": fwd / cred if cred else float("nan"),
+        "updates": sum(1 for x in its if not _nan(x["learner"].get("trained_tokens"))),
+        "success_rate": _mean([x["success_rate"] for x in its]),
+        "retries": sum(x["r3l"].get("num_retries") or 0 for x in its),
+        "reflection_valid_rate": _mean([x["r3l"].get("reflection_valid_rate") for x in its]),
+        "pivot_accuracy": _mean([x["r3l"].get("pivot_accuracy") for x in its]),
+        "time_split": {k: _mean([x["time_split"].get(k) for x in its]) for k in its[0]["time_split"]},
+        "wall_s_process": meta["wall_s"], "cpu_s_process": meta["cpu_s"],
+    }
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def ratios(nums: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
+    out: Dict[str, Dict[str, float]] = {}
+    for pair, (a, b) in {"after/before": ("after", "before"), "r3l/grpo": ("after", "grpo")}.items():
+        if nums.get(a) and nums.get(b):
+            out[pair] = {k: nums[a][k] / nums[b][k] if nums[b][k] else float("nan")
+                         for k in ("s_per_iter", "cpu_s_per_iter", "prompt_computed_per_sample", "generated_per_sample",
+                                   "forward_per_credited")}
+    return out
+
+
+def report(out: Path) -> Dict[str, Any]:
+    nums = {v: variant_numbers(out, v) for v in VARIANTS}
+    res = {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "variants": nums, "ratios": ratios(nums),
+           "targets_after_over_before": TARGETS, "target_r3l_over_grpo": {"cpu_s_per_iter": 1.0, "generated_per_sample": 1.5}}
+    (out / "ratios.json").write_text(json.dumps(res, indent=1))
+    cols = ["s_per_iter", "cpu_s_per_iter", "prompt_computed_per_sample", "forward_per_credited", "generated_per_sample",
+            "updates", "success_rate", "retries", "reflection_valid_rate", "pivot_accuracy"]
+    print(f"CPU: {res['cpu_model']} ({res['cpus']} cores)")
+    print("variant | " + " | ".join(cols))
+    for v, n in nums.items():
+        if n:
+            print(f"{v} | " + " | ".join(f"{n[c]:.3g}" if isinstance(n[c], float) else str(n[c]) for c in cols))
+        else:
+            print(f"{v} | (not run)")
+    for pair, r in res["ratios"].items():
+        print(f"{pair}: " + ", ".join(f"{k} {x:.2f}" for k, x in r.items()))
+    return res
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iterations", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--label", default=None, help="results sub-folder (default seed<k>_it<n>)")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    out = OUT / (a.label or f"seed{a.seed}_it{a.iterations}")
+    out.mkdir(parents=True, exist_ok=True)
+    if not a.report_only:
+        for v in a.variants.split(","):
+            if v not in VARIANTS:
+                raise SystemExit(f"--variants: unknown {v!r}; one of {list(VARIANTS)}")
+            if (out / v / "summary.json").exists() and (out / f"{v}.run.json").exists():
+                print(f"skip {v} (done)", flush=True)
+                continue
+            print(f"{time.strftime('%H:%M:%S')} {v} ...", flush=True)
+            meta = run_variant(v, out, a.iterations, a.seed, a.verbose)
+            print(f"  rc {meta['rc']}, {meta['wall_s']:.0f} s wall, {meta['cpu_s']:.0f} CPU s", flush=True)
+    report(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The arithmetic of ``benchmarks/step_cost_ratios.py`` (issue 12's ratios) on hand-made summaries."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import step_cost_ratios as scr  # noqa: E402
+
+
+def _write(out: Path, name: str, its, cpu_s: float) -> None:
+    (out / name).mkdir(parents=True)
+    (out / name / "summary.json").write_text(json.dumps({"per_iteration": its}))
+    (out / f"{name}.run.json").write_text(json.dumps({"cpu_s": cpu_s, "wall_s": 1.0}))
+
+
+def _it(seconds, computed, generated, fwd, cred, split=None):
+    learner = {"forward_tokens": fwd, "trained_tokens": cred} if cred is not None else {"forward_tokens": float("nan"),
+                                                                                      "trained_tokens": float("nan")}
+    return {"seconds": seconds, "success_rate": 0.25, "learner": learner, "time_split": split or {"learn": 1.0},
+            "r3l": {"prompt_tokens_computed_per_sample": computed, "generated_tokens_per_sample": generated,
+                    "num_retries": 2, "reflection_valid_rate": 1.0, "pivot_accuracy": 0.5}}
+
+
+def test_ratios_pool_tokens_over_iterations_and_skip_iterations_without_update(tmp_path):
+    _write(tmp_path, "before", [_it(300, 2000, 100, 20000, 500), _it(100, 1000, 120, 10000, 250)], cpu_s=900)
+    # the second "after" iteration has no update: it counts for time, not for forward/credited
+    _write(tmp_path, "after", [_it(100, 600, 50, 6000, 300), _it(50, 400, 70, float("nan"), None)], cpu_s=300)
+    _write(tmp_path, "grpo", [_it(80, 500, 40, 4000, 400), _it(70, 500, 40, 4000, 400)], cpu_s=200)
+    b = scr.variant_numbers(tmp_path, "before")
+    a = scr.variant_numbers(tmp_path, "after")
+    assert b["s_per_iter"] == 200 and b["cpu_s_per_iter"] == 450 and b["prompt_computed_per_sample"] == 1500
+    assert b["forward_per_credited"] == pytest.approx(30000 / 750) and b["updates"] == 2
+    assert a["updates"] == 1 and a["forward_per_credited"] == pytest.approx(20.0) and a["generated_per_sample"] == 60
+    r = scr.ratios({"before": b, "after": a, "grpo": scr.variant_numbers(tmp_path, "grpo")})
+    assert r["after/before"]["s_per_iter"] == pytest.approx(75 / 200)
+    assert r["after/before"]["prompt_computed_per_sample"] == pytest.approx(500 / 1500)
+    assert r["after/before"]["forward_per_credited"] == pytest.approx(20 / 40)
+    assert r["r3l/grpo"]["cpu_s_per_iter"] == pytest.approx(150 / 100)
+    assert r["r3l/grpo"]["generated_per_sample"] == pytest.approx(60 / 40)
+
+
+def test_a_variant_that_has_not_run_has_no_numbers_and_no_ratio(tmp_path):
+    _write(tmp_path, "after", [_it(100, 600, 50, 6000, 300)], cpu_s=100)
+    nums = {v: scr.variant_numbers(tmp_path, v) for v in scr.VARIANTS}
+    assert nums["before"] is None and nums["grpo"] is None
+    assert scr.ratios(nums) == {}
+    assert math.isnan(scr._mean([None, float("nan")]))
