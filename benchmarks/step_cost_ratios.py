@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -39,6 +38,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rllib_r3l.console import cpu_model  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results" / "step_cost_ratios"
 
 VARIANTS: Dict[str, List[str]] = {
@@ -50,16 +54,6 @@ VARIANTS: Dict[str, List[str]] = {
 TARGETS = {  # issue 12: after/before (or R3L/GRPO) must be at most this
     "s_per_iter": 0.5, "prompt_computed_per_sample": 0.5, "forward_per_credited": 0.6,
 }
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_variant(name: str, out: Path, iterations: int, seed: int, verbose: bool) -> Dict[str, Any]:

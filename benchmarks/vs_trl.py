@@ -601,13 +601,9 @@ def child(a) -> None:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    from rllib_r3l.console import cpu_model
+
+    return cpu_model()
 
 
 # ------------------------------------------------------------------------------------------ report
