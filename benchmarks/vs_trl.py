@@ -284,6 +284,7 @@ def run_ours(s: Settings, seed: int, system: str, save_dir: str) -> Dict[str, An
     from rllib_r3l.explore import Explorer
     from rllib_r3l.generation.vllm_backend import VLLMBackend
     from rllib_r3l.learner import R3LTorchLearner
+    from rllib_r3l.main import find_r3l_metrics
 
     clock = PhaseClock()
     drawn: List[List[int]] = []
@@ -316,13 +317,14 @@ def run_ours(s: Settings, seed: int, system: str, save_dir: str) -> Dict[str, An
         res = algo.train()
         wall, cpu = time.perf_counter() - w0, time.process_time() - cp0
         flat = _flatten(res)
+        learner_metrics = find_r3l_metrics(res.get("learners", {}), "learner") or {}
         r = rewards[-1] if rewards else []
         rec = {"step": step, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "reward_mean": sum(r) / max(len(r), 1),
                "n_completions": len(r), "task_seeds": drawn[-1] if drawn else None,
                "generated_tokens": flat.get("env_runners/r3l/generated_tokens"),
                "truncated": flat.get("env_runners/r3l/faults/truncated_responses"),
-               "trained_tokens": flat.get("learners/default_policy/r3l/learner/trained_tokens"),
-               "forward_tokens": flat.get("learners/default_policy/r3l/learner/forward_tokens"),
+               "trained_tokens": learner_metrics.get("trained_tokens"),
+               "forward_tokens": learner_metrics.get("forward_tokens"),
                "torch_threads": torch.get_num_threads(), "loadavg_1m": os.getloadavg()[0]}
         rec.update(clock.pop())
         steps.append(rec)
