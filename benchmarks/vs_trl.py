@@ -36,7 +36,8 @@ fp32 as the extra system ``ours_fp32``).
 
 Systems: ``ours`` (R3LConfig GRPO form: reflect=False, positive_amplification=False,
 pivotal_credit=False, std_normalize=True; driven through ``build_algo`` / ``train``), ``trl``,
-and optionally ``ours_fp32`` (ours with its default fp32 engine on this CPU).
+and optionally ``ours_fp32`` (ours with its default fp32 engine on this CPU) and ``ours_compiled``
+(ours with vLLM's torch.compile on, as TRL builds its engine; ours is eager by default on CPU).
 
 Runs are interleaved (seed by seed; the order of systems alternates per seed) so that machine
 load affects both alike; each run is a subprocess that writes ``runs/<system>_seed<k>.json`` when
@@ -75,7 +76,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 OUT_ROOT = ROOT / "benchmarks" / "results" / "vs_trl"
-SYSTEMS = ("ours", "trl", "ours_fp32")
+SYSTEMS = ("ours", "trl", "ours_fp32", "ours_compiled")
 # The task: environment, its config and the completion budget. ``arithmetic`` (r3l/Math's bare
 # two-digit arithmetic, one answer) is the default because the 135M model has a reward spread there:
 # 8/64 correct at T=1.0 within 96 tokens, 5 of 8 groups with a spread (probe, 2026-12-01), so both
@@ -124,6 +125,7 @@ class Settings:
 def ours_training_options(s: Settings, system: str = "ours") -> Dict[str, Any]:
     """``R3LConfig.training`` keywords of our GRPO form under ``s``."""
     dtype = "float32" if system == "ours_fp32" else s.engine_dtype
+    engine = {"dtype": dtype, "enforce_eager": False} if system == "ours_compiled" else {"dtype": dtype}
     return dict(
         model=s.model,
         reflect=False, positive_amplification=False, pivotal_credit=False, std_normalize=True,
@@ -135,7 +137,7 @@ def ours_training_options(s: Settings, system: str = "ours") -> Dict[str, Any]:
         lr=s.lr, weight_decay=s.weight_decay, grad_clip=s.grad_clip, grad_clip_by="global_norm",
         micro_batch_size=s.micro_batch_size, micro_batch_tokens=None, share_prefixes=False,
         model_dtype="float32", mixed_precision="none", gradient_checkpointing=False,
-        backend="vllm", backend_options={"dtype": dtype}, weight_sync_interval=1, num_threads=s.threads,
+        backend="vllm", backend_options=engine, weight_sync_interval=1, num_threads=s.threads,
     )
 
 
@@ -593,7 +595,7 @@ def child(a) -> None:
             "cpu_model": _cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version()}
     if system == "trl":
         res = run_trl(s, seed, a._save)
-    elif system in ("ours", "ours_fp32"):
+    elif system in ("ours", "ours_fp32", "ours_compiled"):
         res = run_ours(s, seed, system, a._save)
     else:
         raise SystemExit(f"unknown system {system!r}; one of {SYSTEMS}")
@@ -757,7 +759,7 @@ def _plot(runs, path: Path, summ) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    colors = {"ours": "tab:blue", "trl": "tab:orange", "ours_fp32": "tab:green"}
+    colors = {"ours": "tab:blue", "trl": "tab:orange", "ours_fp32": "tab:green", "ours_compiled": "tab:purple"}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for system, by_seed in sorted(runs.items()):
         c = colors.get(system, "k")

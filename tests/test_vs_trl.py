@@ -41,6 +41,7 @@ def test_our_grpo_form_is_a_valid_config(settings):
     assert (cfg.lr, cfg.grad_clip, cfg.weight_decay, cfg.temperature) == (settings.lr, 1.0, 0.01, 1.0)
     assert cfg.backend_options == {"dtype": "bfloat16"}
     assert vs_trl.ours_training_options(settings, "ours_fp32")["backend_options"] == {"dtype": "float32"}
+    assert vs_trl.ours_training_options(settings, "ours_compiled")["backend_options"] == {"dtype": "bfloat16", "enforce_eager": False}
 
 
 def test_task_seeds_are_what_our_runner_draws(settings):
