@@ -611,6 +611,10 @@ def _cpu_model() -> str:
 
 
 # ------------------------------------------------------------------------------------------ report
+def _mean_or_nan(x: Sequence[float]) -> float:
+    return sum(x) / len(x) if x else float("nan")
+
+
 def _mean_std(x: Sequence[float]):
     """Mean and sample standard deviation (0 for one value; NaN in, NaN out)."""
     import math
@@ -640,6 +644,11 @@ def summarize(runs: Dict[str, Dict[int, Dict[str, Any]]], skip_first: bool = Fal
                 "gen_cpu_s_per_step": sum(x.get("generate_cpu_s", 0.0) for x in timed) / len(timed),
                 "train_cpu_s_per_step": sum(x.get("train_cpu_s", 0.0) for x in timed) / len(timed),
                 "sync_cpu_s_per_step": sum(x.get("sync_cpu_s", 0.0) for x in timed) / len(timed),
+                # equal work: the update's CPU on steps whose group had a reward spread (both systems
+                # train then; on the others ours skips the learner and TRL runs it with zero advantages)
+                "train_cpu_s_per_signal_step": _mean_or_nan([x.get("train_cpu_s", 0.0) for x in timed
+                                                             if 0.0 < x["reward_mean"] < 1.0]),
+                "signal_steps": sum(1 for x in st if 0.0 < x["reward_mean"] < 1.0),
                 "train_reward_mean": sum(x["reward_mean"] for x in st) / len(st),
                 "last_step_reward": st[-1]["reward_mean"],
                 "heldout_reward": d.get("eval", {}).get("eval_reward_mean", float("nan")),
@@ -659,8 +668,9 @@ def summarize(runs: Dict[str, Dict[int, Dict[str, Any]]], skip_first: bool = Fal
                         if per_seed["trl"][k][key] not in (0.0,) and per_seed["trl"][k][key] == per_seed["trl"][k][key]]
                 ratios[key] = _mean_std(vals)
             # speed-up = TRL seconds / our seconds
-            for key in ("cpu_s_per_step", "wall_s_per_step"):
-                ratios["speedup_" + key] = _mean_std([per_seed["trl"][k][key] / per_seed[mine][k][key] for k in common])
+            for key in ("cpu_s_per_step", "wall_s_per_step", "train_cpu_s_per_signal_step"):
+                ratios["speedup_" + key] = _mean_std([per_seed["trl"][k][key] / per_seed[mine][k][key] for k in common
+                                                      if per_seed[mine][k][key] > 0])
             ratios["heldout_diff"] = _mean_std([per_seed[mine][k]["heldout_reward"] - per_seed["trl"][k]["heldout_reward"]
                                                 for k in common])
             ratios["seeds"] = common
@@ -731,18 +741,20 @@ def _fmt(ms, digits=2) -> str:
 
 
 def _table(summ: Dict[str, Any]) -> str:
-    lines = ["system | seeds | CPU s/step | wall s/step | gen CPU s | train CPU s | sync CPU s | train reward | "
-             "held-out reward | load", "---|---|---|---|---|---|---|---|---|---"]
+    lines = ["system | seeds | CPU s/step | wall s/step | gen CPU s | train CPU s | train CPU s per signal step | "
+             "sync CPU s | train reward | held-out reward | load", "---|---|---|---|---|---|---|---|---|---|---"]
     for system in [x for x in SYSTEMS if x in summ]:
         r = summ[system]
         lines.append(f"{system} | {len(r['seeds'])} | {_fmt(r['cpu_s_per_step'], 1)} | {_fmt(r['wall_s_per_step'], 1)} | "
                      f"{_fmt(r['gen_cpu_s_per_step'], 1)} | {_fmt(r['train_cpu_s_per_step'], 1)} | "
+                     f"{_fmt(r['train_cpu_s_per_signal_step'], 1)} | "
                      f"{_fmt(r['sync_cpu_s_per_step'], 2)} | {_fmt(r['train_reward_mean'], 3)} | "
                      f"{_fmt(r['heldout_reward'], 3)} | {_fmt(r['load_mean'], 1)}")
     for key in [k for k in summ if k.startswith("ratio_")]:
         r = summ[key]
         lines.append(f"\n{key} (paired by seed {r['seeds']}): speed-up TRL/ours CPU {_fmt(r['speedup_cpu_s_per_step'])}, "
-                     f"wall {_fmt(r['speedup_wall_s_per_step'])}; held-out reward ours/TRL {_fmt(r['heldout_reward'])}, "
+                     f"wall {_fmt(r['speedup_wall_s_per_step'])}, update on a signal step "
+                     f"{_fmt(r['speedup_train_cpu_s_per_signal_step'])}; held-out reward ours/TRL {_fmt(r['heldout_reward'])}, "
                      f"ours-TRL {_fmt(r['heldout_diff'], 3)}")
     if "base_model_heldout" in summ:
         lines.append(f"base model held-out reward: {summ['base_model_heldout'].get('eval_reward_mean')}")

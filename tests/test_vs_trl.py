@@ -118,16 +118,20 @@ def test_trl_config_matches_ours(settings):
 
 
 def test_summary_ratios_are_paired_by_seed():
-    def run(cpu, wall, held):
-        return {"steps": [{"cpu_s": 99.0, "wall_s": 99.0, "reward_mean": 0.0}, {"cpu_s": cpu, "wall_s": wall, "reward_mean": 0.5}],
+    def run(cpu, wall, held, train=0.0):
+        return {"steps": [{"cpu_s": 99.0, "wall_s": 99.0, "reward_mean": 0.0, "train_cpu_s": 50.0},
+                          {"cpu_s": cpu, "wall_s": wall, "reward_mean": 0.5, "train_cpu_s": train}],
                 "eval": {"eval_reward_mean": held}}
 
-    runs = {"ours": {0: run(10.0, 6.0, 0.2), 1: run(20.0, 10.0, 0.3)},
-            "trl": {0: run(20.0, 12.0, 0.2), 1: run(20.0, 10.0, 0.1)}}
+    runs = {"ours": {0: run(10.0, 6.0, 0.2, train=4.0), 1: run(20.0, 10.0, 0.3, train=8.0)},
+            "trl": {0: run(20.0, 12.0, 0.2, train=12.0), 1: run(20.0, 10.0, 0.1, train=12.0)}}
     s = vs_trl.summarize(runs, skip_first=True)
     r = s["ratio_ours_over_trl"]
     assert r["speedup_cpu_s_per_step"][0] == pytest.approx(1.5)  # (2.0 + 1.0) / 2, first step left out
     assert r["speedup_wall_s_per_step"][0] == pytest.approx(1.5)
     assert r["heldout_reward"][0] == pytest.approx(2.0)  # (1.0 + 3.0) / 2
     assert r["heldout_diff"][0] == pytest.approx(0.1)
+    # only steps with a reward spread count as equal work (the 0-reward step's 50 s is left out)
+    assert r["speedup_train_cpu_s_per_signal_step"][0] == pytest.approx((3.0 + 1.5) / 2)
+    assert s["ours"]["signal_steps"][0] == 1
     assert s["ours"]["cpu_s_per_step"][0] == pytest.approx(15.0)
