@@ -73,8 +73,12 @@ def run_variant(name: str, out: Path, iterations: int, seed: int, verbose: bool)
     return meta
 
 
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
 def _mean(xs: List[float]) -> float:
-    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    xs = [x for x in xs if not _nan(x)]
     return sum(xs) / len(xs) if xs else float("nan")
 
 
@@ -86,8 +90,8 @@ def variant_numbers(out: Path, name: str) -> Optional[Dict[str, Any]]:
     s, meta = json.loads(summ.read_text()), json.loads(run.read_text())
     its = s["per_iteration"]
     n = len(its)
-    fwd = sum(x["learner"].get("forward_tokens") or 0 for x in its if not _nan(x["learner"].get("forward_tokens")))
-    cred = sum(x["learner"].get("trained_tokens") or 0 for x in its if not _nan(x["learner"].get("trained_tokens")))
+    fwd = sum(x["learner"]["forward_tokens"] for x in its if not _nan(x["learner"].get("forward_tokens")))
+    cred = sum(x["learner"]["trained_tokens"] for x in its if not _nan(x["learner"].get("trained_tokens")))
     return {
         "iterations": n,
         "s_per_iter": _mean([x["seconds"] for x in its]),
@@ -105,9 +109,6 @@ def variant_numbers(out: Path, name: str) -> Optional[Dict[str, Any]]:
         "wall_s_process": meta["wall_s"], "cpu_s_process": meta["cpu_s"],
     }
 
-
-def _nan(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
 
 
 def ratios(nums: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, float]]:

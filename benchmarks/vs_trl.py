@@ -593,8 +593,10 @@ def child(a) -> None:
     system, seed = a._run, int(a._seed)
     import platform
 
+    from rllib_r3l.console import cpu_model
+
     meta = {"system": system, "seed": seed, "settings": _settings_json(s), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "cpu_model": _cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version()}
+            "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version()}
     if system == "trl":
         res = run_trl(s, seed, a._save)
     elif system in ("ours", "ours_fp32", "ours_compiled"):
@@ -604,12 +606,6 @@ def child(a) -> None:
     meta.update(res)
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     Path(a._dst).write_text(json.dumps(meta, indent=1))
-
-
-def _cpu_model() -> str:
-    from rllib_r3l.console import cpu_model
-
-    return cpu_model()
 
 
 # ------------------------------------------------------------------------------------------ report
