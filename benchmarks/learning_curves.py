@@ -1,68 +1,293 @@
-"""Learning at small scale: R3L vs GRPO (and ablations) success-rate curves on CPU (issue 7, item 4).
+"""When does reflect-then-retry pay? Learning curves of R3L, its ablations and GRPO (issue 11, item 5).
 
-    python benchmarks/learning_curves.py --variants r3l,grpo --iterations 12       # launches both, concurrently
-    python benchmarks/learning_curves.py --plot-only                                 # table + PNG from what is there
+    .venv/bin/python benchmarks/learning_curves.py                      # the whole sweep; resumable
+    .venv/bin/python benchmarks/learning_curves.py --variants grpo,r3l_oracle --seeds 0
+    .venv/bin/python benchmarks/learning_curves.py --report-only        # table, CSV and PNG from what is there
 
-Every variant trains ``R3LConfig`` on the same environment, model, seed (same training task seeds),
-group size, task budget and learning rate; only the R3L switches differ. Each variant runs in its own
-process (its own Ray instance and in-process vLLM engine); all run *concurrently* so they see the
-same machine load. After every iteration a JSON line is appended to
-``benchmarks/results/learning_curves/<variant>.jsonl`` (per-step cost metrics, CPU time / wall, load
-average), so partial results are usable if the run is cut short. Every ``--eval-every`` iterations
-(and at iteration 0) the current policy plays ``--eval-episodes`` held-out games of the TWX *test*
-fold (seeds 0..E-1, disjoint from the training fold) at the evaluation temperature, with the
-runner's own engine (no reflection, no retry).
+Variants (everything else identical: model, environment, group size, task groups per iteration,
+learning rate, the same training task seeds for a seed):
 
-Not a test: a benchmark script. The sample budget is what the run prints, stated in docs/benchmarks.md.
+* ``grpo``: no reflection, group-normalised advantages;
+* ``r3l``: the policy reflects on its failures and retries from its pivot (paper §4);
+* ``r3l_oracle``: R3L whose reports come from the environment's oracle (the oracle pivot and the gold
+  action there): the DIAGNOSTIC upper bound of what reflection can hand to the rest of R3L;
+* ``r3l_no_reflect``: amplification only (no reflection, no retries);
+* ``r3l_no_amp``: R3L without positive amplification; ``r3l_no_pivot``: R3L without pivotal credit.
+
+**Equal sample budget.** A run trains until it has generated ``budget`` trajectories (base + retry;
+a group of N holds N base rollouts without reflection, N/2 base + up to N/2 retries with it), so R3L
+variants run more, cheaper-per-sample iterations than GRPO; tokens and CPU seconds are reported too.
+Held-out evaluation: ``eval_episodes`` games of the environment's *test* fold (seeds 0..E-1, disjoint
+from training) at the evaluation temperature, with the run's own engine, no reflection; ``base`` is
+the untrained model evaluated the same way (once per seed).
+
+**Resumable.** Each (variant, seed) run lives in ``<out>/<variant>/seed<k>/``: ``curve.jsonl`` (a
+header, then one record per iteration, appended as it finishes) and ``checkpoint/`` (the algorithm
+after the last recorded iteration; git-ignored; deleted when the run is done). A killed run restarts
+from its checkpoint; a finished one (``final.json``) is skipped. ``setting.json`` at the top holds the
+sweep's setting: resuming with another setting is refused (name the field, or use another ``--out``).
+Runs go ``--parallel`` at a time (default 2, one thread each: the 2-core machine), seed-major, so the
+headline comparison (GRPO vs R3L-oracle vs R3L) is complete for a seed before the ablations start.
+
+Not a test: a benchmark script (its arithmetic is tested in ``tests/test_learning_curves.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import numbers
+import math
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-OUT = ROOT / "benchmarks" / "results" / "learning_curves"
+OUT = ROOT / "benchmarks" / "results" / "learning_curves_v2"
 
 # variant -> R3L switches (everything else identical)
-VARIANTS = {
-    "r3l": dict(reflect=True, pivotal_credit=True, positive_amplification=True, std_normalize=False),
+VARIANTS: Dict[str, Dict[str, Any]] = {
     "grpo": dict(reflect=False, pivotal_credit=False, positive_amplification=False, std_normalize=True),
-    "r3l_no_pivot": dict(reflect=True, pivotal_credit=False, positive_amplification=True, std_normalize=False),
+    "r3l_oracle": dict(reflect=True, reflector="oracle", pivotal_credit=True, positive_amplification=True,
+                       std_normalize=False),
+    "r3l": dict(reflect=True, pivotal_credit=True, positive_amplification=True, std_normalize=False),
+    "r3l_no_reflect": dict(reflect=False, pivotal_credit=True, positive_amplification=True, std_normalize=False),
     "r3l_no_amp": dict(reflect=True, pivotal_credit=True, positive_amplification=False, std_normalize=False),
-    "reflect_only": dict(reflect=True, pivotal_credit=False, positive_amplification=False, std_normalize=True),
+    "r3l_no_pivot": dict(reflect=True, pivotal_credit=False, positive_amplification=True, std_normalize=False),
+}
+BASE = "base"  # the untrained model, evaluated once per seed
+
+# The sweep's setting (the CPU default environment and model; lr 1e-5 as in the first version, which
+# moved held-out success from 0-0.06 to 0.25 within 80 samples on this setting).
+DEFAULT_SETTING: Dict[str, Any] = {
+    "env": "r3l/CoinCollector", "env_config": {}, "model": None, "backend": "vllm",
+    "group_size": 8, "tasks_per_iteration": 2, "lr": 1e-5, "micro_batch_size": 4, "micro_batch_tokens": 1024,
+    "budget": 64, "max_iterations": 12, "eval_episodes": 32, "num_threads": 1, "training": {},
 }
 
+# two-sided 95 % Student t quantiles by degrees of freedom
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 
-def _flatten(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}/{k}" if prefix else str(k)
-        if isinstance(v, dict):
-            out.update(_flatten(v, key))
-        elif isinstance(v, bool):
+
+# ---------------------------------------------------------------------------------------------------
+# statistics (pure)
+def t_quantile(df: int) -> float:
+    """The 97.5 % Student t quantile for ``df`` degrees of freedom: from the table, the nearest smaller
+    tabulated df between entries (a slightly wider interval), 1.96 beyond 30."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    if df > 30:
+        return 1.96
+    return _T975[max(k for k in _T975 if k <= df)]
+
+
+def mean_interval(xs: Sequence[float]) -> Dict[str, float]:
+    """Mean, sample std and the 95 % t-interval of the mean (seeds as the unit); NaN where undefined."""
+    xs = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
+    n = len(xs)
+    if n == 0:
+        return {"n": 0, "mean": math.nan, "std": math.nan, "lo": math.nan, "hi": math.nan}
+    m = sum(xs) / n
+    if n == 1:
+        return {"n": 1, "mean": m, "std": math.nan, "lo": math.nan, "hi": math.nan}
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    h = t_quantile(n - 1) * sd / math.sqrt(n)
+    return {"n": n, "mean": m, "std": sd, "lo": m - h, "hi": m + h}
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> Tuple[float, float]:
+    """Wilson score interval of a binomial proportion k/n."""
+    if n <= 0:
+        return math.nan, math.nan
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def risk_ratio(k1: int, n1: int, k0: int, n0: int, z: float = 1.96) -> Dict[str, float]:
+    """(k1/n1) / (k0/n0) with the Katz log interval; a zero count gets the Haldane 0.5 correction
+    (estimate and interval), flagged in ``corrected``. Episodes as the unit: it ignores the spread
+    between seeds, which ``paired`` ratios show."""
+    if min(n1, n0) <= 0:
+        return {"ratio": math.nan, "lo": math.nan, "hi": math.nan, "corrected": False}
+    corrected = k1 == 0 or k0 == 0
+    a, b = (k1 + 0.5, k0 + 0.5) if corrected else (k1, k0)
+    m1, m0 = (n1 + 0.5, n0 + 0.5) if corrected else (n1, n0)
+    r = (a / m1) / (b / m0)
+    se = math.sqrt(1 / a - 1 / m1 + 1 / b - 1 / m0)
+    return {"ratio": r, "lo": r * math.exp(-z * se), "hi": r * math.exp(z * se), "corrected": corrected}
+
+
+def interpolate_curve(xs: Sequence[float], ys: Sequence[float], grid: Sequence[float]) -> List[float]:
+    """Piecewise-linear ``ys(xs)`` on ``grid``; NaN outside ``[xs[0], xs[-1]]`` (no extrapolation)."""
+    out = []
+    for g in grid:
+        if not xs or g < xs[0] or g > xs[-1]:
+            out.append(math.nan)
             continue
-        elif isinstance(v, numbers.Real) or (hasattr(v, "item") and getattr(v, "ndim", None) == 0):
-            out[key] = float(v)  # learner metrics arrive as numpy / 0-d torch scalars
+        for i in range(len(xs)):
+            if xs[i] == g:
+                out.append(float(ys[i]))
+                break
+            if i + 1 < len(xs) and xs[i] < g < xs[i + 1]:
+                w = (g - xs[i]) / (xs[i + 1] - xs[i])
+                out.append(float(ys[i]) * (1 - w) + float(ys[i + 1]) * w)
+                break
     return out
 
 
-KEEP = ("env_runners/r3l/", "env_runners/success_rate", "env_runners/episode_return_mean", "env_runners/episode_len_mean",
-        "env_runners/num_episodes", "learners/default_policy/r3l/learner/", "r3l/", "timers/", "time_this_iter_s")
+# ---------------------------------------------------------------------------------------------------
+# what a run recorded (pure, on the files)
+def run_dir(out: Path, variant: str, seed: int) -> Path:
+    return out / variant / f"seed{seed}"
 
 
-def evaluate_policy(algo, args) -> dict:
-    """Held-out games (TWX test fold) with the local runner's engine at the evaluation temperature."""
+def read_curve(d: Path) -> Tuple[Optional[dict], List[dict]]:
+    p = d / "curve.jsonl"
+    if not p.exists():
+        return None, []
+    lines = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+    header = lines[0].get("header") if lines else None
+    return header, [x for x in lines[1:] if "iteration" in x]
+
+
+def run_numbers(out: Path, variant: str, seed: int) -> Optional[Dict[str, Any]]:
+    """A finished run's numbers: final held-out success (k/n), samples, iterations, updates, cost,
+    pooled retry success and pivot accuracy; None until ``final.json`` exists."""
+    d = run_dir(out, variant, seed)
+    if not (d / "final.json").exists():
+        return None
+    final = json.loads((d / "final.json").read_text())
+    _, recs = read_curve(d)
+    trained = [r for r in recs if r["iteration"] > 0]
+
+    def tot(key: str) -> float:
+        return float(sum(r.get(key) or 0.0 for r in trained))
+
+    retries = tot("num_retries")
+    valid = tot("reflection_valid")
+    pivots = [(r.get("pivot_accuracy"), r.get("reflection_valid") or 0.0) for r in trained]
+    pivots = [(p, w) for p, w in pivots if p is not None and not math.isnan(p) and w > 0]
+    samples = trained[-1]["samples_cumulative"] if trained else 0.0
+    return {
+        "variant": variant, "seed": seed,
+        "eval_success": final["eval_successes"] / max(final["eval_episodes"], 1),
+        "eval_successes": int(final["eval_successes"]), "eval_episodes": int(final["eval_episodes"]),
+        "iterations": len(trained), "samples": samples,
+        "updates": sum(1 for r in trained if (r.get("trained_tokens") or 0) > 0),
+        "train_success_last": trained[-1].get("success_rate") if trained else math.nan,
+        "retry_success": (sum((r.get("retry_success_rate") or 0.0) * (r.get("num_retries") or 0.0) for r in trained)
+                          / retries) if retries else math.nan,
+        "retries": retries,
+        "pivot_accuracy": sum(p * w for p, w in pivots) / sum(w for _, w in pivots) if pivots else math.nan,
+        "reflections_valid": valid,
+        "cpu_s": tot("cpu_s"), "wall_s": tot("wall_s"),
+        "cpu_s_per_iteration": tot("cpu_s") / len(trained) if trained else math.nan,
+        "cpu_s_per_sample": tot("cpu_s") / samples if samples else math.nan,
+        "generated_tokens": tot("generated_tokens"), "learner_forward_tokens": tot("forward_tokens"),
+        "trained_tokens": tot("trained_tokens"),
+    }
+
+
+def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[str, Any]:
+    """Per variant: final held-out success over seeds (mean, std, 95 % t-interval; pooled k/n with its
+    Wilson interval), cost and reflection numbers; and each variant against GRPO: paired differences
+    over seeds and the pooled risk ratio (Katz)."""
+    per: Dict[str, Dict[int, Dict[str, Any]]] = {}
+    for v in [BASE, *variants]:
+        for s in seeds:
+            n = run_numbers(out, v, s)
+            if n is not None:
+                per.setdefault(v, {})[s] = n
+    table: Dict[str, Any] = {}
+    for v, by_seed in per.items():
+        rows = list(by_seed.values())
+        k = sum(r["eval_successes"] for r in rows)
+        n = sum(r["eval_episodes"] for r in rows)
+        entry = {"seeds": sorted(by_seed), "eval_success": mean_interval([r["eval_success"] for r in rows]),
+                 "pooled": {"k": k, "n": n, "rate": k / n if n else math.nan, "wilson": wilson(k, n)}}
+        for key in ("samples", "iterations", "updates", "retry_success", "pivot_accuracy", "cpu_s_per_iteration",
+                    "cpu_s_per_sample", "generated_tokens", "learner_forward_tokens", "trained_tokens"):
+            entry[key] = mean_interval([r[key] for r in rows])
+        rs = [r["retries"] for r in rows]
+        entry["retries_total"] = sum(rs)
+        table[v] = entry
+    ref = per.get("grpo", {})
+    for v, by_seed in per.items():
+        if v == "grpo" or not ref:
+            continue
+        common = sorted(set(by_seed) & set(ref))
+        if not common:
+            continue
+        k1 = sum(by_seed[s]["eval_successes"] for s in common)
+        n1 = sum(by_seed[s]["eval_episodes"] for s in common)
+        k0 = sum(ref[s]["eval_successes"] for s in common)
+        n0 = sum(ref[s]["eval_episodes"] for s in common)
+        table[v]["vs_grpo"] = {
+            "seeds": common,
+            "diff": mean_interval([by_seed[s]["eval_success"] - ref[s]["eval_success"] for s in common]),
+            "risk_ratio": risk_ratio(k1, n1, k0, n0),
+            "cpu_s_per_sample_ratio": mean_interval([by_seed[s]["cpu_s_per_sample"] / ref[s]["cpu_s_per_sample"]
+                                                     for s in common if ref[s]["cpu_s_per_sample"]]),
+        }
+    return {"variants": table, "per_seed": {v: {str(s): r for s, r in d.items()} for v, d in per.items()}}
+
+
+def next_runs(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> List[Tuple[str, int]]:
+    """The runs still to do, seed-major (a seed's base evaluation first, then the variants in order)."""
+    todo = []
+    for s in seeds:
+        for v in [BASE, *variants]:
+            if not (run_dir(out, v, s) / "final.json").exists():
+                todo.append((v, s))
+    return todo
+
+
+def check_setting(out: Path, setting: Dict[str, Any]) -> None:
+    """Write ``setting.json`` the first time; refuse a different setting later (naming the fields)."""
+    p = out / "setting.json"
+    if not p.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(setting, indent=1, sort_keys=True))
+        return
+    old = json.loads(p.read_text())
+    diff = sorted(k for k in set(old) | set(setting) if old.get(k) != setting.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: {old.get(k)!r} there, {setting.get(k)!r} now" for k in diff)
+        raise SystemExit(f"{out} holds a sweep with another setting ({detail}); pass the same options to "
+                         f"resume it, or --out <new folder> for a new sweep")
+
+
+# ---------------------------------------------------------------------------------------------------
+# one run (a child process)
+def build_config(setting: Dict[str, Any], variant: str, seed: int):
+    from rllib_r3l import R3LConfig
+
+    switches = VARIANTS["grpo" if variant == BASE else variant]
+    training = dict(group_size=setting["group_size"], tasks_per_iteration=setting["tasks_per_iteration"],
+                    lr=setting["lr"], micro_batch_size=setting["micro_batch_size"],
+                    micro_batch_tokens=setting["micro_batch_tokens"], backend=setting["backend"],
+                    num_threads=setting["num_threads"], sampling_seed=seed, **switches)
+    if setting.get("model"):
+        training["model"] = setting["model"]
+    training.update(setting.get("training") or {})
+    return (R3LConfig().environment(setting["env"], env_config=dict(setting["env_config"]))
+            .training(**training).debugging(seed=seed))
+
+
+def evaluate_heldout(algo, episodes: int) -> Dict[str, Any]:
+    """``episodes`` games of the test fold (seeds 0..E-1) with the runner's engine at the evaluation
+    temperature: base episodes, no reflection. Lost episodes (errors) are counted, not dropped."""
     import environments
     from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
@@ -72,161 +297,308 @@ def evaluate_policy(algo, args) -> dict:
     opts = RolloutOptions(max_turns=c.max_turns, max_response_tokens=c.max_response_tokens,
                           max_context_tokens=c.max_context_tokens, temperature=c.evaluation_temperature,
                           top_p=c.top_p, action_decoding=c.action_decoding, system_prompt=c.system_prompt)
-    er = EpisodeRunner(runner.backend, runner._chat, lambda: environments.make(c.env, env_config), opts, Counter())
-    t0 = time.perf_counter()
+    counters: Counter = Counter()
+    er = EpisodeRunner(runner.backend, runner._chat, lambda: environments.make(c.env, env_config), opts, counters)
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
-        trajs = er.run([EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in range(args.eval_episodes)])
+        trajs = er.run([EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in range(episodes)])
     finally:
         er.close()
     ok = [t for t in trajs if t is not None]
-    return {"eval_success_rate": sum(bool(t.success) for t in ok) / max(len(ok), 1),
-            "eval_return_mean": sum(float(t.reward) for t in ok) / max(len(ok), 1),
-            "eval_episodes": len(ok), "eval_seconds": round(time.perf_counter() - t0, 1)}
+    return {"eval_successes": sum(bool(t.success) for t in ok), "eval_episodes": episodes,
+            "eval_lost": episodes - len(ok), "eval_return_mean": sum(float(t.reward) for t in ok) / max(len(ok), 1),
+            "eval_temperature": c.evaluation_temperature, "eval_seconds": round(time.perf_counter() - t0, 1),
+            "eval_cpu_s": round(time.process_time() - c0, 1)}
 
 
-def run_variant(args) -> None:
+def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
+    """The numbers a curve keeps from one ``algo.train()`` result (NaN where absent)."""
+    from rllib_r3l.main import iteration_record
+
+    rec = iteration_record(0, result)
+    r3l, learner = rec["r3l"], rec["learner"]
+    keep = {"success_rate": rec["success_rate"], "num_episodes": result.get("env_runners", {}).get("num_episodes")}
+    for k in ("num_retries", "retry_success_rate", "reflection_valid", "reflection_total", "reflection_valid_rate",
+              "pivot_accuracy", "pivot_error_mean", "pivot_early_rate", "mean_pivot_turn", "generated_tokens",
+              "generated_tokens_per_sample", "prompt_tokens_computed_per_sample"):
+        keep[k] = r3l.get(k)
+    for k in ("trained_tokens", "forward_tokens", "update_seconds"):
+        keep[k] = learner.get(k)
+    keep["time_split"] = rec.get("time_split") or {}
+    return {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in keep.items()}
+
+
+def _samples_of(num: Dict[str, Any]) -> float:
+    return float(num.get("num_episodes") or 0.0) + float(num.get("num_retries") or 0.0)
+
+
+def run_one(out: Path, setting: Dict[str, Any], variant: str, seed: int) -> Dict[str, Any]:
+    """Train ``variant`` at ``seed`` until the sample budget, checkpointing after every iteration,
+    then evaluate on the held-out fold; resumes from the checkpoint; returns ``final.json``'s dict."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import ray
 
     import rllib_r3l  # noqa: F401
-    from rllib_r3l import R3LConfig
+    from rllib_r3l.algorithm import R3L
 
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{args.variant}.jsonl"
-    cfg = (R3LConfig()
-           .environment("r3l/CoinCollector", env_config={"num_locations": args.num_locations, "max_turns": args.max_turns})
-           .training(group_size=args.group_size, tasks_per_iteration=args.tasks, lr=args.lr,
-                     micro_batch_size=args.micro_batch_size, micro_batch_tokens=args.micro_batch_tokens, backend="vllm",
-                     **VARIANTS[args.variant])
-           .debugging(seed=args.seed))
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    t_build = time.perf_counter()
-    algo = cfg.build_algo()
-    header = {"variant": args.variant, "switches": VARIANTS[args.variant], "num_locations": args.num_locations,
-              "max_turns": args.max_turns, "group_size": args.group_size, "tasks_per_iteration": args.tasks,
-              "lr": args.lr, "seed": args.seed, "eval_episodes": args.eval_episodes,
-              "eval_temperature": cfg.evaluation_temperature, "build_seconds": round(time.perf_counter() - t_build, 1),
-              "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    with open(path, "w") as f:
-        f.write(json.dumps({"header": header}) + "\n")
-    samples = 0
-    for it in range(0, args.iterations + 1):
-        rec = {"iteration": it}
-        if it > 0:
+    d = run_dir(out, variant, seed)
+    if (d / "final.json").exists():
+        return json.loads((d / "final.json").read_text())
+    d.mkdir(parents=True, exist_ok=True)
+    ckpt, tmp = d / "checkpoint", d / "checkpoint.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)  # a save that was cut short
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    header, recs = read_curve(d)
+    algo = None
+    try:
+        if header is not None and ckpt.exists():
+            algo = R3L.from_checkpoint(str(ckpt))
+            recs = [r for r in recs if r["iteration"] <= algo.iteration]  # a record written after the save
+            if not recs or recs[-1]["iteration"] != algo.iteration:
+                raise RuntimeError(f"{d}: checkpoint at iteration {algo.iteration} but the curve's last record "
+                                   f"is {recs[-1]['iteration'] if recs else None}; delete the folder to rerun")
+            _write_curve(d, header, recs)
+            print(f"[{variant} seed {seed}] resumed at iteration {algo.iteration}", flush=True)
+        else:
+            t0 = time.perf_counter()
+            algo = build_config(setting, variant, seed).build_algo()
+            header = {"variant": variant, "seed": seed, "switches": VARIANTS["grpo" if variant == BASE else variant],
+                      "setting": setting, "build_seconds": round(time.perf_counter() - t0, 1),
+                      "cpu_model": _cpu(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            recs = []
+            _write_curve(d, header, recs)
+        samples = recs[-1]["samples_cumulative"] if recs else 0.0
+        while variant != BASE and samples < setting["budget"] and algo.iteration < setting["max_iterations"]:
             w0, c0 = time.perf_counter(), time.process_time()
-            res = algo.train()
-            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-            flat = _flatten(res)
-            rec.update({k: v for k, v in flat.items() if k.startswith(KEEP)})
-            er_samples = flat.get("env_runners/r3l/num_retries", 0.0) + flat.get("env_runners/num_episodes", 0.0)
-            samples += er_samples
-            rec.update({"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "cpu_over_wall": round(cpu / wall, 3)})
-        rec["samples_cumulative"] = samples  # base + retry trajectories generated so far
-        rec["loadavg_1m"] = os.getloadavg()[0]
-        if args.eval_episodes > 0 and (it % args.eval_every == 0 or it == args.iterations):
-            rec.update(evaluate_policy(algo, args))
-        rec["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
-        with open(path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        print(f"[{args.variant}] iter {it}: train success {rec.get('env_runners/success_rate', float('nan')):.3f} "
-              f"eval {rec.get('eval_success_rate', float('nan')):.3f} wall {rec.get('wall_s', 0)} s "
-              f"cpu/wall {rec.get('cpu_over_wall', float('nan'))} load {rec['loadavg_1m']:.1f}", flush=True)
-    algo.stop()
-    ray.shutdown()
+            result = algo.train()
+            num = iteration_numbers(result)
+            samples += _samples_of(num)
+            rec = {"iteration": algo.iteration, **num, "samples_cumulative": samples,
+                   "wall_s": round(time.perf_counter() - w0, 2), "cpu_s": round(time.process_time() - c0, 2),
+                   "loadavg_1m": round(os.getloadavg()[0], 2),
+                   "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+            algo.save_to_path(str(tmp))  # save, record, then swap: a kill at any point resumes cleanly
+            recs.append(rec)
+            _write_curve(d, header, recs)
+            shutil.rmtree(ckpt, ignore_errors=True)
+            tmp.rename(ckpt)
+            print(f"[{variant} seed {seed}] iteration {algo.iteration}: samples {samples:.0f}/{setting['budget']} "
+                  f"success {_fmt(num['success_rate'])} retries {num.get('num_retries') or 0:.0f} "
+                  f"retry success {_fmt(num.get('retry_success_rate'))} update {_fmt(num.get('trained_tokens'))} tok "
+                  f"{rec['wall_s']:.0f} s (cpu {rec['cpu_s']:.0f})", flush=True)
+        final = {"variant": variant, "seed": seed, "iterations": algo.iteration, "samples": samples,
+                 **evaluate_heldout(algo, setting["eval_episodes"]),
+                 "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        (d / "final.json").write_text(json.dumps(final, indent=1))
+        shutil.rmtree(ckpt, ignore_errors=True)
+        print(f"[{variant} seed {seed}] held-out {final['eval_successes']}/{final['eval_episodes']} "
+              f"({final['eval_seconds']:.0f} s)", flush=True)
+        return final
+    finally:
+        if algo is not None:
+            algo.stop()
+        if own_ray:
+            ray.shutdown()
 
 
-def load(variant):
-    p = OUT / f"{variant}.jsonl"
-    if not p.exists():
-        return None, []
-    lines = [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
-    return lines[0].get("header"), [l for l in lines[1:] if "iteration" in l]
+def _write_curve(d: Path, header: dict, recs: List[dict]) -> None:
+    tmp = d / "curve.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(x) + "\n" for x in [{"header": header}, *recs]))
+    tmp.replace(d / "curve.jsonl")
 
 
-def plot_and_table(variants) -> None:
+def _fmt(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}" if x < 10 else f"{x:.0f}"
+
+
+def _cpu() -> str:
+    from rllib_r3l.console import cpu_model
+
+    return cpu_model()
+
+
+# ---------------------------------------------------------------------------------------------------
+# report
+def _ci(e: Dict[str, float], digits: int = 3) -> str:
+    if not e or e.get("n", 0) == 0 or math.isnan(e["mean"]):
+        return "-"
+    if e["n"] == 1:
+        return f"{e['mean']:.{digits}f} (1 seed)"
+    return f"{e['mean']:.{digits}f} ± {e['std']:.{digits}f} [{e['lo']:.{digits}f}, {e['hi']:.{digits}f}]"
+
+
+def report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
+    """The markdown table (also written to ``summary.md``), ``summary.json``, ``runs.csv`` and the PNG."""
+    s = summarize(out, variants, seeds)
+    lines = ["| variant | seeds | held-out success: mean ± std [95 % t] | pooled k/n [Wilson] | vs GRPO: diff "
+             "[95 % t] | vs GRPO: risk ratio [Katz] | samples | iterations | retry success | pivot acc. | CPU s "
+             "/ sample |", "|" + "---|" * 11]
+    for v in [BASE, *variants]:
+        e = s["variants"].get(v)
+        if e is None:
+            continue
+        p = e["pooled"]
+        vs = e.get("vs_grpo", {})
+        rr = vs.get("risk_ratio")
+        rr_s = "-" if not rr or math.isnan(rr["ratio"]) else (
+            f"{rr['ratio']:.2f} [{rr['lo']:.2f}, {rr['hi']:.2f}]" + (" (0.5-corrected)" if rr["corrected"] else ""))
+        lines.append(f"| {v} | {len(e['seeds'])} | {_ci(e['eval_success'])} | {p['k']}/{p['n']} "
+                     f"[{p['wilson'][0]:.2f}, {p['wilson'][1]:.2f}] | {_ci(vs.get('diff', {}))} | {rr_s} | "
+                     f"{_ci(e['samples'], 0)} | {_ci(e['iterations'], 1)} | {_ci(e['retry_success'], 2)} | "
+                     f"{_ci(e['pivot_accuracy'], 2)} | {_ci(e['cpu_s_per_sample'], 0)} |")
+    text = "\n".join(lines)
+    (out / "summary.md").write_text(text + "\n")
+    (out / "summary.json").write_text(json.dumps(s, indent=1, default=float))
+    _write_csv(out, s)
+    _plot(out, variants, seeds, s)
+    return text
+
+
+def _write_csv(out: Path, s: Dict[str, Any]) -> None:
+    import csv
+
+    rows = [r for d in s["per_seed"].values() for r in d.values()]
+    if not rows:
+        return
+    with open(out / "runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _plot(out: Path, variants: Sequence[str], seeds: Sequence[int], s: Dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    rows = []
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for v in variants:
-        header, recs = load(v)
-        if not recs:
+        curves = []
+        for seed in seeds:
+            _, recs = read_curve(run_dir(out, v, seed))
+            tr = [r for r in recs if r["iteration"] > 0 and r.get("success_rate") is not None]
+            if tr:
+                curves.append(([r["samples_cumulative"] for r in tr], [r["success_rate"] for r in tr]))
+        if not curves:
             continue
-        tr = [r for r in recs if r["iteration"] > 0 and "env_runners/success_rate" in r]
-        ev = [r for r in recs if "eval_success_rate" in r]
-        if tr:
-            axes[0].plot([r["samples_cumulative"] for r in tr], [r["env_runners/success_rate"] for r in tr], "o-", label=v)
-        if ev:
-            axes[1].plot([r["samples_cumulative"] for r in ev], [r["eval_success_rate"] for r in ev], "o-", label=v)
-        for r in recs:
-            rows.append({"variant": v, "iteration": r["iteration"], "samples": r["samples_cumulative"],
-                         "train_success": r.get("env_runners/success_rate"), "eval_success": r.get("eval_success_rate"),
-                         "wall_s": r.get("wall_s"), "cpu_over_wall": r.get("cpu_over_wall"), "load": r["loadavg_1m"]})
-    axes[0].set_title("base-rollout success (training tasks)")
-    axes[1].set_title("held-out success (TWX test fold, T=0.4)")
+        top = max(c[0][-1] for c in curves)
+        grid = np.linspace(min(c[0][0] for c in curves), top, 24)
+        ys = np.array([interpolate_curve(x, y, grid) for x, y in curves], dtype=float)
+        with np.errstate(all="ignore"):
+            m, sd = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0)
+        line, = axes[0].plot(grid, m, label=f"{v} ({len(curves)} seeds)")
+        axes[0].fill_between(grid, m - sd, m + sd, alpha=0.2, color=line.get_color())
+    names = [v for v in [BASE, *variants] if v in s["variants"]]
+    for i, v in enumerate(names):
+        e = s["variants"][v]["eval_success"]
+        err = None if math.isnan(e["lo"]) else [[e["mean"] - e["lo"]], [e["hi"] - e["mean"]]]
+        axes[1].errorbar([i], [e["mean"]], yerr=err, fmt="o", capsize=4)
+        for r in s["per_seed"][v].values():
+            axes[1].plot([i + 0.12], [r["eval_success"]], ".", color="gray")
+    axes[1].set_xticks(range(len(names)), names, rotation=30, ha="right")
+    axes[0].set_title("base-rollout success on training tasks (mean ± std over seeds)")
+    axes[0].set_xlabel("trajectories generated (base + retry)")
+    axes[1].set_title("final held-out success (mean, 95 % t-interval; dots: seeds)")
     for ax in axes:
-        ax.set_xlabel("trajectories generated (base + retry)")
         ax.set_ylabel("success rate")
         ax.set_ylim(-0.02, 1.0)
-        ax.legend()
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "learning_curves.png", dpi=110)
-    import csv
-
-    if rows:
-        with open(OUT / "learning_curves.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-    print("| variant | iter | samples | train success | eval success | wall s | cpu/wall | load |")
-    print("|---|---|---|---|---|---|---|---|")
-    fmt = lambda x: "" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
-    for r in rows:
-        print("| " + " | ".join(fmt(r[k]) for k in r) + " |")
-    print(f"\nwrote {OUT / 'learning_curves.png'} and {OUT / 'learning_curves.csv'}")
+    fig.savefig(out / "learning_curves.png", dpi=110)
+    plt.close(fig)
 
 
-def main() -> None:
+# ---------------------------------------------------------------------------------------------------
+def _commit(out: Path, message: str) -> None:
+    """Commit the results folder alone (``git commit -- <path>``), retrying while another commit holds
+    the index; a failure is printed, never fatal to the sweep."""
+    rel = os.path.relpath(out, ROOT)
+    for _ in range(10):
+        subprocess.call(["git", "add", "--", rel], cwd=ROOT)
+        r = subprocess.run(["git", "commit", "-q", "-m", message, "--", rel], cwd=ROOT, capture_output=True, text=True)
+        if r.returncode == 0 or "nothing" in (r.stdout + r.stderr):
+            return
+        if "index.lock" not in r.stderr:
+            print(f"commit failed: {r.stderr.strip()}", flush=True)
+            return
+        time.sleep(3)
+
+
+def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Sequence[int], parallel: int,
+          commit: bool) -> None:
+    """Run what is left, ``parallel`` child processes at a time (one thread each); report after each."""
+    todo = next_runs(out, variants, seeds)
+    print(f"{len(todo)} run(s) to do in {out}: {', '.join(f'{v}/seed{s}' for v, s in todo)}", flush=True)
+    running: List[Tuple[subprocess.Popen, str, int, float]] = []
+    failed: Counter = Counter()
+    env = dict(os.environ, OMP_NUM_THREADS=str(setting["num_threads"]), RAY_AUTH_MODE="disabled",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    while todo or running:
+        while todo and len(running) < parallel:
+            v, s = todo.pop(0)
+            d = run_dir(out, v, s)
+            d.mkdir(parents=True, exist_ok=True)
+            log = open(d / "run.log", "a")
+            cmd = [sys.executable, __file__, "--out", str(out), "--child", f"{v}:{s}"]
+            running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env),
+                            v, s, time.time()))
+            print(f"{time.strftime('%H:%M:%S')} started {v}/seed{s}", flush=True)
+        time.sleep(5)
+        for item in list(running):
+            p, v, s, t0 = item
+            if p.poll() is None:
+                continue
+            running.remove(item)
+            took = (time.time() - t0) / 60
+            if p.returncode != 0:
+                failed[(v, s)] += 1
+                print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} FAILED rc={p.returncode} after {took:.1f} min "
+                      f"(log: {run_dir(out, v, s) / 'run.log'})", flush=True)
+                if failed[(v, s)] < 2:
+                    todo.insert(0, (v, s))  # once more, from its checkpoint
+                continue
+            print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} done in {took:.1f} min", flush=True)
+            print(report(out, variants, seeds), flush=True)
+            if commit:
+                _commit(out, f"learning curves v2: {v} seed {s} done")
+    if failed:
+        print(f"failed runs (rerun the script to resume them): {dict(failed)}", flush=True)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variants", default="r3l,grpo", help=f"comma list of {list(VARIANTS)}")
-    ap.add_argument("--variant", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--iterations", type=int, default=12)
-    ap.add_argument("--num-locations", type=int, default=4)
-    ap.add_argument("--max-turns", type=int, default=10)
-    ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--tasks", type=int, default=2, help="task groups per iteration")
-    ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--micro-batch-size", type=int, default=4)
-    ap.add_argument("--micro-batch-tokens", type=int, default=2048,
-                    help="learner token budget per forward/backward (bounds memory: variants run concurrently)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval-every", type=int, default=4)
-    ap.add_argument("--eval-episodes", type=int, default=24)
-    ap.add_argument("--plot-only", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {list(VARIANTS)}")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--budget", type=int, default=DEFAULT_SETTING["budget"], help="trajectories per run (base + retry)")
+    ap.add_argument("--eval-episodes", type=int, default=DEFAULT_SETTING["eval_episodes"])
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--commit", action="store_true", help="git-commit the results folder after each finished run")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
     variants = [v for v in args.variants.split(",") if v]
-    if args.variant:
-        run_variant(args)
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise SystemExit(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    if args.child:
+        v, s = args.child.split(":")
+        run_one(out, json.loads((out / "setting.json").read_text()), v, int(s))
         return
-    if not args.plot_only:
-        OUT.mkdir(parents=True, exist_ok=True)
-        procs = []
-        for v in variants:
-            cmd = [sys.executable, __file__, "--variant", v, "--iterations", str(args.iterations),
-                   "--num-locations", str(args.num_locations), "--max-turns", str(args.max_turns),
-                   "--group-size", str(args.group_size), "--tasks", str(args.tasks), "--lr", str(args.lr),
-                   "--micro-batch-size", str(args.micro_batch_size),
-                   "--micro-batch-tokens", str(args.micro_batch_tokens), "--seed", str(args.seed),
-                   "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes)]
-            log = open(OUT / f"{v}.log", "w")
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT)))
-        for p in procs:
-            p.wait()
-    plot_and_table(variants)
+    if args.report_only:
+        print(report(out, variants, seeds))
+        return
+    setting = dict(DEFAULT_SETTING, budget=args.budget, eval_episodes=args.eval_episodes)
+    check_setting(out, setting)
+    sweep(out, setting, variants, seeds, args.parallel, args.commit)
+    print(report(out, variants, seeds))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,122 @@
+"""``benchmarks/learning_curves.py`` (issue 11, item 5): its statistics on hand values, its reading of
+run folders, and a real cut-short run that resumes from its checkpoint (tiny model, toy corridor)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import learning_curves as lc  # noqa: E402
+
+
+def test_t_interval_and_wilson_and_katz_on_hand_values():
+    assert lc.t_quantile(2) == 4.303 and lc.t_quantile(11) == 2.228 and lc.t_quantile(40) == 1.96
+    e = lc.mean_interval([0.1, 0.2, 0.3])
+    assert e["mean"] == pytest.approx(0.2) and e["std"] == pytest.approx(0.1)
+    assert e["hi"] - e["mean"] == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    one = lc.mean_interval([0.5, float("nan"), None])
+    assert one["n"] == 1 and one["mean"] == 0.5 and math.isnan(one["lo"])
+    lo, hi = lc.wilson(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)
+    rr = lc.risk_ratio(6, 32, 3, 32)
+    se = math.sqrt(1 / 6 - 1 / 32 + 1 / 3 - 1 / 32)
+    assert rr["ratio"] == pytest.approx(2.0) and not rr["corrected"]
+    assert rr["lo"] == pytest.approx(2 * math.exp(-1.96 * se)) and rr["hi"] == pytest.approx(2 * math.exp(1.96 * se))
+    z = lc.risk_ratio(4, 32, 0, 32)  # a zero count: Haldane-corrected, flagged
+    assert z["corrected"] and z["ratio"] == pytest.approx((4.5 / 32.5) / (0.5 / 32.5))
+
+
+def test_interpolate_curve_is_linear_inside_and_nan_outside():
+    got = lc.interpolate_curve([8, 16, 32], [0.0, 0.5, 0.25], [4, 8, 12, 24, 32, 40])
+    assert math.isnan(got[0]) and math.isnan(got[-1])
+    assert got[1:5] == pytest.approx([0.0, 0.25, 0.375, 0.25])
+
+
+def _run(out: Path, variant: str, seed: int, its, k: int, n: int = 32) -> None:
+    d = lc.run_dir(out, variant, seed)
+    d.mkdir(parents=True)
+    lines = [{"header": {"variant": variant}}] + its
+    (d / "curve.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (d / "final.json").write_text(json.dumps({"eval_successes": k, "eval_episodes": n}))
+
+
+def _it(i, samples, cpu, retries=0.0, retry_ok=None, valid=0.0, pivot=None, tokens=100.0):
+    return {"iteration": i, "samples_cumulative": samples, "cpu_s": cpu, "wall_s": cpu, "success_rate": 0.25,
+            "num_retries": retries, "retry_success_rate": retry_ok, "reflection_valid": valid,
+            "pivot_accuracy": pivot, "trained_tokens": tokens, "generated_tokens": 10.0, "forward_tokens": 1000.0}
+
+
+def test_summarize_pools_seeds_pairs_against_grpo_and_weights_reflection_numbers(tmp_path):
+    _run(tmp_path, "grpo", 0, [_it(1, 16, 100), _it(2, 32, 100, tokens=0.0)], k=4)
+    _run(tmp_path, "grpo", 1, [_it(1, 16, 100), _it(2, 32, 140)], k=2)
+    # r3l: retry success pooled by retries (1 of 4, then 3 of 4 -> 4/8), pivot accuracy by valid reports
+    _run(tmp_path, "r3l", 0, [_it(1, 14, 200, 4, 0.25, 2, 1.0), _it(2, 28, 200, 4, 0.75, 6, 0.5)], k=8)
+    _run(tmp_path, "r3l", 1, [_it(1, 14, 200, 4, 0.25, 0, None)], k=6)
+    s = lc.summarize(tmp_path, ["grpo", "r3l", "r3l_oracle"], [0, 1, 2])
+    assert set(s["variants"]) == {"grpo", "r3l"}  # nothing of r3l_oracle or seed 2 yet
+    g, r = s["variants"]["grpo"], s["variants"]["r3l"]
+    assert g["pooled"]["k"] == 6 and g["pooled"]["n"] == 64 and g["updates"]["mean"] == 1.5
+    assert g["eval_success"]["mean"] == pytest.approx((4 / 32 + 2 / 32) / 2)
+    r0 = s["per_seed"]["r3l"]["0"]
+    assert r0["retry_success"] == pytest.approx(4 / 8) and r0["pivot_accuracy"] == pytest.approx((2 * 1.0 + 6 * 0.5) / 8)
+    assert math.isnan(s["per_seed"]["r3l"]["1"]["pivot_accuracy"])  # no valid report: unknown, not 0
+    assert r0["cpu_s_per_sample"] == pytest.approx(400 / 28)
+    vs = r["vs_grpo"]
+    assert vs["seeds"] == [0, 1]
+    assert vs["diff"]["mean"] == pytest.approx(((8 - 4) / 32 + (6 - 2) / 32) / 2)
+    assert vs["risk_ratio"]["ratio"] == pytest.approx((14 / 64) / (6 / 64))
+    assert vs["cpu_s_per_sample_ratio"]["mean"] == pytest.approx(((400 / 28) / (200 / 32) + (200 / 14) / (240 / 32)) / 2)
+    text = lc.report(tmp_path, ["grpo", "r3l"], [0, 1])
+    assert "| r3l | 2 |" in text and (tmp_path / "learning_curves.png").exists() and (tmp_path / "runs.csv").exists()
+
+
+def test_next_runs_are_seed_major_and_skip_finished_runs(tmp_path):
+    _run(tmp_path, "base", 0, [], k=1)
+    _run(tmp_path, "grpo", 0, [_it(1, 16, 1)], k=1)
+    lc.run_dir(tmp_path, "r3l", 0).mkdir(parents=True)  # started, not finished: still to do (resumes)
+    assert lc.next_runs(tmp_path, ["grpo", "r3l"], [0, 1]) == [("r3l", 0), ("base", 1), ("grpo", 1), ("r3l", 1)]
+
+
+def test_a_sweep_folder_refuses_another_setting_and_names_the_field(tmp_path):
+    lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING))
+    lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING))  # the same setting resumes
+    with pytest.raises(SystemExit, match=r"budget: 64 there, 96 now.*--out"):
+        lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING, budget=96))
+
+
+@pytest.mark.integration
+def test_a_run_cut_short_resumes_from_its_checkpoint_and_finishes(tmp_path, tiny_model_dir, monkeypatch):
+    """Real R3L (oracle reflector) on the tiny model: the held-out evaluation is cut short after
+    iteration 1 (as a kill would), the checkpoint survives, and the rerun continues at iteration 2."""
+    setting = dict(lc.DEFAULT_SETTING, env="r3l/ToyCorridor", env_config={"num_rooms": 3}, model="tiny",
+                   backend="transformers", group_size=4, lr=1e-4, micro_batch_tokens=None, budget=1000,
+                   max_iterations=1, eval_episodes=2, num_threads=None,
+                   training={"max_response_tokens": 8, "max_reflection_tokens": 24})
+    real_eval = lc.evaluate_heldout
+
+    def killed(algo, episodes):
+        raise KeyboardInterrupt("cut short")
+
+    monkeypatch.setattr(lc, "evaluate_heldout", killed)
+    with pytest.raises(KeyboardInterrupt):
+        lc.run_one(tmp_path, setting, "r3l_oracle", 0)
+    d = lc.run_dir(tmp_path, "r3l_oracle", 0)
+    header, recs = lc.read_curve(d)
+    assert header["switches"]["reflector"] == "oracle" and [r["iteration"] for r in recs] == [1]
+    assert (d / "checkpoint").exists() and not (d / "final.json").exists()
+    first = recs[0]
+    assert first["samples_cumulative"] == first["num_episodes"] + first["num_retries"] >= 4
+
+    monkeypatch.setattr(lc, "evaluate_heldout", real_eval)
+    final = lc.run_one(tmp_path, dict(setting, max_iterations=2), "r3l_oracle", 0)
+    _, recs = lc.read_curve(d)
+    assert [r["iteration"] for r in recs] == [1, 2] and recs[0] == first  # iteration 1 kept, not rerun
+    assert recs[1]["samples_cumulative"] > first["samples_cumulative"]
+    assert final["iterations"] == 2 and final["eval_episodes"] == 2 and 0 <= final["eval_successes"] <= 2
+    assert not (d / "checkpoint").exists() and (d / "final.json").exists()
+    assert lc.run_numbers(tmp_path, "r3l_oracle", 0)["iterations"] == 2
