@@ -175,6 +175,13 @@ def run_numbers(out: Path, variant: str, seed: int) -> Optional[Dict[str, Any]]:
         return float(sum(r.get(key) or 0.0 for r in trained))
 
     retries = tot("num_retries")
+
+    def per_retry(key: str) -> float:
+        """A per-retry rate pooled over iterations (weighted by retries); NaN where never logged."""
+        pairs = [(r.get(key), r.get("num_retries") or 0.0) for r in trained]
+        pairs = [(x, w) for x, w in pairs if x is not None and not math.isnan(x) and w > 0]
+        return sum(x * w for x, w in pairs) / sum(w for _, w in pairs) if pairs else math.nan
+
     valid = tot("reflection_valid")
     pivots = [(r.get("pivot_accuracy"), r.get("reflection_valid") or 0.0) for r in trained]
     pivots = [(p, w) for p, w in pivots if p is not None and not math.isnan(p) and w > 0]
@@ -186,8 +193,9 @@ def run_numbers(out: Path, variant: str, seed: int) -> Optional[Dict[str, Any]]:
         "iterations": len(trained), "samples": samples,
         "updates": sum(1 for r in trained if (r.get("trained_tokens") or 0) > 0),
         "train_success_last": trained[-1].get("success_rate") if trained else math.nan,
-        "retry_success": (sum((r.get("retry_success_rate") or 0.0) * (r.get("num_retries") or 0.0) for r in trained)
-                          / retries) if retries else math.nan,
+        "retry_success": per_retry("retry_success_rate"),
+        "retry_changed_pivot_action": per_retry("retry_changed_pivot_action"),
+        "retry_took_oracle_action": per_retry("retry_took_oracle_action"),
         "retries": retries,
         "pivot_accuracy": sum(p * w for p, w in pivots) / sum(w for _, w in pivots) if pivots else math.nan,
         "reflections_valid": valid,
@@ -216,7 +224,8 @@ def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[
         n = sum(r["eval_episodes"] for r in rows)
         entry = {"seeds": sorted(by_seed), "eval_success": mean_interval([r["eval_success"] for r in rows]),
                  "pooled": {"k": k, "n": n, "rate": k / n if n else math.nan, "wilson": wilson(k, n)}}
-        for key in ("samples", "iterations", "updates", "retry_success", "pivot_accuracy", "cpu_s_per_iteration",
+        for key in ("samples", "iterations", "updates", "retry_success", "retry_changed_pivot_action",
+                    "retry_took_oracle_action", "pivot_accuracy", "cpu_s_per_iteration",
                     "cpu_s_per_sample", "generated_tokens", "learner_forward_tokens", "trained_tokens"):
             entry[key] = mean_interval([r[key] for r in rows])
         rs = [r["retries"] for r in rows]
@@ -320,7 +329,8 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
     keep = {"success_rate": rec["success_rate"], "num_episodes": result.get("env_runners", {}).get("num_episodes")}
     for k in ("num_retries", "retry_success_rate", "reflection_valid", "reflection_total", "reflection_valid_rate",
               "pivot_accuracy", "pivot_error_mean", "pivot_early_rate", "mean_pivot_turn", "generated_tokens",
-              "generated_tokens_per_sample", "prompt_tokens_computed_per_sample"):
+              "generated_tokens_per_sample", "prompt_tokens_computed_per_sample", "retry_changed_pivot_action",
+              "retry_took_oracle_action"):
         keep[k] = r3l.get(k)
     for k in ("trained_tokens", "forward_tokens", "update_seconds"):
         keep[k] = learner.get(k)
@@ -434,8 +444,8 @@ def report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
     """The markdown table (also written to ``summary.md``), ``summary.json``, ``runs.csv`` and the PNG."""
     s = summarize(out, variants, seeds)
     lines = ["| variant | seeds | held-out success: mean ± std [95 % t] | pooled k/n [Wilson] | vs GRPO: diff "
-             "[95 % t] | vs GRPO: risk ratio [Katz] | samples | iterations | retry success | pivot acc. | CPU s "
-             "/ sample |", "|" + "---|" * 11]
+             "[95 % t] | vs GRPO: risk ratio [Katz] | samples | iterations | retry success | retry changed its pivot "
+             "action | retry took the oracle's action | pivot acc. | CPU s / sample |", "|" + "---|" * 13]
     for v in [BASE, *variants]:
         e = s["variants"].get(v)
         if e is None:
@@ -448,6 +458,7 @@ def report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
         lines.append(f"| {v} | {len(e['seeds'])} | {_ci(e['eval_success'])} | {p['k']}/{p['n']} "
                      f"[{p['wilson'][0]:.2f}, {p['wilson'][1]:.2f}] | {_ci(vs.get('diff', {}))} | {rr_s} | "
                      f"{_ci(e['samples'], 0)} | {_ci(e['iterations'], 1)} | {_ci(e['retry_success'], 2)} | "
+                     f"{_ci(e['retry_changed_pivot_action'], 2)} | {_ci(e['retry_took_oracle_action'], 2)} | "
                      f"{_ci(e['pivot_accuracy'], 2)} | {_ci(e['cpu_s_per_sample'], 0)} |")
     text = "\n".join(lines)
     (out / "summary.md").write_text(text + "\n")

@@ -222,6 +222,7 @@ class Explorer:
         self._log("retry_improvement_rate", float(retry.reward > base.reward))
         self._log("reward_gain", retry.reward - base.reward)
         self._log("mean_pivot_turn", k)
+        self._log_pivot_action(base, retry, k)
         if self.opts.pivotal_credit and k > 0:
             retry.credit_from_turn = k
             base.credit_from_turn = k if base.credit_from_turn == 0 else min(base.credit_from_turn, k)
@@ -234,6 +235,20 @@ class Explorer:
             sft.credit_from_turn = k if self.opts.pivotal_credit else 0
             sft.group_id = f"{retry.group_id}/retry_sft/{id(retry)}"
             self._add_aux_item(sft, group)
+
+    def _log_pivot_action(self, base: Trajectory, retry: Trajectory, k: int) -> None:
+        """Did the guidance change what the policy does at the pivot? ``retry_changed_pivot_action``:
+        the retry's action there differs from its base's; with the oracle reflector,
+        ``retry_took_oracle_action``: it is the gold action the report named (the link between a
+        good reflection and a successful retry)."""
+        if k >= len(retry.actions):
+            return
+        taken = _norm(retry.actions[k])
+        if k < len(base.actions):
+            self._log("retry_changed_pivot_action", float(taken != _norm(base.actions[k])))
+        gold = base.info.get("oracle_action")
+        if gold:
+            self._log("retry_took_oracle_action", float(taken == _norm(gold)))
 
     def _add_reflection_item(self, base: Trajectory, group: GroupResult) -> None:
         """One reflection item per reflection, however many of its retries succeed."""
@@ -277,3 +292,7 @@ class Explorer:
             out.update(self.reflection_stats.as_metrics())
         self.reflection_stats = reflect_lib.ReflectionStats()
         return out
+
+
+def _norm(action: str) -> str:
+    return " ".join(str(action).lower().split())

@@ -106,6 +106,8 @@ def oracle_reflections(explorer: Any, trajectories: Sequence[Any]) -> List[tuple
             explorer.counters["oracle_no_pivot"] += 1
         else:
             explorer.reflection_stats.add(parsed)
+            if parsed.triggers_retry and verdict[1]:
+                t.info["oracle_action"] = verdict[1]  # what the report names (retry_took_oracle_action)
         results.append((parsed, [], None))
     return results
 

@@ -65,6 +65,7 @@ def test_summarize_pools_seeds_pairs_against_grpo_and_weights_reflection_numbers
     r0 = s["per_seed"]["r3l"]["0"]
     assert r0["retry_success"] == pytest.approx(4 / 8) and r0["pivot_accuracy"] == pytest.approx((2 * 1.0 + 6 * 0.5) / 8)
     assert math.isnan(s["per_seed"]["r3l"]["1"]["pivot_accuracy"])  # no valid report: unknown, not 0
+    assert math.isnan(r0["retry_took_oracle_action"])  # never logged (the policy reflected): unknown
     assert r0["cpu_s_per_sample"] == pytest.approx(400 / 28)
     vs = r["vs_grpo"]
     assert vs["seeds"] == [0, 1]

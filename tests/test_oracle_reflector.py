@@ -79,6 +79,8 @@ def test_oracle_reflector_retries_from_the_oracle_pivot_and_is_never_trained_on(
     assert parsed.report.pivot == 0 and "'move right'" in parsed.report.suggestion and out is None
     m = ex.pop_metrics()
     assert m["retry_success_rate"] == 1.0 and m["reflection_valid_rate"] == 1.0
+    # the link from report to retry: at the pivot the retry left its base's action for the named gold one
+    assert m["retry_changed_pivot_action"] == 1.0 and m["retry_took_oracle_action"] == 1.0
     assert "pivot_accuracy" not in m  # scored only for the policy's own reflections
 
 
@@ -88,6 +90,22 @@ def test_policy_reflections_are_scored_against_the_oracle_pivot(tokenizer, pivot
     ex.explore([SEED], ["g0"])
     m = ex.pop_metrics()
     assert m["pivot_accuracy"] == accuracy and m["pivot_error_mean"] == error and m["pivot_early_rate"] == early
+    assert "retry_took_oracle_action" not in m  # the policy's reports name no gold action
+
+
+def test_a_retry_that_ignores_the_oracle_report_is_counted_as_such(tokenizer):
+    """The guidance is in context but the policy keeps its own move: the retry repeats its base at
+    the pivot (changed 0) and does not take the named action (took 0): the failing link is visible."""
+    chat = ChatFormat(tokenizer)
+    backend = ScriptedBackend(tokenizer, policy=lambda prompt, choices: "move left")
+    opts = RolloutOptions(max_turns=4, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
+    runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
+    ex = Explorer(runner, chat, ExploreOptions(group_size=4, reflector="oracle"))
+    [group] = ex.explore([SEED], ["g0"])
+    assert sum(t.kind == Kind.RETRY for t in group.trajectories) == 2
+    m = ex.pop_metrics()
+    assert m["retry_success_rate"] == 0.0
+    assert m["retry_changed_pivot_action"] == 0.0 and m["retry_took_oracle_action"] == 0.0
 
 
 def test_no_pivot_metrics_without_an_oracle(tokenizer):
