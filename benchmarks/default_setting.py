@@ -59,7 +59,8 @@ def measure(rooms: int, turns: int, args) -> Dict[str, Any]:
 
     overrides = dict(json.loads(args.set)) if args.set else {}
     cfg = (R3LConfig()
-           .environment("r3l/CoinCollector", env_config={"num_locations": rooms, "max_turns": turns})
+           .environment("r3l/CoinCollector", env_config={"num_locations": rooms, "max_turns": turns,
+                                                          **(json.loads(args.env_set) if args.env_set else {})})
            .training(group_size=args.group_size, tasks_per_iteration=args.groups, sampling_seed=args.seed,
                      **overrides)
            .debugging(seed=args.seed))
@@ -94,6 +95,7 @@ def measure(rooms: int, turns: int, args) -> Dict[str, Any]:
     rec = {
         "setting": f"{rooms}x{turns}", "rooms": rooms, "max_turns": turns, "groups": args.groups,
         "group_size": args.group_size, "seed": args.seed, "overrides": overrides,
+        "env_overrides": json.loads(args.env_set) if args.env_set else {},
         "base_episodes": len(base), "base_successes": k, "base_success": k / max(len(base), 1),
         "base_success_ci95": wilson(k, len(base)),
         "base_turns_mean": sum(t.num_turns for t in base) / max(len(base), 1),
@@ -146,6 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", default="", help='extra R3LConfig training options as JSON, e.g. \'{"reflection_context": "transcript"}\'')
+    ap.add_argument("--env-set", default="", help='extra coin-collector options as JSON, e.g. \'{"compact_observations": true}\'')
     ap.add_argument("--tag", default="default", help="results file name (benchmarks/results/default_setting/<tag>.jsonl)")
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--verbose", action="store_true", help="engine and library logs on the console")

@@ -334,7 +334,6 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
         keep[k] = r3l.get(k)
     for k in ("trained_tokens", "forward_tokens", "update_seconds"):
         keep[k] = learner.get(k)
-    keep["time_split"] = rec.get("time_split") or {}
     return {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in keep.items()}
 
 

@@ -139,3 +139,43 @@ def test_bad_env_config_names_the_field():
         assert java_children() - before == set()  # the JVM started to check them is stopped again
     finally:
         env.close()
+
+
+def test_compact_observation_drops_furniture_and_keeps_room_coin_exits_and_feedback():
+    from environments.twx import compact_observation
+
+    corridor = ("You are in the corridor. In one part of the room you see a key holder, that has nothing on it. "
+                "There is also a shoe cabinet that is closed. You also see a umbrella stand, that has nothing on it. "
+                "In another part of the room you see a hat rack, that has nothing on it. There is also a coin. "
+                "\nTo the North you see the kitchen. To the West you see the bedroom. ")
+    assert compact_observation(corridor) == ("You are in the corridor. There is also a coin.\n"
+                                             "To the North you see the kitchen. To the West you see the bedroom.")
+    assert compact_observation("You take the coin.") == "You take the coin."
+    bad = ("Invalid action 'move west': Unknown action: I'm not sure what you mean. It is not one of the valid "
+           "actions. Valid actions now: inventory, look around, move north, move south.")
+    assert compact_observation(bad) == bad
+    assert compact_observation("Inventory: \n  Your inventory is currently empty.\n") == (
+        "Inventory:\nYour inventory is currently empty.")
+
+
+def test_compact_coin_collector_plays_the_same_game_in_fewer_tokens(coin):
+    compact = make("r3l/CoinCollector", {"compact_observations": True})
+    try:
+        seed = next(s for s in range(40) if len(coin._gold_plan(s)) == 3)  # the coin two moves away
+        plan = coin._gold_plan(seed)
+        full_obs, full_info = coin.reset(seed=seed)
+        obs, info = compact.reset(seed=seed)
+        assert info == full_info and obs.startswith("You are in the ") and len(obs) < len(full_obs) / 2
+        seen, rewards = [obs], []
+        for a in plan:
+            full = coin.step(a)
+            step = compact.step(a)
+            assert step[1:] == full[1:]  # reward, termination and info: the same game
+            seen.append(step[0])
+            rewards.append(step[1])
+        assert "coin" in seen[-2].lower() and sum(rewards) == 1.0 and step[2]  # the coin is shown, then taken
+        assert compact.oracle(seed, plan) == coin.oracle(seed, plan) == (None, None)
+    finally:
+        compact.close()
+    with pytest.raises(ValueError, match="compact_observations"):
+        make("r3l/CoinCollector", {"compact_observations": "yes"})
