@@ -337,6 +337,15 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
     return {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in keep.items()}
 
 
+def keep_training(samples: float, budget: float, last_iteration_samples: float) -> bool:
+    """Another iteration while it brings the run's samples nearer the budget: stop at the budget, or
+    when less than half an iteration (the last one's samples) is left, so that a variant whose
+    iterations yield 15 samples stops at 63 rather than 78 of a 64 budget (the samples actually
+    used are reported per run)."""
+    gap = budget - samples
+    return gap > 0 and gap > 0.5 * last_iteration_samples
+
+
 def _samples_of(num: Dict[str, Any]) -> float:
     return float(num.get("num_episodes") or 0.0) + float(num.get("num_retries") or 0.0)
 
@@ -380,11 +389,14 @@ def run_one(out: Path, setting: Dict[str, Any], variant: str, seed: int) -> Dict
             recs = []
             _write_curve(d, header, recs)
         samples = recs[-1]["samples_cumulative"] if recs else 0.0
-        while variant != BASE and samples < setting["budget"] and algo.iteration < setting["max_iterations"]:
+        last = _samples_of(recs[-1]) if recs else 0.0
+        while (variant != BASE and keep_training(samples, setting["budget"], last)
+               and algo.iteration < setting["max_iterations"]):
             w0, c0 = time.perf_counter(), time.process_time()
             result = algo.train()
             num = iteration_numbers(result)
-            samples += _samples_of(num)
+            last = _samples_of(num)
+            samples += last
             rec = {"iteration": algo.iteration, **num, "samples_cumulative": samples,
                    "wall_s": round(time.perf_counter() - w0, 2), "cpu_s": round(time.process_time() - c0, 2),
                    "loadavg_1m": round(os.getloadavg()[0], 2),

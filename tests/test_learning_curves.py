@@ -31,6 +31,13 @@ def test_t_interval_and_wilson_and_katz_on_hand_values():
     assert z["corrected"] and z["ratio"] == pytest.approx((4.5 / 32.5) / (0.5 / 32.5))
 
 
+def test_a_run_stops_at_the_budget_or_when_the_next_iteration_would_overshoot_it_more():
+    assert lc.keep_training(0, 64, 0) and lc.keep_training(48, 64, 16)
+    assert not lc.keep_training(64, 64, 16) and not lc.keep_training(70, 64, 16)
+    assert not lc.keep_training(63, 64, 15)  # 1 short: one more iteration would end 14 over
+    assert lc.keep_training(56, 64, 15)  # 8 short: nearer the budget with it (71) than without (56)
+
+
 def test_interpolate_curve_is_linear_inside_and_nan_outside():
     got = lc.interpolate_curve([8, 16, 32], [0.0, 0.5, 0.25], [4, 8, 12, 24, 32, 40])
     assert math.isnan(got[0]) and math.isnan(got[-1])
