@@ -67,7 +67,7 @@ BASE = "base"  # the untrained model, evaluated once per seed
 # The sweep's setting (the CPU default environment and model; lr 1e-5 as in the first version, which
 # moved held-out success from 0-0.06 to 0.25 within 80 samples on this setting).
 DEFAULT_SETTING: Dict[str, Any] = {
-    "env": "r3l/CoinCollector", "env_config": {}, "model": None, "backend": "vllm",
+    "env": "r3l/CoinCollector", "env_config": {"compact_observations": False}, "model": None, "backend": "vllm",
     "group_size": 8, "tasks_per_iteration": 2, "lr": 1e-5, "micro_batch_size": 4, "micro_batch_tokens": 1024,
     "budget": 64, "max_iterations": 12, "eval_episodes": 32, "num_threads": 1, "training": {},
 }

@@ -318,8 +318,11 @@ class CoinCollectorEnv(TextWorldExpressEnv):
     """The project's default environment: TWX coin collector, 4 rooms, no doors or distractors, 10 turns
     (enough for the optimal path; failures, which run to the limit, dominate a step's cost: issue 16).
 
-    ``compact_observations``: observations without the furniture sentences (:func:`compact_observation`);
-    the game, its actions, rewards and oracle are unchanged."""
+    ``compact_observations`` (default): observations without the furniture sentences
+    (:func:`compact_observation`); the game, its actions, rewards and oracle are unchanged. Measured
+    with SmolLM2-135M, the same 4 task groups x 8 (docs/benchmarks.md section 0): base success 1/16
+    vs 0/16 with the full text, retries 0/14 vs 1/14, and 0.36x the learner's forward tokens (4,577
+    vs 12,707), 0.65x the exploration's CPU seconds. ``False``: TWX's text word for word."""
 
     rules = (
         "You are in a house and must find a coin and take it. Each turn you get an observation and the "
@@ -330,7 +333,7 @@ class CoinCollectorEnv(TextWorldExpressEnv):
     def __init__(self, num_locations: int = 4, num_distractor_items: int = 0, include_doors: bool = False,
                  limit_inventory_size: bool = False, split: str = "train", max_turns: int = 10,
                  clip_negative_score: bool = True, java_max_heap: Optional[str] = "512m",
-                 max_listed_actions: int = 40, compact_observations: bool = False) -> None:
+                 max_listed_actions: int = 40, compact_observations: bool = True) -> None:
         if not isinstance(compact_observations, bool):
             raise ValueError(f"compact_observations must be true or false; got {compact_observations!r}")
         self.compact_observations = compact_observations

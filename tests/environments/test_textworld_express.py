@@ -159,7 +159,8 @@ def test_compact_observation_drops_furniture_and_keeps_room_coin_exits_and_feedb
 
 
 def test_compact_coin_collector_plays_the_same_game_in_fewer_tokens(coin):
-    compact = make("r3l/CoinCollector", {"compact_observations": True})
+    assert coin.compact_observations  # the default
+    compact, coin = coin, make("r3l/CoinCollector", {"compact_observations": False})
     try:
         seed = next(s for s in range(40) if len(coin._gold_plan(s)) == 3)  # the coin two moves away
         plan = coin._gold_plan(seed)
@@ -176,6 +177,6 @@ def test_compact_coin_collector_plays_the_same_game_in_fewer_tokens(coin):
         assert "coin" in seen[-2].lower() and sum(rewards) == 1.0 and step[2]  # the coin is shown, then taken
         assert compact.oracle(seed, plan) == coin.oracle(seed, plan) == (None, None)
     finally:
-        compact.close()
+        coin.close()
     with pytest.raises(ValueError, match="compact_observations"):
         make("r3l/CoinCollector", {"compact_observations": "yes"})
