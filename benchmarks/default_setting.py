@@ -102,6 +102,8 @@ def measure(rooms: int, turns: int, args) -> Dict[str, Any]:
         "retries": len(retries), "retry_successes": rk,
         "reflection_valid_rate": _num(r3l.get("reflection_valid_rate")),
         "pivot_accuracy": _num(r3l.get("pivot_accuracy")),
+        "retry_changed_pivot_action": _num(r3l.get("retry_changed_pivot_action")),
+        "retry_took_oracle_action": _num(r3l.get("retry_took_oracle_action")),
         "groups_with_update": trainable_groups,
         "items_trained": len(trajectories), "forward_tokens": fwd, "credited_tokens": credited,
         "prompt_tokens_computed_per_sample": _num(r3l.get("prompt_tokens_computed_per_sample")),

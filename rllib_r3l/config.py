@@ -33,6 +33,7 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "reflector_model": (None, "None = the policy reflects itself; else an HF id/path of a separate reflector"),
     "reflector": ("policy", "who writes the reflections: 'policy' (R3L); 'oracle' = DIAGNOSTIC upper bound: reports from the environment's oracle (oracle pivot + the gold action there), never trained on; needs an environment with an oracle"),
     "reflection_template": (None, "None = built-in prompt; else a template string or a path to a template file"),
+    "guidance_template": (None, "the retry's guidance (a system message at the pivot turn, stripped from training): None = the whole report as JSON with an instruction not to mention it; else a template with {report} or {suggestion} (and optionally {root_cause}, {summary}, {pivot}), e.g. 'Advice for this step: {suggestion}' for a policy too small to read JSON"),
     "reflection_structured": (True, "hold the reflection to the report's JSON schema (structured outputs)"),
     "reflection_context": ("auto", "what the reflector reads: 'transcript' = the episode's own context plus a reflection request (the engine's prefix cache serves the episode, only the request and the report are computed; the policy must be the reflector); 'log' = the episode re-rendered as a numbered log (authors' layout); 'auto' = transcript when the policy reflects, log with a separate reflector_model (measured: docs/benchmarks.md section 5)"),
     "reflection_max_chars": (100, "the structured report's text fields (summary, root cause, suggestion) hold at most this many characters each: fewer generated tokens per reflection, and a report that always closes within max_reflection_tokens (unbounded, SmolLM2-135M wrote ~180 tokens a report on CPU, some cut off as invalid JSON: docs/benchmarks.md section 5); None = unbounded (the paper's free-length reflections)"),
@@ -211,6 +212,13 @@ class R3LConfig(AlgorithmConfig):
             positive_int(f)
         if self.micro_batch_tokens is not None:
             positive_int("micro_batch_tokens")
+        if self.guidance_template is not None:
+            from rllib_r3l.reflect import check_guidance_template
+
+            try:
+                check_guidance_template(self.guidance_template)
+            except ValueError as e:
+                err("guidance_template", f"{e} (None = the built-in guidance)")
         if self.reflect and self.group_size < 2:
             err("group_size", f"must be >= 2 with reflect=True (N/2 base rollouts + N/2 retries), got {self.group_size}")
         if self.reflect and self.group_size % (1 + self.retries_per_failure):

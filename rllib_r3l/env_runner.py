@@ -117,6 +117,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             aux_tasks=c.aux_tasks,
             aux_weight=c.aux_weight,
             reflection_template=c.reflection_template,
+            guidance_template=c.guidance_template,
             reflection_structured=c.reflection_structured,
             max_reflection_tokens=c.max_reflection_tokens,
             reflection_context=c.resolved_reflection_context(),

@@ -50,6 +50,7 @@ class ExploreOptions:
     aux_tasks: bool = True
     aux_weight: float = 1.0
     reflection_template: Optional[str] = None
+    guidance_template: Optional[str] = None  # None: reflect_lib.DEFAULT_GUIDANCE_TEMPLATE
     reflection_structured: bool = True
     max_reflection_tokens: int = 512
     temperature: float = 1.0
@@ -186,7 +187,7 @@ class Explorer:
             if parsed is None:
                 continue
             if parsed.triggers_retry and b.actions:
-                guidance = reflect_lib.format_guidance(parsed.report)
+                guidance = reflect_lib.format_guidance(parsed.report, self.opts.guidance_template)
                 for _ in range(self.opts.retries_per_failure):
                     retry_specs.append(EpisodeSpec(seed=b.seed, group_id=b.group_id, kind=Kind.RETRY, base=b,
                                                    pivot=int(parsed.report.pivot), guidance=guidance))

@@ -801,13 +801,32 @@ Use this report to act better from this point on. Treat it as private notes: do 
 quote or refer to the report or the reviewer in any of your responses; just act."""
 
 
+GUIDANCE_PLACEHOLDERS = ("report", "suggestion", "root_cause", "summary", "pivot")
+
+
+def check_guidance_template(template: Any) -> str:
+    """A guidance template: text with ``{report}`` (the whole report as JSON) or ``{suggestion}``,
+    and optionally ``{root_cause}``, ``{summary}``, ``{pivot}``; ``ValueError`` names what is wrong."""
+    if not isinstance(template, str):
+        raise ValueError(f"guidance template must be a string, got {type(template).__name__}")
+    names = set(re.findall(r"{(\w*)}", template))
+    unknown = sorted(names - set(GUIDANCE_PLACEHOLDERS))
+    if unknown:
+        raise ValueError(f"guidance template has unknown placeholder(s) {unknown}; allowed: "
+                         f"{', '.join('{' + n + '}' for n in GUIDANCE_PLACEHOLDERS)}")
+    if not names & {"report", "suggestion"}:
+        raise ValueError("guidance template is missing the required placeholder {report} or {suggestion}")
+    return template
+
+
 def format_guidance(
     report: Union[ReflectionReport, ParseResult], template: Optional[str] = None
 ) -> str:
     """The guidance inserted into the retry's context (paper §4 "Reflect-then-retry"): the whole
     report plus an instruction not to mention it. Training strips it again (guidance segments).
 
-    ``template`` may override the wording; it must contain ``{report}``.
+    ``template`` may override the wording (:func:`check_guidance_template`): for example only the
+    suggestion, for a policy too small to read the report's JSON.
     """
     if isinstance(report, ParseResult):
         if report.report is None:
@@ -815,7 +834,7 @@ def format_guidance(
         report = report.report
     if not isinstance(report, ReflectionReport):
         raise TypeError(f"expected a ReflectionReport, got {type(report).__name__}")
-    tmpl = DEFAULT_GUIDANCE_TEMPLATE if template is None else template
-    if "{report}" not in tmpl:
-        raise ValueError("guidance template is missing the required placeholder {report}")
-    return tmpl.replace("{report}", report.to_json())
+    tmpl = DEFAULT_GUIDANCE_TEMPLATE if template is None else check_guidance_template(template)
+    values = {"report": report.to_json(), "suggestion": report.suggestion or "", "root_cause": report.root_cause,
+              "summary": report.summary, "pivot": "" if report.pivot is None else str(report.pivot)}
+    return re.sub(r"{(\w+)}", lambda m: values[m.group(1)], tmpl)

@@ -158,3 +158,20 @@ def test_score_reflections_on_finished_episodes_and_evaluate_reports_reflection_
     assert summary["reflected"] == 1 and summary["reflection_valid_rate"] == 0.0  # 8 tokens: no valid report
     assert "pivot_accuracy" not in evaluate(tiny_model_dir, env="r3l/ToyCorridor", episodes=1,
                                             backend="transformers", max_response_tokens=4)[0]
+
+
+def test_a_guidance_template_reaches_the_retry_and_is_stripped_from_training(tokenizer):
+    ex, backend = make_explorer(tokenizer, reflector="oracle", guidance_template="Advice now: {suggestion}")
+    [group] = ex.explore([SEED], ["g0"])
+    retries = [t for t in group.trajectories if t.kind == Kind.RETRY]
+    assert retries and all(r.success for r in retries)  # the scripted policy reads "do 'move right'"
+    seen = [tokenizer.decode(r.prompt_token_ids) for call in backend.calls for r in call]
+    assert any("Advice now: At step 0, instead of 'move left', do 'move right'." in t for t in seen)
+    assert not any('"retry_from_step"' in t for t in seen)  # not the JSON report
+    assert all("Advice now" not in tokenizer.decode(r.token_ids) for r in retries)  # stripped
+
+
+def test_a_bad_guidance_template_is_refused_by_the_config_naming_the_field():
+    with pytest.raises(ValueError, match=r"R3LConfig.guidance_template: .*\{report\} or \{suggestion\}"):
+        R3LConfig().training(guidance_template="just act").validate_r3l()
+    R3LConfig().training(guidance_template="Advice: {suggestion}").validate_r3l()

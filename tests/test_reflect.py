@@ -598,3 +598,13 @@ def test_format_guidance():
         format_guidance(res, template="no placeholder")
     with pytest.raises(ValueError, match="no_json"):
         format_guidance(parse_report("nothing", 3))
+
+
+def test_guidance_template_with_the_suggestion_alone_and_bad_templates_named():
+    res = parse_report(json.dumps(report()), 3)
+    got = format_guidance(res, template="Advice for step {pivot}: {suggestion} ({root_cause})")
+    assert got == f"Advice for step 1: {report()['suggestion']} ({report()['root_cause']})"
+    with pytest.raises(ValueError, match=r"unknown placeholder\(s\) \['advice'\]"):
+        format_guidance(res, template="{advice} {suggestion}")
+    with pytest.raises(ValueError, match=r"\{report\} or \{suggestion\}"):
+        format_guidance(res, template="only {summary}")
