@@ -10,7 +10,7 @@ machine is not shared between them:
 
 * ``before``: today's code with the configuration the issue measured (``reflection_context="log"``:
   the episode re-rendered as a log for every reflection; unbounded reports; 15 turns; no shared-prefix
-  training). The code paths the issue changed are all behind these options, so this stands in for
+  training; since session 6 also coin collector's full TWX text, ``compact_observations=False``). The code paths the issue changed are all behind these options, so this stands in for
   the code of the time (which cannot run seeded: its CPU engine died on seeded prompts split by
   chunked prefill).
 * ``after``: today's defaults (the episode's own transcript as the reflection context, served from
@@ -46,7 +46,7 @@ from rllib_r3l.console import cpu_model  # noqa: E402
 OUT = ROOT / "benchmarks" / "results" / "step_cost_ratios"
 
 VARIANTS: Dict[str, List[str]] = {
-    "before": ["reflection_context=log", "reflection_max_chars=null", 'env_config={"max_turns": 15}',
+    "before": ["reflection_context=log", "reflection_max_chars=null", 'env_config={"max_turns": 15, "compact_observations": false}',
                "share_prefixes=False"],
     "after": [],
     "grpo": ["reflect=False", "pivotal_credit=False", "positive_amplification=False", "std_normalize=True"],
