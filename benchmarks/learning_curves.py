@@ -50,6 +50,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from benchmarks.default_setting import wilson  # noqa: E402  (95 % Wilson interval)
+from rllib_r3l.console import cpu_model  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results" / "learning_curves_v2"
 
 # variant -> R3L switches (everything else identical)
@@ -101,17 +104,6 @@ def mean_interval(xs: Sequence[float]) -> Dict[str, float]:
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
     h = t_quantile(n - 1) * sd / math.sqrt(n)
     return {"n": n, "mean": m, "std": sd, "lo": m - h, "hi": m + h}
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> Tuple[float, float]:
-    """Wilson score interval of a binomial proportion k/n."""
-    if n <= 0:
-        return math.nan, math.nan
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
 
 
 def risk_ratio(k1: int, n1: int, k0: int, n0: int, z: float = 1.96) -> Dict[str, float]:
@@ -228,8 +220,7 @@ def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[
                     "retry_took_oracle_action", "pivot_accuracy", "cpu_s_per_iteration",
                     "cpu_s_per_sample", "generated_tokens", "learner_forward_tokens", "trained_tokens"):
             entry[key] = mean_interval([r[key] for r in rows])
-        rs = [r["retries"] for r in rows]
-        entry["retries_total"] = sum(rs)
+        entry["retries_total"] = sum(r["retries"] for r in rows)
         table[v] = entry
     ref = per.get("grpo", {})
     for v, by_seed in per.items():
@@ -385,7 +376,7 @@ def run_one(out: Path, setting: Dict[str, Any], variant: str, seed: int) -> Dict
             algo = build_config(setting, variant, seed).build_algo()
             header = {"variant": variant, "seed": seed, "switches": VARIANTS["grpo" if variant == BASE else variant],
                       "setting": setting, "build_seconds": round(time.perf_counter() - t0, 1),
-                      "cpu_model": _cpu(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                      "cpu_model": cpu_model(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
             recs = []
             _write_curve(d, header, recs)
         samples = recs[-1]["samples_cumulative"] if recs else 0.0
@@ -433,12 +424,6 @@ def _write_curve(d: Path, header: dict, recs: List[dict]) -> None:
 
 def _fmt(x) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}" if x < 10 else f"{x:.0f}"
-
-
-def _cpu() -> str:
-    from rllib_r3l.console import cpu_model
-
-    return cpu_model()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -242,14 +242,16 @@ class Explorer:
         the retry's action there differs from its base's; with the oracle reflector,
         ``retry_took_oracle_action``: it is the gold action the report named (the link between a
         good reflection and a successful retry)."""
+        from environments._common import normalize_action  # how the environments compare actions
+
         if k >= len(retry.actions):
             return
-        taken = _norm(retry.actions[k])
+        taken = normalize_action(retry.actions[k])
         if k < len(base.actions):
-            self._log("retry_changed_pivot_action", float(taken != _norm(base.actions[k])))
+            self._log("retry_changed_pivot_action", float(taken != normalize_action(base.actions[k])))
         gold = base.info.get("oracle_action")
         if gold:
-            self._log("retry_took_oracle_action", float(taken == _norm(gold)))
+            self._log("retry_took_oracle_action", float(taken == normalize_action(gold)))
 
     def _add_reflection_item(self, base: Trajectory, group: GroupResult) -> None:
         """One reflection item per reflection, however many of its retries succeed."""
@@ -293,7 +295,3 @@ class Explorer:
             out.update(self.reflection_stats.as_metrics())
         self.reflection_stats = reflect_lib.ReflectionStats()
         return out
-
-
-def _norm(action: str) -> str:
-    return " ".join(str(action).lower().split())
