@@ -83,11 +83,15 @@ def test_summarize_pools_seeds_pairs_against_grpo_and_weights_reflection_numbers
     assert "| r3l | 2 |" in text and (tmp_path / "learning_curves.png").exists() and (tmp_path / "runs.csv").exists()
 
 
-def test_next_runs_are_seed_major_and_skip_finished_runs(tmp_path):
+def test_next_runs_resume_cut_runs_then_headline_for_all_seeds_then_ablations(tmp_path):
     _run(tmp_path, "base", 0, [], k=1)
     _run(tmp_path, "grpo", 0, [_it(1, 16, 1)], k=1)
-    lc.run_dir(tmp_path, "r3l", 0).mkdir(parents=True)  # started, not finished: still to do (resumes)
-    assert lc.next_runs(tmp_path, ["grpo", "r3l"], [0, 1]) == [("r3l", 0), ("base", 1), ("grpo", 1), ("r3l", 1)]
+    cut = lc.run_dir(tmp_path, "r3l_no_amp", 1)  # started, not finished: resumes first
+    cut.mkdir(parents=True)
+    (cut / "curve.jsonl").write_text(json.dumps({"header": {"variant": "r3l_no_amp"}}) + "\n")
+    lc.run_dir(tmp_path, "r3l", 0).mkdir(parents=True)  # a folder without a curve: not started yet
+    assert lc.next_runs(tmp_path, ["grpo", "r3l", "r3l_no_amp"], [0, 1]) == [
+        ("r3l_no_amp", 1), ("r3l", 0), ("base", 1), ("grpo", 1), ("r3l", 1), ("r3l_no_amp", 0)]
 
 
 def test_a_sweep_folder_refuses_another_setting_and_names_the_field(tmp_path):
