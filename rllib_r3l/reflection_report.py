@@ -1,0 +1,532 @@
+"""The reflection report: its model, a robust parser, and per-status counts (paper §4, "Reflect-then-retry").
+
+The reflector answers with a structured report (summary, root cause, outcome, suggestion, pivot
+turn). :func:`parse_report` never raises: every text gets a :class:`ParseResult` whose
+:class:`ParseStatus` says how far it got, so malformed reflections are counted
+(:class:`ReflectionStats`, logged as metrics) rather than silently dropped.
+
+Validity rules (as in the authors' implementation): the summary, root cause and outcome must be
+present; outcome ``success`` means a *perfect* episode (no retry); the other two outcomes need a
+non-null suggestion and a pivot ``0 <= pivot < num_turns``. Prompting the reflector and the retry's
+guidance live in :mod:`rllib_r3l.reflect`.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+__all__ = ["Outcome", "ReflectionReport", "ParseStatus", "ParseResult", "parse_report", "ReflectionStats"]
+
+
+# ==================================================================================================
+# Report model
+# ==================================================================================================
+class Outcome(str, enum.Enum):
+    """The reflector's judgement of an episode (paper §4: outcome of the diagnosis)."""
+
+    SUCCESS = "success"
+    SUCCESS_BUT_INEFFICIENT = "success_but_inefficient"
+    FAILURE = "failure"
+
+    @classmethod
+    def parse(cls, value: Any) -> Optional["Outcome"]:
+        """Normalise a reported outcome; ``None`` when it is not one of the three.
+
+        Case is ignored and any run of spaces, hyphens or other punctuation counts as one ``_``,
+        so ``"Success but inefficient"``, ``"success-but-inefficient"`` and ``"FAILURE."`` parse.
+        """
+        if isinstance(value, Outcome):
+            return value
+        if not isinstance(value, str):
+            return None
+        key = re.sub(r"[^0-9a-z]+", "_", value.strip().lower()).strip("_")
+        try:
+            return cls(key)
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class ReflectionReport:
+    """A parsed, valid reflection report (paper §4 "Reflect-then-retry").
+
+    ``suggestion`` and ``pivot`` are ``None`` exactly when ``outcome`` is ``success``; otherwise
+    ``0 <= pivot < num_turns`` of the reflected episode. ``raw`` is the JSON text it came from.
+    """
+
+    summary: str
+    root_cause: str
+    outcome: Outcome
+    suggestion: Optional[str]
+    pivot: Optional[int]
+    raw: str
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The report in the canonical field names the reflector is asked for."""
+        return {
+            "summary": self.summary,
+            "root_cause": self.root_cause,
+            "outcome": self.outcome.value,
+            "suggestion": self.suggestion,
+            "retry_from_step": self.pivot,
+        }
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+
+class ParseStatus(str, enum.Enum):
+    """The classification of every :func:`parse_report` result."""
+
+    VALID = "valid"  # a usable report with outcome failure / success_but_inefficient
+    PERFECT = "perfect"  # a valid report with outcome success: no retry
+    NO_JSON = "no_json"  # no {...} span in the text (or the input is not a str)
+    BAD_JSON = "bad_json"  # {...} spans exist but none parses
+    NOT_AN_OBJECT = "not_an_object"  # something parsed, but not to a JSON object
+    MISSING_FIELDS = "missing_fields"  # summary, root cause or outcome absent / empty
+    BAD_OUTCOME = "bad_outcome"  # outcome is not one of the three
+    MISSING_SUGGESTION = "missing_suggestion"  # non-success outcome without a suggestion
+    BAD_PIVOT = "bad_pivot"  # non-success outcome without an integer pivot in [0, num_turns)
+    EMPTY = "empty"  # empty / whitespace-only text (or None)
+
+    @property
+    def ok(self) -> bool:
+        return self in (ParseStatus.VALID, ParseStatus.PERFECT)
+
+
+# How far a candidate got; the best-ranked candidate decides the result.
+_RANK = {
+    ParseStatus.EMPTY: 0,
+    ParseStatus.NO_JSON: 0,
+    ParseStatus.BAD_JSON: 1,
+    ParseStatus.NOT_AN_OBJECT: 2,
+    ParseStatus.MISSING_FIELDS: 3,
+    ParseStatus.BAD_OUTCOME: 4,
+    ParseStatus.MISSING_SUGGESTION: 5,
+    ParseStatus.BAD_PIVOT: 5,
+    ParseStatus.VALID: 9,
+    ParseStatus.PERFECT: 9,
+}
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    """What :func:`parse_report` returns: a status, the report when ok, and an error when not."""
+
+    status: ParseStatus
+    report: Optional[ReflectionReport] = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """A usable report (``VALID`` or ``PERFECT``)."""
+        return self.status.ok
+
+    @property
+    def triggers_retry(self) -> bool:
+        """A valid report whose outcome is not ``success``: retry from ``report.pivot``."""
+        return (
+            self.status is ParseStatus.VALID
+            and self.report is not None
+            and self.report.outcome is not Outcome.SUCCESS
+        )
+
+
+# ==================================================================================================
+# Parsing
+# ==================================================================================================
+# Canonical field -> accepted names (after lower-casing and mapping spaces/hyphens to "_").
+# The first present, non-null alias wins.
+_ALIASES: Dict[str, Tuple[str, ...]] = {
+    "summary": ("summary", "trajectory_summary"),
+    "root_cause": ("root_cause", "root_cause_analysis"),
+    "outcome": ("outcome",),
+    "suggestion": ("suggestion", "improvement_suggestion"),
+    "pivot": ("retry_from_step", "pivot", "pivot_turn"),
+}
+_NULL_WORDS = frozenset({"null", "none", "n/a", "na", "nil"})
+
+_MAX_CANDIDATES = 64  # balanced-brace candidates examined per text (bounds adversarial inputs)
+_MAX_AST_CHARS = 100_000  # the Python-literal fallback is only tried on candidates up to this size
+_THINK_END = "</think>"
+
+
+def _norm_key(key: Any) -> Optional[str]:
+    if not isinstance(key, str):
+        return None
+    return re.sub(r"[\s\-]+", "_", key.strip().lower())
+
+
+def _scan_object_end(text: str, start: int, string_aware: bool) -> int:
+    """Index of the ``}`` closing the ``{`` at ``start``, or -1 when it never closes."""
+    depth = 0
+    in_str = False
+    escaped = False
+    for i in range(start, len(text)):
+        c = text[i]
+        if in_str:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_str = False
+            continue
+        if c == '"' and string_aware:
+            in_str = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _candidates(text: str) -> List[str]:
+    """Substrings of ``text`` that may hold the report, deduplicated, in document order.
+
+    1. the span from the first ``{`` to the last ``}`` (the authors' rule);
+    2. every top-level balanced ``{...}`` (string-aware; a naive brace count as fallback when a
+       stray quote keeps an object from closing), scanning left to right.
+    """
+    out: List[str] = []
+    seen = set()
+
+    def add(s: str) -> None:
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+
+    first = text.find("{")
+    last = text.rfind("}")
+    if first < 0 or last < first:
+        return out
+    add(text[first : last + 1])
+    i = first
+    examined = 0
+    while i >= 0 and examined < _MAX_CANDIDATES:
+        examined += 1
+        end = _scan_object_end(text, i, string_aware=True)
+        if end < 0:
+            end = _scan_object_end(text, i, string_aware=False)
+        if end >= 0:
+            add(text[i : end + 1])
+            i = text.find("{", end + 1)
+        else:
+            i = text.find("{", i + 1)
+    return out
+
+
+_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+_PY_NAMES = {"null": None, "None": None, "true": True, "True": True, "false": False, "False": False}
+
+
+def _literal(node: ast.AST) -> Any:
+    """Convert a Python-literal AST (dicts, lists, strings, numbers, None/True/False and their JSON
+    spellings null/true/false) to a value; raise ValueError on anything else."""
+    if isinstance(node, ast.Expression):
+        return _literal(node.body)
+    if isinstance(node, ast.Constant) and isinstance(
+        node.value, (str, int, float, bool, type(None))
+    ):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in _PY_NAMES:
+            return _PY_NAMES[node.id]
+        raise ValueError(f"unknown name {node.id!r}")
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _literal(node.operand)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return -v if isinstance(node.op, ast.USub) else v
+        raise ValueError("unary sign on a non-number")
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise ValueError("dict unpacking is not a literal")
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Set):
+        for e in node.elts:
+            _literal(e)  # only a set of literals counts as "parsed, but not an object"
+        return _NotAnObject()
+    raise ValueError(f"not a literal: {type(node).__name__}")
+
+
+class _NotAnObject:
+    """Marker: the candidate parsed to something that is not a mapping (e.g. a Python set)."""
+
+
+def _load(candidate: str) -> Tuple[Any, str]:
+    """Parse one candidate leniently: JSON, then JSON without trailing commas, then a Python/JSON
+    literal (single quotes, None/True/False). Returns ``(value, "")`` or ``(None, error)``."""
+    try:
+        return json.loads(candidate, strict=False), ""
+    except Exception as e:  # noqa: BLE001 - never raise (RecursionError, ValueError, ...)
+        first_error = f"{type(e).__name__}: {e}"
+    repaired = _TRAILING_COMMA.sub(r"\1", candidate)
+    if repaired != candidate:
+        try:
+            return json.loads(repaired, strict=False), ""
+        except Exception:  # noqa: BLE001
+            pass
+    if len(candidate) <= _MAX_AST_CHARS:
+        try:
+            return _literal(ast.parse(repaired.strip(), mode="eval")), ""
+        except Exception:  # noqa: BLE001 - SyntaxError, ValueError, RecursionError, MemoryError
+            pass
+    return None, first_error
+
+
+def _text_field(value: Any) -> Optional[str]:
+    """A report text field as a stripped string; lists (e.g. why/because chains) are joined by
+    lines, objects dumped as JSON; ``None``, empty strings and null-words count as absent."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        s = value.strip()
+    elif isinstance(value, (int, float)):
+        s = str(value)
+    elif isinstance(value, list):
+        parts = [_text_field(v) for v in value]
+        s = "\n".join(p for p in parts if p)
+    elif isinstance(value, dict):
+        try:
+            s = json.dumps(value, ensure_ascii=False)
+        except Exception:  # noqa: BLE001
+            s = str(value)
+    else:
+        s = str(value).strip()
+    if not s or s.lower() in _NULL_WORDS:
+        return None
+    return s
+
+
+def _coerce_pivot(value: Any) -> Optional[int]:
+    """Lenient integer: ``3``, ``3.0``, ``"3"``, ``" 3 "`` and ``"3.0"`` all give 3; booleans,
+    fractions, NaN/inf, ``None`` and other text give ``None``."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    if isinstance(value, str):
+        s = value.strip()
+        if re.fullmatch(r"[+-]?\d+", s):
+            try:
+                return int(s)
+            except ValueError:  # more digits than int() accepts
+                return None
+        try:
+            f = float(s)
+        except ValueError:
+            return None
+        return int(f) if math.isfinite(f) and f.is_integer() else None
+    return None
+
+
+def _pick(d: Mapping[str, Any], canonical: str) -> Tuple[bool, Any]:
+    """(present, value) of a canonical field, trying its aliases in order."""
+    present = False
+    for alias in _ALIASES[canonical]:
+        if alias in d:
+            present = True
+            if d[alias] is not None:
+                return True, d[alias]
+    return present, None
+
+
+def _validate(obj: Any, raw: str, num_turns: int, depth: int = 0) -> ParseResult:
+    if isinstance(obj, _NotAnObject) or not isinstance(obj, dict):
+        kind = "a set" if isinstance(obj, _NotAnObject) else type(obj).__name__
+        return ParseResult(ParseStatus.NOT_AN_OBJECT, None, f"expected a JSON object, got {kind}")
+    d: Dict[str, Any] = {}
+    for k, v in obj.items():
+        nk = _norm_key(k)
+        if nk is not None and nk not in d:
+            d[nk] = v
+    known = {a for aliases in _ALIASES.values() for a in aliases}
+    if depth == 0 and not (known & d.keys()):
+        # A wrapper such as {"reflection": {...}}: look one level down.
+        inner = [v for v in d.values() if isinstance(v, dict)]
+        if len(inner) == 1:
+            return _validate(inner[0], raw, num_turns, depth + 1)
+
+    summary = _text_field(_pick(d, "summary")[1])
+    root_cause = _text_field(_pick(d, "root_cause")[1])
+    _, outcome_value = _pick(d, "outcome")
+    missing = [
+        name
+        for name, ok in (
+            ("summary", summary is not None),
+            ("root_cause", root_cause is not None),
+            ("outcome", outcome_value is not None and _text_field(outcome_value) is not None),
+        )
+        if not ok
+    ]
+    if missing:
+        return ParseResult(
+            ParseStatus.MISSING_FIELDS, None, f"missing or empty field(s): {', '.join(missing)}"
+        )
+    outcome = Outcome.parse(outcome_value)
+    if outcome is None:
+        return ParseResult(
+            ParseStatus.BAD_OUTCOME,
+            None,
+            f"outcome {str(outcome_value)[:80]!r} is not one of "
+            + ", ".join(o.value for o in Outcome),
+        )
+    assert summary is not None and root_cause is not None
+    if outcome is Outcome.SUCCESS:
+        report = ReflectionReport(summary, root_cause, outcome, None, None, raw)
+        return ParseResult(ParseStatus.PERFECT, report, "")
+    suggestion = _text_field(_pick(d, "suggestion")[1])
+    if suggestion is None:
+        return ParseResult(
+            ParseStatus.MISSING_SUGGESTION, None, f"outcome {outcome.value} needs a suggestion"
+        )
+    _, pivot_value = _pick(d, "pivot")
+    pivot = _coerce_pivot(pivot_value)
+    if pivot is None:
+        what = "missing" if pivot_value is None else f"not an integer: {str(pivot_value)[:40]!r}"
+        return ParseResult(
+            ParseStatus.BAD_PIVOT, None, f"retry_from_step is {what} (outcome {outcome.value})"
+        )
+    if not 0 <= pivot < num_turns:
+        return ParseResult(
+            ParseStatus.BAD_PIVOT,
+            None,
+            f"retry_from_step {pivot} is out of range [0, {num_turns})",
+        )
+    report = ReflectionReport(summary, root_cause, outcome, suggestion, pivot, raw)
+    return ParseResult(ParseStatus.VALID, report, "")
+
+
+def _as_num_turns(num_turns: Any) -> int:
+    if isinstance(num_turns, bool):
+        return int(num_turns)
+    try:
+        return max(0, int(num_turns.__index__()))
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def parse_report(text: str, num_turns: int) -> ParseResult:
+    """Parse a reflection report from model output; never raises (paper §4 "Reflect-then-retry").
+
+    Robustness, beyond the authors' first-``{``-to-last-``}`` rule:
+
+    * if the text contains ``</think>``, only what follows the last one is searched (when it
+      holds a ``{``), so drafts inside a reasoning block are ignored;
+    * candidates are the first-``{``-to-last-``}`` span and every top-level balanced ``{...}``;
+      each is parsed as JSON, then without trailing commas, then as a Python-style literal
+      (single quotes, ``None``/``True``/``False``); raw newlines inside strings are accepted;
+    * field names are matched case-insensitively with spaces/hyphens as ``_`` and aliases
+      (``retry_from_step``/``pivot``/``pivot_turn``, ``root_cause_analysis``,
+      ``improvement_suggestion``, ``trajectory_summary``); a single wrapping object
+      (``{"reflection": {...}}``) is looked through;
+    * the pivot may be written ``3``, ``3.0`` or ``"3"`` (integer-valued only; ``"step 3"`` or
+      ``2.5`` is ``BAD_PIVOT``); list-valued text fields (a why/because chain) are joined by lines;
+      suggestions ``""``/``"null"``/``"none"``/``"n/a"`` count as missing.
+
+    The best candidate wins (an ok one over any failure; among failures, the one that got
+    furthest); among equals, the later one (a final answer usually comes last). A report with
+    outcome ``success`` is ``PERFECT`` and its suggestion/pivot are dropped. ``num_turns`` below 1
+    (or not an integer) makes every non-success report ``BAD_PIVOT``. Non-``str`` input is
+    classified (``None`` as ``EMPTY``, anything else as ``NO_JSON``).
+    """
+    if text is None:
+        return ParseResult(ParseStatus.EMPTY, None, "no text (None)")
+    if not isinstance(text, str):
+        return ParseResult(
+            ParseStatus.NO_JSON, None, f"expected str, got {type(text).__name__}"
+        )
+    try:
+        return _parse(text, _as_num_turns(num_turns))
+    except Exception as e:  # noqa: BLE001 - last line of defence; should be unreachable
+        return ParseResult(ParseStatus.BAD_JSON, None, f"parser error {type(e).__name__}: {e}")
+
+
+def _parse(text: str, num_turns: int) -> ParseResult:
+    if not text.strip():
+        return ParseResult(ParseStatus.EMPTY, None, "empty reflection text")
+    search = text
+    cut = text.rfind(_THINK_END)
+    if cut >= 0 and "{" in text[cut + len(_THINK_END) :]:
+        search = text[cut + len(_THINK_END) :]
+    candidates = _candidates(search)
+    # A JSON string that itself encodes the report (double-encoded output).
+    stripped = search.strip()
+    if stripped.startswith('"') and stripped.endswith('"') and len(stripped) >= 2:
+        try:
+            inner = json.loads(stripped)
+        except Exception:  # noqa: BLE001
+            inner = None
+        if isinstance(inner, str):
+            candidates.extend(c for c in _candidates(inner) if c not in candidates)
+    if not candidates:
+        return ParseResult(ParseStatus.NO_JSON, None, "no {...} object found in the text")
+
+    best: Optional[ParseResult] = None
+    for cand in candidates:
+        value, err = _load(cand)
+        if err:
+            result = ParseResult(ParseStatus.BAD_JSON, None, f"invalid JSON ({err[:200]})")
+        else:
+            result = _validate(value, cand, num_turns)
+        if best is None or _RANK[result.status] >= _RANK[best.status]:
+            best = result
+    assert best is not None
+    if not best.ok and len(candidates) > 1:
+        best = ParseResult(
+            best.status, None, f"{best.error} [best of {len(candidates)} candidate objects]"
+        )
+    return best
+
+
+# ==================================================================================================
+# Statistics
+# ==================================================================================================
+@dataclass
+class ReflectionStats:
+    """Counts of parse results per status, so no malformed reflection goes unnoticed."""
+
+    counts: Dict[ParseStatus, int] = field(default_factory=lambda: {s: 0 for s in ParseStatus})
+    retries: int = 0
+
+    def add(self, result: Union[ParseResult, ParseStatus]) -> None:
+        if isinstance(result, ParseResult):
+            status = result.status
+            self.retries += int(result.triggers_retry)
+        else:
+            status = ParseStatus(result)
+            self.retries += int(status is ParseStatus.VALID)
+        self.counts[status] = self.counts.get(status, 0) + 1
+
+    def merge(self, other: "ReflectionStats") -> "ReflectionStats":
+        for s, n in other.counts.items():
+            self.counts[s] = self.counts.get(s, 0) + n
+        self.retries += other.retries
+        return self
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def as_metrics(self, prefix: str = "reflection_") -> Dict[str, float]:
+        """``{prefix}{status}`` counts for every status, ``{prefix}total``, ``{prefix}retries``
+        and ``{prefix}valid_rate`` (VALID + PERFECT over total; 0.0 when nothing was added)."""
+        total = self.total
+        out: Dict[str, float] = {f"{prefix}{s.value}": self.counts.get(s, 0) for s in ParseStatus}
+        ok = self.counts.get(ParseStatus.VALID, 0) + self.counts.get(ParseStatus.PERFECT, 0)
+        out[f"{prefix}total"] = total
+        out[f"{prefix}retries"] = self.retries
+        out[f"{prefix}valid_rate"] = ok / total if total else 0.0
+        return out
