@@ -12,7 +12,9 @@ learning rate, the same training task seeds for a seed):
 * ``r3l_oracle``: R3L whose reports come from the environment's oracle (the oracle pivot and the gold
   action there): the DIAGNOSTIC upper bound of what reflection can hand to the rest of R3L;
 * ``r3l_no_reflect``: amplification only (no reflection, no retries);
-* ``r3l_no_amp``: R3L without positive amplification; ``r3l_no_pivot``: R3L without pivotal credit.
+* ``r3l_no_amp``: R3L without positive amplification; ``r3l_no_pivot``: R3L without pivotal credit;
+* ``r3l_oracle_plain``: R3L-oracle whose guidance is one plain sentence (``Advice for this step:
+  <suggestion>``) instead of the report as JSON.
 
 **Equal sample budget.** A run trains until it has generated ``budget`` trajectories (base + retry;
 a group of N holds N base rollouts without reflection, N/2 base + up to N/2 retries with it), so R3L
@@ -55,6 +57,8 @@ from rllib_r3l.console import cpu_model  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "learning_curves_v2"
 
+PLAIN_GUIDANCE = "Advice for this step: {suggestion}"
+
 # variant -> R3L switches (everything else identical)
 VARIANTS: Dict[str, Dict[str, Any]] = {
     "grpo": dict(reflect=False, pivotal_credit=False, positive_amplification=False, std_normalize=True),
@@ -64,6 +68,10 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "r3l_no_reflect": dict(reflect=False, pivotal_credit=True, positive_amplification=True, std_normalize=False),
     "r3l_no_amp": dict(reflect=True, pivotal_credit=True, positive_amplification=False, std_normalize=False),
     "r3l_no_pivot": dict(reflect=True, pivotal_credit=False, positive_amplification=True, std_normalize=False),
+    # the oracle's report handed over as one plain sentence instead of JSON: does a small policy
+    # follow guidance it can read? (docs/benchmarks.md section 7, guidance wording: 4/16 vs 1/16)
+    "r3l_oracle_plain": dict(reflect=True, reflector="oracle", guidance_template=PLAIN_GUIDANCE, pivotal_credit=True,
+                             positive_amplification=True, std_normalize=False),
 }
 BASE = "base"  # the untrained model, evaluated once per seed
 HEADLINE = ("grpo", "r3l_oracle", "r3l")  # the comparison the issue asks for; the rest are ablations
@@ -611,6 +619,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         run_one(out, json.loads((out / "setting.json").read_text()), v, int(s))
         return
     if args.report_only:
+        if not (out / "setting.json").exists():
+            raise SystemExit(f"--report-only: {out} holds no sweep (no setting.json); run the sweep first or "
+                             f"pass --out <its folder>")
         print(report(out, variants, seeds))
         return
     setting = dict(DEFAULT_SETTING, budget=args.budget, eval_episodes=args.eval_episodes)

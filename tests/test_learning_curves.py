@@ -94,6 +94,19 @@ def test_next_runs_resume_cut_runs_then_headline_for_all_seeds_then_ablations(tm
         ("r3l_no_amp", 1), ("r3l", 0), ("base", 1), ("grpo", 1), ("r3l", 1), ("r3l_no_amp", 0)]
 
 
+def test_every_variant_builds_a_valid_config_that_differs_only_in_its_switches():
+    base = lc.build_config(dict(lc.DEFAULT_SETTING), "grpo", 0)
+    for v, switches in lc.VARIANTS.items():
+        c = lc.build_config(dict(lc.DEFAULT_SETTING), v, 0)
+        c.validate_r3l()
+        for k, want in switches.items():
+            assert getattr(c, k) == want, (v, k)
+        same = ("group_size", "tasks_per_iteration", "lr", "seed", "sampling_seed", "env", "env_config", "model")
+        assert {k: getattr(c, k) for k in same} == {k: getattr(base, k) for k in same}, v
+    plain = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_oracle_plain", 0)
+    assert plain.guidance_template == "Advice for this step: {suggestion}" and plain.reflector == "oracle"
+
+
 def test_a_sweep_folder_refuses_another_setting_and_names_the_field(tmp_path):
     lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING))
     lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING))  # the same setting resumes
