@@ -503,6 +503,7 @@ def _plot(out: Path, variants: Sequence[str], seeds: Sequence[int], s: Dict[str,
     import numpy as np
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    color = {v: f"C{i % 10}" for i, v in enumerate([BASE, *VARIANTS])}  # one colour per variant, both panels
     for v in variants:
         curves = []
         for seed in seeds:
@@ -517,13 +518,13 @@ def _plot(out: Path, variants: Sequence[str], seeds: Sequence[int], s: Dict[str,
         ys = np.array([interpolate_curve(x, y, grid) for x, y in curves], dtype=float)
         with np.errstate(all="ignore"):
             m, sd = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0)
-        line, = axes[0].plot(grid, m, label=f"{v} ({len(curves)} seeds)")
-        axes[0].fill_between(grid, m - sd, m + sd, alpha=0.2, color=line.get_color())
+        axes[0].plot(grid, m, label=f"{v} ({len(curves)} seeds)", color=color[v])
+        axes[0].fill_between(grid, m - sd, m + sd, alpha=0.2, color=color[v])
     names = [v for v in [BASE, *variants] if v in s["variants"]]
     for i, v in enumerate(names):
         e = s["variants"][v]["eval_success"]
         err = None if math.isnan(e["lo"]) else [[e["mean"] - e["lo"]], [e["hi"] - e["mean"]]]
-        axes[1].errorbar([i], [e["mean"]], yerr=err, fmt="o", capsize=4)
+        axes[1].errorbar([i], [e["mean"]], yerr=err, fmt="o", capsize=4, color=color[v])
         for r in s["per_seed"][v].values():
             axes[1].plot([i + 0.12], [r["eval_success"]], ".", color="gray")
     axes[1].set_xticks(range(len(names)), names, rotation=30, ha="right")
