@@ -29,7 +29,10 @@ after the last recorded iteration; git-ignored; deleted when the run is done). A
 from its checkpoint; a finished one (``final.json``) is skipped. ``setting.json`` at the top holds the
 sweep's setting: resuming with another setting is refused (name the field, or use another ``--out``).
 Runs go ``--parallel`` at a time (default 2, one thread each: the 2-core machine): cut runs first, then
-the headline comparison (base, GRPO, R3L-oracle, R3L) for every seed, then the ablations (``next_runs``).
+the headline comparison (base, GRPO, R3L-oracle, R3L) for every seed, then the ablations, then the
+diagnostic probe ``r3l_oracle_plain`` (``next_runs``). A running child keeps its pid in its folder's
+``running.pid``: a second sweep on the same folder, or a restarted one whose killed parent left its
+children running, waits for those runs instead of starting them twice.
 
 Not a test: a benchmark script (its arithmetic is tested in ``tests/test_learning_curves.py``).
 """
@@ -75,6 +78,8 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
 }
 BASE = "base"  # the untrained model, evaluated once per seed
 HEADLINE = ("grpo", "r3l_oracle", "r3l")  # the comparison the issue asks for; the rest are ablations
+DIAGNOSTIC = ("r3l_oracle_plain",)  # probes beyond the issue's variants: scheduled after the ablations
+LOCK = "running.pid"  # a run's child writes its pid here while it runs
 
 # The sweep's setting (the CPU default environment and model; lr 1e-5 as in the first version, which
 # moved held-out success from 0-0.06 to 0.25 within 80 samples on this setting).
@@ -252,24 +257,54 @@ def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[
     return {"variants": table, "per_seed": {v: {str(s): r for s, r in d.items()} for v, d in per.items()}}
 
 
+def held_by(d: Path) -> Optional[int]:
+    """The pid of a live sweep child running the run in ``d`` (its ``running.pid``), else None.
+
+    A pid whose process is gone, or is not a ``--child`` of this script (the pid was reused), does
+    not hold the run."""
+    try:
+        pid = int((d / LOCK).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if cmdline.exists():
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            return None
+        if b"--child" not in args or not any(a.endswith(os.path.basename(__file__).encode()) for a in args):
+            return None
+    return pid
+
+
 def next_runs(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> List[Tuple[str, int]]:
     """The runs still to do: runs already started (a cut run resumes from its checkpoint) first, then
     the headline comparison (the base evaluation, GRPO, R3L-oracle, R3L) for every seed, then the
-    ablations for every seed; seed-major within each group. So a sweep cut short has the headline
-    ratios over all seeds before it spends time on ablations."""
-    started, headline, ablations = [], [], []
+    ablations for every seed, then the diagnostic probes; seed-major within each group. So a sweep cut
+    short has the headline ratios over all seeds before it spends time on ablations. Runs that a live
+    child holds (another sweep's, or one whose parent was killed) are listed too: ``sweep`` waits for
+    them instead of starting them twice."""
+    started, headline, ablations, diagnostic = [], [], [], []
     for s in seeds:
         for v in [BASE, *variants]:
             d = run_dir(out, v, s)
             if (d / "final.json").exists():
                 continue
-            if (d / "curve.jsonl").exists():
+            if (d / "curve.jsonl").exists() or held_by(d):
                 started.append((v, s))
             elif v == BASE or v in HEADLINE:
                 headline.append((v, s))
+            elif v in DIAGNOSTIC:
+                diagnostic.append((v, s))
             else:
                 ablations.append((v, s))
-    return started + headline + ablations
+    return started + headline + ablations + diagnostic
 
 
 def check_setting(out: Path, setting: Dict[str, Any]) -> None:
@@ -362,18 +397,27 @@ def _samples_of(num: Dict[str, Any]) -> float:
 
 def run_one(out: Path, setting: Dict[str, Any], variant: str, seed: int) -> Dict[str, Any]:
     """Train ``variant`` at ``seed`` until the sample budget, checkpointing after every iteration,
-    then evaluate on the held-out fold; resumes from the checkpoint; returns ``final.json``'s dict."""
+    then evaluate on the held-out fold; resumes from the checkpoint; returns ``final.json``'s dict.
+    While it runs, ``running.pid`` in the run's folder holds this process's pid (``held_by``)."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    d = run_dir(out, variant, seed)
+    if (d / "final.json").exists():
+        return json.loads((d / "final.json").read_text())
+    d.mkdir(parents=True, exist_ok=True)
+    (d / LOCK).write_text(f"{os.getpid()}\n")
+    try:
+        return _train_and_evaluate(d, out, setting, variant, seed)
+    finally:
+        (d / LOCK).unlink(missing_ok=True)
+
+
+def _train_and_evaluate(d: Path, out: Path, setting: Dict[str, Any], variant: str, seed: int) -> Dict[str, Any]:
     import ray
 
     import rllib_r3l  # noqa: F401
     from rllib_r3l.algorithm import R3L
 
-    d = run_dir(out, variant, seed)
-    if (d / "final.json").exists():
-        return json.loads((d / "final.json").read_text())
-    d.mkdir(parents=True, exist_ok=True)
     ckpt, tmp = d / "checkpoint", d / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # a save that was cut short
     own_ray = not ray.is_initialized()
@@ -558,17 +602,46 @@ def _commit(out: Path, message: str) -> None:
 
 def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Sequence[int], parallel: int,
           commit: bool) -> None:
-    """Run what is left, ``parallel`` child processes at a time (one thread each); report after each."""
+    """Run what is left, ``parallel`` child processes at a time (one thread each); report after each.
+
+    Runs a live child already holds (``held_by``: another sweep's, or a killed sweep's orphan) are not
+    started again: they count against ``parallel`` until they end, then are reported if they
+    finished, or resumed from their checkpoint if they were cut."""
     todo = next_runs(out, variants, seeds)
     print(f"{len(todo)} run(s) to do in {out}: {', '.join(f'{v}/seed{s}' for v, s in todo)}", flush=True)
     running: List[Tuple[subprocess.Popen, str, int, float]] = []
+    held: Dict[Tuple[str, int], int] = {}
     failed: Counter = Counter()
     env = dict(os.environ, OMP_NUM_THREADS=str(setting["num_threads"]), RAY_AUTH_MODE="disabled",
                VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    while todo or running:
-        while todo and len(running) < parallel:
+
+    def finished(v: str, s: int, took: Optional[float]) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} done" + (f" in {took:.1f} min" if took else ""), flush=True)
+        print(report(out, variants, seeds), flush=True)
+        if commit:
+            _commit(out, f"learning curves v2: {v} seed {s} done")
+
+    while todo or running or held:
+        for (v, s), pid in list(held.items()):
+            if held_by(run_dir(out, v, s)) == pid:
+                continue
+            del held[(v, s)]
+            if (run_dir(out, v, s) / "final.json").exists():
+                finished(v, s, None)
+            else:
+                print(f"{time.strftime('%H:%M:%S')} {v}/seed{s}: its process (pid {pid}) ended before the run "
+                      f"finished; resuming it from its checkpoint", flush=True)
+                todo.insert(0, (v, s))
+        while todo and len(running) + len(held) < parallel:
             v, s = todo.pop(0)
             d = run_dir(out, v, s)
+            pid = held_by(d)
+            if pid:
+                held[(v, s)] = pid
+                print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} is running in process {pid}; waiting for it", flush=True)
+                continue
+            if (d / "final.json").exists():
+                continue
             d.mkdir(parents=True, exist_ok=True)
             log = open(d / "run.log", "a")
             cmd = [sys.executable, __file__, "--out", str(out), "--child", f"{v}:{s}"]
@@ -589,10 +662,7 @@ def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Se
                 if failed[(v, s)] < 2:
                     todo.insert(0, (v, s))  # once more, from its checkpoint
                 continue
-            print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} done in {took:.1f} min", flush=True)
-            print(report(out, variants, seeds), flush=True)
-            if commit:
-                _commit(out, f"learning curves v2: {v} seed {s} done")
+            finished(v, s, took)
     if failed:
         print(f"failed runs (rerun the script to resume them): {dict(failed)}", flush=True)
 

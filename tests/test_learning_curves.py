@@ -92,6 +92,64 @@ def test_next_runs_resume_cut_runs_then_headline_for_all_seeds_then_ablations(tm
     lc.run_dir(tmp_path, "r3l", 0).mkdir(parents=True)  # a folder without a curve: not started yet
     assert lc.next_runs(tmp_path, ["grpo", "r3l", "r3l_no_amp"], [0, 1]) == [
         ("r3l_no_amp", 1), ("r3l", 0), ("base", 1), ("grpo", 1), ("r3l", 1), ("r3l_no_amp", 0)]
+    # diagnostic probes (the plain-guidance oracle) come after the issue's ablations
+    assert lc.next_runs(tmp_path, ["r3l_oracle_plain", "r3l_no_amp"], [0]) == [("r3l_no_amp", 0), ("r3l_oracle_plain", 0)]
+
+
+def _holder(seconds: float, then_write: str = ""):
+    """A real process that looks like a sweep child (``learning_curves.py --child``) and optionally
+    writes a file when it ends."""
+    import subprocess
+
+    code = ("import sys, time, pathlib; time.sleep(float(sys.argv[1]));"
+            "sys.argv[2] and pathlib.Path(sys.argv[2]).write_text('{\"eval_successes\": 3, \"eval_episodes\": 32}')")
+    return subprocess.Popen([sys.executable, "-c", code, str(seconds), then_write, lc.__file__, "--child", "grpo:0"])
+
+
+def test_held_by_names_a_live_child_only(tmp_path):
+    import os
+    import subprocess
+
+    d = tmp_path / "run"
+    d.mkdir()
+    assert lc.held_by(d) is None  # no lock
+    p = _holder(30)
+    try:
+        (d / lc.LOCK).write_text(f"{p.pid}\n")
+        assert lc.held_by(d) == p.pid
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # not a sweep child
+        try:
+            (d / lc.LOCK).write_text(f"{other.pid}\n")
+            assert lc.held_by(d) is None
+        finally:
+            other.kill()
+        (d / lc.LOCK).write_text(f"{os.getpid() + 10**7}\n")  # no such process
+        assert lc.held_by(d) is None
+        (d / lc.LOCK).write_text("garbage")
+        assert lc.held_by(d) is None
+    finally:
+        p.kill()
+        p.wait()
+    (d / lc.LOCK).write_text(f"{p.pid}\n")  # the holder is gone
+    assert lc.held_by(d) is None
+
+
+def test_sweep_waits_for_a_run_another_process_holds_and_never_starts_it_twice(tmp_path, capsys):
+    _run(tmp_path, "base", 0, [], k=1)
+    d = lc.run_dir(tmp_path, "grpo", 0)
+    d.mkdir(parents=True)
+    (d / "curve.jsonl").write_text(json.dumps({"header": {"variant": "grpo"}}) + "\n" + json.dumps(_it(1, 16, 1)) + "\n")
+    p = _holder(6, str(d / "final.json"))  # an orphaned child of a killed sweep, finishing its run
+    (d / lc.LOCK).write_text(f"{p.pid}\n")
+    try:
+        assert lc.next_runs(tmp_path, ["grpo"], [0]) == [("grpo", 0)]
+        lc.sweep(tmp_path, dict(lc.DEFAULT_SETTING), ["grpo"], [0], parallel=2, commit=False)
+    finally:
+        p.kill()
+    out = capsys.readouterr().out
+    assert f"grpo/seed0 is running in process {p.pid}; waiting for it" in out
+    assert "started" not in out and "grpo/seed0 done" in out
+    assert "| grpo | 1 |" in out and lc.next_runs(tmp_path, ["grpo"], [0]) == []
 
 
 def test_every_variant_builds_a_valid_config_that_differs_only_in_its_switches():
