@@ -37,6 +37,22 @@ def test_cached_prompt_tokens_count_the_prefix_cache_hits(engine, tiny_tokenizer
     assert warm.cached_prompt_tokens == len(prompt) // _block(engine) * _block(engine) > 0
 
 
+def test_cpu_engine_uses_small_cache_blocks_so_a_turn_recomputes_little(engine, tiny_tokenizer):
+    """On CPU the engine's prefix-cache block is ``CPU_BLOCK_SIZE`` (32, not vLLM's 128): a prompt
+    that grows by a turn recomputes at most 31 tokens of what it already had."""
+    from rllib_r3l.generation.vllm_backend import CPU_BLOCK_SIZE
+
+    if not engine.on_cpu:
+        pytest.skip("the CPU engine's block size")
+    assert _block(engine) == CPU_BLOCK_SIZE == 32
+    prompt = tiny_tokenizer("A hallway leads north. " * 100, add_special_tokens=False)["input_ids"][:300]
+    engine.generate([GenerationRequest(prompt, 2)], temperature=1.0)
+    turn = prompt + tiny_tokenizer(" You move north.", add_special_tokens=False)["input_ids"]
+    [nxt] = engine.generate([GenerationRequest(turn, 2)], temperature=1.0)
+    recomputed_old = len(prompt) - nxt.cached_prompt_tokens
+    assert recomputed_old == 300 % 32 == 12  # with 128-token blocks: 300 % 128 = 44
+
+
 def test_retries_replay_their_prefix_from_the_cache(engine, tiny_tokenizer):
     chat = ChatFormat(tiny_tokenizer)
     # a long system prompt, so that every replayed prefix holds full cache blocks

@@ -134,6 +134,12 @@ def _logprob_of(entry: Any, token_id: int) -> float:
 
 
 CPU_MIN_BATCHED_TOKENS = 4096  # vLLM's CPU default step budget (tokens per engine step)
+# Prefix-cache block on CPU (vLLM's CPU default is 128). The cache serves whole blocks only, so a
+# multi-turn prompt recomputes the tail of its last block every turn: half a block on average, as
+# much as the turn's new tokens. 32 (the smallest size the CPU kernels are tuned for) cut the prompt
+# tokens computed in a 8-episode x 10-turn rollout to 0.60x and its engine CPU time to 0.75x
+# (benchmarks/prefix_block_size.py, docs/benchmarks.md section 5).
+CPU_BLOCK_SIZE = 32
 
 
 def _max_positions(model_path: str) -> int:
@@ -237,6 +243,8 @@ class VLLMBackend(GenerationBackend):
             kwargs["max_num_seqs"] = int(max_num_seqs)
         if self.on_cpu:
             kwargs["enforce_eager"] = True if enforce_eager is None else enforce_eager
+            if "block_size" not in (engine_kwargs or {}):
+                kwargs["block_size"] = CPU_BLOCK_SIZE
             if gpu_memory_utilization is not None:
                 kwargs["gpu_memory_utilization"] = gpu_memory_utilization  # fraction of host RAM
             elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
