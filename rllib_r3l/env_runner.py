@@ -182,11 +182,20 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             logger.error("exploration failed:\n%s", traceback.format_exc())
             self.metrics.log_value(("r3l", "faults", "exploration_errors"), 1, reduce="sum")
             self.metrics.log_value(("r3l", "faults", "groups_lost_with_exploration_error"), num_groups, reduce="sum")
+            self._sample_done()
             return []
         dt = time.perf_counter() - t0
         self._log_sample_metrics(groups, dt, before)
-        self.counters["progress_samples"] += 1
+        self._sample_done()
         return groups
+
+    def _sample_done(self) -> None:
+        """Count the finished ``sample()`` and publish the progress now, not at the next tick: the
+        console takes the next iteration's baseline once every sample has returned, and a count
+        published after that would show up in the next iteration's live line."""
+        self.counters["progress_samples"] += 1
+        if self._progress is not None:
+            self._progress.write()
 
     def _log_sample_metrics(self, groups: List[GroupResult], seconds: float, before: Counter) -> None:
         m = self.metrics

@@ -264,3 +264,28 @@ def test_train_verbose_flag_defaults_to_the_quiet_console():
     assert p.parse_args(["train", "f.yaml"]).verbose is None  # quiet: R3L's console, the rest in the log
     assert p.parse_args(["train", "f.yaml", "--verbose"]).verbose == 1
     assert p.parse_args(["train", "f.yaml", "--verbose", "0"]).verbose == 0
+
+
+def test_a_runner_publishes_its_last_counts_before_sample_returns(tmp_path, monkeypatch):
+    """The console takes the next iteration's baseline as soon as every sample() has returned; a
+    runner whose last counts waited for its publisher's next tick showed them in the next
+    iteration's live line (seen: 'retries 3' at 0:04 of an iteration). A real local runner (tiny
+    model, toy corridor) whose publisher never ticks on its own."""
+    from rllib_r3l import R3LConfig
+    from rllib_r3l.env_runner import R3LEnvRunner
+
+    monkeypatch.setattr(progress, "start_publisher", lambda counters, tag: progress.Publisher(
+        counters, str(tmp_path / f"runner-1-{tag}.json"), interval=3600))
+    cfg = (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
+           .training(model="tiny", group_size=4, tasks_per_iteration=2, backend="transformers", max_response_tokens=8,
+                     max_reflection_tokens=24).debugging(seed=0))
+    runner = R3LEnvRunner(config=cfg)
+    try:
+        groups = runner.sample()
+        [counts] = progress.read(str(tmp_path)).values()
+        base = sum(1 for g in groups for t in g.trajectories if t.kind.value == "base")
+        retries = sum(1 for g in groups for t in g.trajectories if t.kind.value == "retry")
+        assert counts[progress.SAMPLES] == 1 and counts[progress.EPISODES] == base == 4
+        assert counts[progress.RETRIES] == retries and counts[progress.TURNS] > 0
+    finally:
+        runner.stop()
