@@ -137,8 +137,9 @@ CPU_MIN_BATCHED_TOKENS = 4096  # vLLM's CPU default step budget (tokens per engi
 # Prefix-cache block on CPU (vLLM's CPU default is 128). The cache serves whole blocks only, so a
 # multi-turn prompt recomputes the tail of its last block every turn: half a block on average, as
 # much as the turn's new tokens. 32 (the smallest size the CPU kernels are tuned for) cut the prompt
-# tokens computed in a 8-episode x 10-turn rollout to 0.60x and its engine CPU time to 0.75x
-# (benchmarks/prefix_block_size.py, docs/benchmarks.md section 5).
+# tokens computed in an 8-episode x 10-turn rollout to 0.60x and its time to 0.71x (quiet 2-core AMD
+# EPYC; the main job's rollout engine time 0.72x): benchmarks/prefix_block_size.py, docs/benchmarks.md
+# section 5.
 CPU_BLOCK_SIZE = 32
 
 
