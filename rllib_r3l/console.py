@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 from rllib_r3l import progress
 
 # re-exported: callers use console.routed_output, console.Console
-from rllib_r3l.output_routing import LOG_TAIL_LINES, QUIET_ENV, Console, routed_output, tail  # noqa: F401
+from rllib_r3l.output_routing import Console, routed_output  # noqa: F401
 
 PLOT_FILE = "run.png"
 
