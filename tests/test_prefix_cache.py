@@ -87,8 +87,10 @@ def test_transcript_reflection_is_served_from_the_cache_and_bounded(engine, tiny
     c = ex.counters
     bases = [t for g in groups for t in g.trajectories if t.kind == Kind.BASE]
     block = _block(engine)
-    # each reflection prompt starts with its episode's whole context: at least its full blocks are cached
-    assert c["prompt_tokens_cached_reflect"] >= sum(t.num_tokens // block * block for t in bases) > 0, dict(c)
+    # each reflection prompt starts with its episode's whole context: its full blocks are cached. The
+    # episode's last sampled token was never fed back through the model, so it has no KV: a block it
+    # would complete is not cached (CI saw exactly one such 32-token block short with num_tokens)
+    assert c["prompt_tokens_cached_reflect"] >= sum((t.num_tokens - 1) // block * block for t in bases) > 0, dict(c)
     assert c["reflection_transcript_fallbacks"] == 0
     checked = 0
     for b in bases:
