@@ -60,7 +60,7 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
     """Explore chunk ``chunk_index`` (``args.chunk`` groups) with ``model``; one record per group."""
     import environments
     from rllib_r3l.console import cpu_model
-    from rllib_r3l.env_runner import R3LEnvRunner
+    from rllib_r3l.env_runner import R3LEnvRunner, _prefix_generated
     from rllib_r3l.pivot_metrics import pivot_quality
 
     cfg = _config(model, args)
@@ -88,13 +88,14 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
                 r = b.info.get("reflection")
                 if not r:
                     continue
-                parsed = r[0]
+                parsed, out = r[0], r[2]
                 pivot = parsed.report.pivot if parsed is not None and parsed.ok and parsed.report is not None else None
                 oracle = env.oracle_pivot(b.seed, list(b.actions)) if b.actions else None
                 q = pivot_quality(pivot, oracle)
                 refl.append({"status": parsed.status.value if parsed is not None else "generation_error",
                              "ok": bool(parsed is not None and parsed.ok), "pivot": pivot, "oracle_pivot": oracle,
                              "turns": len(b.actions), "success": bool(b.success),
+                             "tokens": len(out.token_ids) if out is not None else 0,
                              "pivot_accuracy": None if q is None else q["pivot_accuracy"],
                              "pivot_error": None if q is None else q["pivot_error"]})
             records.append({
@@ -104,6 +105,9 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
                 "base_successes": sum(bool(t.success) for t in base), "base_episodes": len(base),
                 "base_turns": [t.num_turns for t in base], "lost": len(g.lost),
                 "reflections": refl, "retries": len(retries), "retry_successes": sum(bool(t.success) for t in retries),
+                # generated tokens as the env runner counts them (a retry's replayed prefix is not generated again)
+                "base_generated_tokens": sum(t.num_generated_tokens for t in base),
+                "retry_generated_tokens": sum(t.num_generated_tokens - _prefix_generated(t) for t in retries),
                 "chunk_explore_s": round(explore_s, 1), "chunk_engine_start_s": round(start_s, 1),
                 "chunk_cpu_s": round((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime), 1),
                 "load_before": load0, "load_after": load1, "cpu": cpu_model(), "cpus": os.cpu_count(),
@@ -130,7 +134,9 @@ def summarize(records: List[Dict[str, Any]], model: str) -> Dict[str, Any]:
     scored = [x for x in refl if x["pivot_accuracy"] is not None]
     acc = sum(x["pivot_accuracy"] for x in scored)
     chunks = {r["chunk"]: r for r in rs}
+    tokens = _generated_tokens(rs, refl)
     return {
+        **tokens,
         "model": model, "groups": len(rs), "base_successes": k, "base_episodes": n,
         "base_success_ci95": wilson(k, n), "reflections": len(refl), "valid": v, "valid_ci95": wilson(v, len(refl)),
         "pivot_scored": len(scored), "pivot_correct": int(acc), "pivot_ci95": wilson(int(acc), len(scored)),
@@ -142,9 +148,29 @@ def summarize(records: List[Dict[str, Any]], model: str) -> Dict[str, Any]:
     }
 
 
+def _generated_tokens(rs: List[Dict[str, Any]], refl: List[Dict[str, Any]]) -> Dict[str, float]:
+    """Generated tokens per reflection and per sample (base episodes and retries, reports included,
+    as ``r3l/generated_tokens_per_sample`` counts them), and the R3L/GRPO ratio of the latter when
+    GRPO's sample is a base episode of the same untrained policy (its tokens per base episode).
+    NaN where the records predate the token fields."""
+    nan = float("nan")
+    if not rs or any("base_generated_tokens" not in r for r in rs):
+        return {"tokens_per_reflection": nan, "generated_per_sample": nan, "generated_per_base_episode": nan,
+                "generated_ratio_vs_grpo": nan}
+    base = sum(r["base_generated_tokens"] for r in rs)
+    retry = sum(r["retry_generated_tokens"] for r in rs)
+    report = sum(x.get("tokens", 0) for x in refl)
+    n_base = sum(r["base_episodes"] for r in rs)
+    n = n_base + sum(r["retries"] for r in rs)
+    per_sample = (base + retry + report) / max(n, 1)
+    per_base = base / max(n_base, 1)
+    return {"tokens_per_reflection": report / max(len(refl), 1), "generated_per_sample": per_sample,
+            "generated_per_base_episode": per_base, "generated_ratio_vs_grpo": per_sample / per_base if per_base else nan}
+
+
 def table(records: List[Dict[str, Any]], models: List[str]) -> str:
     head = ("model", "groups", "base ok", "95% CI", "valid refl", "95% CI", "pivot acc", "95% CI", "pivot err",
-            "retries ok", "s/group", "CPU s/group", "load 1-min")
+            "retries ok", "tok/report", "gen tok/sample", "R3L/GRPO gen", "s/group", "CPU s/group", "load 1-min")
     rows = [head]
     for m in models:
         s = summarize(records, m)
@@ -154,7 +180,8 @@ def table(records: List[Dict[str, Any]], models: List[str]) -> str:
         rows.append((m, str(s["groups"]), f"{s['base_successes']}/{s['base_episodes']}", f(s["base_success_ci95"]),
                      f"{s['valid']}/{s['reflections']}", f(s["valid_ci95"]),
                      f"{s['pivot_correct']}/{s['pivot_scored']}", f(s["pivot_ci95"]), f"{s['pivot_error_mean']:+.1f}",
-                     f"{s['retry_successes']}/{s['retries']}", f"{s['explore_s_per_group']:.0f}",
+                     f"{s['retry_successes']}/{s['retries']}", f"{s['tokens_per_reflection']:.1f}",
+                     f"{s['generated_per_sample']:.1f}", f"{s['generated_ratio_vs_grpo']:.2f}", f"{s['explore_s_per_group']:.0f}",
                      f"{s['cpu_s_per_group']:.0f}", f"{min(s['load']):.1f}-{max(s['load']):.1f}"))
     rows.insert(1, tuple("---" for _ in head))
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)  # Markdown, as docs/benchmarks.md quotes it

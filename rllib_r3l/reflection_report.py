@@ -8,18 +8,21 @@ turn). :func:`parse_report` never raises: every text gets a :class:`ParseResult`
 Validity rules (as in the authors' implementation): the summary, root cause and outcome must be
 present; outcome ``success`` means a *perfect* episode (no retry); the other two outcomes need a
 non-null suggestion and a pivot ``0 <= pivot < num_turns``. Prompting the reflector and the retry's
-guidance live in :mod:`rllib_r3l.reflect`.
+guidance live in :mod:`rllib_r3l.reflect`; finding and leniently loading the object in free text,
+in :mod:`rllib_r3l.lenient_json`.
 """
 
 from __future__ import annotations
 
-import ast
 import enum
 import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+from rllib_r3l.lenient_json import NotAnObject, load_lenient
+from rllib_r3l.lenient_json import candidates as find_candidates
 
 __all__ = ["Outcome", "ReflectionReport", "ParseStatus", "ParseResult", "parse_report", "ReflectionStats"]
 
@@ -152,8 +155,6 @@ _ALIASES: Dict[str, Tuple[str, ...]] = {
 }
 _NULL_WORDS = frozenset({"null", "none", "n/a", "na", "nil"})
 
-_MAX_CANDIDATES = 64  # balanced-brace candidates examined per text (bounds adversarial inputs)
-_MAX_AST_CHARS = 100_000  # the Python-literal fallback is only tried on candidates up to this size
 _THINK_END = "</think>"
 
 
@@ -161,127 +162,6 @@ def _norm_key(key: Any) -> Optional[str]:
     if not isinstance(key, str):
         return None
     return re.sub(r"[\s\-]+", "_", key.strip().lower())
-
-
-def _scan_object_end(text: str, start: int, string_aware: bool) -> int:
-    """Index of the ``}`` closing the ``{`` at ``start``, or -1 when it never closes."""
-    depth = 0
-    in_str = False
-    escaped = False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_str:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_str = False
-            continue
-        if c == '"' and string_aware:
-            in_str = True
-        elif c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-    return -1
-
-
-def _candidates(text: str) -> List[str]:
-    """Substrings of ``text`` that may hold the report, deduplicated, in document order.
-
-    1. the span from the first ``{`` to the last ``}`` (the authors' rule);
-    2. every top-level balanced ``{...}`` (string-aware; a naive brace count as fallback when a
-       stray quote keeps an object from closing), scanning left to right.
-    """
-    out: List[str] = []
-    seen = set()
-
-    def add(s: str) -> None:
-        if s not in seen:
-            seen.add(s)
-            out.append(s)
-
-    first = text.find("{")
-    last = text.rfind("}")
-    if first < 0 or last < first:
-        return out
-    add(text[first : last + 1])
-    i = first
-    examined = 0
-    while i >= 0 and examined < _MAX_CANDIDATES:
-        examined += 1
-        end = _scan_object_end(text, i, string_aware=True)
-        if end < 0:
-            end = _scan_object_end(text, i, string_aware=False)
-        if end >= 0:
-            add(text[i : end + 1])
-            i = text.find("{", end + 1)
-        else:
-            i = text.find("{", i + 1)
-    return out
-
-
-_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
-_PY_NAMES = {"null": None, "None": None, "true": True, "True": True, "false": False, "False": False}
-
-
-def _literal(node: ast.AST) -> Any:
-    """Convert a Python-literal AST (dicts, lists, strings, numbers, None/True/False and their JSON
-    spellings null/true/false) to a value; raise ValueError on anything else."""
-    if isinstance(node, ast.Expression):
-        return _literal(node.body)
-    if isinstance(node, ast.Constant) and isinstance(
-        node.value, (str, int, float, bool, type(None))
-    ):
-        return node.value
-    if isinstance(node, ast.Name):
-        if node.id in _PY_NAMES:
-            return _PY_NAMES[node.id]
-        raise ValueError(f"unknown name {node.id!r}")
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _literal(node.operand)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return -v if isinstance(node.op, ast.USub) else v
-        raise ValueError("unary sign on a non-number")
-    if isinstance(node, ast.Dict):
-        if any(k is None for k in node.keys):
-            raise ValueError("dict unpacking is not a literal")
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_literal(e) for e in node.elts]
-    if isinstance(node, ast.Set):
-        for e in node.elts:
-            _literal(e)  # only a set of literals counts as "parsed, but not an object"
-        return _NotAnObject()
-    raise ValueError(f"not a literal: {type(node).__name__}")
-
-
-class _NotAnObject:
-    """Marker: the candidate parsed to something that is not a mapping (e.g. a Python set)."""
-
-
-def _load(candidate: str) -> Tuple[Any, str]:
-    """Parse one candidate leniently: JSON, then JSON without trailing commas, then a Python/JSON
-    literal (single quotes, None/True/False). Returns ``(value, "")`` or ``(None, error)``."""
-    try:
-        return json.loads(candidate, strict=False), ""
-    except Exception as e:  # noqa: BLE001 - never raise (RecursionError, ValueError, ...)
-        first_error = f"{type(e).__name__}: {e}"
-    repaired = _TRAILING_COMMA.sub(r"\1", candidate)
-    if repaired != candidate:
-        try:
-            return json.loads(repaired, strict=False), ""
-        except Exception:  # noqa: BLE001
-            pass
-    if len(candidate) <= _MAX_AST_CHARS:
-        try:
-            return _literal(ast.parse(repaired.strip(), mode="eval")), ""
-        except Exception:  # noqa: BLE001 - SyntaxError, ValueError, RecursionError, MemoryError
-            pass
-    return None, first_error
 
 
 def _text_field(value: Any) -> Optional[str]:
@@ -344,8 +224,8 @@ def _pick(d: Mapping[str, Any], canonical: str) -> Tuple[bool, Any]:
 
 
 def _validate(obj: Any, raw: str, num_turns: int, depth: int = 0) -> ParseResult:
-    if isinstance(obj, _NotAnObject) or not isinstance(obj, dict):
-        kind = "a set" if isinstance(obj, _NotAnObject) else type(obj).__name__
+    if isinstance(obj, NotAnObject) or not isinstance(obj, dict):
+        kind = "a set" if isinstance(obj, NotAnObject) else type(obj).__name__
         return ParseResult(ParseStatus.NOT_AN_OBJECT, None, f"expected a JSON object, got {kind}")
     d: Dict[str, Any] = {}
     for k, v in obj.items():
@@ -461,7 +341,7 @@ def _parse(text: str, num_turns: int) -> ParseResult:
     cut = text.rfind(_THINK_END)
     if cut >= 0 and "{" in text[cut + len(_THINK_END) :]:
         search = text[cut + len(_THINK_END) :]
-    candidates = _candidates(search)
+    candidates = find_candidates(search)
     # A JSON string that itself encodes the report (double-encoded output).
     stripped = search.strip()
     if stripped.startswith('"') and stripped.endswith('"') and len(stripped) >= 2:
@@ -470,13 +350,13 @@ def _parse(text: str, num_turns: int) -> ParseResult:
         except Exception:  # noqa: BLE001
             inner = None
         if isinstance(inner, str):
-            candidates.extend(c for c in _candidates(inner) if c not in candidates)
+            candidates.extend(c for c in find_candidates(inner) if c not in candidates)
     if not candidates:
         return ParseResult(ParseStatus.NO_JSON, None, "no {...} object found in the text")
 
     best: Optional[ParseResult] = None
     for cand in candidates:
-        value, err = _load(cand)
+        value, err = load_lenient(cand)
         if err:
             result = ParseResult(ParseStatus.BAD_JSON, None, f"invalid JSON ({err[:200]})")
         else:
