@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 from rllib_r3l import core_algos
 from rllib_r3l.errors import UsageError

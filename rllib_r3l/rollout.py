@@ -16,7 +16,7 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 from rllib_r3l.chat import ChatFormat
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest

@@ -11,7 +11,7 @@ The path, end to end (``R3L.training_step`` step 4)::
 
 Nothing restarts; a bucket is ``weight_bucket_bytes`` (backend option, default 1 GiB) of whole
 decoder layers, so the number of RPCs is ``ceil(model bytes / bucket)``, not one per parameter. The
-bucketing itself lives in :func:`rllib_r3l.generation.vllm_backend.weight_buckets` (re-exported here).
+bucketing itself lives in :func:`rllib_r3l.generation.vllm_weights.weight_buckets` (re-exported here).
 
 **LoRA** (``lora`` option): the learner trains adapters; the engines receive the *merged* weights
 ``W + scale * B @ A`` of every decoder layer that holds an adapter (vLLM reloads a decoder layer as a
@@ -28,7 +28,7 @@ from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
-from rllib_r3l.generation.vllm_backend import _group_key, weight_buckets
+from rllib_r3l.generation.vllm_weights import group_key, weight_buckets
 
 __all__ = [
     "weight_buckets",
@@ -45,7 +45,7 @@ _PEFT_PREFIX = "base_model.model."
 def layer_key(name: str) -> str:
     """The unit vLLM reloads together: ``model.layers.<i>`` for a decoder-layer tensor, else the
     tensor's parent module."""
-    return _group_key(name)
+    return group_key(name)
 
 
 def to_cpu_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

@@ -1,6 +1,5 @@
 """Reflect-then-retry end to end with a scripted policy/reflector (paper §4), real everything else."""
 
-import numpy as np
 import pytest
 
 import environments

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import types
 
-import pytest
 
 import environments
 from rllib_r3l import reflect as reflect_lib

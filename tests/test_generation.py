@@ -28,7 +28,7 @@ from rllib_r3l.generation import (
 )
 from rllib_r3l.generation.constraints import ChoiceTrie, ChoicesLogitsProcessor
 from rllib_r3l.generation.hf_backend import HFBackend, top_p_filter
-from rllib_r3l.generation.vllm_backend import weight_buckets
+from rllib_r3l.generation.vllm_weights import weight_buckets
 from rllib_r3l.models import load_causal_lm
 
 HF_TOL = 1e-4

@@ -7,7 +7,7 @@ import os
 import pathlib
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rllib_r3l.reflect import (

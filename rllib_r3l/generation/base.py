@@ -7,7 +7,7 @@ trajectories stay token-exact (nothing is re-tokenised between turns).
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch

@@ -1,0 +1,107 @@
+"""Replacing a running vLLM engine's weights in place (the learner -> engine weight sync, paper §4).
+
+:func:`weight_buckets` cuts the learner's weights into buckets of about ``bucket_bytes`` without
+splitting a decoder layer (vLLM fuses q/k/v and gate/up inside one); each bucket is loaded on every
+worker by :func:`reload_weights_on_worker` through ``collective_rpc``. :mod:`rllib_r3l.weight_sync`
+plans the sync; :class:`rllib_r3l.generation.vllm_backend.VLLMBackend` drives it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["group_key", "weight_buckets", "reload_weights_on_worker"]
+
+_LAYER_RE = re.compile(r"^(.*?\.layers\.\d+)\.")
+_RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.inplace",
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.models.utils",  # "Attempted to load weight ... with dtype ..."
+)
+
+
+def group_key(name: str) -> str:
+    """The module whose weights must be reloaded together (vLLM fuses q/k/v and gate/up inside a
+    decoder layer, and a layer loaded only in part would be filled with garbage)."""
+    m = _LAYER_RE.match(name)
+    if m:
+        return m.group(1)
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def weight_buckets(
+    named_tensors: Iterable[Tuple[str, torch.Tensor]],
+    bucket_bytes: Optional[int],
+    skip: Sequence[str] = (),
+    dtype: Optional[torch.dtype] = None,
+) -> List[List[Tuple[str, torch.Tensor]]]:
+    """Split weights into buckets of about ``bucket_bytes`` without splitting a decoder layer,
+    cast to ``dtype`` (the engine's) when given.
+
+    ``bucket_bytes=None`` or ``<= 0``: one bucket.
+    """
+    groups: Dict[str, List[Tuple[str, torch.Tensor]]] = {}
+    for name, tensor in named_tensors:
+        if name in skip:
+            continue
+        t = tensor.detach()
+        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
+        groups.setdefault(group_key(name), []).append((name, t))
+    if not bucket_bytes or bucket_bytes <= 0:
+        flat = [item for g in groups.values() for item in g]
+        return [flat] if flat else []
+    buckets: List[List[Tuple[str, torch.Tensor]]] = []
+    current: List[Tuple[str, torch.Tensor]] = []
+    size = 0
+    for group in groups.values():
+        gsize = sum(t.numel() * t.element_size() for _, t in group)
+        if current and size + gsize > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.extend(group)
+        size += gsize
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def reload_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) -> int:
+    """Runs on each vLLM worker (through ``collective_rpc``): reload ``weights`` in place."""
+    # vLLM warns about every layer a call does not hold (the tied lm_head, rotary buffers, the
+    # layers of other buckets; those keep their current values) and about fp32 -> bf16 casts
+    # (done by the in-place copy): noise here.
+    saved = []
+    for name in _RELOAD_LOGGERS:
+        lg = logging.getLogger(name)
+        saved.append((lg, lg.level))
+        lg.setLevel(logging.ERROR)
+    try:
+        reload = getattr(worker, "reload_weights", None)
+        if reload is None:
+            reload = worker.model_runner.reload_weights
+        reload(weights_iterator=iter(weights))
+        if any(n.endswith("embed_tokens.weight") for n, _ in weights):
+            _refresh_tied_lm_head(worker)
+    finally:
+        for lg, level in saved:
+            lg.setLevel(level)
+    return len(weights)
+
+
+def _refresh_tied_lm_head(worker) -> None:
+    """A tied output head shares the embedding's parameter, but the reload post-processes only the
+    embedding layer: on CPU the head keeps the packed GEMM copy of the *old* weights (measured:
+    log-probs off by ~0.9 after an embedding update). Re-run the head's post-processing."""
+    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
+    head = getattr(model, "lm_head", None)
+    embed = next((m for n, m in model.named_modules() if n.endswith("embed_tokens")), None)
+    if head is None or embed is None or getattr(head, "weight", None) is not getattr(embed, "weight", False):
+        return
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)  # a no-op for unquantized heads on GPU
