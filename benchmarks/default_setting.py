@@ -53,7 +53,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple:
 def measure(rooms: int, turns: int, args) -> Dict[str, Any]:
 
     from rllib_r3l import R3LConfig
-    from rllib_r3l.console import cpu_model
+    from rllib_r3l.run_info import cpu_model
     from rllib_r3l.batch import build_train_batch, select_trainable
     from rllib_r3l.env_runner import R3LEnvRunner
 

@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from benchmarks.default_setting import wilson  # noqa: E402  (95 % Wilson interval)
-from rllib_r3l.console import cpu_model  # noqa: E402
+from rllib_r3l.run_info import cpu_model  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "learning_curves_v2"
 

@@ -59,7 +59,7 @@ def _config(model: str, args):
 def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
     """Explore chunk ``chunk_index`` (``args.chunk`` groups) with ``model``; one record per group."""
     import environments
-    from rllib_r3l.console import cpu_model
+    from rllib_r3l.run_info import cpu_model
     from rllib_r3l.env_runner import R3LEnvRunner, _prefix_generated
     from rllib_r3l.pivot_metrics import pivot_quality
 

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rllib_r3l.console import cpu_model  # noqa: E402
+from rllib_r3l.run_info import cpu_model  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "step_cost_ratios"
 

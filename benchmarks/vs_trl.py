@@ -593,7 +593,7 @@ def child(a) -> None:
     system, seed = a._run, int(a._seed)
     import platform
 
-    from rllib_r3l.console import cpu_model
+    from rllib_r3l.run_info import cpu_model
 
     meta = {"system": system, "seed": seed, "settings": _settings_json(s), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version()}

@@ -7,8 +7,8 @@ output (vLLM, Ray, transformers, warnings, progress bars, anything written to st
 libraries included) goes to a log file under the results folder; ``--verbose`` leaves it on the
 console instead.
 
-The formatting functions are pure (dicts in, text out); :func:`run_info` reads the machine and the
-config, :func:`routed_output` (``rllib_r3l.output_routing``, re-exported here) redirects the process's
+The formatting functions are pure (dicts in, text out); ``rllib_r3l.run_info`` reads the machine and
+the config, :func:`routed_output` (``rllib_r3l.output_routing``, re-exported here) redirects the process's
 output, :class:`LiveProgress` draws the live line from what the runners publish
 (``rllib_r3l.progress``).
 """
@@ -18,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -291,89 +289,6 @@ def plot_run(rows: Sequence[Mapping[str, Any]], path: str, title: str = "R3L run
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-# ==================================================================================================
-# The machine and the config
-# ==================================================================================================
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo, else lscpu, else platform)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
-        m = re.search(r"^Model name:\s*(.+)$", out, re.M)
-        if m:
-            return m.group(1).strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    import platform
-
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def engine_dtype(config) -> str:
-    """The generation engine's dtype as the backend will resolve it (``backend_options.dtype`` first)."""
-    from rllib_r3l.generation import resolve_backend_name
-
-    opts = dict(getattr(config, "backend_options", None) or {})
-    if opts.get("dtype"):
-        return str(opts["dtype"])
-    if resolve_backend_name(config.backend) == "transformers":
-        return "float32"
-    if (getattr(config, "num_gpus_per_env_runner", 0) or 0) > 0:
-        return "auto (the model's)"
-    from rllib_r3l.generation.vllm_backend import cpu_default_dtype
-
-    return cpu_default_dtype()
-
-
-def learner_precision(config) -> str:
-    """``bf16 autocast (fp32 weights)`` or ``fp32``, as the learner resolves ``mixed_precision``."""
-    from rllib_r3l.precision import uses_autocast
-
-    device = "cuda" if (getattr(config, "num_gpus_per_learner", 0) or 0) > 0 else "cpu"
-    auto = uses_autocast(config.mixed_precision, device)
-    weights = getattr(config, "model_dtype", "float32")
-    weights = "bf16" if weights == "bfloat16" else "fp32"
-    return (f"bf16 autocast ({weights} weights)" if auto else f"{weights}") + f", mixed_precision={config.mixed_precision}"
-
-
-def run_info(config, *, title: str = "R3L", log: Optional[str] = None, verbose: bool = False) -> Dict[str, Any]:
-    """What :func:`header_lines` shows, read from ``config`` (an ``R3LConfig``) and this machine."""
-    from rllib_r3l.generation import resolve_backend_name
-    from rllib_r3l.precision import native_bf16
-
-    reflect = bool(config.reflect)
-    r = int(config.retries_per_failure)
-    base = config.group_size if not reflect else max(1, config.group_size // (1 + r))
-    return {
-        "title": title,
-        "model": config.model_id,
-        "env": str(config.env),
-        "env_config": dict(config.env_config or {}),
-        "backend": resolve_backend_name(config.backend),
-        "engine_dtype": engine_dtype(config),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "native_bf16": native_bf16("cpu"),
-        "learner_precision": learner_precision(config),
-        "tasks": int(config.tasks_per_iteration),
-        "base_per_task": base,
-        "max_retries_per_task": base * r if reflect else 0,
-        "reflect": reflect,
-        "log": log,
-        "verbose": verbose,
-    }
-
-
-def expected_episodes(info: Mapping[str, Any]) -> Optional[int]:
-    return int(info["tasks"]) * int(info["base_per_task"]) if info.get("tasks") else None
 
 
 # ==================================================================================================

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ray.tune import Callback
 
-from rllib_r3l import console, outcome
+from rllib_r3l import console, outcome, run_info
 from rllib_r3l.errors import UsageError
 from rllib_r3l.resume import RESUME, tune_resume_config
 
@@ -77,11 +77,11 @@ class ConsoleCallback(Callback):
             from rllib_r3l.config import R3LConfig
 
             cfg = R3LConfig().update_from_dict(copy.deepcopy(dict(trial.config)))
-            return console.run_info(cfg, title=title, log=self.log, verbose=self.verbose)
+            return run_info.run_info(cfg, title=title, log=self.log, verbose=self.verbose)
         except Exception:  # a config the console cannot read: the header says less, training goes on
             c = trial.config or {}
             return {"title": title, "model": c.get("model", "?"), "env": str(c.get("env", "?")),
-                    "backend": c.get("backend", "?"), "cpu": console.cpu_model(), "cores": os.cpu_count(),
+                    "backend": c.get("backend", "?"), "cpu": run_info.cpu_model(), "cores": os.cpu_count(),
                     "log": self.log, "verbose": self.verbose}
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
@@ -89,7 +89,7 @@ class ConsoleCallback(Callback):
         self.con.lines(console.header_lines(head))
         self.rows.setdefault(trial.trial_id, [])
         if self.live is None:
-            self.live = console.LiveProgress(self.con, self.live_dir, expected=console.expected_episodes(head),
+            self.live = console.LiveProgress(self.con, self.live_dir, expected=run_info.expected_episodes(head),
                                              reflect=bool(head.get("reflect", True)))
         self.live.begin()
 

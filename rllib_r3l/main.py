@@ -105,13 +105,13 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     import ray
 
     import rllib_r3l  # noqa: F401  (registers "R3L")
-    from rllib_r3l import R3LConfig, console
+    from rllib_r3l import R3LConfig, console, run_info
 
     config = R3LConfig().training(reflect=args.reflect)
     if overrides:
         config.update_from_dict(overrides)
     config.validate_r3l()
-    info = console.run_info(config, title=f"R3L main job: {args.iterations} iteration(s), results in {out}",
+    info = run_info.run_info(config, title=f"R3L main job: {args.iterations} iteration(s), results in {out}",
                             log=log_path, verbose=args.verbose)
     con.lines(console.header_lines(info))
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=args.verbose,
@@ -119,7 +119,7 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     t0 = time.time()
     algo = config.build_algo()
     con.line(f"learner built in {time.time() - t0:.0f} s; the engine starts with the first iteration")
-    live = console.LiveProgress(con, live_dir, expected=console.expected_episodes(info), reflect=info["reflect"])
+    live = console.LiveProgress(con, live_dir, expected=run_info.expected_episodes(info), reflect=info["reflect"])
     last: Dict[str, Any] = {}
     per_iteration: List[Dict[str, Any]] = []
     rows: List[Dict[str, Any]] = []
