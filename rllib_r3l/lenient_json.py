@@ -17,6 +17,8 @@ __all__ = ["candidates", "load_lenient", "NotAnObject", "MAX_CANDIDATES", "MAX_A
 
 MAX_CANDIDATES = 64  # balanced-brace candidates examined per text (bounds adversarial inputs)
 MAX_AST_CHARS = 100_000  # the Python-literal fallback is only tried on candidates up to this size
+
+
 def _scan_object_end(text: str, start: int, string_aware: bool) -> int:
     """Index of the ``}`` closing the ``{`` at ``start``, or -1 when it never closes."""
     depth = 0
