@@ -14,8 +14,15 @@ def test_a_stray_quote_falls_back_to_a_plain_brace_count():
     assert '{"a": "x}' in candidates('{"a": "x} tail')
 
 
-def test_candidates_are_bounded_for_adversarial_input():
-    assert len(candidates("{" * 10_000 + "}")) <= MAX_CANDIDATES + 1
+def test_an_unclosed_brace_restarts_the_scan_at_the_next_one():
+    assert candidates('x { y {"a": 1}') == ['{ y {"a": 1}', '{"a": 1}']
+
+
+def test_candidates_are_capped_for_adversarial_input():
+    many = "".join(f'{{"k": {i}}}' for i in range(200))  # 200 distinct balanced objects
+    found = candidates(many)
+    assert found[0] == many and len(found) == MAX_CANDIDATES + 1  # the outer span + the first 64
+    assert found[1:3] == ['{"k": 0}', '{"k": 1}']
 
 
 def test_load_lenient_repairs_what_small_models_write_and_never_raises():
