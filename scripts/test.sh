@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 export RAY_AUTH_MODE=disabled VLLM_ENABLE_V1_MULTIPROCESSING=0
-exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 tests "$@"
