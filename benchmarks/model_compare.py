@@ -60,7 +60,7 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
     """Explore chunk ``chunk_index`` (``args.chunk`` groups) with ``model``; one record per group."""
     import environments
     from rllib_r3l.run_info import cpu_model
-    from rllib_r3l.env_runner import R3LEnvRunner, _prefix_generated
+    from rllib_r3l.env_runner import R3LEnvRunner, generated_anew
     from rllib_r3l.pivot_metrics import pivot_quality
 
     cfg = _config(model, args)
@@ -106,8 +106,8 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
                 "base_turns": [t.num_turns for t in base], "lost": len(g.lost),
                 "reflections": refl, "retries": len(retries), "retry_successes": sum(bool(t.success) for t in retries),
                 # generated tokens as the env runner counts them (a retry's replayed prefix is not generated again)
-                "base_generated_tokens": sum(t.num_generated_tokens for t in base),
-                "retry_generated_tokens": sum(t.num_generated_tokens - _prefix_generated(t) for t in retries),
+                "base_generated_tokens": sum(generated_anew(t) for t in base),
+                "retry_generated_tokens": sum(generated_anew(t) for t in retries),
                 "chunk_explore_s": round(explore_s, 1), "chunk_engine_start_s": round(start_s, 1),
                 "chunk_cpu_s": round((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime), 1),
                 "load_before": load0, "load_after": load1, "cpu": cpu_model(), "cpus": os.cpu_count(),

@@ -35,3 +35,16 @@ def test_records_without_token_fields_give_nan_not_zero():
     s = mc.summarize([old], "m")
     assert math.isnan(s["generated_per_sample"]) and math.isnan(s["generated_ratio_vs_grpo"])
     assert "nan" in mc.table([old], ["m"])
+
+
+def test_a_retry_counts_only_the_tokens_it_generated_after_its_pivot():
+    from rllib_r3l.env_runner import generated_anew
+    from rllib_r3l.trajectory import Kind, Segment, Trajectory
+
+    segs = [Segment("prompt", [1, 2], turn=-1)]
+    for turn, n in enumerate((3, 4, 5)):  # responses of 3, 4 and 5 tokens at turns 0, 1, 2
+        segs += [Segment("prompt", [7], turn=turn), Segment("response", [9] * n, turn=turn)]
+    base = Trajectory(segments=segs, reward=0.0, group_id="g", kind=Kind.BASE, seed=0)
+    retry = Trajectory(segments=segs, reward=1.0, group_id="g", kind=Kind.RETRY, seed=0, pivot=2)
+    assert generated_anew(base) == 12
+    assert generated_anew(retry) == 5  # turns 0-1 (7 tokens) were replayed from the base episode
