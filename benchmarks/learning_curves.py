@@ -331,7 +331,10 @@ def build_config(setting: Dict[str, Any], variant: str, seed: int):
     training = dict(group_size=setting["group_size"], tasks_per_iteration=setting["tasks_per_iteration"],
                     lr=setting["lr"], micro_batch_size=setting["micro_batch_size"],
                     micro_batch_tokens=setting["micro_batch_tokens"], backend=setting["backend"],
-                    num_threads=setting["num_threads"], sampling_seed=seed, **switches)
+                    num_threads=setting["num_threads"], sampling_seed=seed,
+                    # the v2 sweep trained every sequence on its own (share_prefixes became the
+                    # default later; same gradient, other float summation order): kept for its runs
+                    share_prefixes=bool(setting.get("share_prefixes", False)), **switches)
     if setting.get("model"):
         training["model"] = setting["model"]
     training.update(setting.get("training") or {})

@@ -1,8 +1,12 @@
 """Learner cost with and without exact shared-prefix training, on an R3L-shaped batch.
 
     .venv/bin/python benchmarks/shared_prefix.py [--groups 1] [--turns 10] [--reps 2] [--model default]
+    .venv/bin/python benchmarks/shared_prefix.py --capture 3 --out DIR   # the main job's batches
+    .venv/bin/python benchmarks/shared_prefix.py --batches DIR/batch*.pt
 
-The batch mirrors a coin-collector R3L group (measured shapes, docs/benchmarks.md): a task prompt
+``--capture N`` runs N iterations of the embedded default (``R3LConfig()``, the main job's
+configuration) and saves every training batch the learner receives; ``--batches`` then times the
+learner on those real batches instead of the synthetic one. Otherwise the batch mirrors a coin-collector R3L group (measured shapes, docs/benchmarks.md): a task prompt
 (system + rules + first observation, ~260 tokens), then turns of an observation (~100 tokens) and
 a short choice-decoded response (~6 tokens). Each group holds 4 base episodes and 4 retries; retry
 ``i`` replays its base up to pivot ``k_i`` (tokens identical up to the pivot turn's prompt) and
@@ -87,36 +91,84 @@ def build_learner(model, share):
     return learner
 
 
+def capture(iterations: int, out: str, overrides: dict) -> None:
+    """Run the embedded default for ``iterations`` and save each training batch to ``out``."""
+    import ray
+
+    import rllib_r3l  # noqa: F401  (registers "R3L")
+    from rllib_r3l import R3LConfig
+    from rllib_r3l.learner import R3LTorchLearner
+
+    os.makedirs(out, exist_ok=True)
+    original = R3LTorchLearner._update
+    saved = []
+
+    def _update(self, batch):
+        path = os.path.join(out, f"batch{len(saved) + 1}.pt")
+        torch.save({mid: {k: v for k, v in b.items() if isinstance(v, torch.Tensor)} for mid, b in batch.items()}, path)
+        saved.append(path)
+        return original(self, batch)
+
+    R3LTorchLearner._update = _update
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    try:
+        config = R3LConfig()
+        config.update_from_dict(overrides)
+        algo = config.build_algo()
+        for it in range(iterations):
+            algo.train()
+            print(f"iteration {it + 1}: {len(saved)} batch(es) saved in {out}", flush=True)
+        algo.stop()
+    finally:
+        R3LTorchLearner._update = original
+        ray.shutdown()
+
+
+def load_batches(paths):
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    return [torch.load(p)[DEFAULT_MODULE_ID] for p in paths]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--capture", type=int, metavar="N", help="save the main job's batches of N iterations to --out")
+    ap.add_argument("--out", default="results/shared_prefix_batches")
+    ap.add_argument("--batches", nargs="*", help="time the learner on these captured batches")
     ap.add_argument("--groups", type=int, default=1)
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--model", default="default")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if args.capture:
+        capture(args.capture, args.out, {})
+        return 0
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_r3l.precision import uses_autocast
 
     learners = {share: build_learner(args.model, share) for share in (False, True)}
     vocab = learners[False].module[DEFAULT_MODULE_ID].lm.config.vocab_size
-    batch = make_batch(args.groups, args.turns, vocab)
+    batches = load_batches(args.batches) if args.batches else [make_batch(args.groups, args.turns, vocab)]
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
-    print(f"CPU: {cpu}; autocast bf16: {uses_autocast('auto', 'cpu')}; {len(batch['input_ids'])} rows, "
-          f"{int(batch['attention_mask'].sum())} tokens, {int(batch['loss_mask'].sum())} credited")
+    print(f"CPU: {cpu}; autocast bf16: {uses_autocast('auto', 'cpu')}; {len(batches)} batch(es), "
+          f"{sum(len(b['input_ids']) for b in batches)} rows, {sum(int(b['attention_mask'].sum()) for b in batches)} "
+          f"tokens, {sum(int(b['loss_mask'].sum()) for b in batches)} credited")
     rows = {False: [], True: []}
     for rep in range(args.reps):
-        for share in (False, True):
-            lr = learners[share]
-            c0, t0 = time.process_time(), time.perf_counter()
-            lr._update({DEFAULT_MODULE_ID: {k: v.clone() for k, v in batch.items()}})
-            wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
-            m = {k: float(v) for k, v in lr.metrics.reduce()["r3l"]["learner"].items()}
-            rows[share].append((wall, cpu_s, m["forward_tokens"], m["trained_tokens"]))
-            print(f"rep {rep} share_prefixes={share!s:5}: {wall:7.1f} s wall, {cpu_s:7.1f} s CPU, "
-                  f"{int(m['forward_tokens'])} forward tokens, {int(m['trained_tokens'])} credited", flush=True)
+        for i, batch in enumerate(batches):
+            for share in (False, True):
+                lr = learners[share]
+                c0, t0 = time.process_time(), time.perf_counter()
+                lr._update({DEFAULT_MODULE_ID: {k: v.clone() for k, v in batch.items()}})
+                wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+                m = {k: float(v) for k, v in lr.metrics.reduce()["r3l"]["learner"].items()}
+                rows[share].append((wall, cpu_s, m["forward_tokens"], m["trained_tokens"]))
+                print(f"rep {rep} batch {i + 1} share_prefixes={share!s:5}: {wall:7.1f} s wall, {cpu_s:7.1f} s CPU, "
+                      f"{int(m['forward_tokens'])} forward tokens, {int(m['trained_tokens'])} credited", flush=True)
     print("\n| share_prefixes | wall s (mean) | CPU s (mean) | forward tokens | forward / credited |")
     print("|---|---|---|---|---|")
     for share in (False, True):

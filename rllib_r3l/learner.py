@@ -22,7 +22,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_r3l import core_algos, distributed, faults, precision
 from rllib_r3l.batch import plan_micro_batches
-from rllib_r3l.prefix_tree import plan_shared_micro_batches, trie_tokens
+from rllib_r3l.prefix_tree import computed_tokens, plan_shared_micro_batches
 from rllib_r3l.trajectory import KINDS
 
 
@@ -247,12 +247,13 @@ class R3LTorchLearner(TorchLearner):
 
 
 def _computed_tokens(sub: Dict[str, Any], share_prefixes: bool) -> int:
-    """Positions the forward pass of a micro-batch computes: its prefix trie's tokens when
-    shared, else every (padded) position."""
+    """Positions the forward pass of a micro-batch computes: every (padded) position, or when
+    shared, its prefix trie's inner nodes once and each parent's leaves padded to the longest
+    (``prefix_tree.computed_tokens``)."""
     if not share_prefixes:
         return int(sub["input_ids"].numel())
     lengths = sub["attention_mask"].sum(dim=1).tolist()
-    return trie_tokens([sub["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)])
+    return computed_tokens([sub["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)])
 
 
 def _mean(vals: List[float]) -> float:

@@ -76,6 +76,57 @@ def trie_tokens(seqs: Sequence[Sequence[int]]) -> int:
     return sum(n.length for n in nodes)
 
 
+# What one more forward call costs, in padded positions: a batch of one computes ~15 % fewer tokens
+# a second than a batch of four on a 2-core CPU (SmolLM2-135M, fp32, forward + backward, ~600
+# tokens a row: docs/benchmarks.md section 5), about 64 of a ~600-token row.
+CALL_TOKENS = 64
+
+
+def leaf_batches(lengths: Sequence[int], call_tokens: int = CALL_TOKENS) -> List[List[int]]:
+    """Leaves (by their token lengths) cut into right-padded batches: by length, consecutive, so
+    that padded positions plus ``call_tokens`` per batch are fewest (exact, by dynamic programming
+    over the sorted lengths). Returns index lists into ``lengths``."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    n = len(order)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):  # batch order[i:j], padded to its longest, lengths[order[j - 1]]
+            cost = best[i] + (j - i) * lengths[order[j - 1]] + call_tokens
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    batches: List[List[int]] = []
+    j = n
+    while j > 0:
+        batches.append(order[cut[j]:j])
+        j = cut[j]
+    return batches[::-1]
+
+
+def children_of(nodes: Sequence[Node]) -> Dict[int, Tuple[List[List[int]], List[int]]]:
+    """For each parent (-1: the roots), its children as ``(leaf batches, inner)``: a batch of
+    leaves runs right-padded on the parent's cache (``leaf_batches``), inner nodes run one by one
+    (their caches must end exactly where their own children start)."""
+    parents = {n.parent for n in nodes}
+    split: Dict[int, Tuple[List[int], List[int]]] = {}
+    for j, n in enumerate(nodes):
+        leaves, inner = split.setdefault(n.parent, ([], []))
+        (inner if j in parents else leaves).append(j)
+    return {p: ([[leaves[i] for i in b] for b in leaf_batches([nodes[j].length for j in leaves])], inner)
+            for p, (leaves, inner) in split.items()}
+
+
+def computed_tokens(seqs: Sequence[Sequence[int]]) -> int:
+    """Positions a shared-prefix forward pass of ``seqs`` computes: every inner node once, and
+    each batch of leaves padded to its longest (``children_of``)."""
+    nodes, _ = build_prefix_tree(seqs)
+    total = 0
+    for batches, inner in children_of(nodes).values():
+        total += sum(nodes[j].length for j in inner)
+        total += sum(len(b) * max(nodes[j].length for j in b) for b in batches)
+    return total
+
+
 def plan_shared_micro_batches(seqs: Sequence[Sequence[int]], *, max_sequences: int,
                               max_tokens: Optional[int] = None) -> List[List[int]]:
     """Micro-batches for shared-prefix training: rows in lexicographic token order (so a retry sits

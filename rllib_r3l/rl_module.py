@@ -124,31 +124,56 @@ def prefix_sharing_unsupported(hf_config: Any, gradient_checkpointing: bool) -> 
 def shared_prefix_hidden(decoder: torch.nn.Module, input_ids: torch.Tensor, lengths: List[int]) -> torch.Tensor:
     """The decoder's last hidden states of a right-padded batch, each shared prefix computed once.
 
-    The rows' token trie (``prefix_tree.build_prefix_tree``) is run node by node: a node continues
-    from its parent's KV cache (with gradient), so every row's hidden states, and the gradient
-    through them, equal those of running the row on its own. Padding positions are zero.
+    The rows' token trie (``prefix_tree.build_prefix_tree``) runs from its roots down. A node
+    continues from its parent's KV cache (with gradient), so every row's hidden states, and the
+    gradient through them, equal those of running the row on its own. The leaves under one parent
+    (a group's items after their shared task prompt, a retry and its base after the pivot) run in
+    right-padded batches of similar lengths on the parent's cache, expanded
+    (``prefix_tree.leaf_batches``): on CPU that costs about what its tokens cost unshared, where
+    one call per node did not (docs/benchmarks.md section 5). Nodes with children run one by one,
+    since their caches must end where their children start. Padding positions of the result are
+    zero.
     """
-    from transformers import DynamicCache
-
-    from rllib_r3l.prefix_tree import build_prefix_tree
+    from rllib_r3l.prefix_tree import build_prefix_tree, children_of
 
     seqs = [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
     nodes, paths = build_prefix_tree(seqs)
-    has_children = {n.parent for n in nodes}
-    hidden: List[torch.Tensor] = []
-    caches: Dict[int, list] = {}
-    for j, n in enumerate(nodes):
-        cache = DynamicCache(ddp_cache_data=caches[n.parent]) if n.parent >= 0 else None
-        out = decoder(input_ids=input_ids[n.row, n.start:n.end][None], past_key_values=cache,
-                      use_cache=j in has_children or cache is not None)
-        hidden.append(out.last_hidden_state[0])
-        if j in has_children:
-            caches[j] = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    schedule = children_of(nodes)
+    hidden: Dict[int, torch.Tensor] = {}
+
+    def run(parent: int, kv: Optional[list]) -> None:
+        batches, inner = schedule.get(parent, ([], []))
+        for leaves in batches:
+            width = max(nodes[j].length for j in leaves)
+            ids = input_ids.new_zeros((len(leaves), width))
+            for b, j in enumerate(leaves):
+                n = nodes[j]
+                ids[b, :n.length] = input_ids[n.row, n.start:n.end]
+            cache = _cache([(k.expand(len(leaves), -1, -1, -1), v.expand(len(leaves), -1, -1, -1)) for k, v in kv]) if kv else None
+            out = decoder(input_ids=ids, past_key_values=cache, use_cache=cache is not None)
+            for b, j in enumerate(leaves):
+                hidden[j] = out.last_hidden_state[b, :nodes[j].length]
+        for j in inner:
+            n = nodes[j]
+            out = decoder(input_ids=input_ids[n.row, n.start:n.end][None], past_key_values=_cache(kv) if kv else None,
+                          use_cache=True)
+            hidden[j] = out.last_hidden_state[0]
+            run(j, [(layer.keys, layer.values) for layer in out.past_key_values.layers])
+
+    run(-1, None)
     B, T = input_ids.shape
     empty = input_ids.new_zeros((0, hidden[0].shape[-1]) if hidden else (0, 1), dtype=torch.float32)
     rows = [torch.cat([hidden[j] for j in path]) if path else empty for path in paths]
     pad = [torch.nn.functional.pad(r, (0, 0, 0, T - r.shape[0])) for r in rows]
     return torch.stack(pad)
+
+
+def _cache(kv: list):
+    """A transformers ``DynamicCache`` holding ``[(keys, values)]`` per layer (continued, never
+    written in place: ``update`` concatenates into new tensors, so siblings can share a parent's)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=kv)
 
 
 def right_padded(attention_mask: torch.Tensor) -> bool:

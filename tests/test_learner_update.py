@@ -150,10 +150,12 @@ def test_update_with_shared_prefixes_counts_the_trie():
     _, losses, _ = lrn._update({MID: batch3()})
     assert float(losses[MID]) == pytest.approx(1.75 * L / 3, rel=1e-6)
     torch.testing.assert_close(lrn.applied["table"], hand_gradient(), rtol=1e-5, atol=1e-7)
-    # rows in token order (1,2,1,2) < (1,2,3) < (3,1); the trie holds 4 + 1 + 2 = 7 of the 9 tokens
+    # rows in token order (1,2,1,2) < (1,2,3) < (3,1); the trie holds 4 + 1 + 2 = 7 of the 9 tokens,
+    # computed as the shared (1,2) once, its leaves (1,2) and (3,) as one batch padded to 2, and the
+    # root leaf (3,1): 2 + 2 * 2 + 2 = 8
     assert lrn._module[MID].seen == [[[1, 2, 1, 2], [1, 2, 3, 0], [3, 1, 0, 0]]]
-    assert lrn.metrics.learner("forward_tokens") == (7, "sum", None)
-    assert lrn.metrics.learner("shared_prefix_tokens_saved") == (2, "sum", None)
+    assert lrn.metrics.learner("forward_tokens") == (8, "sum", None)
+    assert lrn.metrics.learner("shared_prefix_tokens_saved") == (1, "sum", None)
 
 
 def test_an_update_without_credited_tokens_changes_nothing():

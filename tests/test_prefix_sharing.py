@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rllib_r3l.prefix_tree import build_prefix_tree, plan_shared_micro_batches, trie_tokens
+from rllib_r3l.prefix_tree import (build_prefix_tree, children_of, computed_tokens, leaf_batches,
+                                   plan_shared_micro_batches, trie_tokens)
 
 
 def _rebuild(seqs, nodes, path):
@@ -25,6 +26,29 @@ def test_prefix_tree_hand_values():
     assert paths[0] == paths[4]  # identical rows share one path
     for j, n in enumerate(nodes):
         assert n.parent < j  # parents come first (the order the forward pass needs)
+    # the schedule: [1 2] and [3] have children and run alone; each parent's leaves run as one batch
+    text = {j: tuple(seqs[n.row][n.start:n.end]) for j, n in enumerate(nodes)}
+    named = {text.get(p): ([[text[j] for j in b] for b in batches], [text[j] for j in inner])
+             for p, (batches, inner) in children_of(nodes).items()}
+    assert named == {None: ([[(9, 9)]], [(1, 2)]), (1, 2): ([[(7,)]], [(3,)]), (3,): ([[(4,), (5, 6)]], [])}
+    # computed: [9 9] 2, [1 2] 2, [7] 1, [3] 1, and [4] / [5 6] padded to 2: 2 * 2
+    assert computed_tokens(seqs) == 2 + 2 + 1 + 1 + 2 * 2
+
+
+def test_leaf_batches_trade_padding_against_calls():
+    # one batch of 4 costs 4 * 101 + 64 = 468; by length in two, 2 * 12 + 64 + 2 * 101 + 64 = 354;
+    # one call each, 223 + 4 * 64 = 479
+    assert leaf_batches([100, 10, 101, 12]) == [[1, 3], [0, 2]]
+    assert leaf_batches([100, 10, 101, 12], call_tokens=10_000) == [[1, 3, 0, 2]]
+    assert leaf_batches([100, 10, 101, 12], call_tokens=0) == [[1], [3], [0], [2]]
+    assert leaf_batches([5]) == [[0]] and leaf_batches([]) == []
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):  # every leaf exactly once, each batch a run of the sorted lengths
+        lengths = torch.randint(1, 700, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist()
+        batches = leaf_batches(lengths)
+        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+        flat = [lengths[i] for b in batches for i in b]
+        assert flat == sorted(lengths)
 
 
 def test_prefix_tree_on_random_batches_reconstructs_every_row():
@@ -91,6 +115,34 @@ def test_shared_hidden_states_equal_the_unshared_ones(tiny_model_dir):
     assert torch.all(shared[~m] == 0)
 
 
+def test_shared_hidden_states_with_prefix_rows_duplicates_and_unrelated_rows(tiny_model_dir):
+    """A row that ends where others go on (a base and its transcript reflection), identical rows,
+    leaves of different lengths under one parent, and two unrelated rows batched at the root."""
+    from transformers import AutoModelForCausalLM
+
+    from rllib_r3l.rl_module import shared_prefix_hidden
+
+    lm = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(5)
+
+    def r(n):
+        return torch.randint(1, lm.config.vocab_size, (n,), generator=g).tolist()
+
+    p, x = r(20), r(9)
+    rows = [p + x, p, p + x, p + r(3), r(14), r(6)]
+    T = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row)
+    lengths = [len(row) for row in rows]
+    with torch.no_grad():
+        shared = shared_prefix_hidden(lm.get_decoder(), ids, lengths)
+        for i, row in enumerate(rows):
+            alone = lm.get_decoder()(input_ids=torch.tensor([row])).last_hidden_state[0]
+            torch.testing.assert_close(shared[i, :len(row)], alone, atol=1e-5, rtol=1e-5)
+            assert torch.all(shared[i, len(row):] == 0)
+
+
 def _grads(learner, batch):
     from tests.test_learner import _grads_after_update
 
@@ -113,9 +165,11 @@ def test_shared_prefix_gradient_equals_unshared_tiny(tiny_model_dir, with_prefix
     assert g_off.abs().sum() > 0
     assert _rel_err(g_on, g_off) <= 1e-5
     m_on = {k: float(v) for k, v in on.metrics.reduce()["r3l"]["learner"].items()}
-    # 4 rows of 52 + 57 + 37 + 30 tokens; shared: 40 (base/retry) + 12 (prompt with the third row)
-    assert m_on["forward_tokens"] == 52 + 57 + 37 + 30 - 40 - 12
-    assert m_on["shared_prefix_tokens_saved"] == 40 + 12
+    # 4 rows of 52 + 57 + 37 + 30 tokens. Computed: the task prompt (12) once, the base/retry span
+    # after it (28) once, the third row's 25 after the prompt, the base's and the retry's own 12 and
+    # 17 as one batch padded to 17, and the unrelated row's 30
+    assert m_on["forward_tokens"] == 12 + 28 + 25 + 2 * 17 + 30
+    assert m_on["shared_prefix_tokens_saved"] == 52 + 57 + 37 + 30 - (12 + 28 + 25 + 2 * 17 + 30)
 
 
 def test_shared_prefix_gradient_with_micro_batches_and_autocast(tiny_model_dir):
