@@ -16,24 +16,26 @@ vLLM can load:
   SmolLM2 tokenizer and chat template (for unit tests);
 * anything else is returned unchanged (a hub id or path that transformers / vLLM resolve).
 
-Cache location: ``cache_dir`` if given, else ``$RLLIB_R3L_CACHE/models`` if that variable is set,
-else ``~/.cache/rllib_r3l/models``. Builds are serialised with a lock file and published by an
-atomic rename, so several processes (Ray actors) resolving the same model at once are safe.
-Nothing heavy happens at import time.
+Builds go to the cache of ``rllib_r3l.build_cache``: ``cache_dir`` if given, else
+``$RLLIB_R3L_CACHE/models``, else ``~/.cache/rllib_r3l/models``; serialised with a lock file and
+published by an atomic rename, so several processes (Ray actors) resolving the same model at once are
+safe. Nothing heavy happens at import time.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib.util
 import json
 import os
 import shutil
-import tempfile
-import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Optional, Union
+
+from rllib_r3l.build_cache import build_once, cache_root
+
+__all__ = ["DEFAULT_MODEL", "GEMMA_MODEL", "ModelResolutionError", "cache_root", "gguf_path", "gemma_package",
+           "is_default_model", "is_gemma_model", "is_tiny_model", "resolve_model", "load_tokenizer",
+           "load_causal_lm", "stop_token_ids"]
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -91,7 +93,6 @@ GEMMA_CHAT_TEMPLATE = (
 _DEFAULT_DIRNAME = "SmolLM2-135M-Instruct-fp32-v1"
 _TINY_DIRNAME = "tiny-llama-smollm2-tokenizer-v2"
 _GEMMA_DIRNAME = "gemma-3-270m-base-fp32-v1"
-_COMPLETE_MARKER = ".rllib_r3l_complete.json"
 
 # The tiny test model (hidden 64, 2 layers, 4 heads; GQA like SmolLM2; tied embeddings).
 # head_dim is 32, not hidden/heads = 16: vLLM's CPU attention kernels need a multiple of 32.
@@ -113,78 +114,6 @@ TINY_SEED = 0
 
 class ModelResolutionError(RuntimeError):
     """A model name could not be turned into a local directory."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Cache location and safe one-time builds
-# --------------------------------------------------------------------------------------------------
-def cache_root(cache_dir: Optional[Union[str, os.PathLike]] = None) -> Path:
-    """Directory holding the converted / built model directories."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("RLLIB_R3L_CACHE")
-    if env:
-        return Path(env).expanduser() / "models"
-    return Path.home() / ".cache" / "rllib_r3l" / "models"
-
-
-def _is_complete(path: Path) -> bool:
-    return (path / _COMPLETE_MARKER).is_file()
-
-
-@contextlib.contextmanager
-def _file_lock(lock_path: Path, timeout_s: float = 1800.0) -> Iterator[None]:
-    """An exclusive advisory lock (flock) on ``lock_path``; released when the process dies."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(str(lock_path), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"waited {timeout_s:.0f} s for the lock {lock_path}; "
-                        "another process seems stuck building the model (delete the lock file "
-                        "if no such process exists)"
-                    )
-                time.sleep(0.2)
-        yield
-    finally:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-
-
-def _build_once(target: Path, builder: Callable[[Path], dict]) -> Path:
-    """Build ``target`` with ``builder(tmp_dir)`` once, atomically, under a lock.
-
-    ``builder`` writes the model into a fresh temporary directory beside ``target`` and returns
-    metadata stored in the completion marker; the directory is then renamed into place.
-    """
-    if _is_complete(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / f".{target.name}.lock"):
-        if _is_complete(target):  # another process finished while we waited
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=str(target.parent)))
-        try:
-            t0 = time.perf_counter()
-            meta = dict(builder(tmp) or {})
-            meta["build_seconds"] = round(time.perf_counter() - t0, 2)
-            (tmp / _COMPLETE_MARKER).write_text(json.dumps(meta, indent=1))
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private
-            if target.exists():  # an incomplete leftover (crash before the marker): replace it
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return target
 
 
 # --------------------------------------------------------------------------------------------------
@@ -361,12 +290,12 @@ def resolve_model(
     if os.path.isdir(expanded):
         return expanded
     if is_default_model(name):
-        return str(_build_once(cache_root(cache_dir) / _DEFAULT_DIRNAME, _convert_default))
+        return str(build_once(cache_root(cache_dir) / _DEFAULT_DIRNAME, _convert_default))
     if is_tiny_model(name):
-        return str(_build_once(cache_root(cache_dir) / _TINY_DIRNAME, _build_tiny))
+        return str(build_once(cache_root(cache_dir) / _TINY_DIRNAME, _build_tiny))
     if is_gemma_model(name):
         gemma_package()  # the install hint before taking the build lock
-        return str(_build_once(cache_root(cache_dir) / _GEMMA_DIRNAME, _convert_gemma))
+        return str(build_once(cache_root(cache_dir) / _GEMMA_DIRNAME, _convert_gemma))
     return name
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rllib_r3l import models
+from rllib_r3l import build_cache, models
 from rllib_r3l.chat import ChatFormat
 from rllib_r3l.generation import GenerationRequest, make_backend, vllm_available
 from rllib_r3l.models import GEMMA_CHAT_TEMPLATE, GEMMA_MODEL, ModelResolutionError, load_tokenizer
@@ -118,7 +118,7 @@ def test_gemma_resolves_to_a_converted_directory(gemma_dir, gemma_tok):
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["architectures"] == ["Gemma3ForCausalLM"] and "quantization_config" not in cfg
     assert (cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"]) == (262144, 640, 18)
-    meta = json.loads((path / models._COMPLETE_MARKER).read_text())
+    meta = json.loads((path / build_cache.COMPLETE_MARKER).read_text())
     assert "not instruction-tuned" in meta["note"]
     assert not (path / ".gguf").exists()  # the assembled GGUF is not kept
     tok = gemma_tok

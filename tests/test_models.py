@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rllib_r3l import models
+from rllib_r3l import build_cache, models
 from rllib_r3l.models import (
     DEFAULT_MODEL,
     ModelResolutionError,
@@ -46,7 +46,7 @@ def test_tiny_model_builds_and_reloads(tiny_model_dir, tmp_path):
     assert models.stop_token_ids(tok, tiny_model_dir) == [tok.eos_token_id]
 
     # Resolving again returns the cached directory without rebuilding.
-    marker = path / models._COMPLETE_MARKER
+    marker = path / build_cache.COMPLETE_MARKER
     mtime = marker.stat().st_mtime_ns
     assert resolve_model("tiny-llama") == tiny_model_dir
     assert marker.stat().st_mtime_ns == mtime
@@ -102,7 +102,7 @@ def _slow_builder(counter: str):
 
 
 def _build_in_child(target: str, counter: str, queue) -> None:
-    out = models._build_once(Path(target), _slow_builder(counter))
+    out = build_cache.build_once(Path(target), _slow_builder(counter))
     queue.put(str(out))
 
 
@@ -120,7 +120,7 @@ def test_concurrent_builds_run_once(tmp_path):
     assert results == {str(target)}
     assert len(counter.read_text().splitlines()) == 1  # built exactly once
     assert (target / "weights.bin").stat().st_size == 1000
-    assert models._is_complete(target)
+    assert build_cache.is_complete(target)
 
 
 def test_failed_build_leaves_nothing(tmp_path):
@@ -130,11 +130,11 @@ def test_failed_build_leaves_nothing(tmp_path):
 
     target = tmp_path / "model"
     with pytest.raises(RuntimeError, match="boom"):
-        models._build_once(target, broken)
+        build_cache.build_once(target, broken)
     assert not target.exists()
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
     # A later build succeeds.
-    assert models._build_once(target, lambda tmp: {}) == target and models._is_complete(target)
+    assert build_cache.build_once(target, lambda tmp: {}) == target and build_cache.is_complete(target)
 
 
 # ------------------------------------------------------------------------------------------------
