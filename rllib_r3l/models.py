@@ -31,11 +31,8 @@ import shutil
 from pathlib import Path
 from typing import Optional, Union
 
-from rllib_r3l.build_cache import build_once, cache_root
+from rllib_r3l.build_cache import build_once, cache_root  # noqa: F401  (cache_root: part of this API)
 
-__all__ = ["DEFAULT_MODEL", "GEMMA_MODEL", "ModelResolutionError", "cache_root", "gguf_path", "gemma_package",
-           "is_default_model", "is_gemma_model", "is_tiny_model", "resolve_model", "load_tokenizer",
-           "load_causal_lm", "stop_token_ids"]
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
