@@ -31,7 +31,7 @@ import shutil
 from pathlib import Path
 from typing import Optional, Union
 
-from rllib_r3l.build_cache import build_once, cache_root  # noqa: F401  (cache_root: part of this API)
+from rllib_r3l.build_cache import build_once, cache_root
 
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
