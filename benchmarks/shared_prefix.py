@@ -6,9 +6,10 @@
 
 ``--capture N`` runs N iterations of the embedded default (``R3LConfig()``, the main job's
 configuration) and saves every training batch the learner receives; ``--batches`` then times the
-learner on those real batches instead of the synthetic one. Otherwise the batch mirrors a coin-collector R3L group (measured shapes, docs/benchmarks.md): a task prompt
-(system + rules + first observation, ~260 tokens), then turns of an observation (~100 tokens) and
-a short choice-decoded response (~6 tokens). Each group holds 4 base episodes and 4 retries; retry
+learner on those real batches instead of the synthetic one. Otherwise the batch mirrors a
+coin-collector R3L group (measured shapes, docs/benchmarks.md): a task prompt (system + rules +
+first observation, ~260 tokens), then turns of an observation (~100 tokens) and a short
+choice-decoded response (~6 tokens). Each group holds 4 base episodes and 4 retries; retry
 ``i`` replays its base up to pivot ``k_i`` (tokens identical up to the pivot turn's prompt) and
 diverges after; pivotal credit: responses of turns >= k carry credit in the retry and its base.
 The two learners (share_prefixes off / on) run one update each per repetition, interleaved, on the
@@ -91,7 +92,7 @@ def build_learner(model, share):
     return learner
 
 
-def capture(iterations: int, out: str, overrides: dict) -> None:
+def capture(iterations: int, out: str) -> None:
     """Run the embedded default for ``iterations`` and save each training batch to ``out``."""
     import ray
 
@@ -113,9 +114,7 @@ def capture(iterations: int, out: str, overrides: dict) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
-        config = R3LConfig()
-        config.update_from_dict(overrides)
-        algo = config.build_algo()
+        algo = R3LConfig().build_algo()
         for it in range(iterations):
             algo.train()
             print(f"iteration {it + 1}: {len(saved)} batch(es) saved in {out}", flush=True)
@@ -143,7 +142,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if args.capture:
-        capture(args.capture, args.out, {})
+        capture(args.capture, args.out)
         return 0
     from ray.rllib.core import DEFAULT_MODULE_ID
 
