@@ -134,6 +134,25 @@ def test_seeded_batch_longer_than_one_engine_step_on_cpu(vllm_backend, prompt_id
     assert [r.token_ids for r in r1] == [r.token_ids for r in r2]  # still reproducible
 
 
+@needs_vllm
+@pytest.mark.slow
+def test_cpu_engine_runs_vllm_sampler_helpers_eagerly(vllm_backend, prompt_ids):
+    """vLLM torch.compiles two sampler helpers even in eager mode. On CPU their first call compiled
+    C++ for ~20 s on a fresh machine, so the in-process eager CPU engine runs them eagerly: no frame
+    reaches dynamo during a sampled, log-prob-returning generation or a score."""
+    from torch._dynamo.utils import counters
+
+    if not vllm_backend.on_cpu:
+        pytest.skip("the eager stance applies to the CPU engine")
+    assert vllm_backend._force_eager
+    torch._dynamo.reset()  # forget compiled code: a compile would have to trace again
+    before = sum(counters["frames"].values())
+    out = vllm_backend.generate([GenerationRequest(prompt_ids, max_tokens=6)] * 3, temperature=1.0, seed=7)
+    vllm_backend.score(prompt_ids, out[0].token_ids)
+    assert all(len(o.logprobs) == len(o.token_ids) > 0 for o in out)
+    assert sum(counters["frames"].values()) == before
+
+
 def test_greedy_and_seed_determinism(backend, prompt_ids):
     reqs = [GenerationRequest(prompt_ids, 8), GenerationRequest(prompt_ids, 8)]
     g1 = backend.generate(reqs, temperature=0.0)

@@ -200,9 +200,15 @@ class VLLMBackend(GenerationBackend):
         # process (an HF model, a learner) keeps control of them.
         original_set_num_threads = torch.set_num_threads
         threads_before = torch.get_num_threads()
+        # An eager CPU engine in this process runs vLLM's torch.compiled sampler helpers
+        # (compiled_random_sample, batched_count_greater_than) eagerly too: compiled, their first call
+        # costs ~20 s of C++ compilation on a fresh machine and ~7 s of tracing with a warm inductor
+        # cache (2-core AMD EPYC; docs/benchmarks.md section 5), for kernels over 8 x 49k logits.
+        self._force_eager = self.on_cpu and self._in_process and bool(kwargs.get("enforce_eager"))
         t0 = time.perf_counter()
         try:
-            self._llm = vllm.LLM(**kwargs)
+            with self._compile_stance():
+                self._llm = vllm.LLM(**kwargs)
         finally:
             torch.set_num_threads = original_set_num_threads
             if self._in_process:
@@ -221,6 +227,10 @@ class VLLMBackend(GenerationBackend):
             stop_token_ids = _default_stop_ids(self.tokenizer, model_path if os.path.isdir(model_path) else None)
         self.stop_token_ids = [int(t) for t in stop_token_ids]
         logger.info("vLLM engine for %s started in %.1f s", model_path, self.start_seconds)
+
+    def _compile_stance(self):
+        """``torch.compiler.set_stance("force_eager")`` around engine calls when ``_force_eager``."""
+        return torch.compiler.set_stance("force_eager") if self._force_eager else contextlib.nullcontext()
 
     # ----------------------------------------------------------------------------------------------
     def _sampling_params(
@@ -281,7 +291,8 @@ class VLLMBackend(GenerationBackend):
             self._sampling_params(r, temperature, top_p, None if seed is None else int(seed) + i)
             for i, r in enumerate(requests)
         ]
-        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        with self._compile_stance():
+            outputs = self._llm.generate(prompts, params, use_tqdm=False)
         results: List[GenerationResult] = []
         for out in outputs:
             o = out.outputs[0]
@@ -331,7 +342,8 @@ class VLLMBackend(GenerationBackend):
             sps.append(SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False))
         if not prompts:
             return []
-        outputs = self._llm.generate(prompts, sps, use_tqdm=False)
+        with self._compile_stance():
+            outputs = self._llm.generate(prompts, sps, use_tqdm=False)
         scores = []
         for (prompt, cont), out in zip(pairs, outputs):
             entries = out.prompt_logprobs[len(prompt):]
