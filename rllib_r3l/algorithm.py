@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (
@@ -25,6 +25,7 @@ from ray.rllib.utils.metrics import (
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
     SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
+    WEIGHTS_SEQ_NO,
 )
 
 from rllib_r3l import preflight, resilience
@@ -111,11 +112,7 @@ class R3L(Algorithm):
         if self._num_updates % c.weight_sync_interval == 0:
             t_sync = time.perf_counter()
             with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-                # timeout_seconds=None: first collect the previous sync's acknowledgements (long done),
-                # else RLlib silently drops this sync for a runner whose previous one it has not yet
-                # seen complete (max_requests_in_flight_per_env_runner), leaving a stale engine
-                self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
-                                                   inference_only=True, timeout_seconds=None)
+                self._sync_weights()
             self._synced_update = self._num_updates
             # this iteration's sync, exact (RLlib's timer above is a moving average): the console's split
             self.metrics.log_value(("r3l", "timers", "weight_sync_s"), time.perf_counter() - t_sync, reduce="mean",
@@ -137,6 +134,24 @@ class R3L(Algorithm):
             self.metrics.log_value(("r3l", "replay", "sampled_policy_lag"), float(np.mean(rb.last_sample_ages)),
                                    reduce="mean", window=1)
         return select_trainable(sampled, drop_partial_groups=True)[0]
+
+    def _sync_weights(self) -> None:
+        """The learner's weights into every engine, in place.
+
+        With remote runners, RLlib's ``sync_weights``: one ``ray.put`` shared by every runner.
+        timeout_seconds=None: first collect the previous sync's acknowledgements (long done), else
+        RLlib silently drops this sync for a runner whose previous one it has not yet seen complete
+        (max_requests_in_flight_per_env_runner), leaving a stale engine. With only the driver's runner
+        (``num_env_runners=0``, the main job), the state goes to it directly: RLlib would still pickle
+        it into the object store (621 MB for SmolLM2-135M, 1-5 s on a 2-core CPU) for no reader."""
+        group = self.env_runner_group
+        if group.num_remote_workers() > 0 or group.local_env_runner is None:
+            group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,
+                               timeout_seconds=None)
+            return
+        state = self.learner_group.get_state(components=[f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}"],
+                                             inference_only=True)[COMPONENT_LEARNER]
+        group.local_env_runner.set_state({k: v for k, v in state.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)})
 
     def _foreach_runner(self, fn):
         local = self.env_runner_group.num_remote_workers() <= 0

@@ -294,7 +294,11 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         if self._explorer is None:
             if self.worker_index == 0 and self.config.num_env_runners > 0:
                 return  # the driver's idle local runner: holding a model copy would only cost memory
-            self._pending_weights = module_state  # loaded when the engine starts
+            import torch
+
+            # loaded when the engine starts; a copy, since an in-process learner's state holds its live
+            # parameters (Algorithm._sync_weights), which later updates change in place
+            self._pending_weights = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in module_state.items()}
         else:
             self._load_weights(module_state)
         if seq:

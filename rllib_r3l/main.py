@@ -88,6 +88,7 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--verbose", action="store_true",
                     help="show engine and library logs (vLLM, Ray, transformers, warnings) on the console "
                          "instead of OUT/main.log")
+    started = time.time()  # "after set-up" totals count from here: imports, Ray, learner, iterations, shutdown
     args = ap.parse_args(argv)
     overrides = _parse_set(args.set)
     out = os.path.abspath(args.out)
@@ -98,10 +99,10 @@ def main(argv: List[str] | None = None) -> int:
     from rllib_r3l import console
 
     with console.routed_output(log_path, verbose=args.verbose) as con, console.progress_folder() as live_dir:
-        return _run(args, overrides, out, log_path, con, live_dir)
+        return _run(args, overrides, out, log_path, con, live_dir, started)
 
 
-def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir) -> int:
+def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir, started: float) -> int:
     import ray
 
     import rllib_r3l  # noqa: F401  (registers "R3L")
@@ -118,7 +119,8 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
              configure_logging=True, logging_level="INFO" if args.verbose else "WARNING")
     t0 = time.time()
     algo = config.build_algo()
-    con.line(f"learner built in {time.time() - t0:.0f} s; the engine starts with the first iteration")
+    con.line(f"learner built in {time.time() - t0:.0f} s ({time.time() - started:.0f} s after start); "
+             "the engine starts with the first iteration")
     live = console.LiveProgress(con, live_dir, expected=run_info.expected_episodes(info), reflect=info["reflect"])
     last: Dict[str, Any] = {}
     per_iteration: List[Dict[str, Any]] = []
@@ -136,12 +138,16 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     os.makedirs(out, exist_ok=True)
     ckpt = algo.save_to_path(os.path.join(out, "checkpoint"))
     final = per_iteration[-1] if per_iteration else iteration_record(0, last)
-    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
     plot = console.plot_run(rows, os.path.join(out, console.PLOT_FILE),
                             title=f"R3L main job: {config.model_id} on {config.env}") if rows else None
+    algo.stop()
+    ray.shutdown()
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
     summary = {
         "iterations": args.iterations,
-        "seconds_total": round(time.time() - t0, 1),
+        # from the start of the process to Ray's shutdown: everything after set-up but the interpreter's exit
+        "seconds_total": round(time.time() - started, 1),
+        "seconds_iterations": round(sum(r["seconds"] for r in per_iteration), 1),
         "peak_rss_gb_driver": round(peak_gb, 2),
         "seconds_per_iteration": [round(r["seconds"], 1) for r in per_iteration],
         "per_iteration": per_iteration,
@@ -156,15 +162,14 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     con.line()
     con.lines(console.summary_table(rows))
     con.line()
-    con.line(f"total {summary['seconds_total']:.0f} s (after set-up), peak driver RSS {peak_gb:.1f} GB")
+    con.line(f"total {summary['seconds_total']:.0f} s after set-up ({summary['seconds_iterations']:.0f} s in the "
+             f"iterations), peak driver RSS {peak_gb:.1f} GB")
     con.line(f"checkpoint: {ckpt}")
     con.line(f"summary:    {os.path.join(out, 'summary.json')}")
     if plot:
         con.line(f"plot:       {plot}")
     if not args.verbose:
         con.line(f"log:        {log_path}")
-    algo.stop()
-    ray.shutdown()
     return 0
 
 
