@@ -202,8 +202,12 @@ class R3LTorchLearner(TorchLearner):
         if self.config.num_learners > 1:
             nonfinite = distributed.allreduce_gradients(list(self._params.values()), nonfinite)
         grads = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
-        if not nonfinite:
-            nonfinite = any(not torch.isfinite(g).all() for g in grads.values())
+        if not nonfinite and grads:
+            # one fused pass: a gradient holds a NaN/inf iff its norm is not finite (a norm that
+            # overflows fp32, > 1.8e19, counts as non-finite too). The per-tensor isfinite().all()
+            # this replaces cost ~0.8 s an update for SmolLM2-135M on a 2-core CPU (272 tensors x 4 ops).
+            norms = torch._foreach_norm(list(grads.values()))
+            nonfinite = not bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
         if nonfinite and self.config.skip_nonfinite_updates:
             self._skipped += 1
             for optim in self._optimizer_parameters:
