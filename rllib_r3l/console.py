@@ -322,7 +322,7 @@ class LiveProgress:
                  reflect: bool = True) -> None:
         self.console, self.folder, self.expected, self.reflect = console, folder, expected, reflect
         self._baseline: Dict[str, Dict[str, int]] = {}
-        self._t0 = time.time()
+        self._t0 = self._last = time.time()
         self._active = False
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -352,7 +352,7 @@ class LiveProgress:
     def begin(self) -> None:
         """A new iteration starts now."""
         self._baseline = progress.read(self.folder)
-        self._t0 = time.time()
+        self._t0 = self._last = time.time()  # the first line one interval in, not an empty one at 0:00
         self._active = True
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="r3l-console", daemon=True)
@@ -369,10 +369,9 @@ class LiveProgress:
             self._thread = None
 
     def _loop(self) -> None:
-        last = time.time()
         while not self._stop.wait(0.5):
-            if self._active and time.time() - last >= self.console.live_interval:
-                last = time.time()
+            if self._active and time.time() - self._last >= self.console.live_interval:
+                self._last = time.time()
                 with contextlib.suppress(Exception):  # a display glitch never stops training
                     if self._active:
                         self.console.live(self.line())

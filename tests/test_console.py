@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 
 from rllib_r3l import console, progress
@@ -140,6 +141,20 @@ def test_live_progress_counts_this_iteration_from_the_runners_files(tmp_path):
     assert counts[progress.EPISODES] == 3 and counts[progress.TURNS] == 7 and counts[progress.RETRIES] == 1
     assert counts[progress.TOKENS] == 30
     assert live.line().startswith("  exploring  episodes 3/8 | turns 7")  # one of two runners done sampling
+
+
+def test_an_iterations_first_live_line_comes_one_interval_in(tmp_path):
+    """Not a line of zeros at 0:00: the interval restarts with each iteration, however long the last
+    line is past (here: none yet, 2.5 s of a 2-s interval ago)."""
+    out = io.StringIO()
+    live = console.LiveProgress(console.Console(out, live_interval=2.0), str(tmp_path), expected=8)
+    live.begin()
+    live.pause()
+    time.sleep(2.5)
+    live.begin()  # iteration 2 starts
+    time.sleep(1.2)  # the loop looks at least twice
+    live.stop()
+    assert "episodes" not in out.getvalue()
 
 
 def test_live_phase_follows_the_counts():
