@@ -59,16 +59,33 @@ def invalid_feedback(action: str, reason: str, admissible: Optional[Sequence[str
 _JAVA_OPTS_LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def java_heap(max_heap: Optional[str]) -> Iterator[None]:
-    """Start JVMs inside this block with ``-Xmx<max_heap>`` (via ``JAVA_TOOL_OPTIONS``).
+# A short-lived game JVM (TextWorldExpress) spends more CPU compiling its own code with C2 and
+# running a parallel collector than playing: eight coin-collector JVMs took 8.9 CPU-s to start and
+# reset with the JVM's defaults, 5.0 with these (C1 only, serial GC), and stepped faster (2-core AMD
+# EPYC; docs/benchmarks.md section 5).
+QUICK_START_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
-    An ``-Xmx`` the user already set in ``JAVA_TOOL_OPTIONS`` wins. The variable is restored after.
+
+@contextlib.contextmanager
+def java_heap(max_heap: Optional[str], quick_start: bool = False) -> Iterator[None]:
+    """Start JVMs inside this block with ``-Xmx<max_heap>`` (via ``JAVA_TOOL_OPTIONS``), and with
+    ``quick_start`` the :data:`QUICK_START_OPTIONS`.
+
+    What the user already set in ``JAVA_TOOL_OPTIONS`` wins: an ``-Xmx``, a tiered-compilation
+    level or a collector of theirs keeps ours out. The variable is restored after.
     """
     with _JAVA_OPTS_LOCK:
         old = os.environ.get("JAVA_TOOL_OPTIONS")
-        if max_heap and "-Xmx" not in (old or ""):
-            os.environ["JAVA_TOOL_OPTIONS"] = ((old + " ") if old else "") + f"-Xmx{max_heap}"
+        have, add = (old or "").split(), []
+        if max_heap and not any(o.startswith("-Xmx") for o in have):
+            add.append(f"-Xmx{max_heap}")
+        if quick_start:
+            if not any(o.startswith("-XX:TieredStopAtLevel") for o in have):
+                add.append(QUICK_START_OPTIONS[0])
+            if not any(re.fullmatch(r"-XX:[+-]Use\w+GC", o) for o in have):
+                add.append(QUICK_START_OPTIONS[1])
+        if add:
+            os.environ["JAVA_TOOL_OPTIONS"] = " ".join(([old] if old else []) + add)
         try:
             yield
         finally:

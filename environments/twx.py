@@ -99,7 +99,7 @@ class TextWorldExpressEnv(GoldPlanOracle, TextEnv):
                 from textworld_express import TextWorldExpressEnv as _TWX
             except ImportError as e:  # pragma: no cover - the package is a project requirement
                 raise ImportError("r3l TextWorldExpress environments need `pip install textworld-express`") from e
-            with java_heap(self.java_max_heap):
+            with java_heap(self.java_max_heap, quick_start=True):
                 env = disarm_close(_TWX(envStepLimit=10 ** 6))
             try:
                 env.load(self.game, self.game_params)  # raises ValueError naming bad parameters

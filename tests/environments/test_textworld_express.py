@@ -1,5 +1,7 @@
 """r3l/CoinCollector and r3l/TextWorldExpress on the real TextWorldExpress JVM."""
 
+import os
+
 import psutil
 import pytest
 
@@ -41,6 +43,25 @@ def test_same_seed_same_episode_across_instances_and_close_stops_the_jvm(coin):
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert java_children() - before == set()
     other.close()  # idempotent
+
+
+def test_game_jvms_start_with_quick_start_options_and_the_users_win(coin, monkeypatch):
+    """TWX JVMs get C1-only compilation, the serial collector and the heap cap through
+    JAVA_TOOL_OPTIONS, which is restored afterwards; the user's own settings of those win."""
+    from environments._common import QUICK_START_OPTIONS, java_heap
+
+    coin.reset(seed=1)
+    env_vars = dict(e.split("=", 1) for e in open(f"/proc/{coin.jvm_pid}/environ").read().split("\0") if "=" in e)
+    opts = env_vars["JAVA_TOOL_OPTIONS"].split()
+    assert set(QUICK_START_OPTIONS) <= set(opts) and "-Xmx512m" in opts
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Xmx2g -XX:+UseParallelGC")
+    with java_heap("512m", quick_start=True):
+        assert os.environ["JAVA_TOOL_OPTIONS"].split() == ["-Xmx2g", "-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1"]
+    assert os.environ["JAVA_TOOL_OPTIONS"] == "-Xmx2g -XX:+UseParallelGC"
+    monkeypatch.delenv("JAVA_TOOL_OPTIONS")
+    with java_heap("768m"):  # ScienceWorld's long-lived JVM: the heap cap only
+        assert os.environ["JAVA_TOOL_OPTIONS"] == "-Xmx768m"
+    assert "JAVA_TOOL_OPTIONS" not in os.environ
 
 
 def test_restore_equals_recorded_observation(coin):
