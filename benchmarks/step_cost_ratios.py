@@ -56,10 +56,12 @@ TARGETS = {  # issue 12: after/before (or R3L/GRPO) must be at most this
 }
 
 
-def run_variant(name: str, out: Path, iterations: int, seed: int, verbose: bool) -> Dict[str, Any]:
-    """One main job as a child process; its wall and CPU seconds (the child and what it waited for)."""
+def run_variant(name: str, out: Path, iterations: int, seed: int, verbose: bool,
+                common: Optional[List[str]] = None) -> Dict[str, Any]:
+    """One main job as a child process; its wall and CPU seconds (the child and what it waited for).
+    ``common``: ``key=value`` overrides for every variant (the setting), before the variant's own."""
     dst = out / name
-    sets = VARIANTS[name] + [f"seed={seed}", f"sampling_seed={seed}"]
+    sets = list(common or []) + VARIANTS[name] + [f"seed={seed}", f"sampling_seed={seed}"]
     cmd = [sys.executable, "-m", "rllib_r3l.main", "--iterations", str(iterations), "--out", str(dst), "--set", *sets]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
@@ -148,6 +150,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--label", default=None, help="results sub-folder (default seed<k>_it<n>)")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="R3LConfig overrides for every variant: the setting (e.g. a longer-horizon env_config)")
     a = ap.parse_args(argv)
     out = OUT / (a.label or f"seed{a.seed}_it{a.iterations}")
     out.mkdir(parents=True, exist_ok=True)
@@ -159,7 +163,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 print(f"skip {v} (done)", flush=True)
                 continue
             print(f"{time.strftime('%H:%M:%S')} {v} ...", flush=True)
-            meta = run_variant(v, out, a.iterations, a.seed, a.verbose)
+            meta = run_variant(v, out, a.iterations, a.seed, a.verbose, common=a.set)
             print(f"  rc {meta['rc']}, {meta['wall_s']:.0f} s wall, {meta['cpu_s']:.0f} CPU s", flush=True)
     report(out)
 

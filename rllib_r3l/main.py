@@ -145,7 +145,7 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
     summary = {
         "iterations": args.iterations,
-        # from the start of the process to Ray's shutdown: everything after set-up but the interpreter's exit
+        # from the start of main() to Ray's shutdown: everything after set-up but the interpreter's start and exit
         "seconds_total": round(time.time() - started, 1),
         "seconds_iterations": round(sum(r["seconds"] for r in per_iteration), 1),
         "peak_rss_gb_driver": round(peak_gb, 2),
