@@ -1,6 +1,7 @@
 """r3l/CoinCollector and r3l/TextWorldExpress on the real TextWorldExpress JVM."""
 
 import os
+from pathlib import Path
 
 import psutil
 import pytest
@@ -51,7 +52,8 @@ def test_game_jvms_start_with_quick_start_options_and_the_users_win(coin, monkey
     from environments._common import QUICK_START_OPTIONS, java_heap
 
     coin.reset(seed=1)
-    env_vars = dict(e.split("=", 1) for e in open(f"/proc/{coin.jvm_pid}/environ").read().split("\0") if "=" in e)
+    environ = Path(f"/proc/{coin.jvm_pid}/environ").read_text()  # read and closed
+    env_vars = dict(e.split("=", 1) for e in environ.split("\0") if "=" in e)
     opts = env_vars["JAVA_TOOL_OPTIONS"].split()
     assert set(QUICK_START_OPTIONS) <= set(opts) and "-Xmx512m" in opts
     monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Xmx2g -XX:+UseParallelGC")
