@@ -51,7 +51,8 @@ class R3LTorchLearner(TorchLearner):
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         module = self._module[module_id]
         params = self.get_parameters(module)
-        optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=self.config.weight_decay)
+        optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=self.config.weight_decay,
+                                      fused=fused_adamw_supported(params) or None)
         self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params,
                                 lr_or_lr_schedule=self.config.lr)
 
@@ -215,6 +216,10 @@ class R3LTorchLearner(TorchLearner):
             self.metrics.log_value(("r3l", "faults", "nonfinite_updates_skipped"), 1, reduce="sum")
         else:
             post = self.postprocess_gradients(grads)
+            if nonfinite:  # skip_nonfinite_updates=False: NaN -> 0, inf -> the dtype's extremes (RLlib's rule)
+                post = {pid: torch.nan_to_num(g) for pid, g in post.items()}
+            # R3L checked the gradients above (one fused pass), so R3LConfig turns RLlib's own
+            # per-tensor isfinite checks off (torch_skip_nan_gradients=True: ~0.5 s an update here)
             self.apply_gradients(post)
             self._updates += 1
         dt = time.perf_counter() - t0
@@ -248,6 +253,17 @@ class R3LTorchLearner(TorchLearner):
         if "ratio_tokens_without_behaviour_logprobs" in g:
             self.metrics.log_value(("r3l", "learner", "ratio_tokens_without_behaviour_logprobs"),
                                    g["ratio_tokens_without_behaviour_logprobs"], reduce="sum")
+
+
+def fused_adamw_supported(params: List[torch.nn.Parameter]) -> bool:
+    """True when torch's fused AdamW kernel can step these parameters (floating point, all on one
+    device type it supports, CPU included): one kernel per step instead of ~10 ops per tensor
+    (SmolLM2-135M on a 2-core CPU: 0.10 s a step against 0.33 s)."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    devices = {p.device.type for p in params}
+    return (len(devices) == 1 and devices <= set(_get_fused_kernels_supported_devices())
+            and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params))
 
 
 def _computed_tokens(sub: Dict[str, Any], share_prefixes: bool) -> int:

@@ -24,6 +24,8 @@ safe. Nothing heavy happens at import time.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -147,16 +149,50 @@ def _check_gguf_reader() -> None:
         )
 
 
+@contextlib.contextmanager
+def reuse_gguf_reads():
+    """While converting a GGUF: one ``gguf.GGUFReader`` per file and one tensor-name map per
+    (architecture, layers).
+
+    transformers parses the file three times (tokenizer, config, weights: ~5 s each for
+    SmolLM2-135M, most of it reading the vocabulary's 49k strings one by one) and builds gguf's
+    tensor-name map once per module (397 times, ~7 s). Both are read-only, so one of each serves
+    every read: the default model's conversion went from ~23 to ~9 s on a 2-core AMD EPYC
+    (docs/benchmarks.md section 5), with byte-identical output (tests/test_models.py).
+    """
+    import gguf
+
+    reader_cls, name_map = getattr(gguf, "GGUFReader", None), getattr(gguf, "get_tensor_name_map", None)
+    if reader_cls is None or name_map is None:  # a gguf release without them: read as transformers does
+        yield
+        return
+    readers: dict = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(os.fspath(path)), mode)
+        if key not in readers:
+            readers[key] = reader_cls(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_cls, name_map
+        readers.clear()
+
+
 def _convert_default(tmp: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _check_gguf_reader()
     src = gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(src.parent), gguf_file=src.name, dtype=torch.float32
-    )
+    with reuse_gguf_reads():
+        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(src.parent), gguf_file=src.name, dtype=torch.float32
+        )
     # A GGUF-loaded model is marked as quantized; it is dequantized already (fp32), so drop the
     # marks or save_pretrained refuses.
     model.hf_quantizer = None
@@ -197,8 +233,9 @@ def _convert_gemma(tmp: Path) -> dict:
     pkg = gemma_package()
     src_dir = tmp / ".gguf"
     src = pkg.assemble(src_dir / pkg.MODEL_NAME)  # checks the sha256 of the whole file
-    tokenizer = AutoTokenizer.from_pretrained(str(src_dir), gguf_file=src.name)
-    model = AutoModelForCausalLM.from_pretrained(str(src_dir), gguf_file=src.name, dtype=torch.float32)
+    with reuse_gguf_reads():
+        tokenizer = AutoTokenizer.from_pretrained(str(src_dir), gguf_file=src.name)
+        model = AutoModelForCausalLM.from_pretrained(str(src_dir), gguf_file=src.name, dtype=torch.float32)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
@@ -232,7 +269,8 @@ def _build_tiny(tmp: Path) -> dict:
     _check_gguf_reader()
     src = gguf_path()
     # The tokenizer alone reads from the GGUF in a few seconds (no weights are dequantized).
-    tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    with reuse_gguf_reads():
+        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,

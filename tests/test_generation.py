@@ -153,6 +153,35 @@ def test_cpu_engine_runs_vllm_sampler_helpers_eagerly(vllm_backend, prompt_ids):
     assert sum(counters["frames"].values()) == before
 
 
+@needs_vllm
+def test_cpu_engine_inspects_the_model_class_in_process(vllm_backend, tiny_model_dir, tmp_path, monkeypatch):
+    """vLLM inspects a lazily registered model class in a fresh subprocess (~12 s on a fresh 2-core
+    machine) unless its modelinfos cache has it. The in-process CPU engine registers the class itself:
+    after the engine started, the architecture's entry is a class, whose inspection spawns nothing."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.models import registry
+
+    from rllib_r3l.generation.vllm_backend import register_model_classes_in_process
+
+    if not vllm_backend.on_cpu:
+        pytest.skip("the in-process registration applies to the CPU engine")
+    entry = ModelRegistry.models["LlamaForCausalLM"]  # the fixture's engine registered it
+    assert getattr(entry, "module_name", None) is None
+
+    def no_subprocess(fn):
+        raise AssertionError("vLLM ran a model-class inspection in a subprocess")
+
+    monkeypatch.setattr(registry, "_run_in_subprocess", no_subprocess)
+    assert entry.inspect_model_cls().architecture == "LlamaForCausalLM"
+    assert register_model_classes_in_process(tiny_model_dir) == []  # a class already: nothing to do
+    # a lazy entry (vLLM's default) becomes the class
+    ModelRegistry.register_model("LlamaForCausalLM", "vllm.model_executor.models.llama:LlamaForCausalLM")
+    assert getattr(ModelRegistry.models["LlamaForCausalLM"], "module_name", None)
+    assert register_model_classes_in_process(tiny_model_dir) == ["LlamaForCausalLM"]
+    assert ModelRegistry.models["LlamaForCausalLM"].inspect_model_cls().architecture == "LlamaForCausalLM"
+    assert register_model_classes_in_process(str(tmp_path)) == []  # no config.json: vLLM's own path
+
+
 def test_greedy_and_seed_determinism(backend, prompt_ids):
     reqs = [GenerationRequest(prompt_ids, 8), GenerationRequest(prompt_ids, 8)]
     g1 = backend.generate(reqs, temperature=0.0)

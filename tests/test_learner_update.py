@@ -193,7 +193,10 @@ def test_a_nonfinite_update_is_applied_when_skipping_is_off():
     lrn = _faulty("nan_grad", skip_nonfinite_updates=False)
     lrn._update({MID: batch3()})
     assert lrn._updates == 1 and lrn._skipped == 0 and lrn.applied is not None
-    assert math.isinf(float(lrn.applied["table"].view(-1)[0]))
+    # RLlib's rule for an update applied with non-finite gradients (which R3L applies itself, since
+    # R3LConfig turns RLlib's per-tensor checks off): NaN -> 0, +inf -> the dtype's largest value
+    assert float(lrn.applied["table"].view(-1)[0]) == torch.finfo(torch.float32).max
+    assert bool(torch.isfinite(lrn.applied["table"]).all())
 
 
 # -------------------------------------------------------------------------- micro-batches
@@ -235,6 +238,28 @@ def test_optimizer_is_adamw_with_the_configured_lr_and_decay():
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["weight_decay"] == 0.05
     assert got["module_id"] == MID and got["lr_or_lr_schedule"] == 3e-4
     assert got["params"] == [lrn._module[MID].table] and opt.param_groups[0]["params"] == got["params"]
+    assert opt.defaults["fused"] is True  # CPU float parameters: torch's fused kernel
+
+
+def test_fused_adamw_only_where_torch_has_the_kernel():
+    from rllib_r3l.learner import fused_adamw_supported
+
+    assert fused_adamw_supported([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))])
+    assert not fused_adamw_supported([torch.nn.Parameter(torch.zeros(2, device="meta"))])
+    # the fused step is AdamW's step
+    a, b = (torch.nn.Parameter(torch.linspace(-1, 1, 7)) for _ in range(2))
+    for p in (a, b):
+        p.grad = torch.linspace(0.5, -0.3, 7)
+    torch.optim.AdamW([a], lr=0.1, weight_decay=0.01, fused=True).step()
+    torch.optim.AdamW([b], lr=0.1, weight_decay=0.01).step()
+    assert torch.allclose(a, b, atol=1e-7) and not torch.equal(a.detach(), torch.linspace(-1, 1, 7))
+
+
+def test_rllibs_per_tensor_nan_checks_are_off_since_the_learner_checks_itself():
+    from rllib_r3l import R3LConfig
+
+    assert R3LConfig().torch_skip_nan_gradients is True
+    assert R3LConfig().skip_nonfinite_updates is True
 
 
 # ---------------------------------------------------------------------- the micro-batch loss

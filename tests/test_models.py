@@ -169,3 +169,27 @@ def test_default_model_conversion():
 
     gguf_model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
     assert torch.equal(logits, _logits(gguf_model.eval(), ids))
+
+
+def test_gguf_reads_are_shared_while_converting_and_restored_after():
+    """``reuse_gguf_reads``: one reader per file and one name map per architecture inside; gguf's own
+    functions back after (also after an error); a tokenizer read inside equals one read outside."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    src = models.gguf_path()
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with pytest.raises(RuntimeError, match="boom"):
+        with models.reuse_gguf_reads():
+            first = gguf.GGUFReader(src)
+            assert gguf.GGUFReader(str(src)) is first and isinstance(first, reader_cls)
+            arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == "llama")
+            assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+            assert name_map(arch, 2) is not name_map(arch, 2)  # gguf builds a new map per call
+            raise RuntimeError("boom")
+    assert gguf.GGUFReader is reader_cls and gguf.get_tensor_name_map is name_map
+    with models.reuse_gguf_reads():
+        inside = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    outside = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    text = "take coin; move east. {\"pivot\": 3}"
+    assert inside.get_vocab() == outside.get_vocab() and inside.encode(text) == outside.encode(text)

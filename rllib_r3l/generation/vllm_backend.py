@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import os
 import time
@@ -59,6 +60,37 @@ def _max_positions(model_path: str) -> int:
     cfg = AutoConfig.from_pretrained(model_path)
     cfg = getattr(cfg, "get_text_config", lambda: cfg)()
     return int(getattr(cfg, "max_position_embeddings", CPU_MIN_BATCHED_TOKENS) or CPU_MIN_BATCHED_TOKENS)
+
+
+def register_model_classes_in_process(model_path: str) -> List[str]:
+    """Register the model's vLLM classes with ``ModelRegistry`` as classes, not lazy names.
+
+    For a lazily registered architecture, vLLM inspects the class in a fresh Python subprocess (to
+    keep CUDA out of the parent) unless ``$VLLM_CACHE_ROOT/modelinfos`` has it: ~12 s on a 2-core
+    CPU, paid by every fresh machine. An in-process CPU engine has no CUDA to protect and imports
+    the class anyway, so it registers the class itself (vLLM's public ``register_model``) and the
+    inspection runs here. Returns the architectures registered; any surprise (a vLLM whose registry
+    looks different) leaves vLLM's own path in place.
+    """
+    try:
+        import importlib
+
+        from vllm import ModelRegistry
+
+        with open(os.path.join(model_path, "config.json")) as f:
+            archs = list(json.load(f).get("architectures") or [])
+        done = []
+        for arch in archs:
+            entry = ModelRegistry.models.get(arch)
+            module_name, class_name = getattr(entry, "module_name", None), getattr(entry, "class_name", None)
+            if not (module_name and class_name):
+                continue  # not a lazy entry: nothing to inspect in a subprocess
+            ModelRegistry.register_model(arch, getattr(importlib.import_module(module_name), class_name))
+            done.append(arch)
+        return done
+    except Exception as e:  # noqa: BLE001 - an optimisation: vLLM's own path still works
+        logger.info("vLLM model classes left to vLLM's subprocess inspection: %s", e)
+        return []
 
 
 class VLLMBackend(GenerationBackend):
@@ -206,6 +238,8 @@ class VLLMBackend(GenerationBackend):
         # cache (2-core AMD EPYC; docs/benchmarks.md section 5), for kernels over 8 x 49k logits.
         self._force_eager = self.on_cpu and self._in_process and bool(kwargs.get("enforce_eager"))
         t0 = time.perf_counter()
+        if self.on_cpu and self._in_process and os.path.isdir(model_path):
+            register_model_classes_in_process(model_path)
         try:
             with self._compile_stance():
                 self._llm = vllm.LLM(**kwargs)
