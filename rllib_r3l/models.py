@@ -157,8 +157,10 @@ def reuse_gguf_reads():
     transformers parses the file three times (tokenizer, config, weights: ~5 s each for
     SmolLM2-135M, most of it reading the vocabulary's 49k strings one by one) and builds gguf's
     tensor-name map once per module (397 times, ~7 s). Both are read-only, so one of each serves
-    every read: the default model's conversion went from ~23 to ~9 s on a 2-core AMD EPYC
-    (docs/benchmarks.md section 5), with byte-identical output (tests/test_models.py).
+    every read: the default model's conversion went from 23 to 11 s on a 2-core AMD EPYC
+    (docs/benchmarks.md section 5), its files byte-identical. ``tests/test_models.py`` checks that a
+    tokenizer read inside equals one read outside, and that the converted model's logits equal a
+    plain GGUF load's.
     """
     import gguf
 
