@@ -136,18 +136,24 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     finally:
         live.stop()
     os.makedirs(out, exist_ok=True)
+    wrap_up: Dict[str, float] = {}  # where the time after the last iteration goes
+    t = time.time()
     ckpt = algo.save_to_path(os.path.join(out, "checkpoint"))
+    wrap_up["checkpoint"], t = time.time() - t, time.time()
     final = per_iteration[-1] if per_iteration else iteration_record(0, last)
     plot = console.plot_run(rows, os.path.join(out, console.PLOT_FILE),
                             title=f"R3L main job: {config.model_id} on {config.env}") if rows else None
+    wrap_up["plot"], t = time.time() - t, time.time()
     algo.stop()
     ray.shutdown()
+    wrap_up["stop_and_shutdown"] = time.time() - t
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
     summary = {
         "iterations": args.iterations,
         # from the start of main() to Ray's shutdown: everything after set-up but the interpreter's start and exit
         "seconds_total": round(time.time() - started, 1),
         "seconds_iterations": round(sum(r["seconds"] for r in per_iteration), 1),
+        "seconds_wrap_up": {k: round(v, 1) for k, v in wrap_up.items()},
         "peak_rss_gb_driver": round(peak_gb, 2),
         "seconds_per_iteration": [round(r["seconds"], 1) for r in per_iteration],
         "per_iteration": per_iteration,
@@ -164,13 +170,18 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     con.line()
     con.line(f"total {summary['seconds_total']:.0f} s after set-up ({summary['seconds_iterations']:.0f} s in the "
              f"iterations), peak driver RSS {peak_gb:.1f} GB")
-    con.line(f"checkpoint: {ckpt}")
+    con.line(f"checkpoint: {ckpt}  (saved in {wrap_up['checkpoint']:.0f} s, {_size_gb(ckpt):.1f} GB)")
     con.line(f"summary:    {os.path.join(out, 'summary.json')}")
     if plot:
         con.line(f"plot:       {plot}")
     if not args.verbose:
         con.line(f"log:        {log_path}")
     return 0
+
+
+def _size_gb(path: str) -> float:
+    """Bytes under ``path``, in GB."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files) / 1e9
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ main job itself, SmolLM2 on coin collector with vLLM, takes minutes: it is not a
 
 import json
 import math
+import re
 
 import pytest
 
@@ -39,6 +40,11 @@ def test_main_job_trains_and_writes_summary(tmp_path, capfd):
     assert shown.count("| update yes, ") == n_updates and shown.count("| update no |") == 2 - n_updates
     assert summary["iterations"] == 2 and len(summary["per_iteration"]) == 2
     assert (tmp_path / "checkpoint").is_dir()
+    # the time after the last iteration, by part, and the checkpoint's line says its time and size
+    wrap = summary["seconds_wrap_up"]
+    assert set(wrap) == {"checkpoint", "plot", "stop_and_shutdown"} and wrap["checkpoint"] > 0
+    assert summary["seconds_total"] >= summary["seconds_iterations"] + sum(wrap.values()) - 0.5
+    assert re.search(r"checkpoint: \S+  \(saved in \d+ s, \d+\.\d GB\)", shown)
     assert summary["peak_rss_gb_driver"] > 0
     for rec in summary["per_iteration"]:
         assert 0.0 <= rec["success_rate"] <= 1.0
