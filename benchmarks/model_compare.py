@@ -78,6 +78,14 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     load1 = os.getloadavg()
     env = environments.make(cfg.env, dict(cfg.env_config or {}))
+    tok = runner.backend.tokenizer
+    stops = set(int(t) for t in runner.backend.stop_token_ids)
+
+    def non_canonical(ids) -> bool:
+        """A response spelled in other tokens than the tokenizer's own tokenisation of its text."""
+        ids = [int(t) for t in ids if int(t) not in stops]
+        return bool(ids) and ids != tok.encode(tok.decode(ids), add_special_tokens=False)
+
     records = []
     try:
         for gi, g in enumerate(groups):
@@ -108,6 +116,12 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
                 # generated tokens as the env runner counts them (a retry's replayed prefix is not generated again)
                 "base_generated_tokens": sum(generated_anew(t) for t in base),
                 "retry_generated_tokens": sum(generated_anew(t) for t in retries),
+                # actions and reports not in the tokenizer's own tokens (vLLM's character grammar)
+                "actions": sum(1 for t in base for s in t.segments if s.role == "response"),
+                "actions_non_canonical": sum(non_canonical(s.token_ids) for t in base for s in t.segments
+                                             if s.role == "response"),
+                "reports_non_canonical": sum(non_canonical(b.info["reflection"][2].token_ids) for b in base
+                                             if b.info.get("reflection") and b.info["reflection"][2] is not None),
                 "chunk_explore_s": round(explore_s, 1), "chunk_engine_start_s": round(start_s, 1),
                 "chunk_cpu_s": round((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime), 1),
                 "load_before": load0, "load_after": load1, "cpu": cpu_model(), "cpus": os.cpu_count(),
@@ -145,6 +159,10 @@ def summarize(records: List[Dict[str, Any]], model: str) -> Dict[str, Any]:
         "explore_s_per_group": sum(c["chunk_explore_s"] for c in chunks.values()) / max(len(rs), 1),
         "cpu_s_per_group": sum(c["chunk_cpu_s"] for c in chunks.values()) / max(len(rs), 1),
         "load": [round(x, 1) for c in chunks.values() for x in (c["load_before"][0], c["load_after"][0])],
+        # None where the records predate the tokenisation fields
+        "actions": sum(r["actions"] for r in rs) if all("actions" in r for r in rs) else None,
+        "actions_non_canonical": sum(r.get("actions_non_canonical", 0) for r in rs),
+        "reports_non_canonical": sum(r.get("reports_non_canonical", 0) for r in rs),
     }
 
 
@@ -243,6 +261,11 @@ def main(argv=None) -> int:
         print(f"\n{r0['cpu']}, {r0['cpus']} CPUs; {r0['env']} {r0['env_config'] or '(defaults)'}, group size "
               f"{r0['group_size']}, seed {r0['seed']}, backend {r0['backend']}")
         print(table(recs, models))
+        for m in models:
+            s = summarize(recs, m)
+            if s["groups"] and s["actions"] is not None:
+                print(f"{m}: base-episode actions not in the tokenizer's own tokens {s['actions_non_canonical']}/"
+                      f"{s['actions']}; reports {s['reports_non_canonical']}/{s['reflections']}")
     return 0
 
 

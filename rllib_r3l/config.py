@@ -263,6 +263,9 @@ class R3LConfig(AlgorithmConfig):
             err("model_id", f"set training(model='<HF id or local path>'), got {self.model_id!r}")
         if not isinstance(self.backend_options, dict):
             err("backend_options", f"must be a dict, got {type(self.backend_options).__name__}")
+        elif self.backend_options.get("choice_tokenization", "canonical") not in ("canonical", "any"):
+            err("backend_options", "choice_tokenization must be 'canonical' (the tokenizer's own tokens of an "
+                f"action) or 'any' (vLLM's character grammar), got {self.backend_options['choice_tokenization']!r}")
         if self.lr is None or (isinstance(self.lr, (int, float)) and self.lr <= 0):
             err("lr", f"must be > 0, got {self.lr!r}")
         if self.system_prompt is not None and "{task}" not in str(self.system_prompt):

@@ -281,6 +281,15 @@ class Explorer:
             prompt_ids = self.chat.prompt(reflect_lib.build_reflection_messages(base, template=self.template))
             resp_ids = self.chat.encode(out.text) + self.chat.closes_turn([])
             lps = None
+        else:
+            # vLLM's JSON grammar lets a report be spelled in tokens the tokenizer would not choose
+            # (every report of the default model was, measured: docs/benchmarks.md section 0).
+            # Supervising those spellings teaches token noise; the item teaches the report's text in
+            # the policy's own tokens instead, without sampler log-probs (no longer its samples).
+            canonical = self.chat.encode(out.text) + self.chat.closes_turn([])
+            if resp_ids != canonical:
+                resp_ids, lps = canonical, None
+                self.counters["reflection_items_retokenized"] += 1
         segs = [Segment("prompt", list(prompt_ids), turn=0), Segment("response", resp_ids, turn=0, logprobs=lps)]
         return Trajectory(segments=segs, reward=self.opts.success_reward, group_id=f"{base.group_id}/reflection/{id(base)}",
                           kind=Kind.REFLECTION_SFT, success=True, num_turns=1, fixed_advantage=1.0,

@@ -49,6 +49,7 @@ def test_update_from_dict_roundtrip_with_model_string():
     ("kl_coef", -0.1, "kl_coef: must be a number >= 0"),
     ("system_prompt", "no placeholder", "{task}"),
     ("max_turns", 0, "max_turns"),
+    ("backend_options", {"choice_tokenization": "chars"}, "backend_options: choice_tokenization must be 'canonical'"),
 ])
 def test_validate_names_field_and_fix(field, value, needle):
     c = R3LConfig().training(**{field: value})

@@ -96,6 +96,32 @@ def test_a_separate_reflectors_report_is_re_encoded_for_the_policy(tiny_tokenize
         assert response.logprobs is None and (prompt.turn, response.turn) == (0, 0)
 
 
+class SpelledApart(ScriptedBackend):
+    """Reports spelled one character a token, as vLLM's JSON grammar may spell them."""
+
+    def _result(self, text):
+        res = super()._result(text)
+        if text.startswith("{"):
+            ids = [t for ch in text for t in self.tok.encode(ch, add_special_tokens=False)] + [self.tok.eos_token_id]
+            res = type(res)(token_ids=ids, logprobs=[-0.5] * len(ids), text=text, finish_reason="stop")
+        return res
+
+
+def test_a_report_in_other_tokens_is_trained_in_the_policys_own_tokens(tiny_tokenizer):
+    ex, chat = make(tiny_tokenizer, backend_cls=SpelledApart)
+    [group] = ex.explore([SEED], ["g0"])
+    bases, refl = kinds(group, Kind.BASE), kinds(group, Kind.REFLECTION_SFT)
+    assert len(refl) == 2
+    for b, r in zip(bases, refl):
+        _parsed, prompt_ids, out = b.info["reflection"]
+        assert out.token_ids[:-1] != chat.encode(out.text)  # the sample was spelled apart
+        prompt, response = r.segments
+        assert prompt.token_ids == prompt_ids  # the context the policy reflected in, unchanged
+        assert response.token_ids == chat.encode(out.text) + [chat.eot_token_id]
+        assert response.logprobs is None
+    assert ex.counters["reflection_items_retokenized"] == 2
+
+
 def test_one_reflection_item_per_reflection_however_many_retries_beat_the_base(tiny_tokenizer):
     ex, _ = make(tiny_tokenizer, group_size=6, retries_per_failure=2)
     [group] = ex.explore([SEED], ["g0"])

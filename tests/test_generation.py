@@ -247,6 +247,52 @@ def test_json_schema(backend, prompt_ids):
     assert obj["outcome"] in ("success", "failure") and 0 <= obj["pivot"] <= 9
 
 
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_choices_use_the_tokenizers_own_tokens(vllm_backend, prompt_ids, tiny_tokenizer):
+    """vLLM's character grammar lets a choice be spelled in other tokens ('i','n','vent','or','y' for
+    'inventory'); the default ``choice_tokenization="canonical"`` admits only the tokenizer's own
+    tokenisation, so the policy that acts is the one the learner trains."""
+    reqs = [GenerationRequest(prompt_ids, 16, choices=CHOICES) for _ in range(40)]
+    canonical = {c: tiny_tokenizer.encode(c, add_special_tokens=False) for c in CHOICES}
+    assert vllm_backend.choice_tokenization == "canonical"
+    for r in vllm_backend.generate(reqs, temperature=1.0, seed=11):
+        assert r.text in CHOICES and r.token_ids[:-1] == canonical[r.text], (r.text, r.token_ids)
+    # The grammar, on the same engine and prompts: other spellings appear (why the default exists).
+    vllm_backend.choice_tokenization = "any"
+    try:
+        spelled = [r for r in vllm_backend.generate(reqs, temperature=1.0, seed=11)]
+    finally:
+        vllm_backend.choice_tokenization = "canonical"
+    assert all(r.text in CHOICES for r in spelled)
+    assert any(r.token_ids[:-1] != canonical[r.text] for r in spelled), [r.token_ids for r in spelled]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_choice_logprobs_are_the_tries_renormalised_distribution(vllm_backend, ref_model, prompt_ids, tiny_tokenizer):
+    """The first token's sampler log-prob is the model's T=1 distribution renormalised over the first
+    tokens the trie allows (the transformers backend's distribution), within the vLLM tolerance."""
+    trie = ChoiceTrie(CHOICES, tiny_tokenizer, tiny_tokenizer.eos_token_id)
+    first = sorted(trie.allowed([]))
+    with torch.no_grad():
+        logits = ref_model(torch.tensor([prompt_ids])).logits[0, -1].float()
+    expected = torch.log_softmax(logits[first], -1)
+    seen = {}
+    for r in vllm_backend.generate([GenerationRequest(prompt_ids, 16, choices=CHOICES) for _ in range(24)],
+                                   temperature=1.0, seed=5):
+        seen[r.token_ids[0]] = r.logprobs[0]
+    assert seen and set(seen) <= set(first)
+    for tok, lp in seen.items():
+        assert lp == pytest.approx(expected[first.index(tok)].item(), abs=VLLM_TOL), tok
+
+
+@needs_vllm
+def test_choice_tokenization_is_validated_before_the_engine_starts(tiny_model_dir):
+    with pytest.raises(ValueError, match="choice_tokenization"):
+        make_backend("vllm", tiny_model_dir, choice_tokenization="characters")
+
+
 def test_choices_and_schema_together_rejected(backend, prompt_ids):
     with pytest.raises(ValueError):
         backend.generate([GenerationRequest(prompt_ids, 4, choices=["a"], json_schema={"type": "object"})], temperature=1.0)

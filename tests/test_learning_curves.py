@@ -101,9 +101,20 @@ def _holder(seconds: float, then_write: str = ""):
     writes a file when it ends."""
     import subprocess
 
+    import time
+    from pathlib import Path
+
     code = ("import sys, time, pathlib; time.sleep(float(sys.argv[1]));"
             "sys.argv[2] and pathlib.Path(sys.argv[2]).write_text('{\"eval_successes\": 3, \"eval_episodes\": 32}')")
-    return subprocess.Popen([sys.executable, "-c", code, str(seconds), then_write, lc.__file__, "--child", "grpo:0"])
+    p = subprocess.Popen([sys.executable, "-c", code, str(seconds), then_write, lc.__file__, "--child", "grpo:0"])
+    # Between fork and exec the child's /proc cmdline is still pytest's, which held_by rightly refuses
+    # (a real child writes its lock itself, after exec); on a busy machine that window is long.
+    deadline = time.monotonic() + 30
+    while b"--child" not in Path(f"/proc/{p.pid}/cmdline").read_bytes().split(b"\0"):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the holder process did not start")
+        time.sleep(0.01)
+    return p
 
 
 def test_held_by_names_a_live_child_only(tmp_path):

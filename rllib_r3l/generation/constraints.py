@@ -5,8 +5,9 @@ token sequences are stored in a prefix trie; at every step only the children of 
 node are allowed, plus the stop token where a choice ends. The output is therefore exactly one
 choice followed by the stop token.
 
-Difference to vLLM's structured outputs: vLLM constrains characters, so it also admits other
-tokenisations of the same string; this trie admits only the tokenizer's own tokenisation.
+vLLM's structured outputs constrain characters and so also admit other tokenisations of the same
+string; the vLLM backend therefore uses this trie too, through a logits processor
+(``rllib_r3l.generation.vllm_choice``), unless ``choice_tokenization="any"``.
 """
 
 from __future__ import annotations
@@ -29,14 +30,28 @@ class ChoiceTrie:
     def __init__(self, choices: Sequence[str], tokenizer, stop_token_id: int) -> None:
         if not choices:
             raise ValueError("choices is empty")
-        self.stop_token_id = int(stop_token_id)
-        self.root: Dict[int, dict] = {}
-        self.sequences: List[List[int]] = []
+        sequences = []
         for choice in choices:
             ids = [int(t) for t in tokenizer.encode(choice, add_special_tokens=False)]
             if not ids:
                 raise ValueError(f"choice {choice!r} tokenises to nothing")
-            self.sequences.append(ids)
+            sequences.append(ids)
+        self._build(sequences, stop_token_id)
+
+    @classmethod
+    def from_token_ids(cls, sequences: Sequence[Sequence[int]], stop_token_id: int) -> "ChoiceTrie":
+        """The trie of already tokenised choices (the vLLM processor gets them through the engine)."""
+        if not sequences or any(len(s) == 0 for s in sequences):
+            raise ValueError("choice token sequences must be non-empty")
+        trie = cls.__new__(cls)
+        trie._build([[int(t) for t in s] for s in sequences], stop_token_id)
+        return trie
+
+    def _build(self, sequences: List[List[int]], stop_token_id: int) -> None:
+        self.stop_token_id = int(stop_token_id)
+        self.root: Dict[int, dict] = {}
+        self.sequences: List[List[int]] = sequences
+        for ids in sequences:
             node = self.root
             for t in ids:
                 node = node.setdefault(t, {})

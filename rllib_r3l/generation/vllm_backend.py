@@ -5,9 +5,14 @@ The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the call
 simplest inside a Ray actor and lets weights be replaced in place through ``collective_rpc``.
 
 Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, so each generated token's
-log-prob is taken from the distribution it was actually sampled from (structured-output mask,
-temperature and top-p applied; greedy requests, ``temperature=0``, report the T=1 log-probs of the
+log-prob is taken from the distribution it was actually sampled from (the choice or structured-output
+mask, temperature and top-p applied; greedy requests, ``temperature=0``, report the T=1 log-probs of the
 masked logits). ``score`` returns the model's own T=1 log-probs (``prompt_logprobs``).
+
+Choices: a request's ``choices`` are held to the tokenizer's own tokenisation of each choice by a
+logits processor (:mod:`rllib_r3l.generation.vllm_choice`), as in the transformers backend; vLLM's
+grammar (``choice_tokenization="any"``) would also admit other spellings in tokens. JSON-schema
+requests use vLLM's grammar.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest, GenerationResult
+from rllib_r3l.generation.vllm_choice import PROCESSOR_FQCN, choice_extra_args
 from rllib_r3l.generation.vllm_weights import reload_weights_on_worker, weight_buckets
 
 logger = logging.getLogger(__name__)
@@ -43,6 +49,7 @@ def _logprob_of(entry: Any, token_id: int) -> float:
     return float(lp.logprob)
 
 
+CHOICE_TOKENIZATIONS = ("canonical", "any")
 CPU_MIN_BATCHED_TOKENS = 4096  # vLLM's CPU default step budget (tokens per engine step)
 # Prefix-cache block on CPU (vLLM's CPU default is 128). The cache serves whole blocks only, so a
 # multi-turn prompt recomputes the tail of its last block every turn: half a block on average, as
@@ -117,6 +124,11 @@ class VLLMBackend(GenerationBackend):
         compact_json: JSON-schema outputs without free whitespace (engine-wide; default True).
         num_threads: ``torch.set_num_threads`` before the engine starts (the in-process CPU engine
             computes with torch's threads; None: leave the setting).
+        choice_tokenization: "canonical" (default): a request's ``choices`` are held to the
+            tokenizer's own tokenisation of each choice, as in the transformers backend
+            (:mod:`rllib_r3l.generation.vllm_choice`); "any": vLLM's character grammar, which also
+            admits other spellings of a choice in tokens (a small model then acts through spellings
+            it never writes in free text: docs/benchmarks.md section 0).
         engine_kwargs: any further ``vllm.LLM`` keyword arguments.
     """
 
@@ -140,8 +152,14 @@ class VLLMBackend(GenerationBackend):
         weight_bucket_bytes: Optional[int] = 1 << 30,
         compact_json: bool = True,
         num_threads: Optional[int] = None,
+        choice_tokenization: str = "canonical",
         engine_kwargs: Optional[Dict[str, Any]] = None,
     ) -> None:
+        if choice_tokenization not in CHOICE_TOKENIZATIONS:
+            raise ValueError(f"choice_tokenization must be one of {CHOICE_TOKENIZATIONS} (in backend_options); "
+                             f"got {choice_tokenization!r}")
+        self.choice_tokenization = choice_tokenization
+        self._choice_ids: Dict[str, List[int]] = {}
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if num_threads is not None:
             torch.set_num_threads(int(num_threads))
@@ -224,7 +242,10 @@ class VLLMBackend(GenerationBackend):
             # A weak model left free to emit JSON whitespace loops on it until max_tokens; vLLM
             # reads this flag from the engine config only (the per-request field is ignored).
             kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
-        kwargs.update(engine_kwargs or {})
+        if choice_tokenization == "canonical":
+            extra = list((engine_kwargs or {}).get("logits_processors") or [])
+            kwargs["logits_processors"] = [PROCESSOR_FQCN] + extra
+        kwargs.update({k: v for k, v in (engine_kwargs or {}).items() if k != "logits_processors"})
 
         # In-process, vLLM drops torch to 1 thread after loading (unless OMP_NUM_THREADS is set) and
         # the CPU worker replaces torch.set_num_threads by a no-op for the whole process. Restore
@@ -274,12 +295,16 @@ class VLLMBackend(GenerationBackend):
         from vllm.sampling_params import StructuredOutputsParams
 
         structured = None
+        extra_args = None
         if req.choices is not None and req.json_schema is not None:
             raise ValueError("a GenerationRequest may set choices or json_schema, not both")
         if req.choices is not None:
             if not req.choices:
                 raise ValueError("GenerationRequest.choices is empty")
-            structured = StructuredOutputsParams(choice=list(req.choices))
+            if self.choice_tokenization == "canonical":
+                extra_args = choice_extra_args([self._choice_token_ids(c) for c in req.choices], self.stop_token_ids[0])
+            else:
+                structured = StructuredOutputsParams(choice=list(req.choices))
         elif req.json_schema is not None:
             structured = StructuredOutputsParams(json=req.json_schema)
         logit_bias = None
@@ -300,7 +325,18 @@ class VLLMBackend(GenerationBackend):
             skip_special_tokens=True,
             structured_outputs=structured,
             logit_bias=logit_bias,
+            extra_args=extra_args,
         )
+
+    def _choice_token_ids(self, choice: str) -> List[int]:
+        """The tokenizer's own tokenisation of a choice (cached: the same actions recur every turn)."""
+        ids = self._choice_ids.get(choice)
+        if ids is None:
+            ids = [int(t) for t in self.tokenizer.encode(choice, add_special_tokens=False)]
+            if not ids:
+                raise ValueError(f"choice {choice!r} tokenises to nothing")
+            self._choice_ids[choice] = ids
+        return ids
 
     def generate(
         self,
