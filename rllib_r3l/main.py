@@ -153,7 +153,7 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
         # from the start of main() to Ray's shutdown: everything after set-up but the interpreter's start and exit
         "seconds_total": round(time.time() - started, 1),
         "seconds_iterations": round(sum(r["seconds"] for r in per_iteration), 1),
-        "seconds_wrap_up": {k: round(v, 1) for k, v in wrap_up.items()},
+        "seconds_wrap_up": {k: round(v, 3) for k, v in wrap_up.items()},
         "peak_rss_gb_driver": round(peak_gb, 2),
         "seconds_per_iteration": [round(r["seconds"], 1) for r in per_iteration],
         "per_iteration": per_iteration,

@@ -224,12 +224,20 @@ def test_vllm_closes_constrained_responses_with_the_end_of_turn():
 
     from rllib_r3l.generation.vllm_backend import VLLMBackend
 
-    def params(stop_ids, **req):
-        return VLLMBackend._sampling_params(SimpleNamespace(stop_token_ids=stop_ids),
-                                            GenerationRequest([2, 5], max_tokens=8, **req), 1.0, 1.0, None)
+    from rllib_r3l.generation.vllm_choice import choice_extra_args
 
+    def params(stop_ids, tokenization="any", **req):
+        fake = SimpleNamespace(stop_token_ids=stop_ids, choice_tokenization=tokenization,
+                               _choice_token_ids=lambda choice: [7, 8])
+        return VLLMBackend._sampling_params(fake, GenerationRequest([2, 5], max_tokens=8, **req), 1.0, 1.0, None)
+
+    # vLLM's grammar (choice_tokenization="any") and JSON schemas
     for req in ({"choices": ["go north"]}, {"json_schema": {"type": "object"}}):
         p = params([106, 1], **req)
         assert p.logit_bias == {1: -100.0} and set(p.stop_token_ids) == {106, 1}
         assert params([2], **req).logit_bias is None
     assert params([106, 1]).logit_bias is None
+    # the default: the token trie, which closes a choice with the first stop token only
+    p = params([106, 1], "canonical", choices=["go north"])
+    assert p.structured_outputs is None and p.logit_bias is None
+    assert p.extra_args == choice_extra_args([[7, 8]], 106)
