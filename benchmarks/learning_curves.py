@@ -58,7 +58,9 @@ if str(ROOT) not in sys.path:
 from benchmarks.default_setting import wilson  # noqa: E402  (95 % Wilson interval)
 from rllib_r3l.run_info import cpu_model  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results" / "learning_curves_v2"
+# v2 (issue 11's sweep) ran with vLLM's choice grammar, full TWX text and unshared sequences; v3 runs
+# the shipped defaults: actions in the tokenizer's own tokens, compact observations, shared prefixes.
+OUT = ROOT / "benchmarks" / "results" / "learning_curves_v3"
 
 PLAIN_GUIDANCE = "Advice for this step: {suggestion}"
 
@@ -84,9 +86,10 @@ LOCK = "running.pid"  # a run's child writes its pid here while it runs
 # The sweep's setting (the CPU default environment and model; lr 1e-5 as in the first version, which
 # moved held-out success from 0-0.06 to 0.25 within 80 samples on this setting).
 DEFAULT_SETTING: Dict[str, Any] = {
-    "env": "r3l/CoinCollector", "env_config": {"compact_observations": False}, "model": None, "backend": "vllm",
+    "env": "r3l/CoinCollector", "env_config": {"compact_observations": True}, "model": None, "backend": "vllm",
     "group_size": 8, "tasks_per_iteration": 2, "lr": 1e-5, "micro_batch_size": 4, "micro_batch_tokens": 1024,
     "budget": 64, "max_iterations": 12, "eval_episodes": 32, "num_threads": 1, "training": {},
+    "choice_tokenization": "canonical", "share_prefixes": True,
 }
 
 # two-sided 95 % Student t quantiles by degrees of freedom
@@ -334,7 +337,10 @@ def build_config(setting: Dict[str, Any], variant: str, seed: int):
                     num_threads=setting["num_threads"], sampling_seed=seed,
                     # the v2 sweep trained every sequence on its own (share_prefixes became the
                     # default later; same gradient, other float summation order): kept for its runs
-                    share_prefixes=bool(setting.get("share_prefixes", False)), **switches)
+                    share_prefixes=bool(setting.get("share_prefixes", False)),
+                    # a setting.json without the key is v2's, which sampled actions with vLLM's grammar
+                    backend_options={"choice_tokenization": setting.get("choice_tokenization", "any")},
+                    **switches)
     if setting.get("model"):
         training["model"] = setting["model"]
     training.update(setting.get("training") or {})

@@ -287,6 +287,12 @@ def test_vllm_choice_logprobs_are_the_tries_renormalised_distribution(vllm_backe
         assert lp == pytest.approx(expected[first.index(tok)].item(), abs=VLLM_TOL), tok
 
 
+def test_transformers_backend_has_no_grammar_to_choose(tiny_model_dir):
+    assert HFBackend(tiny_model_dir, choice_tokenization="canonical").name == "transformers"
+    with pytest.raises(ValueError, match="'any' is vLLM's grammar"):
+        HFBackend(tiny_model_dir, choice_tokenization="any")
+
+
 @needs_vllm
 def test_choice_tokenization_is_validated_before_the_engine_starts(tiny_model_dir):
     with pytest.raises(ValueError, match="choice_tokenization"):

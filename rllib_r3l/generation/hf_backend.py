@@ -49,6 +49,8 @@ class HFBackend(GenerationBackend):
         max_batch_size: rows per forward pass (larger batches are split).
         num_threads: call ``torch.set_num_threads`` with it (None: leave torch's setting).
         seed: seeds the generator of calls made without ``seed``.
+        choice_tokenization: only "canonical" (the token trie); accepted so that one
+            ``backend_options`` serves both backends.
     """
 
     name = "transformers"
@@ -65,9 +67,13 @@ class HFBackend(GenerationBackend):
         max_batch_size: int = 32,
         num_threads: Optional[int] = None,
         seed: Optional[int] = None,
+        choice_tokenization: str = "canonical",
     ) -> None:
         from rllib_r3l import models
 
+        if choice_tokenization != "canonical":  # accepted so one backend_options suits both backends
+            raise ValueError(f"choice_tokenization={choice_tokenization!r}: the transformers backend holds "
+                             "choices to the tokenizer's own tokens only ('canonical'); 'any' is vLLM's grammar")
         if num_threads is not None:
             torch.set_num_threads(int(num_threads))
         if model is None and model_path is None:
