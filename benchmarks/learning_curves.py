@@ -90,6 +90,8 @@ DEFAULT_SETTING: Dict[str, Any] = {
     "group_size": 8, "tasks_per_iteration": 2, "lr": 1e-5, "micro_batch_size": 4, "micro_batch_tokens": 1024,
     "budget": 64, "max_iterations": 12, "eval_episodes": 32, "num_threads": 1, "training": {},
     "choice_tokenization": "canonical", "share_prefixes": True,
+    # the same numerics on every CPU a session may draw (bf16 is native on some, emulated on others)
+    "engine_dtype": "float32", "mixed_precision": "none",
 }
 
 # two-sided 95 % Student t quantiles by degrees of freedom
@@ -339,8 +341,11 @@ def build_config(setting: Dict[str, Any], variant: str, seed: int):
                     # default later; same gradient, other float summation order): kept for its runs
                     share_prefixes=bool(setting.get("share_prefixes", False)),
                     # a setting.json without the key is v2's, which sampled actions with vLLM's grammar
-                    backend_options={"choice_tokenization": setting.get("choice_tokenization", "any")},
+                    backend_options={"choice_tokenization": setting.get("choice_tokenization", "any"),
+                                     **({"dtype": setting["engine_dtype"]} if setting.get("engine_dtype") else {})},
                     **switches)
+    if setting.get("mixed_precision"):
+        training["mixed_precision"] = setting["mixed_precision"]
     if setting.get("model"):
         training["model"] = setting["model"]
     training.update(setting.get("training") or {})

@@ -173,8 +173,11 @@ def test_every_variant_builds_a_valid_config_that_differs_only_in_its_switches()
         same = ("group_size", "tasks_per_iteration", "lr", "seed", "sampling_seed", "env", "env_config", "model")
         assert {k: getattr(c, k) for k in same} == {k: getattr(base, k) for k in same}, v
     # every variant acts in the tokenizer's own tokens; a v2 setting.json (no key) used vLLM's grammar
-    assert base.backend_options == {"choice_tokenization": "canonical"} and base.share_prefixes
-    v2 = {k: v for k, v in lc.DEFAULT_SETTING.items() if k not in ("choice_tokenization", "share_prefixes")}
+    # and computes in fp32 whatever the CPU, so runs from sessions on different CPUs compare
+    assert base.backend_options == {"choice_tokenization": "canonical", "dtype": "float32"} and base.share_prefixes
+    assert base.mixed_precision == "none"
+    v2 = {k: v for k, v in lc.DEFAULT_SETTING.items()
+          if k not in ("choice_tokenization", "share_prefixes", "engine_dtype", "mixed_precision")}
     v2_cfg = lc.build_config(v2, "r3l", 0)
     assert v2_cfg.backend_options == {"choice_tokenization": "any"} and not v2_cfg.share_prefixes
     plain = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_oracle_plain", 0)
