@@ -633,7 +633,7 @@ def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Se
         print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} done" + (f" in {took:.1f} min" if took else ""), flush=True)
         print(report(out, variants, seeds), flush=True)
         if commit:
-            _commit(out, f"learning curves v2: {v} seed {s} done")
+            _commit(out, f"{out.name}: {v} seed {s} done")
 
     while todo or running or held:
         for (v, s), pid in list(held.items()):
