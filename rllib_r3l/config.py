@@ -261,9 +261,11 @@ class R3LConfig(AlgorithmConfig):
             _validate_oracle_reflector(self, err)
         if not isinstance(self.model_id, str) or not self.model_id:
             err("model_id", f"set training(model='<HF id or local path>'), got {self.model_id!r}")
+        from rllib_r3l.generation.base import CHOICE_TOKENIZATIONS
+
         if not isinstance(self.backend_options, dict):
             err("backend_options", f"must be a dict, got {type(self.backend_options).__name__}")
-        elif self.backend_options.get("choice_tokenization", "canonical") not in ("canonical", "any"):
+        elif self.backend_options.get("choice_tokenization", "canonical") not in CHOICE_TOKENIZATIONS:
             err("backend_options", "choice_tokenization must be 'canonical' (the tokenizer's own tokens of an "
                 f"action) or 'any' (vLLM's character grammar), got {self.backend_options['choice_tokenization']!r}")
         if self.lr is None or (isinstance(self.lr, (int, float)) and self.lr <= 0):

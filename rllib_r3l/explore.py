@@ -275,21 +275,19 @@ class Explorer:
 
     def _reflection_item(self, base: Trajectory, prompt_ids: List[int], out: Any) -> Trajectory:
         """The reflection as a positive item: reflection prompt -> report (auxiliary task, §4)."""
-        resp_ids = list(out.token_ids)
-        lps = list(out.logprobs)
-        if self.reflector_chat is not self.chat:  # a separate reflector: re-encode for the policy
+        resp_ids, lps = list(out.token_ids), list(out.logprobs)
+        # The report's text in the policy's own tokens, closed like a turn. A separate reflector's
+        # report is always re-encoded; the policy's own is when vLLM's JSON grammar spelled it in
+        # tokens the tokenizer would not choose (every report of the default model was: docs/
+        # benchmarks.md section 0), since supervising those spellings teaches token noise. Either
+        # way the item has no sampler log-probs (it is no longer the policy's sample).
+        canonical = self.chat.encode(out.text) + self.chat.closes_turn([])
+        if self.reflector_chat is not self.chat:
             prompt_ids = self.chat.prompt(reflect_lib.build_reflection_messages(base, template=self.template))
-            resp_ids = self.chat.encode(out.text) + self.chat.closes_turn([])
-            lps = None
-        else:
-            # vLLM's JSON grammar lets a report be spelled in tokens the tokenizer would not choose
-            # (every report of the default model was, measured: docs/benchmarks.md section 0).
-            # Supervising those spellings teaches token noise; the item teaches the report's text in
-            # the policy's own tokens instead, without sampler log-probs (no longer its samples).
-            canonical = self.chat.encode(out.text) + self.chat.closes_turn([])
-            if resp_ids != canonical:
-                resp_ids, lps = canonical, None
-                self.counters["reflection_items_retokenized"] += 1
+            resp_ids, lps = canonical, None
+        elif resp_ids != canonical:
+            resp_ids, lps = canonical, None
+            self.counters["reflection_items_retokenized"] += 1
         segs = [Segment("prompt", list(prompt_ids), turn=0), Segment("response", resp_ids, turn=0, logprobs=lps)]
         return Trajectory(segments=segs, reward=self.opts.success_reward, group_id=f"{base.group_id}/reflection/{id(base)}",
                           kind=Kind.REFLECTION_SFT, success=True, num_turns=1, fixed_advantage=1.0,

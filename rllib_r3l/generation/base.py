@@ -12,6 +12,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+# How choice-constrained requests may spell a choice in tokens (backend_options.choice_tokenization):
+# "canonical", the tokenizer's own tokenisation (both backends); "any", vLLM's character grammar.
+CHOICE_TOKENIZATIONS = ("canonical", "any")
+
 
 @dataclass
 class GenerationRequest:

@@ -27,7 +27,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from rllib_r3l.generation.base import GenerationBackend, GenerationRequest, GenerationResult
+from rllib_r3l.generation.base import CHOICE_TOKENIZATIONS, GenerationBackend, GenerationRequest, GenerationResult
 from rllib_r3l.generation.vllm_choice import PROCESSOR_FQCN, choice_extra_args
 from rllib_r3l.generation.vllm_weights import reload_weights_on_worker, weight_buckets
 
@@ -49,7 +49,6 @@ def _logprob_of(entry: Any, token_id: int) -> float:
     return float(lp.logprob)
 
 
-CHOICE_TOKENIZATIONS = ("canonical", "any")
 CPU_MIN_BATCHED_TOKENS = 4096  # vLLM's CPU default step budget (tokens per engine step)
 # Prefix-cache block on CPU (vLLM's CPU default is 128). The cache serves whole blocks only, so a
 # multi-turn prompt recomputes the tail of its last block every turn: half a block on average, as

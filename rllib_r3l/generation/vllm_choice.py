@@ -6,7 +6,7 @@ spellings it would never produce in free text, because a one-character token is 
 the grammar forces the rest. Measured on the default (SmolLM2-135M-Instruct, coin collector, 16
 untrained base episodes, 2-core AMD EPYC): 71 of 162 actions were sampled as
 ``'i','n','vent','or','y'`` (canonically the single token ``'inventory'``), half the episodes
-answered "inventory" ten turns in a row, and "take coin" was taken in 1 of 31 turns that offered it,
+answered "inventory" ten turns in a row, and "take coin" was taken in 0 of 31 turns that offered it,
 where the model's own sequence probability of "take coin" in such a turn is 0.64. The policy the
 learner trains (the model over the canonical tokens) was not the policy that acted.
 
