@@ -14,7 +14,10 @@ learning rate, the same training task seeds for a seed):
 * ``r3l_no_reflect``: amplification only (no reflection, no retries);
 * ``r3l_no_amp``: R3L without positive amplification; ``r3l_no_pivot``: R3L without pivotal credit;
 * ``r3l_oracle_plain``: R3L-oracle whose guidance is one plain sentence (``Advice for this step:
-  <suggestion>``) instead of the report as JSON.
+  <suggestion>``) instead of the report as JSON;
+* ``r3l_no_aux``: R3L without the auxiliary reflection/retry-SFT items; ``r3l_seq_mean``: R3L with
+  them, the loss averaged per item (``loss_aggregation="sequence_mean"``) so that a ~100-token
+  reflection report weighs as one trajectory, not as ~30 actions (diagnostics of section 7).
 
 **Equal sample budget.** A run trains until it has generated ``budget`` trajectories (base + retry;
 a group of N holds N base rollouts without reflection, N/2 base + up to N/2 retries with it), so R3L
@@ -30,7 +33,7 @@ from its checkpoint; a finished one (``final.json``) is skipped. ``setting.json`
 sweep's setting: resuming with another setting is refused (name the field, or use another ``--out``).
 Runs go ``--parallel`` at a time (default 2, one thread each: the 2-core machine): cut runs first, then
 the headline comparison (base, GRPO, R3L-oracle, R3L) for every seed, then the ablations, then the
-diagnostic probe ``r3l_oracle_plain`` (``next_runs``). A running child keeps its pid in its folder's
+diagnostic probes (``next_runs``). A running child keeps its pid in its folder's
 ``running.pid``: a second sweep on the same folder, or a restarted one whose killed parent left its
 children running, waits for those runs instead of starting them twice.
 
@@ -73,6 +76,13 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "r3l_no_reflect": dict(reflect=False, pivotal_credit=True, positive_amplification=True, std_normalize=False),
     "r3l_no_amp": dict(reflect=True, pivotal_credit=True, positive_amplification=False, std_normalize=False),
     "r3l_no_pivot": dict(reflect=True, pivotal_credit=False, positive_amplification=True, std_normalize=False),
+    # own reflections without the auxiliary reflection/retry-SFT items: do they swamp the policy
+    # gradient? (the token-mean gives each report token a fixed advantage of 1.0)
+    "r3l_no_aux": dict(reflect=True, aux_tasks=False, pivotal_credit=True, positive_amplification=True,
+                       std_normalize=False),
+    # ... or with them, every item weighing as one sequence (its token mean) instead of by its length
+    "r3l_seq_mean": dict(reflect=True, loss_aggregation="sequence_mean", pivotal_credit=True,
+                         positive_amplification=True, std_normalize=False),
     # the oracle's report handed over as one plain sentence instead of JSON: does a small policy
     # follow guidance it can read? (docs/benchmarks.md section 7, guidance wording: 4/16 vs 1/16)
     "r3l_oracle_plain": dict(reflect=True, reflector="oracle", guidance_template=PLAIN_GUIDANCE, pivotal_credit=True,
@@ -80,7 +90,7 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
 }
 BASE = "base"  # the untrained model, evaluated once per seed
 HEADLINE = ("grpo", "r3l_oracle", "r3l")  # the comparison the issue asks for; the rest are ablations
-DIAGNOSTIC = ("r3l_oracle_plain",)  # probes beyond the issue's variants: scheduled after the ablations
+DIAGNOSTIC = ("r3l_no_aux", "r3l_seq_mean", "r3l_oracle_plain")  # probes beyond the issue's variants: scheduled after the ablations
 LOCK = "running.pid"  # a run's child writes its pid here while it runs
 
 # The sweep's setting (the CPU default environment and model; lr 1e-5 as in the first version, which
@@ -393,6 +403,9 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
         keep[k] = r3l.get(k)
     for k in ("trained_tokens", "forward_tokens", "update_seconds"):
         keep[k] = learner.get(k)
+    for k, v in rec["batch"].items():  # credited tokens and loss share of each item kind
+        if k.startswith(("credited_tokens_", "loss_share_")):
+            keep[k] = v
     return {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in keep.items()}
 
 

@@ -29,7 +29,7 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_r3l import preflight, resilience
-from rllib_r3l.batch import build_train_batch, drop_overlong, kind_counts, select_trainable
+from rllib_r3l.batch import build_train_batch, drop_overlong, kind_counts, loss_share_by_kind, select_trainable
 from rllib_r3l.config import R3LConfig
 from rllib_r3l.distributed import pad_batch_for_learners
 from rllib_r3l.replay import replay_from_config
@@ -84,6 +84,7 @@ class R3L(Algorithm):
                 success_reward=c.success_reward,
                 pivotal_credit=c.pivotal_credit,
                 max_length=c.max_context_tokens,
+                loss_aggregation=c.loss_aggregation,
             )
             self._log_batch_metrics(trajectories, batch, adv)
 
@@ -208,3 +209,6 @@ class R3L(Algorithm):
         m.log_value(("r3l", "advantage_mean"), float(np.mean(adv)), reduce="mean", window=1)
         for kind, n in kind_counts(trajectories).items():
             m.log_value(("r3l", "batch", f"num_{kind}"), n, reduce="sum")
+        for kind, share in loss_share_by_kind(batch).items():
+            m.log_value(("r3l", "batch", f"credited_tokens_{kind}"), share["credited_tokens"], reduce="sum")
+            m.log_value(("r3l", "batch", f"loss_share_{kind}"), share["loss_share"], reduce="mean", window=1)

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from rllib_r3l import core_algos
-from rllib_r3l.trajectory import Kind, Trajectory, collate
+from rllib_r3l.trajectory import KINDS, Kind, Trajectory, collate
 
 
 def select_trainable(groups: Sequence, *, drop_partial_groups: bool = True) -> Tuple[List[Trajectory], Counter]:
@@ -51,6 +51,7 @@ def build_train_batch(
     pivotal_credit: bool,
     max_length: int,
     skip_zero_advantage: bool = True,
+    loss_aggregation: str = "token_mean",
 ) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
     """Advantages (group-relative by ``group_id``, then amplified) and the padded batch.
 
@@ -60,6 +61,8 @@ def build_train_batch(
     with ``skip_zero_advantage`` so are items whose advantage is exactly 0 (e.g. a group whose
     rewards are all equal): they contribute no gradient, and leaving them out saves their
     forward/backward pass; the token-mean is then over the tokens that carry a signal.
+    ``loss_aggregation`` folds the loss's aggregation into the kept items' weights
+    (``core_algos.loss_aggregation_weights``).
     """
     rewards = [t.reward for t in trajectories]
     gids = [t.group_id for t in trajectories]
@@ -75,12 +78,32 @@ def build_train_batch(
         keep &= batch["advantages"] != 0
     if not keep.all():
         batch = {k: v[keep] for k, v in batch.items()}
+    factors = core_algos.loss_aggregation_weights(batch["num_loss_tokens"], loss_aggregation)
+    batch["weights"] = (batch["weights"] * factors).astype(batch["weights"].dtype)
     return batch, adv
 
 
 def kind_counts(trajectories: Sequence[Trajectory]) -> Dict[str, int]:
     c = Counter(t.kind.value for t in trajectories)
     return {k.value: c.get(k.value, 0) for k in Kind}
+
+
+def loss_share_by_kind(batch: Dict[str, np.ndarray]) -> Dict[str, Dict[str, float]]:
+    """Per item kind: its credited tokens and its share of the loss's weight, the sum over credited
+    tokens of ``|advantage x weight|`` divided by the batch's (the token-mean loss gives every
+    credited token the same denominator, so this is each kind's share of the gradient's scale
+    before the model's own log-prob gradients). Shows when auxiliary SFT items, whose advantage is
+    fixed at 1.0, outweigh the policy-gradient items (docs/benchmarks.md section 7)."""
+    n = np.asarray(batch["num_loss_tokens"], dtype=np.float64)
+    mass = np.abs(np.asarray(batch["advantages"], dtype=np.float64) * np.asarray(batch["weights"], dtype=np.float64)) * n
+    total = float(mass.sum())
+    kinds = np.asarray(batch["kind"])
+    out: Dict[str, Dict[str, float]] = {}
+    for i, k in enumerate(KINDS):
+        sel = kinds == i
+        out[k.value] = {"credited_tokens": float(n[sel].sum()),
+                        "loss_share": float(mass[sel].sum()) / total if total > 0 else 0.0}
+    return out
 
 
 def plan_micro_batches(lengths: Sequence[int], *, max_sequences: int, max_tokens: Optional[int] = None) -> List[List[int]]:

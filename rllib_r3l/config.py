@@ -53,6 +53,7 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "use_importance_ratio": (False, "clipped importance ratio on base data against the behaviour model's own log-probs (T=1, unconstrained: like the learner's), which the engine scores once per base rollout (one extra prefill each); the sampler's processed log-probs are not comparable"),
     "clip_ratio_low": (0.2, "lower PPO clip epsilon (base data, with use_importance_ratio)"),
     "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
+    "loss_aggregation": ("token_mean", "how the loss averages over credited tokens: 'token_mean' (paper, authors' code: every token once, so an item weighs by its length) or 'sequence_mean' (each item's token mean, then the mean over items: a ~100-token reflection report weighs as one trajectory of 2-4-token actions; docs/benchmarks.md section 7)"),
     "loss_scale": (1.0, "multiplies the loss: 1.0 = the paper's token-mean -A log pi; 0.5 = the authors' code, whose objective divides by 1 + tau (tau = 1). With AdamW it matters through grad_clip (the clip threshold applies to the scaled gradient: loss_scale 0.5 with grad_clip 1.0 clips like 1.0 with 2.0) and Adam's eps"),
     "share_prefixes": (True, "exact shared-prefix training: each micro-batch's token trie runs once (a group's task prompt, a retry's prefix up to the pivot, the episode under its transcript reflection), continuations on the prefix's KV cache with the leaves under one prefix batched, so the gradient equals the unshared one; off (logged) with gradient checkpointing, sliding-window models and DeepSpeed. On the main job's batches (2-core AMD EPYC, fp32): 0.59-0.67x the forward tokens, 0.70-0.80x the update time (docs/benchmarks.md section 5); False = every sequence on its own"),
     "micro_batch_size": (4, "max trajectories per forward/backward pass (gradient accumulation)"),
@@ -101,6 +102,7 @@ _CHOICES = {
     "reflector": ("policy", "oracle"),
     "backend": ("auto", "vllm", "transformers"),
     "mixed_precision": ("auto", "bfloat16", "none"),
+    "loss_aggregation": ("token_mean", "sequence_mean"),
 }
 
 

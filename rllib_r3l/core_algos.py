@@ -22,6 +22,8 @@ __all__ = [
     "positive_amplification",
     "compute_advantages",
     "pivotal_credit_mask",
+    "LOSS_AGGREGATIONS",
+    "loss_aggregation_weights",
     "policy_gradient_loss",
     "kl_penalty",
 ]
@@ -175,6 +177,33 @@ def pivotal_credit_mask(response_mask: np.ndarray, turn_ids: np.ndarray, pivot: 
     if pivot < 0:
         raise ValueError(f"pivot must be >= 0, got {pivot}")
     return response_mask & (turn_ids >= pivot)
+
+
+LOSS_AGGREGATIONS = ("token_mean", "sequence_mean")
+
+
+def loss_aggregation_weights(num_loss_tokens: Sequence[float], mode: str = "token_mean") -> np.ndarray:
+    """Per-item factors on the token weights so that ``policy_gradient_loss``'s token mean (the sum
+    over the batch's N credited tokens, divided by N) aggregates as ``mode``:
+
+    - ``token_mean`` (paper §4 "Objective", authors' code): every credited token counts once, so an
+      item weighs by its length (a 100-token reflection report as much as ~30 three-token actions);
+    - ``sequence_mean`` (verl's ``seq-mean-token-mean``): each item's token mean, averaged over the
+      B items with credited tokens; factor ``N / (B * n_i)``, 0 for an item without credited tokens.
+
+    As factors on the weights, the aggregation survives micro-batching and data-parallel shards
+    (each uses the whole batch's N).
+    """
+    n = np.asarray(num_loss_tokens, dtype=np.float64)
+    if mode == "token_mean":
+        return np.ones_like(n)
+    if mode != "sequence_mean":
+        raise ValueError(f"loss_aggregation={mode!r}: use one of {LOSS_AGGREGATIONS}")
+    credited = n > 0
+    out = np.zeros_like(n)
+    if credited.any():
+        out[credited] = n.sum() / (credited.sum() * n[credited])
+    return out
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:

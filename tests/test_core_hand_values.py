@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rllib_r3l import core_algos as ca
-from rllib_r3l.batch import build_train_batch, kind_counts, select_trainable
+from rllib_r3l.batch import build_train_batch, kind_counts, loss_share_by_kind, select_trainable
 from rllib_r3l.trajectory import Kind
 from tests.scripted import make_trajectory
 
@@ -85,6 +85,56 @@ def test_kind_counts_names_every_kind():
              for k in (Kind.BASE, Kind.BASE, Kind.RETRY, Kind.RETRY_SFT)]
     assert kind_counts(trajs) == {"base": 2, "retry": 1, "reflection_sft": 0, "retry_sft": 1}
     assert kind_counts([]) == {"base": 0, "retry": 0, "reflection_sft": 0, "retry_sft": 0}
+
+
+def test_loss_share_by_kind_hand_values():
+    # group g: success (3 tokens) and failure (2 tokens), mean 0.5 -> amplified +1.0 and -0.5:
+    # base mass 1.0*3 + 0.5*2 = 4; a reflection item (fixed +1.0, weight 0.5, 4 tokens): 2; total 6
+    win = make_trajectory([("prompt", 2, 0), ("response", 3, 0)], reward=1.0, group_id="g")
+    win.success = True
+    lose = make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=0.0, group_id="g")
+    refl = make_trajectory([("prompt", 5, 0), ("response", 4, 0)], reward=1.0, group_id="g/reflection",
+                           kind=Kind.REFLECTION_SFT, weight=0.5, fixed_advantage=1.0)
+    batch, _ = _build([win, lose, refl])
+    share = loss_share_by_kind(batch)
+    assert share["base"]["credited_tokens"] == 5 and share["reflection_sft"]["credited_tokens"] == 4
+    assert share["base"]["loss_share"] == pytest.approx(4 / 6)
+    assert share["reflection_sft"]["loss_share"] == pytest.approx(2 / 6)
+    assert share["retry"] == {"credited_tokens": 0.0, "loss_share": 0.0}
+    assert sum(v["loss_share"] for v in share.values()) == pytest.approx(1.0)
+
+
+def test_loss_aggregation_weights_hand_values():
+    # N = 1 + 3 + 0 + 4 = 8 credited tokens over B = 3 items: factors N / (B n_i)
+    np.testing.assert_allclose(ca.loss_aggregation_weights([1, 3, 0, 4], "sequence_mean"), [8 / 3, 8 / 9, 0.0, 8 / 12])
+    np.testing.assert_allclose(ca.loss_aggregation_weights([1, 3, 0, 4]), [1.0, 1.0, 1.0, 1.0])
+    np.testing.assert_allclose(ca.loss_aggregation_weights([0, 0], "sequence_mean"), [0.0, 0.0])
+    with pytest.raises(ValueError, match="loss_aggregation='seq'.*token_mean"):
+        ca.loss_aggregation_weights([1], "seq")
+
+
+def test_sequence_mean_loss_is_the_mean_of_item_token_means():
+    # item 1: tokens log-probs (-1, -3), A = +1 -> token mean 2.0; item 2: (-2,), A = -0.5 -> -1.0
+    # sequence mean: (2.0 - 1.0) / 2 = 0.5 (the token mean would be (1 + 3 - 1) / 3 = 1.0)
+    logp = torch.tensor([-1.0, -3.0, -2.0])
+    adv = torch.tensor([1.0, 1.0, -0.5])
+    factors = ca.loss_aggregation_weights([2, 1], "sequence_mean")
+    w = torch.tensor([factors[0], factors[0], factors[1]], dtype=torch.float32)
+    loss, _ = ca.policy_gradient_loss(logp, adv, torch.ones(3), weights=w)
+    assert float(loss) == pytest.approx(0.5)
+    plain, _ = ca.policy_gradient_loss(logp, adv, torch.ones(3))
+    assert float(plain) == pytest.approx(1.0)
+
+
+def test_build_train_batch_folds_sequence_mean_into_the_kept_items_weights():
+    win = make_trajectory([("prompt", 2, 0), ("response", 3, 0)], reward=1.0, group_id="g")
+    lose = make_trajectory([("prompt", 2, 0), ("response", 1, 0)], reward=0.0, group_id="g")
+    flat = make_trajectory([("prompt", 2, 0), ("response", 5, 0)], reward=0.0, group_id="h")  # A = 0: left out
+    batch, _ = _build([win, lose, flat], loss_aggregation="sequence_mean")
+    assert batch["num_loss_tokens"].tolist() == [3, 1]
+    np.testing.assert_allclose(batch["weights"], [4 / 6, 4 / 2])  # N = 4, B = 2
+    plain, _ = _build([win, lose, flat])
+    np.testing.assert_allclose(plain["weights"], [1.0, 1.0])
 
 
 def _build(trajs, **kw):

@@ -182,6 +182,11 @@ def test_every_variant_builds_a_valid_config_that_differs_only_in_its_switches()
     assert v2_cfg.backend_options == {"choice_tokenization": "any"} and not v2_cfg.share_prefixes
     plain = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_oracle_plain", 0)
     assert plain.guidance_template == "Advice for this step: {suggestion}" and plain.reflector == "oracle"
+    no_aux = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_no_aux", 0)
+    assert not no_aux.aux_tasks and no_aux.reflect and no_aux.reflector == "policy"
+    seq = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_seq_mean", 0)
+    assert seq.loss_aggregation == "sequence_mean" and seq.aux_tasks
+    assert base.loss_aggregation == "token_mean"
 
 
 def test_a_sweep_folder_refuses_another_setting_and_names_the_field(tmp_path):

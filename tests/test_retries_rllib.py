@@ -43,6 +43,11 @@ def test_retries_reach_the_learner_through_tune(tmp_path):
     # the driver built the batch with retry and auxiliary items ...
     assert res["r3l"]["batch"]["num_retry"] == er["num_retries"]
     assert res["r3l"]["batch"]["num_retry_sft"] > 0 and res["r3l"]["batch"]["num_reflection_sft"] > 0
+    # each kind's credited tokens and share of the loss's weight (the shares of one batch add up to 1)
+    b = res["r3l"]["batch"]
+    shares = [b[f"loss_share_{k}"] for k in ("base", "retry", "reflection_sft", "retry_sft")]
+    assert sum(shares) == pytest.approx(1.0) and b["loss_share_reflection_sft"] > 0
+    assert b["credited_tokens_reflection_sft"] > 0 and b["credited_tokens_retry"] > 0
     # ... and they reached the learner, whose update moved the weights
     rec = _find(res["learners"], "r3l_test")
     assert rec is not None, res["learners"]
