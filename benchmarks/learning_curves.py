@@ -15,7 +15,8 @@ learning rate, the same training task seeds for a seed):
 * ``r3l_no_amp``: R3L without positive amplification; ``r3l_no_pivot``: R3L without pivotal credit;
 * ``r3l_oracle_plain``: R3L-oracle whose guidance is one plain sentence (``Advice for this step:
   <suggestion>``) instead of the report as JSON;
-* ``r3l_no_aux``: R3L without the auxiliary reflection/retry-SFT items; ``r3l_seq_mean``: R3L with
+* ``r3l_no_aux``: R3L without the auxiliary reflection/retry-SFT items; ``r3l_no_reflection_sft``:
+  without the reflection items only (the guided-retry items stay); ``r3l_seq_mean``: R3L with all of
   them, the loss averaged per item (``loss_aggregation="sequence_mean"``) so that a ~100-token
   reflection report weighs as one trajectory, not as ~30 actions (diagnostics of section 7).
 
@@ -80,6 +81,9 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     # gradient? (the token-mean gives each report token a fixed advantage of 1.0)
     "r3l_no_aux": dict(reflect=True, aux_tasks=False, pivotal_credit=True, positive_amplification=True,
                        std_normalize=False),
+    # ... or with the guided-retry items only: is it the policy's own reports, trained as positives?
+    "r3l_no_reflection_sft": dict(reflect=True, aux_items=["retry_sft"], pivotal_credit=True,
+                                  positive_amplification=True, std_normalize=False),
     # ... or with them, every item weighing as one sequence (its token mean) instead of by its length
     "r3l_seq_mean": dict(reflect=True, loss_aggregation="sequence_mean", pivotal_credit=True,
                          positive_amplification=True, std_normalize=False),
@@ -90,7 +94,7 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
 }
 BASE = "base"  # the untrained model, evaluated once per seed
 HEADLINE = ("grpo", "r3l_oracle", "r3l")  # the comparison the issue asks for; the rest are ablations
-DIAGNOSTIC = ("r3l_no_aux", "r3l_seq_mean", "r3l_oracle_plain")  # probes beyond the issue's variants: scheduled after the ablations
+DIAGNOSTIC = ("r3l_no_aux", "r3l_seq_mean", "r3l_no_reflection_sft", "r3l_oracle_plain")  # probes beyond the issue's variants: scheduled after the ablations
 LOCK = "running.pid"  # a run's child writes its pid here while it runs
 
 # The sweep's setting (the CPU default environment and model; lr 1e-5 as in the first version, which

@@ -39,6 +39,7 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "reflection_max_chars": (100, "the structured report's text fields (summary, root cause, suggestion) hold at most this many characters each: fewer generated tokens per reflection, and a report that always closes within max_reflection_tokens (unbounded, SmolLM2-135M wrote ~180 tokens a report on CPU, some cut off as invalid JSON: docs/benchmarks.md section 5); None = unbounded (the paper's free-length reflections)"),
     "max_reflection_tokens": (256, "token budget of a reflection (paper: 4096; the compact JSON report needs ~150)"),
     "aux_tasks": (True, "add reflection and guided-retry auxiliary items for successful retries"),
+    "aux_items": (["reflection_sft", "retry_sft"], "which auxiliary items aux_tasks adds: 'reflection_sft' (the reflection prompt -> the policy's own report) and 'retry_sft' (the successful retry with its guidance in context); both in the paper and the authors' code"),
     "aux_weight": (1.0, "loss weight of the auxiliary reflection/retry-SFT items"),
     "verify_replay": (True, "check that a retry's replayed observations equal the recorded ones"),
     # credit and advantages (paper §4)
@@ -115,7 +116,8 @@ class R3LConfig(AlgorithmConfig):
 
         super().__init__(algo_class=algo_class or R3L)
         for name, (default, _help) in R3L_OPTIONS.items():
-            setattr(self, name, dict(default) if isinstance(default, dict) else default)
+            setattr(self, name, dict(default) if isinstance(default, dict) else
+                    list(default) if isinstance(default, list) else default)
         # RLlib options with R3L's defaults.
         self.lr = 1e-6
         self.grad_clip = 1.0
@@ -254,6 +256,11 @@ class R3LConfig(AlgorithmConfig):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or v < 0:
                 err(f, f"must be a number >= 0, got {v!r}")
+        aux_kinds = ("reflection_sft", "retry_sft")
+        if (not isinstance(self.aux_items, (list, tuple)) or any(k not in aux_kinds for k in self.aux_items)
+                or len(set(self.aux_items)) != len(self.aux_items)):
+            err("aux_items", f"must be a list of distinct kinds from {list(aux_kinds)} (empty = none: or set "
+                f"aux_tasks=False), got {self.aux_items!r}")
         if not isinstance(self.success_reward, (int, float)):
             err("success_reward", f"must be a number, got {self.success_reward!r}")
         for f, allowed in _CHOICES.items():

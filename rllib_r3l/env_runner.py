@@ -115,6 +115,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             retries_per_failure=c.retries_per_failure,
             success_reward=c.success_reward,
             aux_tasks=c.aux_tasks,
+            aux_items=tuple(c.aux_items),
             aux_weight=c.aux_weight,
             reflection_template=c.reflection_template,
             guidance_template=c.guidance_template,

@@ -48,6 +48,7 @@ class ExploreOptions:
     retries_per_failure: int = 1
     success_reward: float = 1.0
     aux_tasks: bool = True
+    aux_items: Sequence[str] = ("reflection_sft", "retry_sft")  # which auxiliary items aux_tasks adds
     aux_weight: float = 1.0
     reflection_template: Optional[str] = None
     guidance_template: Optional[str] = None  # None: reflect_lib.DEFAULT_GUIDANCE_TEMPLATE
@@ -191,7 +192,7 @@ class Explorer:
                 for _ in range(self.opts.retries_per_failure):
                     retry_specs.append(EpisodeSpec(seed=b.seed, group_id=b.group_id, kind=Kind.RETRY, base=b,
                                                    pivot=int(parsed.report.pivot), guidance=guidance))
-            elif parsed.ok and b.success and self.opts.aux_tasks and out is not None:
+            elif parsed.ok and b.success and self._adds("reflection_sft") and out is not None:
                 # A success the reflector recognises: only the reflection item (authors' code).
                 self._add_reflection_item(b, groups[b.group_id])
         self._log_count("retry_trigger_rate", len(retry_specs), len(bases))
@@ -229,13 +230,19 @@ class Explorer:
             base.credit_from_turn = k if base.credit_from_turn == 0 else min(base.credit_from_turn, k)
         group.trajectories.append(retry.strip_guidance())
         beats = retry.reward > base.reward or (retry.reward == base.reward and retry.num_turns < base.num_turns)
-        if self.opts.aux_tasks and retry.success and beats:
-            self._add_reflection_item(base, group)
-            sft = retry.guided_view()
-            sft.kind, sft.fixed_advantage, sft.weight = Kind.RETRY_SFT, 1.0, self.opts.aux_weight
-            sft.credit_from_turn = k if self.opts.pivotal_credit else 0
-            sft.group_id = f"{retry.group_id}/retry_sft/{id(retry)}"
-            self._add_aux_item(sft, group)
+        if retry.success and beats:
+            if self._adds("reflection_sft"):
+                self._add_reflection_item(base, group)
+            if self._adds("retry_sft"):
+                sft = retry.guided_view()
+                sft.kind, sft.fixed_advantage, sft.weight = Kind.RETRY_SFT, 1.0, self.opts.aux_weight
+                sft.credit_from_turn = k if self.opts.pivotal_credit else 0
+                sft.group_id = f"{retry.group_id}/retry_sft/{id(retry)}"
+                self._add_aux_item(sft, group)
+
+    def _adds(self, kind: str) -> bool:
+        """Whether auxiliary items of this kind (``reflection_sft``, ``retry_sft``) join the batch."""
+        return bool(self.opts.aux_tasks) and kind in self.opts.aux_items
 
     def _log_pivot_action(self, base: Trajectory, retry: Trajectory, k: int) -> None:
         """Did the guidance change what the policy does at the pivot? ``retry_changed_pivot_action``:

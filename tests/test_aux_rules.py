@@ -4,7 +4,7 @@
   reflection item and the guided retry item, both positive (advantage 1.0, weight ``aux_weight``);
 - a retry that succeeds without beating its base adds nothing;
 - a success the reflector recognises (outcome ``success``) adds its reflection item only;
-- ``aux_tasks=False`` adds nothing.
+- ``aux_tasks=False`` adds nothing; ``aux_items`` chooses the kinds.
 
 ToyCorridor(4 rooms) seeds: 11 starts in room 2 with the coin in room 4; 2 starts in room 3 with
 the coin in room 1.
@@ -114,3 +114,17 @@ def test_aux_tasks_off_adds_nothing(tiny_tokenizer, case):
         trajs, _ = explore(tiny_tokenizer, COIN_LEFT, unguided="left", guided="left", outcome="success", pivot=1,
                            aux_tasks=False)
     assert not [t for t in trajs if t.kind in AUX]
+
+
+@pytest.mark.parametrize("items", [("retry_sft",), ("reflection_sft",), ()])
+def test_aux_items_chooses_which_auxiliary_items_join(tiny_tokenizer, items):
+    # a beating retry would add one item of each kind per retry; a recognised success its reflection
+    beat, _ = explore(tiny_tokenizer, COIN_RIGHT, unguided="left", guided="right", outcome="failure", pivot=1,
+                      aux_items=items)
+    won, _ = explore(tiny_tokenizer, COIN_LEFT, unguided="left", guided="left", outcome="success", pivot=1,
+                     aux_items=items)
+    assert len(by_kind(beat, Kind.RETRY)) == 2 and all(r.success for r in by_kind(beat, Kind.RETRY))
+    assert len(by_kind(beat, Kind.RETRY_SFT)) == (2 if "retry_sft" in items else 0)
+    assert len(by_kind(beat, Kind.REFLECTION_SFT)) == (2 if "reflection_sft" in items else 0)
+    assert len(by_kind(won, Kind.REFLECTION_SFT)) == (2 if "reflection_sft" in items else 0)
+    assert not by_kind(won, Kind.RETRY_SFT)

@@ -184,6 +184,8 @@ def test_every_variant_builds_a_valid_config_that_differs_only_in_its_switches()
     assert plain.guidance_template == "Advice for this step: {suggestion}" and plain.reflector == "oracle"
     no_aux = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_no_aux", 0)
     assert not no_aux.aux_tasks and no_aux.reflect and no_aux.reflector == "policy"
+    assert lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_no_reflection_sft", 0).aux_items == ["retry_sft"]
+    assert base.aux_items == ["reflection_sft", "retry_sft"]
     seq = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_seq_mean", 0)
     assert seq.loss_aggregation == "sequence_mean" and seq.aux_tasks
     assert base.loss_aggregation == "token_mean"
