@@ -67,6 +67,7 @@ from rllib_r3l.run_info import cpu_model  # noqa: E402
 OUT = ROOT / "benchmarks" / "results" / "learning_curves_v3"
 
 PLAIN_GUIDANCE = "Advice for this step: {suggestion}"
+PAPER_AUX_ITEMS = ("reflection_sft", "retry_sft")
 
 # variant -> R3L switches (everything else identical)
 VARIANTS: Dict[str, Dict[str, Any]] = {
@@ -346,7 +347,9 @@ def check_setting(out: Path, setting: Dict[str, Any]) -> None:
 def build_config(setting: Dict[str, Any], variant: str, seed: int):
     from rllib_r3l import R3LConfig
 
-    switches = VARIANTS["grpo" if variant == BASE else variant]
+    # the sweep's R3L is the paper's: both auxiliary items unless a variant says otherwise (the
+    # embedded default dropped the reflection-SFT item after this sweep; its runs stay resumable)
+    switches = {"aux_items": list(PAPER_AUX_ITEMS), **VARIANTS["grpo" if variant == BASE else variant]}
     training = dict(group_size=setting["group_size"], tasks_per_iteration=setting["tasks_per_iteration"],
                     lr=setting["lr"], micro_batch_size=setting["micro_batch_size"],
                     micro_batch_tokens=setting["micro_batch_tokens"], backend=setting["backend"],

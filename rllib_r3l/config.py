@@ -19,7 +19,8 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_ENV = "r3l/CoinCollector"
 
 # name -> (default, help). Defaults are the embedded CPU configuration where the paper's value would
-# not run here; the paper's value is named in the help text (K.1) and used by tuned_examples/.
+# not run here or, measured, does not learn at this scale (aux_items); the paper's value is named in the
+# help text (K.1) and used by tuned_examples/.
 R3L_OPTIONS: Dict[str, tuple] = {
     # policy
     "model_id": (DEFAULT_MODEL, "policy model: Hugging Face id or local directory ('tiny' = a tiny random Llama for tests)"),
@@ -38,8 +39,8 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "reflection_context": ("auto", "what the reflector reads: 'transcript' = the episode's own context plus a reflection request (the engine's prefix cache serves the episode, only the request and the report are computed; the policy must be the reflector); 'log' = the episode re-rendered as a numbered log (authors' layout); 'auto' = transcript when the policy reflects, log with a separate reflector_model (measured: docs/benchmarks.md section 5)"),
     "reflection_max_chars": (100, "the structured report's text fields (summary, root cause, suggestion) hold at most this many characters each: fewer generated tokens per reflection, and a report that always closes within max_reflection_tokens (unbounded, SmolLM2-135M wrote ~180 tokens a report on CPU, some cut off as invalid JSON: docs/benchmarks.md section 5); None = unbounded (the paper's free-length reflections)"),
     "max_reflection_tokens": (256, "token budget of a reflection (paper: 4096; the compact JSON report needs ~150)"),
-    "aux_tasks": (True, "add reflection and guided-retry auxiliary items for successful retries"),
-    "aux_items": (["reflection_sft", "retry_sft"], "which auxiliary items aux_tasks adds: 'reflection_sft' (the reflection prompt -> the policy's own report) and 'retry_sft' (the successful retry with its guidance in context); both in the paper and the authors' code"),
+    "aux_tasks": (True, "add auxiliary SFT items (aux_items) for successful retries (paper §4)"),
+    "aux_items": (["retry_sft"], "which auxiliary items aux_tasks adds: 'retry_sft' (the successful retry with its guidance in context) and 'reflection_sft' (the reflection prompt -> the policy's own report). The paper and the authors' code use both (tuned_examples/paper/ sets them); the embedded default leaves out 'reflection_sft': with the 135M policy, whose actions are 2-4 tokens and reports ~70, the reports took up to 70 % of an update's credited tokens and R3L learned nothing (held-out 4/96 with both items vs 34/96 without the reflection item, 3 seeds; docs/benchmarks.md section 7)"),
     "aux_weight": (1.0, "loss weight of the auxiliary reflection/retry-SFT items"),
     "verify_replay": (True, "check that a retry's replayed observations equal the recorded ones"),
     # credit and advantages (paper §4)

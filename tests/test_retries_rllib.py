@@ -23,6 +23,7 @@ def test_retries_reach_the_learner_through_tune(tmp_path):
 
     cfg = (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 4, "max_turns": 6})
            .training(model="tiny", backend="transformers", group_size=4, tasks_per_iteration=2, aux_weight=0.5,
+                     aux_items=["reflection_sft", "retry_sft"],
                      max_response_tokens=8, micro_batch_size=8, lr=1e-3, weight_decay=0.0, sampling_seed=0,
                      num_threads=1)
            .env_runners(env_runner_cls=ScriptedEnvRunner)
