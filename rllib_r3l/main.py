@@ -150,6 +150,7 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
     summary = {
         "iterations": args.iterations,
+        "base_episodes_per_iteration": run_info.expected_episodes(info),
         # from the start of main() to Ray's shutdown: everything after set-up but the interpreter's start and exit
         "seconds_total": round(time.time() - started, 1),
         "seconds_iterations": round(sum(r["seconds"] for r in per_iteration), 1),
