@@ -17,6 +17,8 @@ machine is not shared between them:
   the prefix cache; reports bounded to 100 characters a field; 10 turns).
 * ``grpo``: today's defaults in the GRPO form (``reflect``, ``pivotal_credit`` and
   ``positive_amplification`` off, ``std_normalize`` on): the same tasks and group size.
+* ``after_both``: today's defaults with both auxiliary items (the paper's; the default until
+  2026-12-03, when the reflection-SFT item left the embedded default).
 
 Per variant: wall and process CPU seconds per iteration (the driver holds the env runner, the engine
 and the learner), prompt tokens computed per sample (not served from vLLM's prefix cache), learner
@@ -47,9 +49,12 @@ OUT = ROOT / "benchmarks" / "results" / "step_cost_ratios"
 
 VARIANTS: Dict[str, List[str]] = {
     "before": ["reflection_context=log", "reflection_max_chars=null", 'env_config={"max_turns": 15, "compact_observations": false}',
-               "share_prefixes=False"],
+               "share_prefixes=False", "aux_items=[reflection_sft, retry_sft]"],
     "after": [],
     "grpo": ["reflect=False", "pivotal_credit=False", "positive_amplification=False", "std_normalize=True"],
+    # today's defaults with the paper's two auxiliary items (the default until 2026-12-03): what the
+    # reflection-SFT item costs, seeded like the rest
+    "after_both": ["aux_items=[reflection_sft, retry_sft]"],
 }
 TARGETS = {  # issue 12: after/before (or R3L/GRPO) must be at most this
     "s_per_iter": 0.5, "prompt_computed_per_sample": 0.5, "forward_per_credited": 0.6,
@@ -115,7 +120,8 @@ def variant_numbers(out: Path, name: str) -> Optional[Dict[str, Any]]:
 
 def ratios(nums: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
     out: Dict[str, Dict[str, float]] = {}
-    for pair, (a, b) in {"after/before": ("after", "before"), "r3l/grpo": ("after", "grpo")}.items():
+    for pair, (a, b) in {"after/before": ("after", "before"), "r3l/grpo": ("after", "grpo"),
+                         "r3l_both_items/grpo": ("after_both", "grpo")}.items():
         if nums.get(a) and nums.get(b):
             out[pair] = {k: nums[a][k] / nums[b][k] if nums[b][k] else float("nan")
                          for k in ("s_per_iter", "cpu_s_per_iter", "prompt_computed_per_sample", "generated_per_sample",
