@@ -69,8 +69,11 @@ def iteration_counts(it: Dict[str, Any], base_per_iteration: int) -> Dict[str, f
     retries = float(r.get("num_retries", 0.0) or 0.0)
     ok = retries * float(r.get("retry_success_rate", 0.0) or 0.0) if retries else 0.0
     trained = float(it.get("credit", {}).get("trained_tokens", 0.0) or 0.0)
-    return {"update": trained > 0, "trained": trained, "base": base_per_iteration,
-            "base_ok": round(float(it["success_rate"]) * base_per_iteration), "retries": retries, "retry_ok": round(ok)}
+    base = it.get("episodes")  # the iteration's base episodes; older summaries: the planned number
+    base = int(base) if isinstance(base, (int, float)) and base == base else base_per_iteration
+    rounds = float(it.get("dynamic_sampling", {}).get("extra_rounds", 0.0) or 0.0)
+    return {"update": trained > 0, "trained": trained, "base": base, "extra_rounds": rounds,
+            "base_ok": round(float(it["success_rate"]) * base), "retries": retries, "retry_ok": round(ok)}
 
 
 def summarize(out: Path, variants: Sequence[str], base_per_iteration: int = 8) -> List[Dict[str, Any]]:
@@ -95,7 +98,8 @@ def summarize(out: Path, variants: Sequence[str], base_per_iteration: int = 8) -
 def table(rows: List[Dict[str, Any]], label: str = "variant") -> str:
     f = lambda k, n: f"{k}/{n} ({wilson(k, n)[0]:.2f}-{wilson(k, n)[1]:.2f})"  # noqa: E731
     head = (label, "runs", "iterations with an update", "base ok, iteration 1", "base ok, iterations 2-3",
-            "retries ok, iteration 1", "retries ok, iterations 2-3", "trained tok / run", "s after set-up")
+            "retries ok, iteration 1", "retries ok, iterations 2-3", "extra rounds / run", "trained tok / run",
+            "s after set-up")
     out = [head, tuple("---" for _ in head)]
     for r in rows:
         its = r["first"] + r["later"]
@@ -104,6 +108,7 @@ def table(rows: List[Dict[str, Any]], label: str = "variant") -> str:
                     f(sum(c["base_ok"] for c in r["later"]), sum(c["base"] for c in r["later"])),
                     f(int(sum(c["retry_ok"] for c in r["first"])), int(sum(c["retries"] for c in r["first"]))),
                     f(int(sum(c["retry_ok"] for c in r["later"])), int(sum(c["retries"] for c in r["later"]))),
+                    f"{sum(c.get('extra_rounds', 0) for c in its) / r['runs']:.1f}",
                     f"{sum(c['trained'] for c in its) / r['runs']:.0f}",
                     " / ".join(f"{s:.0f}" for s in r["seconds"])))
     return "\n".join("| " + " | ".join(row) + " |" for row in out)

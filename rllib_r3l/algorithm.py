@@ -29,7 +29,8 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_r3l import preflight, resilience
-from rllib_r3l.batch import build_train_batch, drop_overlong, kind_counts, loss_share_by_kind, select_trainable
+from rllib_r3l.batch import (build_train_batch, drop_overlong, kind_counts, loss_share_by_kind, select_trainable,
+                             train_batch_options)
 from rllib_r3l.config import R3LConfig
 from rllib_r3l.distributed import pad_batch_for_learners
 from rllib_r3l.replay import replay_from_config
@@ -75,17 +76,8 @@ class R3L(Algorithm):
         self.metrics.log_value(("r3l", "faults", "items_too_long"), n_long, reduce="sum")
         batch, adv = None, None
         if trajectories:
-            batch, adv = build_train_batch(
-                trajectories,
-                pad_token_id=self._get_pad_token_id(),
-                std_normalize=c.std_normalize,
-                positive_amplification=c.positive_amplification,
-                alpha=c.amplification_alpha,
-                success_reward=c.success_reward,
-                pivotal_credit=c.pivotal_credit,
-                max_length=c.max_context_tokens,
-                loss_aggregation=c.loss_aggregation,
-            )
+            batch, adv = build_train_batch(trajectories, pad_token_id=self._get_pad_token_id(),
+                                           **train_batch_options(c))
             self._log_batch_metrics(trajectories, batch, adv)
 
         # 3. Optimize: one accumulated step on the learner(s).

@@ -40,6 +40,31 @@ def drop_overlong(trajectories: Sequence[Trajectory], max_length: int) -> Tuple[
     return kept, len(trajectories) - len(kept)
 
 
+def train_batch_options(config) -> Dict[str, object]:
+    """``build_train_batch``'s keyword arguments (all but the pad token) from an ``R3LConfig``: the one
+    place the driver's credit step and the runners' dynamic sampling read them from."""
+    return dict(std_normalize=config.std_normalize, positive_amplification=config.positive_amplification,
+                alpha=config.amplification_alpha, success_reward=config.success_reward,
+                pivotal_credit=config.pivotal_credit, max_length=config.max_context_tokens,
+                loss_aggregation=config.loss_aggregation)
+
+
+def carries_signal(group, **options) -> bool:
+    """Would this task group put anything in the learner's batch? (``options``: ``train_batch_options``)
+
+    The same steps as the driver's: an incomplete group is left out, overlong items are dropped,
+    then an item counts if it has credited tokens and a non-zero advantage. A group whose episodes
+    all scored the same and that yielded no auxiliary item has none (dynamic sampling, DAPO §3.2).
+    """
+    if not group.complete:
+        return False
+    trajectories, _ = drop_overlong(group.trajectories, int(options["max_length"]))
+    if not trajectories:
+        return False
+    batch, _ = build_train_batch(trajectories, pad_token_id=0, **options)
+    return len(batch["input_ids"]) > 0
+
+
 def build_train_batch(
     trajectories: Sequence[Trajectory],
     *,

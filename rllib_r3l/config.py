@@ -30,6 +30,7 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "group_size": (8, "N: trajectories per task group (N/2 base rollouts + up to N/2 retries); paper N=8"),
     "tasks_per_iteration": (2, "task groups sampled per training iteration (paper: 96 per batch)"),
     "reflect": (True, "reflect-then-retry on; False = no reflection/retry (GRPO-style exploration, N base rollouts)"),
+    "dynamic_sampling_rounds": (0, "DAPO-style dynamic sampling: when none of a runner's task groups would put anything in the learner's batch (every episode of a group scored the same, and no auxiliary item came of it), the runner explores up to this many further rounds of new tasks, stopping at the first round with a learning signal (counted under r3l/dynamic_sampling/...). 0 = off (the paper, and equal per-iteration budgets for comparisons)"),
     "retries_per_failure": (1, "retries per reflected failure (paper C.1: 1 is best)"),
     "reflector_model": (None, "None = the policy reflects itself; else an HF id/path of a separate reflector"),
     "reflector": ("policy", "who writes the reflections: 'policy' (R3L); 'oracle' = DIAGNOSTIC upper bound: reports from the environment's oracle (oracle pivot + the gold action there), never trained on; needs an environment with an oracle"),
@@ -221,6 +222,9 @@ class R3LConfig(AlgorithmConfig):
             positive_int(f)
         if self.micro_batch_tokens is not None:
             positive_int("micro_batch_tokens")
+        v = self.dynamic_sampling_rounds
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            err("dynamic_sampling_rounds", f"must be an integer >= 0 (0 = off), got {v!r}")
         if self.guidance_template is not None:
             from rllib_r3l.reflect import check_guidance_template
 

@@ -98,6 +98,7 @@ def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
     return {
         "iteration": int(iteration),
         "episodes": int(episodes),
+        "extra_rounds": int(_num(metric(result, "env_runners/r3l/dynamic_sampling/extra_rounds"))),
         "success_rate": float(success) if _finite(success) else math.nan,
         "retries": int(retries),
         "retry_success_rate": float(retry_rate) if retries and _finite(retry_rate) else math.nan,
@@ -159,6 +160,10 @@ def header_lines(info: Mapping[str, Any]) -> List[str]:
         what = f"{info['tasks']} tasks, each {base} base episodes"
         what += f" + reflections + up to {retries} retries" if info.get("reflect") else " (no reflection)"
         rows.append(("per iteration", what))
+        if info.get("dynamic_sampling_rounds"):
+            n = int(info["dynamic_sampling_rounds"])
+            rows.append(("resampling", f"up to {n} more round{'s' if n > 1 else ''} of {info['tasks']} new tasks "
+                                       f"while no task has a learning signal (dynamic_sampling_rounds={n})"))
     if info.get("log"):
         rows.append(("logs", f"{info['log']}" + ("" if info.get("verbose") else "  (--verbose: on the console)")))
     width = max(len(k) for k, _ in rows)
@@ -193,7 +198,9 @@ def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> 
     """``iter 1/3 | success 0.125 (1/8) | retries 6, 1 succeeded | update yes, 408 tok | 103 s: rollout ...``."""
     it = f"{row['iteration']}/{iterations}" if iterations else f"{row['iteration']}"
     sr, n = row.get("success_rate", math.nan), row.get("episodes", 0)
-    success = f"success {fmt_rate(sr)}" + (f" ({round(sr * n)}/{n})" if _finite(sr) and n else "")
+    extra = int(row.get("extra_rounds", 0) or 0)
+    more = f", +{extra} round{'s' if extra > 1 else ''} of tasks" if extra else ""  # dynamic sampling
+    success = f"success {fmt_rate(sr)}" + (f" ({round(sr * n)}/{n}{more})" if _finite(sr) and n else "")
     if row.get("retries"):
         rr = row.get("retry_success_rate", math.nan)
         retries = f"retries {row['retries']}, {round(rr * row['retries']) if _finite(rr) else 0} succeeded"
@@ -336,7 +343,14 @@ class LiveProgress:
     def line(self) -> str:
         c = self.counts()
         runners = progress.read(self.folder)
-        return progress_line(c, time.time() - self._t0, self.expected, phase=self.phase(c, len(runners)))
+        return progress_line(c, time.time() - self._t0, self.expected_now(c, len(runners)),
+                             phase=self.phase(c, len(runners)))
+
+    def expected_now(self, c: Mapping[str, int], n_runners: int) -> Optional[int]:
+        """The base episodes expected so far: each extra round of dynamic sampling adds a runner's share."""
+        if not self.expected:
+            return self.expected
+        return self.expected + round(c.get(progress.ROUNDS, 0) * self.expected / max(n_runners, 1))
 
     def phase(self, c: Mapping[str, int], n_runners: int) -> str:
         """What the runners are at, as far as their counts tell (the sums over runners)."""
@@ -345,7 +359,8 @@ class LiveProgress:
         if c.get(progress.SAMPLES, 0) >= max(n_runners, 1):
             return "learning"  # every runner returned its sample
         episodes = c.get(progress.EPISODES, 0)
-        if not self.expected or episodes < self.expected or not self.reflect:
+        expected = self.expected_now(c, n_runners)
+        if not expected or episodes < expected or not self.reflect:
             return "exploring"
         return "reflecting" if c.get(progress.REFLECTIONS, 0) < episodes else "retrying"
 

@@ -170,25 +170,60 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
                                                                    if self.worker_index else 0)
             num_groups = max(num_groups, 1)
         t0 = time.perf_counter()
+        before = Counter(self.counters)
+        groups = self._explore_round(num_groups)
+        if groups is None:  # the exploration failed (counted): nothing trainable
+            self._sample_done()
+            return []
+        reflect_s = self._explorer.reflect_seconds
+        groups, reflect_s = self._dynamic_sampling(groups, num_groups, reflect_s)
+        dt = time.perf_counter() - t0
+        self._log_sample_metrics(groups, dt, before, reflect_s)
+        self._sample_done()
+        return groups
+
+    def _explore_round(self, num_groups: int) -> Optional[List[GroupResult]]:
+        """One round of exploration on ``num_groups`` new tasks; None when it failed (counted)."""
         seeds = [int(s) for s in self._rng.integers(0, 2**31 - 1, size=num_groups)]
         from rllib_r3l.resilience import begin_sample
 
         begin_sample(seeds, self._backend, self._reflector)
         gids = [f"w{self.worker_index}-g{self._num_groups_sampled + i}-s{s}" for i, s in enumerate(seeds)]
         self._num_groups_sampled += num_groups
-        before = Counter(self.counters)
         try:
-            groups = self._explorer.explore(seeds, gids)
+            return self._explorer.explore(seeds, gids)
         except Exception:  # a bug or an unexpected backend failure: count it, return nothing trainable
             logger.error("exploration failed:\n%s", traceback.format_exc())
             self.metrics.log_value(("r3l", "faults", "exploration_errors"), 1, reduce="sum")
             self.metrics.log_value(("r3l", "faults", "groups_lost_with_exploration_error"), num_groups, reduce="sum")
-            self._sample_done()
-            return []
-        dt = time.perf_counter() - t0
-        self._log_sample_metrics(groups, dt, before)
-        self._sample_done()
-        return groups
+            return None
+
+    def _dynamic_sampling(self, groups: List[GroupResult], num_groups: int, reflect_s: float):
+        """``dynamic_sampling_rounds``: while none of this sample's groups carries a learning signal,
+        explore ``num_groups`` more new tasks, at most that many rounds (DAPO's dynamic sampling).
+        Every round's groups are returned (the silent ones add nothing to the batch, but count in
+        the success rates); the groups without a signal are counted either way."""
+        from rllib_r3l.batch import carries_signal, train_batch_options
+
+        c, m = self.config, self.metrics
+        opts = train_batch_options(c)
+        signal = [carries_signal(g, **opts) for g in groups]
+        rounds = 0
+        max_rounds = 0 if self._in_eval else int(getattr(c, "dynamic_sampling_rounds", 0) or 0)
+        while not any(signal) and rounds < max_rounds:
+            rounds += 1
+            self.counters["progress_rounds"] += 1  # live progress: a new round of tasks
+            more = self._explore_round(num_groups)
+            if more is None:
+                break
+            reflect_s += self._explorer.reflect_seconds
+            groups = groups + more
+            signal += [carries_signal(g, **opts) for g in more]
+        m.log_value(("r3l", "dynamic_sampling", "groups_without_signal"), signal.count(False), reduce="sum")
+        if max_rounds:
+            m.log_value(("r3l", "dynamic_sampling", "extra_rounds"), rounds, reduce="sum")
+            m.log_value(("r3l", "dynamic_sampling", "rounds_exhausted"), int(not any(signal)), reduce="sum")
+        return groups, reflect_s
 
     def _sample_done(self) -> None:
         """Count the finished ``sample()`` and publish the progress now, not at the next tick: the
@@ -198,7 +233,8 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         if self._progress is not None:
             self._progress.write()
 
-    def _log_sample_metrics(self, groups: List[GroupResult], seconds: float, before: Counter) -> None:
+    def _log_sample_metrics(self, groups: List[GroupResult], seconds: float, before: Counter,
+                            reflect_seconds: float) -> None:
         m = self.metrics
         base = [t for g in groups for t in g.trajectories if t.kind.value == "base"]
         retries = [t for g in groups for t in g.trajectories if t.kind.value == "retry"]
@@ -236,7 +272,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             m.log_value(("r3l", "prompt_tokens_computed_per_sample"), computed / len(samples), reduce="mean", window=1)
         m.log_value(("r3l", "rollout_seconds"), seconds, reduce="mean", window=1)
         # the part of rollout_seconds spent reflecting, and (once) the engine start before the first sample
-        m.log_value(("r3l", "timers", "reflect_s"), self._explorer.reflect_seconds, reduce="mean", window=1)
+        m.log_value(("r3l", "timers", "reflect_s"), reflect_seconds, reduce="mean", window=1)
         # where the rollout time went (rollout.EpisodeRunner): the engine per phase (constraint and
         # grammar set-up happen inside the engine's generate call and are part of it), environment
         # steps, resets (with environment creation) and a retry's replay of its base's prefix

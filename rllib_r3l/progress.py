@@ -1,8 +1,9 @@
 """Live exploration progress: what an env runner has done so far, published for the console.
 
 The episode runner and the explorer count, in the runner's ``counters``, what they finish
-(``progress_*`` keys: base episodes, retries, turns, reflections, generated tokens; and
-``progress_samples``, the finished ``sample()`` calls). When the environment variable
+(``progress_*`` keys: base episodes, retries, turns, reflections, generated tokens;
+``progress_samples``, the finished ``sample()`` calls; and ``progress_rounds``, the extra rounds of
+new tasks that dynamic sampling started). When the environment variable
 ``R3L_PROGRESS_DIR`` names a folder (the console of ``python -m rllib_r3l.main`` and ``rllib-r3l
 train`` set it before Ray starts, so runner processes inherit it), each runner writes those
 counters there about once a second (one small JSON file per runner, replaced atomically), and the
@@ -21,10 +22,10 @@ import time
 from typing import Any, Dict, Mapping, Optional
 
 ENV_VAR = "R3L_PROGRESS_DIR"
-EPISODES, RETRIES, TURNS, REFLECTIONS, TOKENS, SAMPLES = (
+EPISODES, RETRIES, TURNS, REFLECTIONS, TOKENS, SAMPLES, ROUNDS = (
     "progress_episodes", "progress_retries", "progress_turns", "progress_reflections", "progress_tokens",
-    "progress_samples")
-KEYS = (EPISODES, RETRIES, TURNS, REFLECTIONS, TOKENS, SAMPLES)
+    "progress_samples", "progress_rounds")
+KEYS = (EPISODES, RETRIES, TURNS, REFLECTIONS, TOKENS, SAMPLES, ROUNDS)
 
 
 class Publisher:

@@ -69,6 +69,10 @@ def test_header_lines_show_model_env_backend_cpu_precision_and_log():
     assert "logs           /tmp/out/main.log  (--verbose: on the console)" in text
     no_reflect = "\n".join(console.header_lines({**INFO, "reflect": False, "max_retries_per_task": 0}))
     assert "4 tasks, each 4 base episodes (no reflection)" in no_reflect
+    assert "resampling" not in text  # dynamic sampling off: no line
+    ds = console.header_lines({**INFO, "dynamic_sampling_rounds": 1})
+    assert ("  resampling     up to 1 more round of 4 new tasks while no task has a learning signal"
+            " (dynamic_sampling_rounds=1)") in ds
 
 
 def test_progress_line_with_hand_counts():
@@ -168,6 +172,20 @@ def test_live_phase_follows_the_counts():
     assert live.phase({E: 8, S: 1}, 2) == "reflecting"  # one of two runners still at it
     live.reflect = False
     assert live.phase({E: 8}, 1) == "exploring"
+
+
+def test_dynamic_sampling_rounds_in_the_live_line_and_the_iteration_line():
+    live = console.LiveProgress(console.Console(io.StringIO()), "/nonexistent", expected=8, reflect=True)
+    E, R, RD = progress.EPISODES, progress.REFLECTIONS, progress.ROUNDS
+    # one runner, one extra round of new tasks: 8 more base episodes expected, exploring again
+    assert live.expected_now({RD: 1}, 1) == 16
+    assert live.phase({E: 12, R: 8, RD: 1}, 1) == "exploring"
+    assert live.phase({E: 16, R: 8, RD: 1}, 1) == "reflecting"
+    # two runners (4 episodes each): one runner's extra round adds its share
+    assert live.expected_now({RD: 1}, 2) == 12
+    row = {**console.iteration_row(2, FLAT_NO_UPDATE), "extra_rounds": 2}
+    assert console.iteration_line(row).startswith("iter 2 | success 0.000 (0/16, +2 rounds of tasks) | retries 0")
+    assert "+1 round of tasks" in console.iteration_line({**row, "extra_rounds": 1})
 
 
 def test_console_without_a_terminal_prints_live_lines_as_lines():

@@ -56,6 +56,15 @@ def test_main_job_trains_and_writes_summary(tmp_path, capfd):
     # seeded, the same run every time)
     updated = [rec for rec in summary["per_iteration"] if not math.isnan(rec["learner"].get("forward_tokens", math.nan))]
     assert updated and n_updates == len(updated)
+    # the main job's dynamic sampling (MAIN_JOB_SETTINGS): shown in the header; an iteration updates
+    # exactly when its runner found a group with a learning signal within the extra rounds
+    assert "  resampling     up to 2 more rounds of 2 new tasks while no task has a learning signal" in shown
+    for rec in summary["per_iteration"]:
+        ds = rec["dynamic_sampling"]
+        assert 0 <= ds["extra_rounds"] <= 2 and ds["groups_without_signal"] <= 2 * (1 + ds["extra_rounds"])
+        assert rec["episodes"] == 2 * 2 * (1 + ds["extra_rounds"])  # 2 tasks x 2 base episodes a round
+        has_update = not math.isnan(rec["learner"].get("forward_tokens", math.nan))
+        assert has_update == (not ds["rounds_exhausted"])
     for rec in updated:
         assert rec["learner"]["forward_tokens"] >= rec["learner"]["trained_tokens"] > 0
         assert rec["learner"]["micro_batches"] >= 1

@@ -56,5 +56,21 @@ def test_summarize_counts_updates_successes_and_retries_by_hand(tmp_path):
     assert cells[4].startswith("9/40 ")           # base ok, iterations 2-3: 2 + 0 of 16, 6 + 1 of 24
     assert cells[5].startswith("1/16 ")           # retries ok, iteration 1: 0 of 7 + 1 of 9
     assert cells[6].startswith("5/31 ")           # retries ok, iterations 2-3: 3 + 0 + 0 + 2 of 6 + 8 + 6 + 11
-    assert cells[7] == "300"                      # trained tokens per run: (400 + 200) / 2
-    assert cells[8] == "200 / 250"
+    assert cells[7] == "0.0"                      # no dynamic sampling: no extra rounds
+    assert cells[8] == "300"                      # trained tokens per run: (400 + 200) / 2
+    assert cells[9] == "200 / 250"
+
+
+def test_summarize_counts_the_episodes_of_extra_rounds(tmp_path):
+    """With dynamic sampling an iteration's base episodes are what it ran (summary 'episodes'), not
+    the planned number: 8 planned, iteration 1 ran 2 extra rounds (24 episodes, 3 won), iteration
+    2 none (8 episodes, 2 won), iteration 3 one (16 episodes, 1 won)."""
+    d = tmp_path / "ds_1"
+    d.mkdir()
+    its = [(0.125, 24, 2.0, 90), (0.25, 8, 0.0, 40), (0.0625, 16, 1.0, 30)]
+    (d / "summary.json").write_text(json.dumps({"seconds_total": 300.0, "base_episodes_per_iteration": 8,
+        "per_iteration": [{"success_rate": sr, "episodes": n, "dynamic_sampling": {"extra_rounds": x},
+                           "r3l": {"num_retries": 0}, "credit": {"trained_tokens": t}} for sr, n, x, t in its]}))
+    cells = ab.table(ab.summarize(tmp_path, ["ds"])).splitlines()[2].strip("| ").split(" | ")
+    assert cells[3].startswith("3/24 ") and cells[4].startswith("3/24 ")  # 2 of 8 + 1 of 16
+    assert cells[7] == "3.0" and cells[8] == "160"
