@@ -123,6 +123,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             max_reflection_tokens=c.max_reflection_tokens,
             reflection_context=c.resolved_reflection_context(),
             reflection_max_chars=c.reflection_max_chars,
+            reflection_outcome=getattr(c, "reflection_outcome", "model"),
             temperature=c.temperature,
             pivotal_credit=c.pivotal_credit,
             max_context_tokens=c.max_context_tokens,

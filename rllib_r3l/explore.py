@@ -60,6 +60,7 @@ class ExploreOptions:
     score_behaviour: bool = False  # attach the behaviour model's log-probs to base rollouts (importance ratio)
     reflection_context: str = "log"  # "transcript": continue the episode's own context (rllib_r3l.reflection_context)
     reflection_max_chars: Optional[int] = None  # bound on each text field of a structured report
+    reflection_outcome: str = "model"  # "reward": a failed episode's report skips the outcome (known from the reward)
     reflector: str = "policy"  # "oracle": DIAGNOSTIC reports from the environment's oracle (rllib_r3l.oracle)
 
     @property
@@ -138,11 +139,16 @@ class Explorer:
             return oracle_lib.oracle_reflections(self, trajectories)
         prompts = [self._reflection_prompt(t) for t in trajectories]
         structured = self.opts.reflection_structured
+        # reflection_outcome="reward": a failed episode's structured report skips the outcome, which
+        # the reward already decided (the schema would only force the reflector to write "failure")
+        known = [reflect_lib.Outcome.FAILURE if structured and self.opts.reflection_outcome == "reward"
+                 and not t.success else None for t in trajectories]
         reqs = [GenerationRequest(p, self.opts.max_reflection_tokens,
                                   json_schema=reflect_lib.report_json_schema(
-                                      max(len(t.actions), 1), failed=not t.success, max_chars=self.opts.reflection_max_chars)
+                                      max(len(t.actions), 1), failed=not t.success, max_chars=self.opts.reflection_max_chars,
+                                      outcome_known=k is not None)
                                   if structured else None)
-                for p, t in zip(prompts, trajectories)]
+                for p, t, k in zip(prompts, trajectories, known)]
         self.counters["prompt_tokens"] += sum(len(p) for p in prompts)
         self.counters["prompt_tokens_reflect"] += sum(len(p) for p in prompts)
         try:
@@ -155,8 +161,8 @@ class Explorer:
         self.counters["progress_reflections"] += len(outs)  # live progress (rllib_r3l.progress)
         self.counters["progress_tokens"] += sum(len(o.token_ids) for o in outs)
         results = []
-        for t, p, o in zip(trajectories, prompts, outs):
-            parsed = reflect_lib.parse_report(o.text, len(t.actions))
+        for t, p, o, k in zip(trajectories, prompts, outs, known):
+            parsed = reflect_lib.parse_report(o.text, len(t.actions), known_outcome=k)
             if parsed.ok and parsed.report.outcome == reflect_lib.Outcome.SUCCESS and not t.success:
                 # the reward says the episode failed: a "success" verdict is a misjudgment, not a report
                 self.counters["reflection_contradicts_reward"] += 1

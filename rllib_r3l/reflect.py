@@ -234,7 +234,7 @@ def build_reflection_messages(
 # Structured outputs
 # ==================================================================================================
 def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] = None,
-                       max_chars: Optional[int] = None) -> Dict[str, Any]:
+                       max_chars: Optional[int] = None, outcome_known: bool = False) -> Dict[str, Any]:
     """JSON schema of a report, for constrained decoding (vLLM structured outputs).
 
     With ``max_chars`` the text fields (summary, root cause, suggestion) are bounded to that many
@@ -244,6 +244,8 @@ def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] =
     (the environment's reward says the episode failed) the outcome ``success`` is not allowed and
     a pivot and a suggestion are required: a weak reflector otherwise calls failures successes.
     The schema cannot express "null exactly on success"; :func:`parse_report` still enforces that.
+    With ``failed=True`` and ``outcome_known`` the outcome field is left out altogether (it could
+    only be ``failure``); parse such a report with ``parse_report(..., known_outcome=FAILURE)``.
     """
     text: Dict[str, Any] = {"type": "string"}
     if max_chars is not None:
@@ -259,16 +261,19 @@ def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] =
         outcomes = [o.value for o in Outcome]
         suggestion = {"anyOf": [dict(text), {"type": "null"}]}
         retry = {"anyOf": [pivot, {"type": "null"}]}
+    properties = {
+        "summary": dict(text),
+        "root_cause": dict(text),
+        "outcome": {"type": "string", "enum": outcomes},
+        "suggestion": suggestion,
+        "retry_from_step": retry,
+    }
+    if failed and outcome_known:
+        del properties["outcome"]
     return {
         "type": "object",
-        "properties": {
-            "summary": dict(text),
-            "root_cause": dict(text),
-            "outcome": {"type": "string", "enum": outcomes},
-            "suggestion": suggestion,
-            "retry_from_step": retry,
-        },
-        "required": ["summary", "root_cause", "outcome", "suggestion", "retry_from_step"],
+        "properties": properties,
+        "required": list(properties),
         "additionalProperties": False,
     }
 

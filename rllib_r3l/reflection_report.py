@@ -223,7 +223,8 @@ def _pick(d: Mapping[str, Any], canonical: str) -> Tuple[bool, Any]:
     return present, None
 
 
-def _validate(obj: Any, raw: str, num_turns: int, depth: int = 0) -> ParseResult:
+def _validate(obj: Any, raw: str, num_turns: int, depth: int = 0,
+              known_outcome: Optional[Outcome] = None) -> ParseResult:
     if isinstance(obj, NotAnObject) or not isinstance(obj, dict):
         kind = "a set" if isinstance(obj, NotAnObject) else type(obj).__name__
         return ParseResult(ParseStatus.NOT_AN_OBJECT, None, f"expected a JSON object, got {kind}")
@@ -237,11 +238,13 @@ def _validate(obj: Any, raw: str, num_turns: int, depth: int = 0) -> ParseResult
         # A wrapper such as {"reflection": {...}}: look one level down.
         inner = [v for v in d.values() if isinstance(v, dict)]
         if len(inner) == 1:
-            return _validate(inner[0], raw, num_turns, depth + 1)
+            return _validate(inner[0], raw, num_turns, depth + 1, known_outcome=known_outcome)
 
     summary = _text_field(_pick(d, "summary")[1])
     root_cause = _text_field(_pick(d, "root_cause")[1])
     _, outcome_value = _pick(d, "outcome")
+    if outcome_value is None and known_outcome is not None:
+        outcome_value = Outcome(known_outcome).value
     missing = [
         name
         for name, ok in (
@@ -298,7 +301,7 @@ def _as_num_turns(num_turns: Any) -> int:
         return 0
 
 
-def parse_report(text: str, num_turns: int) -> ParseResult:
+def parse_report(text: str, num_turns: int, known_outcome: Optional[Outcome] = None) -> ParseResult:
     """Parse a reflection report from model output; never raises (paper §4 "Reflect-then-retry").
 
     Robustness, beyond the authors' first-``{``-to-last-``}`` rule:
@@ -321,6 +324,10 @@ def parse_report(text: str, num_turns: int) -> ParseResult:
     outcome ``success`` is ``PERFECT`` and its suggestion/pivot are dropped. ``num_turns`` below 1
     (or not an integer) makes every non-success report ``BAD_PIVOT``. Non-``str`` input is
     classified (``None`` as ``EMPTY``, anything else as ``NO_JSON``).
+
+    ``known_outcome``: the outcome when the report has none (a structured report whose schema left
+    it out because the reward decided it, ``reflection_outcome="reward"``); an outcome the report
+    does state is still read from it.
     """
     if text is None:
         return ParseResult(ParseStatus.EMPTY, None, "no text (None)")
@@ -329,12 +336,12 @@ def parse_report(text: str, num_turns: int) -> ParseResult:
             ParseStatus.NO_JSON, None, f"expected str, got {type(text).__name__}"
         )
     try:
-        return _parse(text, _as_num_turns(num_turns))
+        return _parse(text, _as_num_turns(num_turns), known_outcome)
     except Exception as e:  # noqa: BLE001 - last line of defence; should be unreachable
         return ParseResult(ParseStatus.BAD_JSON, None, f"parser error {type(e).__name__}: {e}")
 
 
-def _parse(text: str, num_turns: int) -> ParseResult:
+def _parse(text: str, num_turns: int, known_outcome: Optional[Outcome] = None) -> ParseResult:
     if not text.strip():
         return ParseResult(ParseStatus.EMPTY, None, "empty reflection text")
     search = text
@@ -360,7 +367,7 @@ def _parse(text: str, num_turns: int) -> ParseResult:
         if err:
             result = ParseResult(ParseStatus.BAD_JSON, None, f"invalid JSON ({err[:200]})")
         else:
-            result = _validate(value, cand, num_turns)
+            result = _validate(value, cand, num_turns, known_outcome=known_outcome)
         if best is None or _RANK[result.status] >= _RANK[best.status]:
             best = result
     assert best is not None

@@ -53,6 +53,8 @@ class ScriptedBackend(GenerationBackend):
                     "suggestion": f"{GUIDE_MARK}: move right to find the coin.",
                     "retry_from_step": self.pivot,
                 }
+                # only the fields the schema has (reflection_outcome="reward" leaves out a failure's outcome)
+                report = {k: v for k, v in report.items() if k in r.json_schema.get("properties", report)}
                 out.append(self._result(json.dumps(report)))
             else:
                 out.append(self._result(self.policy(text, r.choices)))
