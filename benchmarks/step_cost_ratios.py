@@ -55,6 +55,8 @@ VARIANTS: Dict[str, List[str]] = {
     # today's defaults with the paper's two auxiliary items (the default until 2026-12-03): what the
     # reflection-SFT item costs, seeded like the rest
     "after_both": ["aux_items=[reflection_sft, retry_sft]"],
+    # today's defaults, a failed episode's report without the outcome the reward decided
+    "after_reward_outcome": ["reflection_outcome=reward"],
 }
 TARGETS = {  # issue 12: after/before (or R3L/GRPO) must be at most this
     "s_per_iter": 0.5, "prompt_computed_per_sample": 0.5, "forward_per_credited": 0.6,
@@ -66,7 +68,10 @@ def run_variant(name: str, out: Path, iterations: int, seed: int, verbose: bool,
     """One main job as a child process; its wall and CPU seconds (the child and what it waited for).
     ``common``: ``key=value`` overrides for every variant (the setting), before the variant's own."""
     dst = out / name
-    sets = list(common or []) + VARIANTS[name] + [f"seed={seed}", f"sampling_seed={seed}"]
+    # one round of tasks an iteration, as the paper's per-step comparison (D.2) counts a step: the
+    # main job's dynamic sampling (MAIN_JOB_SETTINGS) would add rounds to some variants' steps only
+    sets = (["dynamic_sampling_rounds=0"] + list(common or []) + VARIANTS[name]
+            + [f"seed={seed}", f"sampling_seed={seed}"])
     cmd = [sys.executable, "-m", "rllib_r3l.main", "--iterations", str(iterations), "--out", str(dst), "--set", *sets]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
@@ -121,7 +126,8 @@ def variant_numbers(out: Path, name: str) -> Optional[Dict[str, Any]]:
 def ratios(nums: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
     out: Dict[str, Dict[str, float]] = {}
     for pair, (a, b) in {"after/before": ("after", "before"), "r3l/grpo": ("after", "grpo"),
-                         "r3l_both_items/grpo": ("after_both", "grpo")}.items():
+                         "r3l_both_items/grpo": ("after_both", "grpo"),
+                         "r3l_reward_outcome/grpo": ("after_reward_outcome", "grpo")}.items():
         if nums.get(a) and nums.get(b):
             out[pair] = {k: nums[a][k] / nums[b][k] if nums[b][k] else float("nan")
                          for k in ("s_per_iter", "cpu_s_per_iter", "prompt_computed_per_sample", "generated_per_sample",
