@@ -19,6 +19,10 @@ machine is not shared between them:
   ``positive_amplification`` off, ``std_normalize`` on): the same tasks and group size.
 * ``after_both``: today's defaults with both auxiliary items (the paper's; the default until
   2026-12-03, when the reflection-SFT item left the embedded default).
+* ``after_all``: today's defaults reflecting on every base episode, successes too (the authors' code;
+  the default until 2026-12-04, when ``reflect_on="failures"``, the paper's text, became it).
+
+Variants run in an order rotated by the seed (``--no-rotate``: as given).
 
 Per variant: wall and process CPU seconds per iteration (the driver holds the env runner, the engine
 and the learner), prompt tokens computed per sample (not served from vLLM's prefix cache), learner
@@ -49,7 +53,7 @@ OUT = ROOT / "benchmarks" / "results" / "step_cost_ratios"
 
 VARIANTS: Dict[str, List[str]] = {
     "before": ["reflection_context=log", "reflection_max_chars=null", 'env_config={"max_turns": 15, "compact_observations": false}',
-               "share_prefixes=False", "aux_items=[reflection_sft, retry_sft]"],
+               "share_prefixes=False", "aux_items=[reflection_sft, retry_sft]", "reflect_on=all"],
     "after": [],
     "grpo": ["reflect=False", "pivotal_credit=False", "positive_amplification=False", "std_normalize=True"],
     # today's defaults with the paper's two auxiliary items (the default until 2026-12-03): what the
@@ -57,6 +61,11 @@ VARIANTS: Dict[str, List[str]] = {
     "after_both": ["aux_items=[reflection_sft, retry_sft]"],
     # today's defaults, a failed episode's report without the outcome the reward decided
     "after_reward_outcome": ["reflection_outcome=reward"],
+    # reflecting on failed base episodes only (the paper's text; reflect_on): the default since
+    # 2026-12-04, so now the same as "after"; kept for the results measured before that
+    "after_failures": ["reflect_on=failures"],
+    # today's defaults, reflecting on every base episode (the authors' code; the default until 2026-12-04)
+    "after_all": ["reflect_on=all"],
 }
 TARGETS = {  # issue 12: after/before (or R3L/GRPO) must be at most this
     "s_per_iter": 0.5, "prompt_computed_per_sample": 0.5, "forward_per_credited": 0.6,
@@ -115,6 +124,7 @@ def variant_numbers(out: Path, name: str) -> Optional[Dict[str, Any]]:
         "updates": sum(1 for x in its if not _nan(x["learner"].get("trained_tokens"))),
         "success_rate": _mean([x["success_rate"] for x in its]),
         "retries": sum(x["r3l"].get("num_retries") or 0 for x in its),
+        "reflections_skipped": sum(x["r3l"].get("reflections_skipped_successes") or 0 for x in its),
         "reflection_valid_rate": _mean([x["r3l"].get("reflection_valid_rate") for x in its]),
         "pivot_accuracy": _mean([x["r3l"].get("pivot_accuracy") for x in its]),
         "time_split": {k: _mean([x["time_split"].get(k) for x in its]) for k in its[0]["time_split"]},
@@ -127,7 +137,9 @@ def ratios(nums: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
     out: Dict[str, Dict[str, float]] = {}
     for pair, (a, b) in {"after/before": ("after", "before"), "r3l/grpo": ("after", "grpo"),
                          "r3l_both_items/grpo": ("after_both", "grpo"),
-                         "r3l_reward_outcome/grpo": ("after_reward_outcome", "grpo")}.items():
+                         "r3l_reward_outcome/grpo": ("after_reward_outcome", "grpo"),
+                         "r3l_failures/grpo": ("after_failures", "grpo"),
+                         "r3l_reflect_on_all/grpo": ("after_all", "grpo")}.items():
         if nums.get(a) and nums.get(b):
             out[pair] = {k: nums[a][k] / nums[b][k] if nums[b][k] else float("nan")
                          for k in ("s_per_iter", "cpu_s_per_iter", "prompt_computed_per_sample", "generated_per_sample",
@@ -141,7 +153,7 @@ def report(out: Path) -> Dict[str, Any]:
            "targets_after_over_before": TARGETS, "target_r3l_over_grpo": {"cpu_s_per_iter": 1.0, "generated_per_sample": 1.5}}
     (out / "ratios.json").write_text(json.dumps(res, indent=1))
     cols = ["s_per_iter", "cpu_s_per_iter", "prompt_computed_per_sample", "forward_per_credited", "generated_per_sample",
-            "updates", "success_rate", "retries", "reflection_valid_rate", "pivot_accuracy"]
+            "updates", "success_rate", "retries", "reflections_skipped", "reflection_valid_rate", "pivot_accuracy"]
     print(f"CPU: {res['cpu_model']} ({res['cpus']} cores)")
     print("variant | " + " | ".join(cols))
     for v, n in nums.items():
@@ -154,6 +166,16 @@ def report(out: Path) -> Dict[str, Any]:
     return res
 
 
+def run_order(names: List[str], seed: int, rotate: bool = True) -> List[str]:
+    """The variants in the order they run for ``seed``: rotated by the seed, so that over as many
+    seeds as variants each runs first once (on 2026-12-04 the first main job of a seed learned
+    9-15 % slower than the same work later in the seed: position must not favour a variant)."""
+    if not rotate or not names:
+        return list(names)
+    k = seed % len(names)
+    return list(names[k:]) + list(names[:k])
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=int, default=2)
@@ -161,6 +183,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--label", default=None, help="results sub-folder (default seed<k>_it<n>)")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--no-rotate", dest="rotate", action="store_false",
+                    help="run the variants in the order given for every seed (default: rotated by the seed)")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="R3LConfig overrides for every variant: the setting (e.g. a longer-horizon env_config)")
@@ -168,9 +192,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     out = OUT / (a.label or f"seed{a.seed}_it{a.iterations}")
     out.mkdir(parents=True, exist_ok=True)
     if not a.report_only:
-        for v in a.variants.split(","):
+        names = a.variants.split(",")
+        for v in names:
             if v not in VARIANTS:
                 raise SystemExit(f"--variants: unknown {v!r}; one of {list(VARIANTS)}")
+        for v in run_order(names, a.seed, a.rotate):
             if (out / v / "summary.json").exists() and (out / f"{v}.run.json").exists():
                 print(f"skip {v} (done)", flush=True)
                 continue

@@ -158,7 +158,11 @@ def header_lines(info: Mapping[str, Any]) -> List[str]:
     if info.get("tasks"):
         base, retries = info.get("base_per_task"), info.get("max_retries_per_task")
         what = f"{info['tasks']} tasks, each {base} base episodes"
-        what += f" + reflections + up to {retries} retries" if info.get("reflect") else " (no reflection)"
+        if info.get("reflect"):
+            on = " on the failed ones" if info.get("reflect_on") == "failures" else ""
+            what += f" + reflections{on} + up to {retries} retries"
+        else:
+            what += " (no reflection)"
         rows.append(("per iteration", what))
         if info.get("dynamic_sampling_rounds"):
             n = int(info["dynamic_sampling_rounds"])
@@ -362,7 +366,8 @@ class LiveProgress:
         expected = self.expected_now(c, n_runners)
         if not expected or episodes < expected or not self.reflect:
             return "exploring"
-        return "reflecting" if c.get(progress.REFLECTIONS, 0) < episodes else "retrying"
+        dealt_with = c.get(progress.REFLECTIONS, 0) + c.get(progress.SKIPPED, 0)  # reflected or passed over
+        return "reflecting" if dealt_with < episodes else "retrying"
 
     def begin(self) -> None:
         """A new iteration starts now."""

@@ -124,6 +124,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             reflection_context=c.resolved_reflection_context(),
             reflection_max_chars=c.reflection_max_chars,
             reflection_outcome=getattr(c, "reflection_outcome", "model"),
+            reflect_on=getattr(c, "reflect_on", "failures"),
             temperature=c.temperature,
             pivotal_credit=c.pivotal_credit,
             max_context_tokens=c.max_context_tokens,
@@ -286,6 +287,9 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
                         reduce="mean", window=1)
         if retries or base:
             m.log_value(("r3l", "num_retries"), len(retries), reduce="sum")
+        # reflect_on="failures": successful base episodes passed over (not lost: not reflected on by design)
+        m.log_value(("r3l", "reflections_skipped_successes"), self.counters["reflections_skipped_successes"]
+                    - before.get("reflections_skipped_successes", 0), reduce="sum")
         for k, v in self._explorer.pop_metrics().items():
             m.log_value(("r3l", k), v, reduce="mean", window=1)
         m.log_value(("r3l", "faults", "episodes_lost"), len(lost), reduce="sum")

@@ -62,6 +62,7 @@ class ExploreOptions:
     reflection_max_chars: Optional[int] = None  # bound on each text field of a structured report
     reflection_outcome: str = "model"  # "reward": a failed episode's report skips the outcome (known from the reward)
     reflector: str = "policy"  # "oracle": DIAGNOSTIC reports from the environment's oracle (rllib_r3l.oracle)
+    reflect_on: str = "all"  # "failures": only failed base episodes (paper §3; R3LConfig's default); "all": authors' code
 
     @property
     def num_base(self) -> int:
@@ -125,14 +126,24 @@ class Explorer:
         for b in bases:
             (groups[b.group_id].lost if b.status in LOST else groups[b.group_id].trajectories).append(b)
         if self.opts.reflect:
-            ok_bases = [b for g in groups.values() for b in g.trajectories]
-            self._reflect_and_retry(ok_bases, groups)
+            self._reflect_and_retry(self._to_reflect([b for g in groups.values() for b in g.trajectories]), groups)
         for g in groups.values():
             if g.lost:
                 g.complete = False
         return list(groups.values())
 
     # -- reflect -------------------------------------------------------------------------------------
+    def _to_reflect(self, bases: List[Trajectory]) -> List[Trajectory]:
+        """The base episodes that get a reflection. ``reflect_on="failures"`` (paper §3: "unsuccessful
+        samples are diagnosed") passes over successes, counted as ``reflections_skipped_successes``;
+        ``"all"`` (the authors' code) also reflects on successes, which may retry an inefficient
+        one or, with ``reflection_sft``, add a recognised success's report."""
+        if self.opts.reflect_on == "all":
+            return bases
+        failed = [b for b in bases if not b.success]
+        self.counters["reflections_skipped_successes"] += len(bases) - len(failed)
+        return failed
+
     def reflect(self, trajectories: List[Trajectory]) -> List[tuple]:
         """Reflect on each trajectory; returns ``(ParseResult, prompt_ids, GenerationResult)`` per item."""
         if self.opts.reflector == "oracle":  # diagnostic: no prompt, no generation, nothing to train on

@@ -3,7 +3,8 @@
 The episode runner and the explorer count, in the runner's ``counters``, what they finish
 (``progress_*`` keys: base episodes, retries, turns, reflections, generated tokens;
 ``progress_samples``, the finished ``sample()`` calls; and ``progress_rounds``, the extra rounds of
-new tasks that dynamic sampling started). When the environment variable
+new tasks that dynamic sampling started; and ``reflections_skipped_successes``, the successes
+``reflect_on="failures"`` passed over). When the environment variable
 ``R3L_PROGRESS_DIR`` names a folder (the console of ``python -m rllib_r3l.main`` and ``rllib-r3l
 train`` set it before Ray starts, so runner processes inherit it), each runner writes those
 counters there about once a second (one small JSON file per runner, replaced atomically), and the
@@ -25,7 +26,10 @@ ENV_VAR = "R3L_PROGRESS_DIR"
 EPISODES, RETRIES, TURNS, REFLECTIONS, TOKENS, SAMPLES, ROUNDS = (
     "progress_episodes", "progress_retries", "progress_turns", "progress_reflections", "progress_tokens",
     "progress_samples", "progress_rounds")
-KEYS = (EPISODES, RETRIES, TURNS, REFLECTIONS, TOKENS, SAMPLES, ROUNDS)
+# base episodes passed over by reflect_on="failures" (the explorer's own counter): with REFLECTIONS,
+# they tell the console that every base episode has been dealt with
+SKIPPED = "reflections_skipped_successes"
+KEYS = (EPISODES, RETRIES, TURNS, REFLECTIONS, TOKENS, SAMPLES, ROUNDS, SKIPPED)
 
 
 class Publisher:

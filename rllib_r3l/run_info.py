@@ -86,6 +86,7 @@ def run_info(config, *, title: str = "R3L", log: Optional[str] = None, verbose: 
         "base_per_task": base,
         "max_retries_per_task": base * r if reflect else 0,
         "reflect": reflect,
+        "reflect_on": str(getattr(config, "reflect_on", "failures")),
         "dynamic_sampling_rounds": int(getattr(config, "dynamic_sampling_rounds", 0) or 0),
         "log": log,
         "verbose": verbose,

@@ -50,6 +50,7 @@ def test_update_from_dict_roundtrip_with_model_string():
     ("aux_items", ["reflection"], "aux_items: must be a list of distinct kinds from ['reflection_sft', 'retry_sft']"),
     ("aux_items", "retry_sft", "aux_items: must be a list"),
     ("loss_aggregation", "seq-mean", "loss_aggregation: must be one of ('token_mean', 'sequence_mean')"),
+    ("reflect_on", "successes", "reflect_on: must be one of ('all', 'failures')"),
     ("max_response_tokens", 9000, "must be smaller than max_context_tokens"),
     ("kl_coef", -0.1, "kl_coef: must be a number >= 0"),
     ("system_prompt", "no placeholder", "{task}"),

@@ -69,6 +69,8 @@ def test_header_lines_show_model_env_backend_cpu_precision_and_log():
     assert "logs           /tmp/out/main.log  (--verbose: on the console)" in text
     no_reflect = "\n".join(console.header_lines({**INFO, "reflect": False, "max_retries_per_task": 0}))
     assert "4 tasks, each 4 base episodes (no reflection)" in no_reflect
+    failures = "\n".join(console.header_lines({**INFO, "reflect_on": "failures"}))
+    assert "4 tasks, each 4 base episodes + reflections on the failed ones + up to 4 retries" in failures
     assert "resampling" not in text  # dynamic sampling off: no line
     ds = console.header_lines({**INFO, "dynamic_sampling_rounds": 1})
     assert ("  resampling     up to 1 more round of 4 new tasks while no task has a learning signal"
@@ -170,6 +172,9 @@ def test_live_phase_follows_the_counts():
     assert live.phase({E: 8, R: 8, T: 2}, 1) == "retrying"
     assert live.phase({E: 8, R: 8, S: 1}, 1) == "learning"
     assert live.phase({E: 8, S: 1}, 2) == "reflecting"  # one of two runners still at it
+    # reflect_on="failures": 3 successes passed over, 5 failures reflected on: retrying, not reflecting
+    assert live.phase({E: 8, R: 5, progress.SKIPPED: 3}, 1) == "retrying"
+    assert live.phase({E: 8, R: 4, progress.SKIPPED: 3}, 1) == "reflecting"
     live.reflect = False
     assert live.phase({E: 8}, 1) == "exploring"
 

@@ -323,3 +323,34 @@ def test_reflection_outcome_from_the_reward_leaves_a_failures_outcome_out(tiny_t
     assert p1.status is ParseStatus.VALID and p1.report.outcome is reflect_lib.Outcome.SUCCESS_BUT_INEFFICIENT
     # the guidance shows the whole report, the outcome included, as with the model's own verdict
     assert '"outcome": "failure"' in reflect_lib.format_guidance(p0)
+
+
+def test_reflect_on_failures_passes_over_successes_and_counts_them(tiny_tokenizer):
+    """reflect_on="failures" (paper §3): a won base episode gets no reflection request and no retry,
+    counted as reflections_skipped_successes; "all" (authors' code) reflects on every base."""
+    seeds = list(range(6))
+    runs = {}
+    for mode in ("all", "failures"):
+        ex, _chat = make(tiny_tokenizer, backend_cls=Recording, outcome="success_but_inefficient", reflect_on=mode)
+        groups = ex.explore(seeds, [f"g{s}" for s in seeds])
+        reflected = [r for call in ex.reflector.calls for r in call if r.json_schema is not None]
+        runs[mode] = (ex, groups, reflected)
+    ex, groups, reflected = runs["all"]
+    bases = [b for g in groups for b in kinds(g, Kind.BASE)]
+    won = [b for b in bases if b.success]
+    assert 0 < len(won) < len(bases)  # the seeds give both outcomes, so the test can tell the modes apart
+    assert len(reflected) == len(bases) and ex.counters["reflections_skipped_successes"] == 0
+    assert all("reflection" in b.info for b in bases)
+    ex, groups, reflected = runs["failures"]
+    bases_f = [b for g in groups for b in kinds(g, Kind.BASE)]
+    # the same seeds and the same scripted policy: the same base episodes
+    assert [(b.seed, b.actions, b.success) for b in bases_f] == [(b.seed, b.actions, b.success) for b in bases]
+    assert len(reflected) == len(bases) - len(won)
+    assert ex.counters["reflections_skipped_successes"] == len(won)
+    for g in groups:
+        for b in kinds(g, Kind.BASE):
+            assert ("reflection" in b.info) == (not b.success)
+    # every reflected episode is retried here (a valid report, pivot 1): a won one only under "all"
+    n_retries = {m: sum(len(kinds(g, Kind.RETRY)) for g in runs[m][1]) for m in runs}
+    assert n_retries == {"all": len(bases), "failures": len(bases) - len(won)}
+    assert ex.reflection_stats.total == len(bases) - len(won)

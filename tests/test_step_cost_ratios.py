@@ -51,3 +51,13 @@ def test_a_variant_that_has_not_run_has_no_numbers_and_no_ratio(tmp_path):
     assert nums["before"] is None and nums["grpo"] is None
     assert scr.ratios(nums) == {}
     assert math.isnan(scr._mean([None, float("nan")]))
+
+
+def test_variants_run_in_an_order_rotated_by_the_seed():
+    names = ["after", "grpo", "after_failures"]
+    orders = [scr.run_order(names, seed) for seed in range(3)]
+    assert orders == [["after", "grpo", "after_failures"], ["grpo", "after_failures", "after"],
+                      ["after_failures", "after", "grpo"]]
+    assert {o[0] for o in orders} == set(names)  # each variant runs first once over three seeds
+    assert scr.run_order(names, 4) == orders[1]
+    assert scr.run_order(names, 1, rotate=False) == names
