@@ -287,7 +287,7 @@ def test_tune_console_callback_prints_header_iteration_lines_table_and_plot(tmp_
     text = out.getvalue()
     assert text.startswith(f"R3L trial {trial}: stop {{'training_iteration': 2}}, results in {tmp_path}\n")
     for part in ("  model          tiny", "  backend        transformers (engine dtype float32)",
-                 "  per iteration  2 tasks, each 2 base episodes + reflections + up to 2 retries",
+                 "  per iteration  2 tasks, each 2 base episodes + reflections on the failed ones + up to 2 retries",
                  f"  logs           {tmp_path / 'train.log'}", "iter 1/2 | success 0.125 (2/16)",
                  "iter 2/2 | success 0.000 (0/16) | retries 0 | update no", f"{trial}: 2 iteration(s) in this run",
                  "\n all ", f"plot: {tmp_path / 'run.png'}"):
