@@ -57,9 +57,11 @@ class R3LTorchLearner(TorchLearner):
                                 lr_or_lr_schedule=self.config.lr)
 
     # ------------------------------------------------------------------------------------------------
-    def _ref_logprobs(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+    def _ref_logprobs(self, batch: Dict[str, torch.Tensor], share_prefixes: bool = False) -> torch.Tensor:
+        """The frozen reference's log-probs of the selected tokens; with ``share_prefixes`` (as the
+        policy's forward) each shared prefix runs once here too: the same values, fewer tokens."""
         with torch.no_grad():
-            shim = type("RefShim", (), {"lm": self._ref_model})()
+            shim = type("RefShim", (), {"lm": self._ref_model, "share_prefixes": share_prefixes})()
             return self._ref_forward(shim, batch)["logprobs"]
 
     @override(TorchLearner)
@@ -86,7 +88,7 @@ class R3LTorchLearner(TorchLearner):
         mask = torch.ones_like(logp)
         ref = None
         if config.kl_coef > 0:
-            ref = self._ref_logprobs(batch)
+            ref = self._ref_logprobs(batch, share_prefixes=self.shares_prefixes(module_id))
         if config.use_importance_ratio:
             self._gap_stats["ratio_tokens_without_behaviour_logprobs"] += float((on_policy & ~has_behaviour).sum())
         loss, stats = core_algos.policy_gradient_loss(

@@ -172,6 +172,29 @@ def test_shared_prefix_gradient_equals_unshared_tiny(tiny_model_dir, with_prefix
     assert m_on["shared_prefix_tokens_saved"] == 52 + 57 + 37 + 30 - (12 + 28 + 25 + 2 * 17 + 30)
 
 
+def test_kl_reference_shares_prefixes_too_with_the_same_gradient(tiny_model_dir):
+    """GRPO's KL to a frozen reference (kl_coef > 0): the reference forward shares prefixes like
+    the policy's, and the gradient, KL term included, equals the unshared one."""
+    from tests.test_learner import _learner
+
+    batch = _shared_batch(4096, with_prefix_credit=True)
+    grads, kls = {}, {}
+    for share in (False, True):
+        lrn = _learner(micro_batch_size=4, mixed_precision="none", share_prefixes=share, kl_coef=0.5, kl_estimator="k3")
+        with torch.no_grad():  # move the reference off the policy (both start from the same weights)
+            for p in lrn._ref_model.parameters():
+                p.mul_(0.9)
+        mbs = lrn.micro_batches(batch, share_prefixes=share)
+        ref = [lrn._ref_logprobs(mb, share_prefixes=share) for mb in mbs]
+        assert all(torch.isfinite(r).all() for r in ref)
+        grads[share] = _grads(lrn, batch)
+        kls[share] = float(lrn.metrics.reduce()["r3l"]["learner"]["kl"])
+    assert kls[True] == pytest.approx(kls[False], rel=1e-4) and kls[True] > 1e-4  # a small difference of logs: fp32 noise
+    assert _rel_err(grads[True], grads[False]) <= 1e-5
+    no_kl = _grads(_learner(micro_batch_size=4, mixed_precision="none", share_prefixes=True), batch)
+    assert _rel_err(no_kl, grads[True]) > 1e-3  # the KL term is in the gradient
+
+
 def test_shared_prefix_gradient_with_micro_batches_and_autocast(tiny_model_dir):
     from tests.test_learner import _learner
 

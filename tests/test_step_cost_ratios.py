@@ -43,6 +43,11 @@ def test_ratios_pool_tokens_over_iterations_and_skip_iterations_without_update(t
     assert r["after/before"]["forward_per_credited"] == pytest.approx(20 / 40)
     assert r["r3l/grpo"]["cpu_s_per_iter"] == pytest.approx(150 / 100)
     assert r["r3l/grpo"]["generated_per_sample"] == pytest.approx(60 / 40)
+    assert "r3l/grpo_kl" not in r  # the paper's GRPO baseline (with its reference model) did not run
+    _write(tmp_path, "grpo_kl", [_it(90, 500, 40, 4000, 400), _it(90, 500, 40, 4000, 400)], cpu_s=300)
+    r = scr.ratios({"after": a, "grpo_kl": scr.variant_numbers(tmp_path, "grpo_kl")})
+    assert r["r3l/grpo_kl"]["cpu_s_per_iter"] == pytest.approx(150 / 150)
+    assert "kl_coef=0.001" in scr.VARIANTS["grpo_kl"] and set(scr.VARIANTS["grpo"]) < set(scr.VARIANTS["grpo_kl"])
 
 
 def test_a_variant_that_has_not_run_has_no_numbers_and_no_ratio(tmp_path):
