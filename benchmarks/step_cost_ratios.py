@@ -154,6 +154,10 @@ def ratios(nums: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
             out[pair] = {k: nums[a][k] / nums[b][k] if nums[b][k] else float("nan")
                          for k in ("s_per_iter", "cpu_s_per_iter", "prompt_computed_per_sample", "generated_per_sample",
                                    "forward_per_credited")}
+            # where the difference is: exploring (rollout + reflection) and learning, seconds an iteration
+            for part, keys in (("explore_s", ("rollout", "reflect")), ("learn_s", ("learn",))):
+                num, den = (sum(nums[v]["time_split"].get(k, 0.0) for k in keys) for v in (a, b))
+                out[pair][part] = num / den if den else float("nan")
     return out
 
 

@@ -44,9 +44,13 @@ def test_ratios_pool_tokens_over_iterations_and_skip_iterations_without_update(t
     assert r["r3l/grpo"]["cpu_s_per_iter"] == pytest.approx(150 / 100)
     assert r["r3l/grpo"]["generated_per_sample"] == pytest.approx(60 / 40)
     assert "r3l/grpo_kl" not in r  # the paper's GRPO baseline (with its reference model) did not run
-    _write(tmp_path, "grpo_kl", [_it(90, 500, 40, 4000, 400), _it(90, 500, 40, 4000, 400)], cpu_s=300)
+    split = {"rollout": 30.0, "reflect": 0.0, "learn": 60.0}
+    _write(tmp_path, "grpo_kl", [_it(90, 500, 40, 4000, 400, split), _it(90, 500, 40, 4000, 400, split)], cpu_s=300)
+    a["time_split"] = {"rollout": 30.0, "reflect": 12.0, "learn": 45.0}
     r = scr.ratios({"after": a, "grpo_kl": scr.variant_numbers(tmp_path, "grpo_kl")})
     assert r["r3l/grpo_kl"]["cpu_s_per_iter"] == pytest.approx(150 / 150)
+    # where the difference is: exploring (rollout + reflection) 42 / 30 s, learning 45 / 60 s
+    assert r["r3l/grpo_kl"]["explore_s"] == pytest.approx(42 / 30) and r["r3l/grpo_kl"]["learn_s"] == pytest.approx(0.75)
     assert "kl_coef=0.001" in scr.VARIANTS["grpo_kl"] and set(scr.VARIANTS["grpo"]) < set(scr.VARIANTS["grpo_kl"])
 
 
