@@ -22,7 +22,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_r3l import core_algos, distributed, faults, precision
 from rllib_r3l.batch import plan_micro_batches
-from rllib_r3l.prefix_tree import computed_tokens, plan_shared_micro_batches
+from rllib_r3l.prefix_tree import computed_tokens, plan_shared_micro_batches, tokens_split_by_cuts
 from rllib_r3l.trajectory import KINDS
 
 
@@ -144,6 +144,10 @@ class R3LTorchLearner(TorchLearner):
             seqs = [b["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)]
             plan = plan_shared_micro_batches(seqs, max_sequences=int(self.config.micro_batch_size),
                                              max_tokens=self.config.micro_batch_tokens)
+            # shared prefixes the cuts compute again (micro-batches without credited tokens never run)
+            credited = b["num_loss_tokens"].tolist() if "num_loss_tokens" in b else [1] * B
+            runs = [idx for idx in plan if sum(credited[i] for i in idx) > 0]
+            self._split_tokens = getattr(self, "_split_tokens", 0) + tokens_split_by_cuts(seqs, runs)
         else:
             plan = plan_micro_batches(lengths, max_sequences=int(self.config.micro_batch_size),
                                       max_tokens=self.config.micro_batch_tokens)
@@ -235,10 +239,13 @@ class R3LTorchLearner(TorchLearner):
                                max(unshared_tokens - forward_tokens, 0) if forward_tokens else 0, reduce="sum")
         self.metrics.log_value(("r3l", "learner", "forward_tokens_per_s"), forward_tokens / max(dt, 1e-9), reduce="mean", window=1)
         self.metrics.log_value(("r3l", "learner", "micro_batches"), num_micro, reduce="sum")
+        # what a larger micro_batch_tokens / micro_batch_size would still share (0 without sharing)
+        self.metrics.log_value(("r3l", "learner", "shared_prefix_tokens_split"), self._split_tokens, reduce="sum")
         self._log_step_stats()
         return fwd_out, total_loss, {}
 
     def _reset_step_stats(self) -> None:
+        self._split_tokens = 0  # shared-prefix tokens the micro-batch cuts compute again (micro_batches)
         self._micro_stats: List[Dict[str, float]] = []
         self._gap_stats: Counter = Counter()
 

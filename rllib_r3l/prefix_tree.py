@@ -127,6 +127,15 @@ def computed_tokens(seqs: Sequence[Sequence[int]]) -> int:
     return total
 
 
+def tokens_split_by_cuts(seqs: Sequence[Sequence[int]], plan: Sequence[Sequence[int]]) -> int:
+    """Prefix tokens computed again because a micro-batch cut separates rows that share them: the
+    common prefix of the last row before each cut and the first row after it. In token order the
+    trie of two neighbouring micro-batches together is theirs apart minus that prefix, so this is
+    what a larger ``micro_batch_tokens`` / ``micro_batch_size`` would still save (0: nothing left)."""
+    arrs = [np.asarray(s, dtype=np.int64) for s in seqs]
+    return sum(_lcp(arrs[prev[-1]], arrs[nxt[0]], 0) for prev, nxt in zip(plan, plan[1:]) if prev and nxt)
+
+
 def plan_shared_micro_batches(seqs: Sequence[Sequence[int]], *, max_sequences: int,
                               max_tokens: Optional[int] = None) -> List[List[int]]:
     """Micro-batches for shared-prefix training: rows in lexicographic token order (so a retry sits

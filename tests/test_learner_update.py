@@ -156,6 +156,19 @@ def test_update_with_shared_prefixes_counts_the_trie():
     assert lrn._module[MID].seen == [[[1, 2, 1, 2], [1, 2, 3, 0], [3, 1, 0, 0]]]
     assert lrn.metrics.learner("forward_tokens") == (8, "sum", None)
     assert lrn.metrics.learner("shared_prefix_tokens_saved") == (1, "sum", None)
+    assert lrn.metrics.learner("shared_prefix_tokens_split") == (0, "sum", None)  # one micro-batch
+
+
+def test_update_counts_the_shared_prefix_a_micro_batch_cut_splits():
+    # one row a micro-batch: (1,2,1,2) and (1,2,3) share (1,2), computed in both; (3,1) carries no
+    # credit and never runs, so its cut splits nothing
+    lrn = StubLearner(Bigram(share_prefixes=True), micro_batch_size=1)
+    _, losses, _ = lrn._update({MID: batch3()})
+    assert float(losses[MID]) == pytest.approx(1.75 * L / 3, rel=1e-6)
+    torch.testing.assert_close(lrn.applied["table"], hand_gradient(), rtol=1e-5, atol=1e-7)
+    assert lrn.metrics.learner("micro_batches") == (2, "sum", None)
+    assert lrn.metrics.learner("forward_tokens") == (7, "sum", None)
+    assert lrn.metrics.learner("shared_prefix_tokens_split") == (2, "sum", None)
 
 
 def test_an_update_without_credited_tokens_changes_nothing():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rllib_r3l.prefix_tree import (build_prefix_tree, children_of, computed_tokens, leaf_batches,
-                                   plan_shared_micro_batches, trie_tokens)
+                                   plan_shared_micro_batches, tokens_split_by_cuts, trie_tokens)
 
 
 def _rebuild(seqs, nodes, path):
@@ -73,6 +73,23 @@ def test_plan_shared_micro_batches_keeps_shared_prefixes_together():
     assert plan_shared_micro_batches([[1] * 20, [2]], max_sequences=4, max_tokens=5) == [[0], [1]]
     with pytest.raises(ValueError, match="max_sequences"):
         plan_shared_micro_batches(seqs, max_sequences=0)
+
+
+def test_tokens_split_by_cuts_counts_the_prefix_each_cut_computes_again():
+    a, a_retry, a_other, b = [5, 1, 1, 1, 2], [5, 1, 1, 1, 3, 3], [5, 1, 9], [7, 2, 2]
+    seqs = [a, a_retry, a_other, b]
+    # token order: (5,1,1,1,2) < (5,1,1,1,3,3) < (5,1,9) < (7,2,2), the given order
+    assert plan_shared_micro_batches(seqs, max_sequences=1) == [[0], [1], [2], [3]]
+    # cuts: a | a_retry share 4, a_retry | a_other share 2, a_other | b share 0
+    assert tokens_split_by_cuts(seqs, [[0], [1], [2], [3]]) == 4 + 2 + 0
+    # together, the trie is the sum of the parts minus exactly those prefixes
+    parts = sum(trie_tokens([seqs[i]]) for i in range(4))
+    assert trie_tokens(seqs) == parts - 6
+    assert tokens_split_by_cuts(seqs, [[0, 1], [2, 3]]) == 2
+    assert tokens_split_by_cuts(seqs, [[0, 1, 2, 3]]) == 0 and tokens_split_by_cuts(seqs, []) == 0
+    # the planner's budget is what cuts the retry from its base: trie tokens 5 + 2 > 6
+    plan = plan_shared_micro_batches(seqs, max_sequences=4, max_tokens=6)
+    assert plan[0] == [0] and tokens_split_by_cuts(seqs, plan) >= 4
 
 
 def _shared_batch(vocab: int, with_prefix_credit: bool):
