@@ -144,10 +144,6 @@ class R3LTorchLearner(TorchLearner):
             seqs = [b["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)]
             plan = plan_shared_micro_batches(seqs, max_sequences=int(self.config.micro_batch_size),
                                              max_tokens=self.config.micro_batch_tokens)
-            # shared prefixes the cuts compute again (micro-batches without credited tokens never run)
-            credited = b["num_loss_tokens"].tolist() if "num_loss_tokens" in b else [1] * B
-            runs = [idx for idx in plan if sum(credited[i] for i in idx) > 0]
-            self._split_tokens = getattr(self, "_split_tokens", 0) + tokens_split_by_cuts(seqs, runs)
         else:
             plan = plan_micro_batches(lengths, max_sequences=int(self.config.micro_batch_size),
                                       max_tokens=self.config.micro_batch_tokens)
@@ -176,7 +172,7 @@ class R3LTorchLearner(TorchLearner):
         total_loss: Dict[str, torch.Tensor] = {}
         fwd_out: Dict[str, Any] = {}
         nonfinite = False
-        trained_tokens = forward_tokens = unshared_tokens = num_micro = 0
+        trained_tokens = forward_tokens = unshared_tokens = num_micro = split_tokens = 0
         for mid, b in batch.items():
             # the whole batch's credited tokens, over all learners (exact token-mean with DDP)
             normalizer = max(distributed.global_sum(float(b["num_loss_tokens"].sum())), 1.0)
@@ -184,11 +180,14 @@ class R3LTorchLearner(TorchLearner):
             acc = torch.zeros((), dtype=torch.float32)
             module = self.module[mid]
             share = self.shares_prefixes(mid)
+            ends: List[List[int]] = []  # first and last row of each micro-batch that runs, in token order
             for sub in self.micro_batches(b, share_prefixes=share):
                 if float(sub["num_loss_tokens"].sum()) == 0:
                     continue
                 sub["normalizer"] = normalizer
                 forward_tokens += _computed_tokens(sub, share)
+                if share:
+                    ends += [_row_tokens(sub, 0), _row_tokens(sub, -1)]
                 unshared_tokens += int(sub["attention_mask"].sum())
                 num_micro += 1
                 # DDP: forward/backward on the unwrapped module (no reducer hooks); one explicit
@@ -204,6 +203,8 @@ class R3LTorchLearner(TorchLearner):
                 loss.backward()
                 acc = acc + loss.detach().float()
             total_loss[mid] = acc
+            # shared prefixes the micro-batch cuts compute again
+            split_tokens += tokens_split_by_cuts(ends, [[i, i + 1] for i in range(0, len(ends), 2)])
             fwd_out[mid] = {}
         faults.poison_grads(self)
         if self.config.num_learners > 1:
@@ -240,12 +241,11 @@ class R3LTorchLearner(TorchLearner):
         self.metrics.log_value(("r3l", "learner", "forward_tokens_per_s"), forward_tokens / max(dt, 1e-9), reduce="mean", window=1)
         self.metrics.log_value(("r3l", "learner", "micro_batches"), num_micro, reduce="sum")
         # what a larger micro_batch_tokens / micro_batch_size would still share (0 without sharing)
-        self.metrics.log_value(("r3l", "learner", "shared_prefix_tokens_split"), self._split_tokens, reduce="sum")
+        self.metrics.log_value(("r3l", "learner", "shared_prefix_tokens_split"), split_tokens, reduce="sum")
         self._log_step_stats()
         return fwd_out, total_loss, {}
 
     def _reset_step_stats(self) -> None:
-        self._split_tokens = 0  # shared-prefix tokens the micro-batch cuts compute again (micro_batches)
         self._micro_stats: List[Dict[str, float]] = []
         self._gap_stats: Counter = Counter()
 
@@ -283,6 +283,11 @@ def _computed_tokens(sub: Dict[str, Any], share_prefixes: bool) -> int:
         return int(sub["input_ids"].numel())
     lengths = sub["attention_mask"].sum(dim=1).tolist()
     return computed_tokens([sub["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)])
+
+
+def _row_tokens(sub: Dict[str, Any], i: int) -> List[int]:
+    """Row ``i`` of a micro-batch, right padding trimmed."""
+    return sub["input_ids"][i, :int(sub["attention_mask"][i].sum())].tolist()
 
 
 def _mean(vals: List[float]) -> float:
