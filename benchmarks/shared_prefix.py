@@ -1,6 +1,7 @@
 """Learner cost with and without exact shared-prefix training, on an R3L-shaped batch.
 
     .venv/bin/python benchmarks/shared_prefix.py [--groups 1] [--turns 10] [--reps 2] [--model default]
+    .venv/bin/python benchmarks/shared_prefix.py --turns 20 --obs 170 --micro-batch-tokens 8192  # twc-long rows
     .venv/bin/python benchmarks/shared_prefix.py --capture 3 --out DIR   # the main job's batches
     .venv/bin/python benchmarks/shared_prefix.py --batches DIR/batch*.pt
 
@@ -12,8 +13,10 @@ first observation, ~260 tokens), then turns of an observation (~100 tokens) and 
 choice-decoded response (~6 tokens). Each group holds 4 base episodes and 4 retries; retry
 ``i`` replays its base up to pivot ``k_i`` (tokens identical up to the pivot turn's prompt) and
 diverges after; pivotal credit: responses of turns >= k carry credit in the retry and its base.
-The two learners (share_prefixes off / on) run one update each per repetition, interleaved, on the
-same batch; the table gives seconds, forward tokens, credited tokens and their ratios.
+The learners run one update each per repetition, interleaved, on the same batch: ``off``
+(share_prefixes=False), ``masked`` (shared, a continuation attends to its prefix's cache through
+transformers' masked SDPA) and ``cascade`` (shared, through ``rllib_r3l.cascade_attention``, the
+default on CPU); the table gives seconds, forward tokens, credited tokens and their ratios.
 """
 
 from __future__ import annotations
@@ -57,11 +60,11 @@ def r3l_group(rng, vocab, turns, prompt=260, obs=100, resp=6):
     return rows, credit
 
 
-def make_batch(groups, turns, vocab, seed=0):
+def make_batch(groups, turns, vocab, seed=0, prompt=260, obs=100):
     rng = np.random.default_rng(seed)
     rows, credit = [], []
     for _ in range(groups):
-        r, c = r3l_group(rng, vocab, turns)
+        r, c = r3l_group(rng, vocab, turns, prompt=prompt, obs=obs)
         rows += r
         credit += c
     B, T = len(rows), max(len(r) for r in rows)
@@ -78,13 +81,14 @@ def make_batch(groups, turns, vocab, seed=0):
             "advantages": adv, "weights": torch.ones(B), "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
 
 
-def build_learner(model, share):
+def build_learner(model, share, micro_batch_tokens=2048):
     import gymnasium as gym
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_r3l import R3LConfig
 
     cfg = R3LConfig().training(backend="transformers", lr=1e-6, share_prefixes=share,
+                               micro_batch_tokens=micro_batch_tokens,
                                **({} if model == "default" else {"model": model}))
     space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
     learner = cfg.build_learner(env=None, spaces={"__env__": space, DEFAULT_MODULE_ID: space})
@@ -139,6 +143,10 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--model", default="default")
+    ap.add_argument("--prompt", type=int, default=260, help="task prompt tokens of the synthetic batch")
+    ap.add_argument("--obs", type=int, default=100, help="observation tokens a turn of the synthetic batch")
+    ap.add_argument("--micro-batch-tokens", type=int, default=2048)
+    ap.add_argument("--variants", default="off,masked,cascade", help="comma-separated: off, masked, cascade")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if args.capture:
@@ -148,34 +156,51 @@ def main(argv=None) -> int:
 
     from rllib_r3l.precision import uses_autocast
 
-    learners = {share: build_learner(args.model, share) for share in (False, True)}
-    vocab = learners[False].module[DEFAULT_MODULE_ID].lm.config.vocab_size
-    batches = load_batches(args.batches) if args.batches else [make_batch(args.groups, args.turns, vocab)]
+    from rllib_r3l import rl_module
+
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(variants) - {"off", "masked", "cascade"}
+    if unknown:
+        ap.error(f"--variants: unknown {sorted(unknown)}; choose from off, masked, cascade")
+    learners = {v: build_learner(args.model, v != "off", args.micro_batch_tokens) for v in variants}
+    vocab = learners[variants[0]].module[DEFAULT_MODULE_ID].lm.config.vocab_size
+    batches = (load_batches(args.batches) if args.batches
+               else [make_batch(args.groups, args.turns, vocab, prompt=args.prompt, obs=args.obs)])
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
     print(f"CPU: {cpu}; autocast bf16: {uses_autocast('auto', 'cpu')}; {len(batches)} batch(es), "
           f"{sum(len(b['input_ids']) for b in batches)} rows, {sum(int(b['attention_mask'].sum()) for b in batches)} "
           f"tokens, {sum(int(b['loss_mask'].sum()) for b in batches)} credited")
-    rows = {False: [], True: []}
+    print(f"micro_batch_tokens {args.micro_batch_tokens}; variants {', '.join(variants)}")
+    cascade_supported = rl_module.cascade_supported
+    rows = {v: [] for v in variants}
     for rep in range(args.reps):
         for i, batch in enumerate(batches):
-            for share in (False, True):
-                lr = learners[share]
-                c0, t0 = time.process_time(), time.perf_counter()
-                lr._update({DEFAULT_MODULE_ID: {k: v.clone() for k, v in batch.items()}})
-                wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
-                m = {k: float(v) for k, v in lr.metrics.reduce()["r3l"]["learner"].items()}
-                rows[share].append((wall, cpu_s, m["forward_tokens"], m["trained_tokens"]))
-                print(f"rep {rep} batch {i + 1} share_prefixes={share!s:5}: {wall:7.1f} s wall, {cpu_s:7.1f} s CPU, "
+            for v in variants:
+                lr = learners[v]
+                # "masked": the shared path with transformers' masked attention on the caches
+                rl_module.cascade_supported = (lambda *a: False) if v == "masked" else cascade_supported
+                try:
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    lr._update({DEFAULT_MODULE_ID: {k: t.clone() for k, t in batch.items()}})
+                    wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+                finally:
+                    rl_module.cascade_supported = cascade_supported
+                m = {k: float(x) for k, x in lr.metrics.reduce()["r3l"]["learner"].items()}
+                rows[v].append((wall, cpu_s, m["forward_tokens"], m["trained_tokens"]))
+                print(f"rep {rep} batch {i + 1} {v:8s}: {wall:7.1f} s wall, {cpu_s:7.1f} s CPU, "
                       f"{int(m['forward_tokens'])} forward tokens, {int(m['trained_tokens'])} credited", flush=True)
-    print("\n| share_prefixes | wall s (mean) | CPU s (mean) | forward tokens | forward / credited |")
+    print("\n| variant | wall s (mean) | CPU s (mean) | forward tokens | forward / credited |")
     print("|---|---|---|---|---|")
-    for share in (False, True):
-        w, c, f, t = (np.mean([r[i] for r in rows[share]]) for i in range(4))
-        print(f"| {share} | {w:.1f} | {c:.1f} | {int(f)} | {f / t:.1f} |")
-    w_off, w_on = (np.mean([r[0] for r in rows[s]]) for s in (False, True))
-    f_off, f_on = (np.mean([r[2] for r in rows[s]]) for s in (False, True))
-    print(f"\nratios on/off: wall {w_on / w_off:.2f}, forward tokens {f_on / f_off:.2f}")
+    for v in variants:
+        w, c, f, t = (np.mean([r[i] for r in rows[v]]) for i in range(4))
+        print(f"| {v} | {w:.1f} | {c:.1f} | {int(f)} | {f / t:.1f} |")
+    if "off" in rows:
+        w_off, f_off = (np.mean([r[i] for r in rows["off"]]) for i in (0, 2))
+        for v in variants:
+            if v != "off":
+                w, f = (np.mean([r[i] for r in rows[v]]) for i in (0, 2))
+                print(f"ratios {v}/off: wall {w / w_off:.2f}, forward tokens {f / f_off:.2f}")
     return 0
 
 

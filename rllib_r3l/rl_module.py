@@ -8,11 +8,15 @@ converts to numpy, which has no bf16).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Dict, List, Optional
 
 import torch
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+
+from rllib_r3l.cascade_attention import supported as cascade_supported
+from rllib_r3l.cascade_attention import use_cascade
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +136,8 @@ def shared_prefix_hidden(decoder: torch.nn.Module, input_ids: torch.Tensor, leng
     (``prefix_tree.leaf_batches``): on CPU that costs about what its tokens cost unshared, where
     one call per node did not (docs/benchmarks.md section 5). Nodes with children run one by one,
     since their caches must end where their children start. Padding positions of the result are
-    zero.
+    zero. On CPU a node attends to its parent's cache through ``cascade_attention`` (no mask, the
+    causal triangle skipped), else through transformers' masked SDPA.
     """
     from rllib_r3l.prefix_tree import build_prefix_tree, children_of
 
@@ -160,7 +165,11 @@ def shared_prefix_hidden(decoder: torch.nn.Module, input_ids: torch.Tensor, leng
             hidden[j] = out.last_hidden_state[0]
             run(j, [(layer.keys, layer.values) for layer in out.past_key_values.layers])
 
-    run(-1, None)
+    # on CPU a continuation attends to its cache through two unmasked flash calls (cascade_attention):
+    # transformers' masked call computed the whole [L, P + L] score matrix, which made long
+    # continuations on a cache cost more than running their rows unshared
+    with (use_cascade(decoder) if cascade_supported(decoder, input_ids.device) else contextlib.nullcontext()):
+        run(-1, None)
     B, T = input_ids.shape
     empty = input_ids.new_zeros((0, hidden[0].shape[-1]) if hidden else (0, 1), dtype=torch.float32)
     rows = [torch.cat([hidden[j] for j in path]) if path else empty for path in paths]
