@@ -29,6 +29,12 @@ import torch
 
 NAME = "r3l_cascade"
 
+# Below this many keys (prefix + own) a call keeps transformers' masked SDPA: attention fwd + bwd,
+# SmolLM2's 9 query / 3 key-value heads, bf16, 2-core AMD EPYC Zen 5 (benchmarks/cascade_attention.py,
+# docs/benchmarks.md section 5): 4 x 256 queries on a 250-token prefix 1.22x the masked call's time,
+# 4 x 512 on 250 0.99x, 4 x 1,024 on 250 0.77x, 4 x 64-1,024 on 1,000 0.82-0.95x.
+CASCADE_MIN_KEYS = 768
+
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
@@ -36,9 +42,9 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 class CascadeAttention(torch.autograd.Function):
     """``softmax(q [k_prefix; k_own]^T * scale, causal on the own part) [v_prefix; v_own]``.
 
-    Shapes ``[B, H, L, D]`` (queries, own keys and values) and ``[B, H, P, D]`` (prefix keys and
-    values), heads already matched (grouped-query heads repeated). CPU only: the flash kernels are
-    the CPU ones. ``P == 0`` is plain causal attention.
+    Shapes ``[B, H, L, D]`` (queries), ``[B, Hkv, L, D]`` (own keys and values) and
+    ``[B, Hkv, P, D]`` (prefix keys and values), ``H`` a multiple of ``Hkv``. CPU only: the flash
+    kernels are the CPU ones. ``P == 0`` is plain causal attention.
     """
 
     @staticmethod
@@ -92,14 +98,19 @@ def _attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, valu
         raise RuntimeError("cascade attention has no dropout")
     if query.device.type != "cpu":
         raise RuntimeError("cascade attention uses the CPU flash kernels")
+    L, K = query.shape[2], key.shape[2]
+    if K < CASCADE_MIN_KEYS:
+        # short: one masked SDPA call costs less than two flash calls and the merge
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        mask = torch.ones(L, K, dtype=torch.bool, device=query.device).tril(K - L)[None, None]
+        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
     # what SDPA does under autocast (it is on autocast's lower-precision list): one dtype for all
     # three (rotary embeddings leave queries and keys in fp32 beside bf16 values)
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
     query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query attention: repeat the key/value heads (what transformers' SDPA path does)
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
+    # grouped-query attention (fewer key/value heads) runs as it is: the CPU flash kernels take it,
+    # forward and backward (tests/test_cascade_attention.py)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = cascade_attention(query, key, value, scale)
     return out.transpose(1, 2).contiguous(), None

@@ -57,9 +57,14 @@ def test_more_queries_than_keys_is_refused():
         cascade_attention(q, torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2), 1.0)
 
 
-def test_decoder_switch_is_restored_and_matches_sdpa_on_a_cache(tiny_model_dir):
+@pytest.mark.parametrize("min_keys", [0, None])
+def test_decoder_switch_is_restored_and_matches_sdpa_on_a_cache(tiny_model_dir, monkeypatch, min_keys):
     """Through the tiny model (grouped-query heads, rotary, autocast): a continuation on a cache
-    gives the hidden states of transformers' own masked path, and the switch is undone after."""
+    gives the hidden states of transformers' own masked path, and the switch is undone after.
+    ``min_keys=0``: every call takes the cascade; the default threshold sends these 30 keys to
+    the masked SDPA call (short calls cost less that way)."""
+    if min_keys is not None:
+        monkeypatch.setattr("rllib_r3l.cascade_attention.CASCADE_MIN_KEYS", min_keys)
     from rllib_r3l.models import load_causal_lm
     from rllib_r3l.rl_module import _cache
 

@@ -92,6 +92,16 @@ def test_tokens_split_by_cuts_counts_the_prefix_each_cut_computes_again():
     assert plan[0] == [0] and tokens_split_by_cuts(seqs, plan) >= 4
 
 
+@pytest.fixture(params=["cascade", "short_masked"])
+def attention_path(request, monkeypatch):
+    """Run a model-level test both ways a continuation attends to its cache on CPU: cascade
+    attention for every call (threshold 0), and the default threshold, under which these short
+    test rows take transformers' masked SDPA (rllib_r3l.cascade_attention.CASCADE_MIN_KEYS)."""
+    if request.param == "cascade":
+        monkeypatch.setattr("rllib_r3l.cascade_attention.CASCADE_MIN_KEYS", 0)
+    return request.param
+
+
 def _shared_batch(vocab: int, with_prefix_credit: bool):
     """Two groups: a base and its retry sharing 40 tokens, a third item sharing the task prompt
     (12 tokens), and an unrelated item; credited suffixes (and, without pivotal credit, a credited
@@ -115,8 +125,7 @@ def _shared_batch(vocab: int, with_prefix_credit: bool):
     return {"input_ids": ids, "attention_mask": att, "loss_mask": loss, "sampler_logprobs": torch.zeros(B, T),
             "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0]), "weights": torch.tensor([1.0, 1.0, 3.0, 1.0]),
             "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
-
-
+@pytest.mark.usefixtures("attention_path")
 def test_shared_hidden_states_equal_the_unshared_ones(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -130,8 +139,7 @@ def test_shared_hidden_states_equal_the_unshared_ones(tiny_model_dir):
     m = b["attention_mask"].bool()
     torch.testing.assert_close(shared[m], plain[m], atol=1e-5, rtol=1e-5)
     assert torch.all(shared[~m] == 0)
-
-
+@pytest.mark.usefixtures("attention_path")
 def test_shared_hidden_states_with_prefix_rows_duplicates_and_unrelated_rows(tiny_model_dir):
     """A row that ends where others go on (a base and its transcript reflection), identical rows,
     leaves of different lengths under one parent, and two unrelated rows batched at the root."""
@@ -170,6 +178,7 @@ def _rel_err(a, b):
     return float((a - b).norm() / b.norm())
 
 
+@pytest.mark.usefixtures("attention_path")
 @pytest.mark.parametrize("with_prefix_credit", [False, True])
 def test_shared_prefix_gradient_equals_unshared_tiny(tiny_model_dir, with_prefix_credit):
     from tests.test_learner import _learner
@@ -187,8 +196,7 @@ def test_shared_prefix_gradient_equals_unshared_tiny(tiny_model_dir, with_prefix
     # 17 as one batch padded to 17, and the unrelated row's 30
     assert m_on["forward_tokens"] == 12 + 28 + 25 + 2 * 17 + 30
     assert m_on["shared_prefix_tokens_saved"] == 52 + 57 + 37 + 30 - (12 + 28 + 25 + 2 * 17 + 30)
-
-
+@pytest.mark.usefixtures("attention_path")
 def test_kl_reference_shares_prefixes_too_with_the_same_gradient(tiny_model_dir):
     """GRPO's KL to a frozen reference (kl_coef > 0): the reference forward shares prefixes like
     the policy's, and the gradient, KL term included, equals the unshared one."""
@@ -210,8 +218,7 @@ def test_kl_reference_shares_prefixes_too_with_the_same_gradient(tiny_model_dir)
     assert _rel_err(grads[True], grads[False]) <= 1e-5
     no_kl = _grads(_learner(micro_batch_size=4, mixed_precision="none", share_prefixes=True), batch)
     assert _rel_err(no_kl, grads[True]) > 1e-3  # the KL term is in the gradient
-
-
+@pytest.mark.usefixtures("attention_path")
 def test_shared_prefix_gradient_with_micro_batches_and_autocast(tiny_model_dir):
     from tests.test_learner import _learner
 
@@ -239,6 +246,7 @@ def test_prefix_sharing_falls_back_with_a_reason(tiny_model_dir, caplog):
     assert "sliding-window" in prefix_sharing_unsupported(cfg, False)
 
 
+@pytest.mark.usefixtures("attention_path")
 @pytest.mark.slow
 def test_shared_prefix_gradient_equals_unshared_real_model():
     """SmolLM2-135M-Instruct (the default model), fp32: relative gradient error <= 1e-5."""
