@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/shared_prefix.py [--groups 1] [--turns 10] [--reps 2] [--model default]
     .venv/bin/python benchmarks/shared_prefix.py --turns 20 --obs 170 --micro-batch-tokens 8192  # twc-long rows
     .venv/bin/python benchmarks/shared_prefix.py --capture 3 --out DIR   # the main job's batches
+    .venv/bin/python benchmarks/shared_prefix.py --capture 1 --out DIR --env r3l/TextWorldExpress \
+        --env-config '{"game": "twc", "max_turns": 20}'                   # a longer game's
     .venv/bin/python benchmarks/shared_prefix.py --batches DIR/batch*.pt
 
 ``--capture N`` runs N iterations of the embedded default (``R3LConfig()``, the main job's
@@ -22,6 +24,7 @@ default on CPU); the table gives seconds, forward tokens, credited tokens and th
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import time
@@ -96,8 +99,9 @@ def build_learner(model, share, micro_batch_tokens=2048):
     return learner
 
 
-def capture(iterations: int, out: str) -> None:
-    """Run the embedded default for ``iterations`` and save each training batch to ``out``."""
+def capture(iterations: int, out: str, env=None, env_config=None) -> None:
+    """Run the embedded default (``env``/``env_config`` replaced when given) for ``iterations``
+    and save each training batch to ``out``."""
     import ray
 
     import rllib_r3l  # noqa: F401  (registers "R3L")
@@ -118,7 +122,10 @@ def capture(iterations: int, out: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
-        algo = R3LConfig().build_algo()
+        cfg = R3LConfig()
+        if env is not None or env_config is not None:
+            cfg = cfg.environment(env=env or cfg.env, env_config=env_config if env_config is not None else cfg.env_config)
+        algo = cfg.build_algo()
         for it in range(iterations):
             algo.train()
             print(f"iteration {it + 1}: {len(saved)} batch(es) saved in {out}", flush=True)
@@ -138,6 +145,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--capture", type=int, metavar="N", help="save the main job's batches of N iterations to --out")
     ap.add_argument("--out", default="results/shared_prefix_batches")
+    ap.add_argument("--env", help="with --capture: the environment (default: the embedded default's)")
+    ap.add_argument("--env-config", type=json.loads, help="with --capture: the environment's config, JSON")
     ap.add_argument("--batches", nargs="*", help="time the learner on these captured batches")
     ap.add_argument("--groups", type=int, default=1)
     ap.add_argument("--turns", type=int, default=10)
@@ -150,7 +159,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if args.capture:
-        capture(args.capture, args.out)
+        capture(args.capture, args.out, env=args.env, env_config=args.env_config)
         return 0
     from ray.rllib.core import DEFAULT_MODULE_ID
 
