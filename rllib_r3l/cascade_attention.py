@@ -103,7 +103,8 @@ def _attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, valu
         # short: one masked SDPA call costs less than two flash calls and the merge
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        mask = torch.ones(L, K, dtype=torch.bool, device=query.device).tril(K - L)[None, None]
+        # no cache (a root node): no mask, so SDPA keeps its causal flash kernel, as before the switch
+        mask = None if K == L else torch.ones(L, K, dtype=torch.bool, device=query.device).tril(K - L)[None, None]
         return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
     # what SDPA does under autocast (it is on autocast's lower-precision list): one dtype for all
     # three (rotary embeddings leave queries and keys in fp32 beside bf16 values)
