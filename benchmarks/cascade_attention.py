@@ -8,7 +8,7 @@ trie node layout ``rl_module.shared_prefix_hidden`` runs: the prefix alone, then
 as one batch on its expanded KV cache. For each shape the real default model (SmolLM2-135M-Instruct,
 fp32 weights under the learner's bf16 autocast where the CPU has native bf16) runs forward +
 backward of that trie, ``masked`` (the leaves attend through transformers' SDPA with an explicit
-``[L, P + L]`` mask) and ``cascade`` (``rllib_r3l.cascade_attention``, the default on CPU)
+``[L, P + L]`` mask) and ``cascade`` (``rllib_r3l.learner.cascade_attention``, the default on CPU)
 alternating, ``--reps`` times each after one warm-up, then ``flat``: the ``N`` rows unshared, one
 ``P + L`` row at a time (what the learner runs when a micro-batch cut separates them). Prints
 median CPU seconds and the ratios; the hidden states' gradient is the same either way
@@ -56,9 +56,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     shapes = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
 
-    from rllib_r3l import rl_module
+    from rllib_r3l.learner import rl_module
     from rllib_r3l.models import load_causal_lm, resolve_model
-    from rllib_r3l.precision import autocast, uses_autocast
+    from rllib_r3l.learner.precision import autocast, uses_autocast
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -3,7 +3,7 @@
     python benchmarks/choice_tokenization.py --pairs 4              # main jobs, alternating; resumable
     python benchmarks/choice_tokenization.py --table-only           # the table of what is saved
 
-Each run is ``python -m rllib_r3l.main --out RESULTS/<variant>_<k>`` (the embedded default, 3
+Each run is ``python -m rllib_r3l.cli.main --out RESULTS/<variant>_<k>`` (the embedded default, 3
 iterations, unseeded) with ``--set backend_options={choice_tokenization: <variant>}``, run one after
 the other, variants alternating, so both see the same machine. A run whose ``summary.json`` exists
 is kept; its checkpoint is deleted. The table sums over runs: iterations with an update, base successes (8 base episodes an

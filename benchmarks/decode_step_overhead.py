@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     from rllib_r3l.generation import make_backend
     from rllib_r3l.generation.base import GenerationRequest
     from rllib_r3l.models import load_tokenizer, resolve_model
-    from rllib_r3l.reflect import report_json_schema
-    from rllib_r3l.run_info import cpu_model
+    from rllib_r3l.runner.reflection.reflect import report_json_schema
+    from rllib_r3l.cli.run_info import cpu_model
 
     path = resolve_model(args.model)
     tok = load_tokenizer(path)

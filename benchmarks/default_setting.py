@@ -53,9 +53,9 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple:
 def measure(rooms: int, turns: int, args) -> Dict[str, Any]:
 
     from rllib_r3l import R3LConfig
-    from rllib_r3l.run_info import cpu_model
+    from rllib_r3l.cli.run_info import cpu_model
     from rllib_r3l.batch import build_train_batch, select_trainable
-    from rllib_r3l.env_runner import R3LEnvRunner
+    from rllib_r3l.runner.env_runner import R3LEnvRunner
 
     overrides = dict(json.loads(args.set)) if args.set else {}
     cfg = (R3LConfig()
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
                 r = json.loads(line)
                 done[r["setting"]] = r
     if not args.table_only:
-        from rllib_r3l.console import routed_output
+        from rllib_r3l.cli.console import routed_output
 
         with routed_output(str(OUT / f"{args.tag}.log"), verbose=args.verbose) as con:
             for s in args.settings.split(","):

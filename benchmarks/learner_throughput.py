@@ -67,7 +67,7 @@ def run_bare(args, path, head_at_completion: bool):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rllib_r3l import precision
+    from rllib_r3l.learner import precision
 
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -106,7 +106,7 @@ def run_r3l(args, path):
 
     import rllib_r3l  # noqa: F401
     from rllib_r3l import R3LConfig
-    from rllib_r3l.main import find_r3l_metrics
+    from rllib_r3l.cli.main import find_r3l_metrics
 
     cfg = R3LConfig().training(model=path, model_dtype=args.dtype, micro_batch_size=args.micro_batch or args.batch,
                                micro_batch_tokens=None, mixed_precision=args.autocast,

@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from benchmarks.default_setting import wilson  # noqa: E402  (95 % Wilson interval)
-from rllib_r3l.run_info import cpu_model  # noqa: E402
+from rllib_r3l.cli.run_info import cpu_model  # noqa: E402
 
 # v2 (issue 11's sweep) ran with vLLM's choice grammar, full TWX text and unshared sequences; v3 runs
 # the shipped defaults: actions in the tokenizer's own tokens, compact observations, shared prefixes.
@@ -374,7 +374,7 @@ def evaluate_heldout(algo, episodes: int) -> Dict[str, Any]:
     """``episodes`` games of the test fold (seeds 0..E-1) with the runner's engine at the evaluation
     temperature: base episodes, no reflection. Lost episodes (errors) are counted, not dropped."""
     import environments
-    from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+    from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
     runner = algo.env_runner  # local runner (num_env_runners=0): holds the synced engine
     c = algo.config
@@ -398,7 +398,7 @@ def evaluate_heldout(algo, episodes: int) -> Dict[str, Any]:
 
 def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
     """The numbers a curve keeps from one ``algo.train()`` result (NaN where absent)."""
-    from rllib_r3l.main import iteration_record
+    from rllib_r3l.cli.main import iteration_record
 
     rec = iteration_record(0, result)
     r3l, learner = rec["r3l"], rec["learner"]

@@ -4,7 +4,7 @@
         --variant retry_sft='aux_items=[retry_sft]' --pairs 4          # resumable
     python benchmarks/main_job_ab.py --variant ... --table-only          # the table of what is saved
 
-Each run is ``python -m rllib_r3l.main --out RESULTS/<variant>_<k> --set <overrides>`` (the embedded
+Each run is ``python -m rllib_r3l.cli.main --out RESULTS/<variant>_<k> --set <overrides>`` (the embedded
 default, 3 iterations, unseeded), one after the other with the variants alternating, so every
 variant sees the same machine. A run whose ``summary.json`` exists is kept; its checkpoint is
 deleted (1.7 GB). The table sums over runs: iterations with an update, base successes and retries
@@ -59,7 +59,7 @@ def parse_variant(spec: str) -> Tuple[str, List[str]]:
 
 def run_one(out: Path, sets: Sequence[str], verbose: bool) -> int:
     env = dict(os.environ, RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    cmd = [sys.executable, "-m", "rllib_r3l.main", "--out", str(out)] + (["--set", *sets] if sets else [])
+    cmd = [sys.executable, "-m", "rllib_r3l.cli.main", "--out", str(out)] + (["--set", *sets] if sets else [])
     with open(str(out) + ".console", "w") as f:
         return subprocess.call(cmd, cwd=ROOT, env=env, stdout=None if verbose else f, stderr=subprocess.STDOUT)
 
@@ -153,7 +153,7 @@ def main(argv=None, preset: Dict[str, List[str]] | None = None, results: Path = 
                          "folder that holds variants.json")
     if not args.table_only and (rc := sweep(out, variants, args.pairs, args.verbose)) != 0:
         return rc
-    from rllib_r3l.run_info import cpu_model
+    from rllib_r3l.cli.run_info import cpu_model
 
     print(f"\n{cpu_model()}, {os.cpu_count()} CPUs; main job, 3 iterations, unseeded; {out}")
     for name, sets in variants.items():

@@ -16,7 +16,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 import rllib_r3l  # noqa
 from rllib_r3l import R3LConfig
-from rllib_r3l.main import find_r3l_metrics
+from rllib_r3l.cli.main import find_r3l_metrics
 from rllib_r3l.models import resolve_model
 path = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
 cfg = R3LConfig().training(model=path, micro_batch_size=4, micro_batch_tokens=mbt, lr=1e-6, backend="transformers")

@@ -12,7 +12,7 @@ Every model sees the same task seeds and the same sampling seeds.
 
 Recorded per group (one JSON line each in ``benchmarks/results/model_compare/<tag>.jsonl``): base
 successes, each reflection's parse status, reported pivot and the environment's oracle pivot
-(``env.oracle``; scored with ``rllib_r3l.pivot_metrics``), retries and their successes, the time and
+(``env.oracle``; scored with ``rllib_r3l.runner.reflection.pivot_metrics``), retries and their successes, the time and
 the CPU time, and the load average (``os.getloadavg``). Groups are explored ``--chunk`` at a time,
 models interleaved chunk by chunk, each chunk in a fresh subprocess (one engine in memory at a time;
 an interrupted sweep continues where it stopped, and a sweep cut short still has both models on the
@@ -59,9 +59,9 @@ def _config(model: str, args):
 def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
     """Explore chunk ``chunk_index`` (``args.chunk`` groups) with ``model``; one record per group."""
     import environments
-    from rllib_r3l.run_info import cpu_model
-    from rllib_r3l.env_runner import R3LEnvRunner, generated_anew
-    from rllib_r3l.pivot_metrics import pivot_quality
+    from rllib_r3l.cli.run_info import cpu_model
+    from rllib_r3l.runner.env_runner import R3LEnvRunner, generated_anew
+    from rllib_r3l.runner.reflection.pivot_metrics import pivot_quality
 
     cfg = _config(model, args)
     load0 = os.getloadavg()
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
 
     if args.one:
-        from rllib_r3l.console import routed_output
+        from rllib_r3l.cli.console import routed_output
 
         model, chunk = args.one[0], int(args.one[1])
         with routed_output(str(OUT / f"{args.tag}.log"), verbose=False) as con:

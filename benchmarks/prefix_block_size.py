@@ -108,7 +108,7 @@ def main(argv=None) -> None:
     if args.child is not None:
         print("RESULT " + json.dumps(child(args.child, args.episodes, args.turns)), flush=True)
         return
-    from rllib_r3l.run_info import cpu_model
+    from rllib_r3l.cli.run_info import cpu_model
 
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     bad = [s for s in sizes if s <= 0 or s % 16]

@@ -17,7 +17,7 @@ choice-decoded response (~6 tokens). Each group holds 4 base episodes and 4 retr
 diverges after; pivotal credit: responses of turns >= k carry credit in the retry and its base.
 The learners run one update each per repetition, interleaved, on the same batch: ``off``
 (share_prefixes=False), ``masked`` (shared, a continuation attends to its prefix's cache through
-transformers' masked SDPA) and ``cascade`` (shared, through ``rllib_r3l.cascade_attention``, the
+transformers' masked SDPA) and ``cascade`` (shared, through ``rllib_r3l.learner.cascade_attention``, the
 default on CPU); the table gives seconds, forward tokens, credited tokens and their ratios.
 """
 
@@ -106,7 +106,7 @@ def capture(iterations: int, out: str, env=None, env_config=None) -> None:
 
     import rllib_r3l  # noqa: F401  (registers "R3L")
     from rllib_r3l import R3LConfig
-    from rllib_r3l.learner import R3LTorchLearner
+    from rllib_r3l.learner.torch_learner import R3LTorchLearner
 
     os.makedirs(out, exist_ok=True)
     original = R3LTorchLearner._update
@@ -163,9 +163,9 @@ def main(argv=None) -> int:
         return 0
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from rllib_r3l.precision import uses_autocast
+    from rllib_r3l.learner.precision import uses_autocast
 
-    from rllib_r3l import rl_module
+    from rllib_r3l.learner import rl_module
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = set(variants) - {"off", "masked", "cascade"}

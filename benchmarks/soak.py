@@ -8,7 +8,7 @@ fault was survived and every loss was counted.
 The tiny random model (``model="tiny"``, transformers backend) trains on TextWorldExpress coin
 collector (every environment holds a JVM) with one remote env runner and
 ``fault_tolerance(restart_failed_env_runners=True)``. Injected (``R3LConfig.fault_injection``, see
-``rllib_r3l/faults.py``): environment crashes (``env.step`` raises), SIGKILLed JVMs mid-episode,
+``rllib_r3l/reliability/faults.py``): environment crashes (``env.step`` raises), SIGKILLed JVMs mid-episode,
 non-string observations, ``ray.kill`` of the remote env runner mid-sample (Ray restarts it),
 NaN losses and inf gradients in the learner.
 

@@ -34,7 +34,7 @@ def child(model: str, k: int, reps: int, tokens: int) -> None:
     from rllib_r3l.generation import make_backend
     from rllib_r3l.generation.base import GenerationRequest
     from rllib_r3l.models import load_tokenizer, resolve_model
-    from rllib_r3l.reflect import report_json_schema
+    from rllib_r3l.runner.reflection.reflect import report_json_schema
 
     path = resolve_model(model)
     tok = load_tokenizer(path)
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     if args.child is not None:
         child(args.model, args.child, args.reps, args.tokens)
         return 0
-    from rllib_r3l.run_info import cpu_model
+    from rllib_r3l.cli.run_info import cpu_model
 
     print(f"# {cpu_model()}, {os.cpu_count()} cores; model {args.model}; 8 requests, up to {args.tokens} tokens; "
           f"choice_tokenization='any' in every setting")

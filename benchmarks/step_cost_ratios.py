@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/step_cost_ratios.py --iterations 2 --seed 0     # resumable
     .venv/bin/python benchmarks/step_cost_ratios.py --report-only
 
-Three main jobs (``python -m rllib_r3l.main``, the embedded default: SmolLM2-135M-Instruct on
+Three main jobs (``python -m rllib_r3l.cli.main``, the embedded default: SmolLM2-135M-Instruct on
 coin collector, vLLM CPU engine), one after the other, each seeded the same way
 (``seed`` = ``sampling_seed`` = ``--seed``: the same task seeds, reproducible sampling), so the
 machine is not shared between them:
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rllib_r3l.run_info import cpu_model  # noqa: E402
+from rllib_r3l.cli.run_info import cpu_model  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "step_cost_ratios"
 
@@ -90,7 +90,7 @@ def run_variant(name: str, out: Path, iterations: int, seed: int, verbose: bool,
     # main job's dynamic sampling (MAIN_JOB_SETTINGS) would add rounds to some variants' steps only
     sets = (["dynamic_sampling_rounds=0"] + list(common or []) + VARIANTS[name]
             + [f"seed={seed}", f"sampling_seed={seed}"])
-    cmd = [sys.executable, "-m", "rllib_r3l.main", "--iterations", str(iterations), "--out", str(dst), "--set", *sets]
+    cmd = [sys.executable, "-m", "rllib_r3l.cli.main", "--iterations", str(iterations), "--out", str(dst), "--set", *sets]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     with open(out / f"{name}.console.txt", "w") as f:

@@ -173,7 +173,7 @@ def make_env(s: Settings, split: str):
 
 def prompt_messages(env, s: Settings, seed: int) -> List[Dict[str, str]]:
     """The chat messages our rollout renders for task ``seed`` (system text + first observation)."""
-    from rllib_r3l.rollout import format_observation, system_text
+    from rllib_r3l.runner.rollout import format_observation, system_text
 
     obs, info = env.reset(seed=int(seed))
     system = system_text(s.system_prompt, getattr(env, "rules", ""), str(info.get("task", "")))
@@ -187,7 +187,7 @@ def our_prompt_ids(chat, messages: List[Dict[str, str]]) -> List[int]:
 
 def check_prompt_tokens(tokenizer, s: Settings, seeds: Sequence[int], split: str = "train") -> int:
     """Assert that TRL's rendering (the chat template over both messages) equals ours, token for token."""
-    from rllib_r3l.chat import ChatFormat
+    from rllib_r3l.runner.chat import ChatFormat
 
     chat, env = ChatFormat(tokenizer), make_env(s, split)
     for seed in seeds:
@@ -285,10 +285,10 @@ def run_ours(s: Settings, seed: int, system: str, save_dir: str) -> Dict[str, An
 
     import rllib_r3l  # noqa: F401
     from rllib_r3l import R3LConfig
-    from rllib_r3l.explore import Explorer
+    from rllib_r3l.runner.explore import Explorer
     from rllib_r3l.generation.vllm_backend import VLLMBackend
-    from rllib_r3l.learner import R3LTorchLearner
-    from rllib_r3l.main import find_r3l_metrics
+    from rllib_r3l.learner.torch_learner import R3LTorchLearner
+    from rllib_r3l.cli.main import find_r3l_metrics
 
     clock = PhaseClock()
     drawn: List[List[int]] = []
@@ -436,10 +436,10 @@ def evaluate_dir(s: Settings, model_dir: str) -> Dict[str, Any]:
     from collections import Counter
 
     import environments
-    from rllib_r3l.chat import ChatFormat
+    from rllib_r3l.runner.chat import ChatFormat
     from rllib_r3l.generation.vllm_backend import VLLMBackend
     from rllib_r3l.models import load_tokenizer
-    from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+    from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
     t0 = time.perf_counter()
     backend = VLLMBackend(model_dir, dtype="float32", seed=0, num_threads=s.threads)
@@ -593,7 +593,7 @@ def child(a) -> None:
     system, seed = a._run, int(a._seed)
     import platform
 
-    from rllib_r3l.run_info import cpu_model
+    from rllib_r3l.cli.run_info import cpu_model
 
     meta = {"system": system, "seed": seed, "settings": _settings_json(s), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version()}

@@ -54,7 +54,7 @@ def _engine_actor_cls():
             return self.start_s
 
         def update(self, state) -> float:
-            from rllib_r3l.rl_module import hf_named_tensors
+            from rllib_r3l.learner.rl_module import hf_named_tensors
 
             t0 = time.perf_counter()
             self.backend.update_weights(hf_named_tensors(state))
@@ -64,8 +64,8 @@ def _engine_actor_cls():
             return self.backend.score(prompt, cont)
 
         def num_buckets(self, state) -> int:
-            from rllib_r3l.rl_module import hf_named_tensors
-            from rllib_r3l.weight_sync import num_buckets
+            from rllib_r3l.learner.rl_module import hf_named_tensors
+            from rllib_r3l.learner.weight_sync import num_buckets
 
             return num_buckets(hf_named_tensors(state), getattr(self.backend, "weight_bucket_bytes", None))
 
@@ -77,8 +77,8 @@ def run_one(model: str, backend: str, args) -> dict:
     import torch
 
     from rllib_r3l.models import load_tokenizer, resolve_model
-    from rllib_r3l.rl_module import R3LCausalLMModule
-    from rllib_r3l.weight_sync import state_nbytes
+    from rllib_r3l.learner.rl_module import R3LCausalLMModule
+    from rllib_r3l.learner.weight_sync import state_nbytes
 
     path = resolve_model(model)
     module = R3LCausalLMModule(model_config={"model_id": path, "model_dtype": args.learner_dtype})

@@ -20,7 +20,7 @@ Contract every environment in this package follows:
 - ``close()`` frees every process the environment started (JVMs included).
 
 Optional oracle (``has_oracle = True``; used by the oracle reflector and the pivot-quality metrics
-of ``rllib_r3l.pivot_metrics``): ``oracle_pivot(seed, actions)`` is the first turn from which the
+of ``rllib_r3l.runner.reflection.pivot_metrics``): ``oracle_pivot(seed, actions)`` is the first turn from which the
 episode could no longer be finished optimally (in the fewest turns), or None when it still could
 (nothing to fix); ``oracle_action(seed, actions)`` is the first action of an optimal finish from the
 state after ``actions`` (None when ``actions`` already left every optimal path); ``oracle(seed,

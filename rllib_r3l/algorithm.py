@@ -28,12 +28,13 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 
-from rllib_r3l import preflight, resilience
+from rllib_r3l import preflight
+from rllib_r3l.reliability import resilience
 from rllib_r3l.batch import (build_train_batch, drop_overlong, kind_counts, loss_share_by_kind, select_trainable,
                              train_batch_options)
 from rllib_r3l.config import R3LConfig
-from rllib_r3l.distributed import pad_batch_for_learners
-from rllib_r3l.replay import replay_from_config
+from rllib_r3l.learner.distributed import pad_batch_for_learners
+from rllib_r3l.replay_buffer import replay_from_config
 
 logger = logging.getLogger(__name__)
 

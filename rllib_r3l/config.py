@@ -60,7 +60,7 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
     "loss_aggregation": ("token_mean", "how the loss averages over credited tokens: 'token_mean' (paper, authors' code: every token once, so an item weighs by its length) or 'sequence_mean' (each item's token mean, then the mean over items: a ~100-token reflection report weighs as one trajectory of 2-4-token actions; docs/benchmarks.md section 7)"),
     "loss_scale": (1.0, "multiplies the loss: 1.0 = the paper's token-mean -A log pi; 0.5 = the authors' code, whose objective divides by 1 + tau (tau = 1). With AdamW it matters through grad_clip (the clip threshold applies to the scaled gradient: loss_scale 0.5 with grad_clip 1.0 clips like 1.0 with 2.0) and Adam's eps"),
-    "share_prefixes": (True, "exact shared-prefix training: each micro-batch's token trie runs once (a group's task prompt, a retry's prefix up to the pivot, the episode under its transcript reflection), continuations on the prefix's KV cache with the leaves under one prefix batched (on CPU attending to it through cascade attention: two unmasked flash calls merged by log-sum-exp, rllib_r3l.cascade_attention), so the gradient equals the unshared one; off (logged) with gradient checkpointing, sliding-window models and DeepSpeed. On the main job's batches (2-core AMD EPYC, fp32): 0.59-0.67x the forward tokens, 0.70-0.80x the update time (docs/benchmarks.md section 5); False = every sequence on its own"),
+    "share_prefixes": (True, "exact shared-prefix training: each micro-batch's token trie runs once (a group's task prompt, a retry's prefix up to the pivot, the episode under its transcript reflection), continuations on the prefix's KV cache with the leaves under one prefix batched (on CPU attending to it through cascade attention: two unmasked flash calls merged by log-sum-exp, rllib_r3l.learner.cascade_attention), so the gradient equals the unshared one; off (logged) with gradient checkpointing, sliding-window models and DeepSpeed. On the main job's batches (2-core AMD EPYC, fp32): 0.59-0.67x the forward tokens, 0.70-0.80x the update time (docs/benchmarks.md section 5); False = every sequence on its own"),
     "micro_batch_size": (4, "max trajectories per forward/backward pass (gradient accumulation)"),
     "micro_batch_tokens": (2048, "max tokens per forward/backward pass: padded tokens (trajectories x longest), or the prefix trie's tokens with share_prefixes; bounds the learner's activation memory (~1.6 GB per 1k tokens for a 135M model in fp32; a longer trajectory runs alone, and learner/shared_prefix_tokens_split counts the prefixes a cut computes again). 2048, not 4096: same update time on a 2-core CPU, half the learner's peak memory (11.2 -> 5.7 GB for 8 x 1,200 tokens, docs/benchmarks.md section 5); None = no cap"),
     "mixed_precision": ("auto", "learner forward/backward under bf16 autocast (fp32 master weights and optimizer): 'auto' = where the device computes bf16 natively (CUDA with bf16, CPUs with AMX/AVX512-bf16), 'bfloat16' = always, 'none' = fp32"),
@@ -84,7 +84,7 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "colocate_engine_sleep": (False, "engine and learner share a GPU: vLLM sleeps (weights to host, KV cache freed) during the learner update and wakes for sampling; no-op on CPU"),
     "lora": (None, "None = full fine-tuning; else LoRA via peft: {'r': 16, 'alpha': 32, 'target_modules': [...], 'dropout': 0.0}; engines get the merged weights of the adapted layers"),
     "deepspeed": (None, "None = plain torch (DDP when num_learners > 1); else a DeepSpeed ZeRO learner: {'stage': 2 or 3, 'offload_optimizer': False, 'config': {extra DeepSpeed config}}"),
-    # experience replay when S > 1 (paper K.1; rllib_r3l/replay.py)
+    # experience replay when S > 1 (paper K.1; rllib_r3l/replay_buffer.py)
     "replay_buffer": (True, "with weight_sync_interval S > 1, train on groups sampled from a replay buffer (decay-limit randomized priority); ignored when S = 1"),
     "replay_capacity": (None, "task groups kept in the replay buffer; None = 2 x S x tasks_per_iteration"),
     "replay_decay": (0.5, "replay priority = max(decay ** policy_lag, limit): per-update decay in (0, 1] (recency)"),
@@ -96,7 +96,7 @@ R3L_OPTIONS: Dict[str, tuple] = {
     "sampling_seed": (None, "None = unseeded sampling; an int seeds every generate call from (sampling_seed, the sample's task seeds, call number): with debugging(seed=...) rollouts are reproducible, also across checkpoint/resume"),
     "runner_failure_retries": (1, "an env runner that dies mid-sample (needs fault_tolerance(restart_failed_env_runners=True)) is restored and its task groups re-sampled up to this many times per iteration; losses are counted under r3l/faults"),
     "runner_restart_wait_s": (120.0, "how long an iteration waits for a restarted env runner (to re-sample its share, or when no runner is healthy) before counting its groups lost"),
-    "fault_injection": ({}, "TESTING AID, off ({}) by default: inject env crashes, JVM kills, runner kills, NaN losses; keys in rllib_r3l.faults.FAULT_OPTIONS"),
+    "fault_injection": ({}, "TESTING AID, off ({}) by default: inject env crashes, JVM kills, runner kills, NaN losses; keys in rllib_r3l.reliability.faults.FAULT_OPTIONS"),
 }
 
 _CHOICES = {
@@ -118,7 +118,7 @@ class R3LConfig(AlgorithmConfig):
 
     def __init__(self, algo_class=None) -> None:
         from rllib_r3l.algorithm import R3L
-        from rllib_r3l.env_runner import R3LEnvRunner
+        from rllib_r3l.runner.env_runner import R3LEnvRunner
 
         super().__init__(algo_class=algo_class or R3L)
         for name, (default, _help) in R3L_OPTIONS.items():
@@ -230,7 +230,7 @@ class R3LConfig(AlgorithmConfig):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             err("dynamic_sampling_rounds", f"must be an integer >= 0 (0 = off), got {v!r}")
         if self.guidance_template is not None:
-            from rllib_r3l.reflect import check_guidance_template
+            from rllib_r3l.runner.reflection.reflect import check_guidance_template
 
             try:
                 check_guidance_template(self.guidance_template)
@@ -291,7 +291,7 @@ class R3LConfig(AlgorithmConfig):
         if self.system_prompt is not None and "{task}" not in str(self.system_prompt):
             err("system_prompt", "must contain the placeholder {task} (and may contain {rules})")
         _validate_scaling(self, err)
-        from rllib_r3l.faults import validate_reliability_options
+        from rllib_r3l.reliability.faults import validate_reliability_options
 
         validate_reliability_options(self)
 
@@ -299,7 +299,7 @@ class R3LConfig(AlgorithmConfig):
     def get_default_rl_module_spec(self):
         from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-        from rllib_r3l.rl_module import R3LCausalLMModule
+        from rllib_r3l.learner.rl_module import R3LCausalLMModule
 
         return RLModuleSpec(module_class=R3LCausalLMModule, model_config=self.module_model_config())
 
@@ -314,10 +314,10 @@ class R3LConfig(AlgorithmConfig):
 
     def get_default_learner_class(self):
         if self.deepspeed:
-            from rllib_r3l.deepspeed_learner import R3LDeepSpeedLearner
+            from rllib_r3l.learner.deepspeed_learner import R3LDeepSpeedLearner
 
             return R3LDeepSpeedLearner
-        from rllib_r3l.learner import R3LTorchLearner
+        from rllib_r3l.learner.torch_learner import R3LTorchLearner
 
         return R3LTorchLearner
 
@@ -431,7 +431,7 @@ def check_no_dropped_values(cfg: "R3LConfig") -> None:
 def _validate_oracle_reflector(cfg: "R3LConfig", err) -> None:
     """``reflector="oracle"`` (a diagnostic) needs reflection on, no separate reflector model, and an
     environment whose truth is computable (``has_oracle``)."""
-    from rllib_r3l.oracle import env_has_oracle
+    from rllib_r3l.runner.reflection.oracle import env_has_oracle
 
     if not cfg.reflect:
         err("reflector", "'oracle' replaces the reflections of reflect-then-retry; it needs reflect=True")

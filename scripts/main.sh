@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m rllib_r3l.main "$@"
+exec .venv/bin/python -m rllib_r3l.cli.main "$@"

@@ -4,12 +4,12 @@
 # is never touched and other work can go on meanwhile.
 #
 #   bash scripts/mutation.sh                       # every core module
-#   bash scripts/mutation.sh core_algos batch      # some of them
+#   bash scripts/mutation.sh core_algos runner/explore   # some of them (paths under rllib_r3l/)
 #   MUTATION_CHILDREN=2 MUTATION_WORKDIR=/tmp/mm bash scripts/mutation.sh core_algos
 #   MUTATION_SOURCE=HEAD bash scripts/mutation.sh batch   # rllib_r3l/environments as committed at a rev
 #   MUTATION_TESTS="tests/test_core_algos.py tests/test_explore.py" bash scripts/mutation.sh batch
 #   MUTATION_NAMES=names.txt bash scripts/mutation.sh core_algos   # only these mutants (one name a line)
-#   MUTATION_DESELECT="" bash scripts/mutation.sh learner           # also the learner-building tests
+#   MUTATION_DESELECT="" bash scripts/mutation.sh learner/torch_learner         # also the learner-building tests
 #
 # Writes <workdir>/mutation-report.md (score per module, survivors) and mutation-report.json;
 # `cd <workdir> && mutmut show <name>` prints a survivor's diff.
@@ -18,7 +18,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 WORK="${MUTATION_WORKDIR:-/tmp/r3l-mutation}"
 CHILDREN="${MUTATION_CHILDREN:-1}"
-ALL_MODULES=(core_algos batch trajectory learner rl_module explore reflect)
+ALL_MODULES=(core_algos batch trajectory learner/torch_learner learner/rl_module runner/explore runner/reflection/reflect)
 MODULES=("$@")
 [ ${#MODULES[@]} -gt 0 ] || MODULES=("${ALL_MODULES[@]}")
 # The fast tests (no Ray runtime, no RLlib learner built; the tiny model at most): the ones that pin

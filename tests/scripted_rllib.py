@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_r3l.env_runner import R3LEnvRunner
-from rllib_r3l.learner import R3LTorchLearner
+from rllib_r3l.runner.env_runner import R3LEnvRunner
+from rllib_r3l.learner.torch_learner import R3LTorchLearner
 from tests.scripted import ScriptedBackend, corridor_policy
 
 

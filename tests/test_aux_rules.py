@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 
 import environments
-from rllib_r3l.chat import ChatFormat
-from rllib_r3l.explore import ExploreOptions, Explorer
-from rllib_r3l.rollout import EpisodeRunner, RolloutOptions
+from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.explore import ExploreOptions, Explorer
+from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind
 from tests.scripted import GUIDE_MARK, ScriptedBackend, walk_policy
 

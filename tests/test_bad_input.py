@@ -13,7 +13,8 @@ import pickle
 
 import pytest
 
-from rllib_r3l import R3LConfig, cli
+from rllib_r3l import R3LConfig
+from rllib_r3l.cli import commands as cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
@@ -57,7 +58,7 @@ def test_build_algo_rejects_an_environment_that_cannot_be_created(tmp_path):
 
 
 def test_iteration_without_any_environment_raises_with_its_message():
-    from rllib_r3l.explore import GroupResult
+    from rllib_r3l.runner.explore import GroupResult
     from rllib_r3l.preflight import raise_if_no_environment
     from rllib_r3l.trajectory import Status, Trajectory
 
@@ -79,7 +80,7 @@ class _Trial:
 
 
 def test_a_run_that_trained_on_nothing_is_a_failure_with_the_reason():
-    from rllib_r3l.outcome import INTERRUPTED, TrainingTracker, trial_rows
+    from rllib_r3l.cli.outcome import INTERRUPTED, TrainingTracker, trial_rows
 
     tracker = TrainingTracker()
     empty = {"r3l": {"batch": {"empty_batches": 1}}, "env_runners": {"r3l": {"faults": {"episodes_lost": 8,
@@ -96,7 +97,7 @@ def test_a_run_that_trained_on_nothing_is_a_failure_with_the_reason():
 
 def test_empty_batches_without_losses_are_not_a_failure():
     """Every group scored alike (all advantages 0): nothing to learn from, but nothing went wrong."""
-    from rllib_r3l.outcome import TrainingTracker, trial_rows
+    from rllib_r3l.cli.outcome import TrainingTracker, trial_rows
 
     tracker = TrainingTracker()
     trial = _Trial("t1", "TERMINATED", {"done": True})
@@ -124,7 +125,7 @@ def test_misspelt_stop_key_in_the_file(tmp_path, capsys):
     f.write_text("exp:\n  run: R3L\n  stop: {training_iteraton: 20}\n  config: {model: tiny, env: r3l/ToyCorridor, group_size: 4}\n")
     code, _out, err = run_cli(capsys, "train", f, "--dry-run")
     usage_error(code, err, "exp.stop.training_iteraton", "did you mean 'training_iteration'")
-    from rllib_r3l.stopping import check_stop_criteria
+    from rllib_r3l.cli.stopping import check_stop_criteria
 
     check_stop_criteria({"learners/default_policy/entropy": 1.0, "evaluation/env_runners/success_rate": 0.5}, "x")
 
@@ -145,7 +146,7 @@ def test_existing_experiment_asks_for_resume_or_new(tmp_path, capsys):
 
 
 def test_resume_command_replays_the_flags():
-    from rllib_r3l.resume import resume_command
+    from rllib_r3l.cli.resume import resume_command
 
     assert resume_command(["train", "a b.yaml", "--new", "--set", "lr=1e-5"]) == \
         "rllib-r3l train 'a b.yaml' --set lr=1e-5 --resume"
@@ -234,7 +235,7 @@ def test_report_shows_the_faults_of_a_run_that_lost_every_episode(tmp_path, caps
 
 
 def test_progress_table_shows_reward_not_placeholder_counters():
-    from rllib_r3l.launch import progress_reporter
+    from rllib_r3l.cli.launch import progress_reporter
 
     rep = progress_reporter({"config": {"lr": 1e-6, "group_size": {"grid_search": [4, 8]}}})
     cols = rep._metric_columns
@@ -244,7 +245,7 @@ def test_progress_table_shows_reward_not_placeholder_counters():
 
 
 def test_summary_points_tensorboard_at_the_experiment_folder(capsys):
-    from rllib_r3l.outcome import trial_rows
+    from rllib_r3l.cli.outcome import trial_rows
 
     cli._print_train_summary(trial_rows([_Trial("t1", "TERMINATED", {"done": True})]))
     assert "tensorboard --logdir /storage/exp" in capsys.readouterr().out

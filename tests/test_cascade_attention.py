@@ -1,11 +1,11 @@
-"""Cascade attention (rllib_r3l.cascade_attention): the masked attention of a continuation on its
+"""Cascade attention (rllib_r3l.learner.cascade_attention): the masked attention of a continuation on its
 prefix's cache, as two unmasked flash calls merged by log-sum-exp, forward and backward."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from rllib_r3l.cascade_attention import NAME, cascade_attention, use_cascade
+from rllib_r3l.learner.cascade_attention import NAME, cascade_attention, use_cascade
 
 
 def _masked(q, k, v, scale):
@@ -64,9 +64,9 @@ def test_decoder_switch_is_restored_and_matches_sdpa_on_a_cache(tiny_model_dir, 
     ``min_keys=0``: every call takes the cascade; the default threshold sends these 30 keys to
     the masked SDPA call (short calls cost less that way)."""
     if min_keys is not None:
-        monkeypatch.setattr("rllib_r3l.cascade_attention.CASCADE_MIN_KEYS", min_keys)
+        monkeypatch.setattr("rllib_r3l.learner.cascade_attention.CASCADE_MIN_KEYS", min_keys)
     from rllib_r3l.models import load_causal_lm
-    from rllib_r3l.rl_module import _cache
+    from rllib_r3l.learner.rl_module import _cache
 
     lm = load_causal_lm(tiny_model_dir, dtype=torch.float32)
     dec = lm.get_decoder()

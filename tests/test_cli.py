@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from rllib_r3l import cli
+from rllib_r3l.cli import commands as cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_DIR = os.path.join(ROOT, "tuned_examples", "cpu")
@@ -145,7 +145,7 @@ def test_evaluate_export_report_errors(tmp_path, capsys):
 def test_options_and_module_entry_point(capsys):
     code, out, _err = run_cli(capsys, "options")
     assert code == 0 and "amplification_alpha" in out and "model " in out
-    r = subprocess.run([sys.executable, "-m", "rllib_r3l.cli", "--help"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "rllib_r3l.cli.commands", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and "train" in r.stdout and "evaluate" in r.stdout and "report" in r.stdout
 
 
@@ -199,7 +199,7 @@ def test_evaluate_checkpoint(trained, capsys, tmp_path):
     df = pd.read_csv(csv)
     assert len(df) == 3 and (df["turns"] <= 2).all() and set(df["seed"]) == {0, 1, 2}
     # A Tune trial directory stands for its latest checkpoint.
-    from rllib_r3l.export import find_checkpoint
+    from rllib_r3l.cli.export import find_checkpoint
 
     assert find_checkpoint(os.path.dirname(ckpt)) == ckpt
 
@@ -269,8 +269,8 @@ def test_export_merges_lora_adapters(tmp_path):
     import gymnasium as gym
     import torch
 
-    from rllib_r3l import export as ex
-    from rllib_r3l.rl_module import R3LCausalLMModule
+    from rllib_r3l.cli import export as ex
+    from rllib_r3l.learner.rl_module import R3LCausalLMModule
 
     space = gym.spaces.Text(max_length=8)
     module = R3LCausalLMModule(observation_space=space, action_space=space,
@@ -292,7 +292,7 @@ def test_report_warnings_read_cells_a_trial_never_logged_as_missing():
     (CI failed on exactly this: one trial with an empty batch, one without, in one report)."""
     import pandas as pd
 
-    from rllib_r3l import report
+    from rllib_r3l.cli import experiment_report as report
 
     table = pd.DataFrame([
         {"trial": "a", "iterations": 2, "empty_batches": 2, "episodes_lost": 3, "env_errors": 3, "generation_errors": None},

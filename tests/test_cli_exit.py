@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from rllib_r3l import cli
+from rllib_r3l.cli import commands as cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")

@@ -1,4 +1,4 @@
-"""The training console (rllib_r3l.console): pure formatting with hand values, the live progress
+"""The training console (rllib_r3l.cli.console): pure formatting with hand values, the live progress
 files, and the routing of library output to the log file (in a subprocess: it redirects fds)."""
 
 import io
@@ -10,7 +10,8 @@ import textwrap
 import time
 from collections import Counter
 
-from rllib_r3l import console, progress
+from rllib_r3l.cli import console
+from rllib_r3l.runner import progress
 from tests.hang_guard import HANG_GUARD_S
 
 INFO = {
@@ -204,11 +205,11 @@ def test_console_without_a_terminal_prints_live_lines_as_lines():
 
 _ROUTING_SCRIPT = textwrap.dedent("""
     import logging, sys, types, warnings
-    # rllib_r3l.console and .progress without the package's __init__ (Ray, torch): a fast subprocess
+    # rllib_r3l.cli.console and .progress without the package's __init__ (Ray, torch): a fast subprocess
     pkg = types.ModuleType("rllib_r3l")
     pkg.__path__ = ["rllib_r3l"]
     sys.modules["rllib_r3l"] = pkg
-    from rllib_r3l import console
+    from rllib_r3l.cli import console
     # a vLLM-style logger: its own handler on stdout, no propagation (as vllm.logger configures it)
     vllm = logging.getLogger("vllm.engine.llm_engine")
     handler = logging.StreamHandler(sys.stdout)
@@ -221,7 +222,7 @@ _ROUTING_SCRIPT = textwrap.dedent("""
         logging.getLogger("transformers.modeling_utils").warning("Some weights were not initialized")
         sys.stderr.write("Loading checkpoint shards: 100%|##########| 1/1\\n")
         warnings.warn("this API is deprecated", DeprecationWarning)
-        logging.getLogger("rllib_r3l.env_runner").error("exploration failed:\\nTraceback ...")
+        logging.getLogger("rllib_r3l.runner.env_runner").error("exploration failed:\\nTraceback ...")
         con.line("iter 1/3 | success 0.125")
     print("after the run")
 """)
@@ -247,7 +248,7 @@ def test_library_logs_go_to_the_log_file_not_the_console(tmp_path):
         assert text in logged and text not in shown, text
     assert "iter 1/3 | success 0.125" in shown and "iter 1/3" not in logged
     # R3L's own errors: one line on the console, the traceback in the log
-    assert f"! rllib_r3l.env_runner: exploration failed: (details: {tmp_path / 'main.log'})" in shown
+    assert f"! rllib_r3l.runner.env_runner: exploration failed: (details: {tmp_path / 'main.log'})" in shown
     assert "Traceback ..." in logged and "Traceback" not in shown
     assert "after the run" in shown  # the console is restored afterwards
 
@@ -273,7 +274,7 @@ class _FakeTrial:
 
 
 def test_tune_console_callback_prints_header_iteration_lines_table_and_plot(tmp_path):
-    from rllib_r3l.launch import ConsoleCallback
+    from rllib_r3l.cli.launch import ConsoleCallback
 
     out = io.StringIO()
     cb = ConsoleCallback(console.Console(out), live_dir=None, log=str(tmp_path / "train.log"))
@@ -296,7 +297,7 @@ def test_tune_console_callback_prints_header_iteration_lines_table_and_plot(tmp_
 
 
 def test_train_verbose_flag_defaults_to_the_quiet_console():
-    from rllib_r3l.cli import build_parser
+    from rllib_r3l.cli.commands import build_parser
 
     p = build_parser()
     assert p.parse_args(["train", "f.yaml"]).verbose is None  # quiet: R3L's console, the rest in the log
@@ -310,7 +311,7 @@ def test_a_runner_publishes_its_last_counts_before_sample_returns(tmp_path, monk
     iteration's live line (seen: 'retries 3' at 0:04 of an iteration). A real local runner (tiny
     model, toy corridor) whose publisher never ticks on its own."""
     from rllib_r3l import R3LConfig
-    from rllib_r3l.env_runner import R3LEnvRunner
+    from rllib_r3l.runner.env_runner import R3LEnvRunner
 
     monkeypatch.setattr(progress, "start_publisher", lambda counters, tag: progress.Publisher(
         counters, str(tmp_path / f"runner-1-{tag}.json"), interval=3600))

@@ -165,7 +165,7 @@ def test_zero_advantage_rows_leave_by_default_and_nothing_else_does():
 
 
 def test_select_trainable_counts_and_drops_partial_groups():
-    from rllib_r3l.explore import GroupResult
+    from rllib_r3l.runner.explore import GroupResult
 
     t = [make_trajectory([("prompt", 1, 0), ("response", 1, 0)], reward=0.0, group_id=g) for g in "abbcc"]
     p1 = GroupResult("a", trajectories=t[:1], lost=[t[0], t[0]], complete=False)

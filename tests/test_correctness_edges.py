@@ -17,10 +17,10 @@ import environments
 from environments.toy import ToyCorridorEnv
 from rllib_r3l import core_algos as ca
 from rllib_r3l.batch import build_train_batch, drop_overlong
-from rllib_r3l.chat import ChatFormat
-from rllib_r3l.explore import ExploreOptions, Explorer, GroupResult
+from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.explore import ExploreOptions, Explorer, GroupResult
 from rllib_r3l.models import load_tokenizer, stop_token_ids
-from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory, collate
 from tests.scripted import ScriptedBackend
 
@@ -131,7 +131,7 @@ def test_on_policy_importance_ratio_is_one_under_choice_decoding(tiny_model_dir,
     from transformers import AutoModelForCausalLM
 
     from rllib_r3l.generation.hf_backend import HFBackend
-    from rllib_r3l.rl_module import R3LCausalLMModule
+    from rllib_r3l.learner.rl_module import R3LCausalLMModule
 
     torch.manual_seed(0)
     backend = HFBackend(tiny_model_dir, dtype="float32")
@@ -167,7 +167,7 @@ def _learner(**training):
 
 def _one_item_batch(learner, tokenizer, behaviour_offset: float):
     """One on-policy item whose behaviour log-probs are the learner's own plus an offset."""
-    from rllib_r3l.rl_module import R3LCausalLMModule
+    from rllib_r3l.learner.rl_module import R3LCausalLMModule
 
     t = make_trajectory([("prompt", 5, 0), ("response", 4, 0), ("prompt", 3, 1), ("response", 3, 1)],
                         reward=1.0, group_id="g")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rllib_r3l.batch import carries_signal
-from rllib_r3l.explore import GroupResult
+from rllib_r3l.runner.explore import GroupResult
 from rllib_r3l.trajectory import Kind
 from tests.scripted import make_trajectory
 
@@ -66,7 +66,7 @@ def test_config_rejects_a_bad_number_of_rounds():
 # -- a real runner (tiny model, toy corridor, transformers backend) ---------------------------------------
 def _runner(rounds, **env):
     from rllib_r3l import R3LConfig
-    from rllib_r3l.env_runner import R3LEnvRunner
+    from rllib_r3l.runner.env_runner import R3LEnvRunner
 
     cfg = (R3LConfig().environment("r3l/ToyCorridor", env_config=env)
            .training(model="tiny", group_size=4, tasks_per_iteration=2, backend="transformers", max_response_tokens=8,

@@ -4,10 +4,10 @@ import pytest
 
 import environments
 from rllib_r3l.batch import build_train_batch, select_trainable
-from rllib_r3l.chat import ChatFormat
-from rllib_r3l.explore import ExploreOptions, Explorer
+from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.explore import ExploreOptions, Explorer
 from rllib_r3l.models import load_tokenizer
-from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind, Status
 from tests.scripted import GUIDE_MARK, ScriptedBackend
 
@@ -31,7 +31,7 @@ def make_explorer(tokenizer, pivot=1, group_size=4, **kw):
 def unguided_rendering(tokenizer, traj):
     """What the chat template renders for the trajectory's messages, with no guidance anywhere."""
     msgs = [{"role": "system", "content": traj.info["system_text"]}]
-    from rllib_r3l.rollout import format_observation
+    from rllib_r3l.runner.rollout import format_observation
 
     env = environments.make("r3l/ToyCorridor", {"num_rooms": 4})
     obs, info = env.reset(seed=traj.seed)
@@ -194,7 +194,7 @@ def test_success_verdict_on_a_failed_episode_is_counted_not_trusted(tokenizer):
 
 
 def test_failed_episode_schema_forbids_success():
-    from rllib_r3l import reflect
+    from rllib_r3l.runner.reflection import reflect
 
     schema = reflect.report_json_schema(5, failed=True)
     assert schema["properties"]["outcome"]["enum"] == ["failure"]

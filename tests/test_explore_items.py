@@ -1,4 +1,4 @@
-"""What exploration builds, item by item (rllib_r3l.explore), with scripted episodes and hand-made
+"""What exploration builds, item by item (rllib_r3l.runner.explore), with scripted episodes and hand-made
 trajectories: the reflection item's every field (policy reflector, and a separate reflector whose
 report is re-encoded for the policy), one reflection item per reflection however many retries
 beat the base, auxiliary items over the context limit, retries that are lost or generated nothing
@@ -14,11 +14,11 @@ import types
 
 
 import environments
-from rllib_r3l import reflect as reflect_lib
-from rllib_r3l.chat import ChatFormat
-from rllib_r3l.explore import ExploreOptions, Explorer, GroupResult
-from rllib_r3l.reflect import ParseStatus
-from rllib_r3l.rollout import EpisodeRunner, RolloutOptions
+from rllib_r3l.runner.reflection import reflect as reflect_lib
+from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.explore import ExploreOptions, Explorer, GroupResult
+from rllib_r3l.runner.reflection.reflect import ParseStatus
+from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
 from tests.scripted import ScriptedBackend, walk_policy
 
@@ -270,7 +270,7 @@ def test_success_takes_the_environments_verdict_or_the_configured_reward(tiny_to
 
 
 def test_reflection_time_and_group_bookkeeping(tiny_tokenizer, monkeypatch):
-    import rllib_r3l.explore as explore_mod
+    import rllib_r3l.runner.explore as explore_mod
 
     clock = iter(range(100))
     monkeypatch.setattr(explore_mod, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
@@ -294,7 +294,7 @@ def test_failed_reflection_calls_leave_every_base_unreflected(tiny_tokenizer):
 
 
 def test_transcript_reflection_falls_back_to_the_log_and_counts_it(tiny_tokenizer, monkeypatch):
-    from rllib_r3l import reflection_context
+    from rllib_r3l.runner.reflection import context as reflection_context
 
     monkeypatch.setattr(reflection_context, "transcript_prompt", lambda chat, t: None)  # e.g. no room left
     ex, chat = make(tiny_tokenizer, reflection_context="transcript")

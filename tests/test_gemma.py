@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from rllib_r3l import build_cache, models
-from rllib_r3l.chat import ChatFormat
+from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.generation import GenerationRequest, make_backend, vllm_available
 from rllib_r3l.models import GEMMA_CHAT_TEMPLATE, GEMMA_MODEL, ModelResolutionError, load_tokenizer
 

@@ -41,7 +41,7 @@ def test_plan_micro_batches_covers_every_index_once_within_budget():
 
 # -- mask-free forward of right-padded batches ---------------------------------------------------------
 def test_right_padded_detection():
-    from rllib_r3l.rl_module import right_padded
+    from rllib_r3l.learner.rl_module import right_padded
 
     assert right_padded(torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]))
     assert not right_padded(torch.tensor([[1, 1, 1], [0, 1, 1]]))  # left padding
@@ -52,7 +52,7 @@ def test_right_padded_detection():
 def test_right_padded_batch_logprobs_equal_unpadded_per_sequence(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from rllib_r3l.rl_module import R3LCausalLMModule
+    from rllib_r3l.learner.rl_module import R3LCausalLMModule
 
     lm = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     shim = type("Shim", (), {"lm": lm})()
@@ -144,7 +144,7 @@ def test_bf16_autocast_gradient_tracks_fp32(tiny_model_dir):
 
 def test_mixed_precision_resolution_and_validation():
     from rllib_r3l import R3LConfig
-    from rllib_r3l.precision import native_bf16, uses_autocast
+    from rllib_r3l.learner.precision import native_bf16, uses_autocast
 
     assert uses_autocast("none", "cpu") is False
     assert uses_autocast("bfloat16", "cpu") is True

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from rllib_r3l import R3LConfig
-from rllib_r3l.learner import R3LTorchLearner
+from rllib_r3l.learner.torch_learner import R3LTorchLearner
 from rllib_r3l.trajectory import KINDS, Kind
 
 MID = "default_policy"
@@ -255,7 +255,7 @@ def test_optimizer_is_adamw_with_the_configured_lr_and_decay():
 
 
 def test_fused_adamw_only_where_torch_has_the_kernel():
-    from rllib_r3l.learner import fused_adamw_supported
+    from rllib_r3l.learner.torch_learner import fused_adamw_supported
 
     assert fused_adamw_supported([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))])
     assert not fused_adamw_supported([torch.nn.Parameter(torch.zeros(2, device="meta"))])
@@ -332,7 +332,7 @@ def test_log_prob_gaps_add_up_over_micro_batches_and_skip_unknown_log_probs():
 
 
 def test_autocast_follows_the_learners_device(monkeypatch):
-    from rllib_r3l import precision
+    from rllib_r3l.learner import precision
 
     monkeypatch.setattr(precision, "autocast", lambda mode, device_type: (mode, device_type))
     lrn = StubLearner(mixed_precision="bfloat16")

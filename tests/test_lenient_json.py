@@ -1,6 +1,6 @@
-"""The reflection parser's lenient layer (``rllib_r3l.lenient_json``), on hand-written texts."""
+"""The reflection parser's lenient layer (``rllib_r3l.runner.reflection.lenient_json``), on hand-written texts."""
 
-from rllib_r3l.lenient_json import MAX_CANDIDATES, NotAnObject, candidates, load_lenient
+from rllib_r3l.runner.reflection.lenient_json import MAX_CANDIDATES, NotAnObject, candidates, load_lenient
 
 
 def test_candidates_first_the_outer_span_then_each_balanced_object_in_order():

@@ -1,4 +1,4 @@
-"""The main job (``python -m rllib_r3l.main``): trains, checkpoints, writes summary.json, run.png
+"""The main job (``python -m rllib_r3l.cli.main``): trains, checkpoints, writes summary.json, run.png
 and main.log, with the quiet console (header, a line per iteration, summary table).
 
 Runs the real entry point on the tiny model and ToyWord with the transformers backend (the README
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_main_job_trains_and_writes_summary(tmp_path, capfd):
-    from rllib_r3l import main
+    from rllib_r3l.cli import main
 
     rc = main.main(["--iterations", "2", "--out", str(tmp_path), "--num-cpus", "2", "--set",
                     "model=tiny", "backend=transformers", "env=r3l/ToyWord", "group_size=4",

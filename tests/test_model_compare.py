@@ -38,7 +38,7 @@ def test_records_without_token_fields_give_nan_not_zero():
 
 
 def test_a_retry_counts_only_the_tokens_it_generated_after_its_pivot():
-    from rllib_r3l.env_runner import generated_anew
+    from rllib_r3l.runner.env_runner import generated_anew
     from rllib_r3l.trajectory import Kind, Segment, Trajectory
 
     segs = [Segment("prompt", [1, 2], turn=-1)]

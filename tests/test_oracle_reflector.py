@@ -6,13 +6,13 @@ import pytest
 
 import environments
 from rllib_r3l import R3LConfig
-from rllib_r3l.chat import ChatFormat
-from rllib_r3l.explore import ExploreOptions, Explorer
+from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.explore import ExploreOptions, Explorer
 from rllib_r3l.models import load_tokenizer
-from rllib_r3l.oracle import oracle_report
-from rllib_r3l.pivot_metrics import pivot_quality, summarize_pivot_quality
-from rllib_r3l.reflect import Outcome, ParseStatus
-from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+from rllib_r3l.runner.reflection.oracle import oracle_report
+from rllib_r3l.runner.reflection.pivot_metrics import pivot_quality, summarize_pivot_quality
+from rllib_r3l.runner.reflection.reflect import Outcome, ParseStatus
+from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind
 from tests.scripted import ScriptedBackend
 
@@ -134,7 +134,7 @@ def test_config_reflector_option_is_validated():
 
 
 def test_reflection_quality_on_held_out_seeds(tokenizer):
-    from rllib_r3l.oracle import reflection_quality
+    from rllib_r3l.runner.reflection.oracle import reflection_quality
 
     ex, backend = make_explorer(tokenizer, pivot=1)
     m = reflection_quality(ex.episodes, ex.chat, [SEED, SEED])
@@ -145,8 +145,8 @@ def test_reflection_quality_on_held_out_seeds(tokenizer):
 
 
 def test_score_reflections_on_finished_episodes_and_evaluate_reports_reflection_quality(tokenizer, tiny_model_dir):
-    from rllib_r3l.evaluate import evaluate
-    from rllib_r3l.oracle import score_reflections
+    from rllib_r3l.cli.evaluate import evaluate
+    from rllib_r3l.runner.reflection.oracle import score_reflections
 
     ex, _backend = make_explorer(tokenizer, pivot=3)
     trajs = ex.episodes.run([EpisodeSpec(seed=SEED, group_id="e")])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rllib_r3l.prefix_tree import (build_prefix_tree, children_of, computed_tokens, leaf_batches,
+from rllib_r3l.learner.prefix_tree import (build_prefix_tree, children_of, computed_tokens, leaf_batches,
                                    plan_shared_micro_batches, tokens_split_by_cuts, trie_tokens)
 
 
@@ -96,9 +96,9 @@ def test_tokens_split_by_cuts_counts_the_prefix_each_cut_computes_again():
 def attention_path(request, monkeypatch):
     """Run a model-level test both ways a continuation attends to its cache on CPU: cascade
     attention for every call (threshold 0), and the default threshold, under which these short
-    test rows take transformers' masked SDPA (rllib_r3l.cascade_attention.CASCADE_MIN_KEYS)."""
+    test rows take transformers' masked SDPA (rllib_r3l.learner.cascade_attention.CASCADE_MIN_KEYS)."""
     if request.param == "cascade":
-        monkeypatch.setattr("rllib_r3l.cascade_attention.CASCADE_MIN_KEYS", 0)
+        monkeypatch.setattr("rllib_r3l.learner.cascade_attention.CASCADE_MIN_KEYS", 0)
     return request.param
 
 
@@ -129,7 +129,7 @@ def _shared_batch(vocab: int, with_prefix_credit: bool):
 def test_shared_hidden_states_equal_the_unshared_ones(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from rllib_r3l.rl_module import shared_prefix_hidden
+    from rllib_r3l.learner.rl_module import shared_prefix_hidden
 
     lm = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     b = _shared_batch(lm.config.vocab_size, with_prefix_credit=False)
@@ -145,7 +145,7 @@ def test_shared_hidden_states_with_prefix_rows_duplicates_and_unrelated_rows(tin
     leaves of different lengths under one parent, and two unrelated rows batched at the root."""
     from transformers import AutoModelForCausalLM
 
-    from rllib_r3l.rl_module import shared_prefix_hidden
+    from rllib_r3l.learner.rl_module import shared_prefix_hidden
 
     lm = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(5)
@@ -240,7 +240,7 @@ def test_prefix_sharing_falls_back_with_a_reason(tiny_model_dir, caplog):
         learner = _learner(share_prefixes=True, gradient_checkpointing=True)
     assert not learner.shares_prefixes("default_policy")
     assert "share_prefixes off: gradient checkpointing" in caplog.text
-    from rllib_r3l.rl_module import prefix_sharing_unsupported
+    from rllib_r3l.learner.rl_module import prefix_sharing_unsupported
 
     cfg = type("Cfg", (), {"layer_types": ["sliding_attention", "full_attention"]})()
     assert "sliding-window" in prefix_sharing_unsupported(cfg, False)

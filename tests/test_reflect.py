@@ -1,4 +1,4 @@
-"""Tests for rllib_r3l.reflect: report parsing (fuzzed), statistics, prompts, schema, guidance."""
+"""Tests for rllib_r3l.runner.reflection.reflect: report parsing (fuzzed), statistics, prompts, schema, guidance."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rllib_r3l.reflect import (
+from rllib_r3l.runner.reflection.reflect import (
     DEFAULT_REFLECTION_TEMPLATE,
     REPORT_JSON_SCHEMA,
     REQUIRED_PLACEHOLDERS,

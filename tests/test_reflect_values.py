@@ -1,4 +1,4 @@
-"""Reflection (rllib_r3l.reflect), exact values the property tests in test_reflect.py leave open:
+"""Reflection (rllib_r3l.runner.reflection.reflect), exact values the property tests in test_reflect.py leave open:
 statistics and their metrics, the schema as a whole, the prompt's reward/status/step texts, the
 wrapper object's raw text and the error messages."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rllib_r3l.reflect import (
+from rllib_r3l.runner.reflection.reflect import (
     ParseStatus,
     ReflectionStats,
     build_reflection_messages,

@@ -7,12 +7,12 @@ import pytest
 
 import environments
 from rllib_r3l import R3LConfig
-from rllib_r3l.chat import ChatFormat
-from rllib_r3l.explore import ExploreOptions, Explorer
-from rllib_r3l.prefix_tree import trie_tokens
-from rllib_r3l.reflect import report_json_schema
-from rllib_r3l.reflection_context import transcript_prompt
-from rllib_r3l.rollout import EpisodeRunner, RolloutOptions
+from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.explore import ExploreOptions, Explorer
+from rllib_r3l.learner.prefix_tree import trie_tokens
+from rllib_r3l.runner.reflection.reflect import report_json_schema
+from rllib_r3l.runner.reflection.context import transcript_prompt
+from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind
 from tests.scripted import ScriptedBackend
 

@@ -17,12 +17,12 @@ import pytest
 import environments
 from rllib_r3l import R3LConfig
 from rllib_r3l.batch import build_train_batch, select_trainable
-from rllib_r3l.chat import ChatFormat
-from rllib_r3l.explore import ExploreOptions, Explorer
-from rllib_r3l.faults import fault_plan, wrap_env_factory
+from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.explore import ExploreOptions, Explorer
+from rllib_r3l.reliability.faults import fault_plan, wrap_env_factory
 from rllib_r3l.generation.base import GenerationResult
 from rllib_r3l.models import load_tokenizer
-from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Status
 from tests.hang_guard import HANG_GUARD_S
 from tests.scripted import ScriptedBackend

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from rllib_r3l import cli
+from rllib_r3l.cli import commands as cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
@@ -52,7 +52,7 @@ def test_iteration_losing_every_episode_to_env_creation_raises_with_the_env_mess
 
 def _cli(argv, **kw):
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_CHDIR_TO_TRIAL_DIR="0")
-    return subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli", *argv], cwd=ROOT, env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.commands", *argv], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 
@@ -87,6 +87,6 @@ def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_pat
     its = _iterations(trial)
     assert its[-1] == 4 and its.count(1) == 1, its  # the counter continued from the checkpoint
     assert f"tensorboard --logdir {exp}" in out
-    from rllib_r3l.export import find_checkpoint
+    from rllib_r3l.cli.export import find_checkpoint
 
     assert find_checkpoint(str(exp)).endswith("checkpoint_000003")  # evaluate EXPERIMENT_DIR: one trial

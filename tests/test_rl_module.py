@@ -1,4 +1,4 @@
-"""The policy RLModule (rllib_r3l.rl_module) on the tiny model: what ``setup`` builds from the
+"""The policy RLModule (rllib_r3l.learner.rl_module) on the tiny model: what ``setup`` builds from the
 model config, the credited-token log-probs against a plain forward, the state in and out, and the
 pure helpers. Fast: no Ray runtime, no learner."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_r3l.rl_module import (
+from rllib_r3l.learner.rl_module import (
     R3LCausalLMModule,
     _strip,
     hf_named_tensors,
@@ -25,7 +25,7 @@ SPACE = gym.spaces.Text(max_length=8)
 
 def ours(caplog):
     """This module's log lines (RLlib may log its own deprecation notices meanwhile)."""
-    return [r.getMessage() for r in caplog.records if r.name == "rllib_r3l.rl_module"]
+    return [r.getMessage() for r in caplog.records if r.name == "rllib_r3l.learner.rl_module"]
 
 
 def module(**model_config):
@@ -55,13 +55,13 @@ def test_setup_options(tiny_model_dir, caplog):
     bf16 = module(model_dtype="bfloat16")
     assert all(p.dtype == torch.bfloat16 for p in bf16.lm.parameters())
     assert module(share_prefixes=True).share_prefixes is True
-    with caplog.at_level(logging.WARNING, logger="rllib_r3l.rl_module"):
+    with caplog.at_level(logging.WARNING, logger="rllib_r3l.learner.rl_module"):
         gc = module(gradient_checkpointing=True, share_prefixes=True)
     assert gc.lm.is_gradient_checkpointing and gc.share_prefixes is False
     assert ours(caplog) == ["share_prefixes off: gradient checkpointing recomputes without a KV cache; every "
                                "sequence runs on its own"]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="rllib_r3l.rl_module"):
+    with caplog.at_level(logging.WARNING, logger="rllib_r3l.learner.rl_module"):
         assert module(gradient_checkpointing=True).share_prefixes is False
     assert ours(caplog) == []  # nothing asked, nothing to warn about
 
@@ -95,7 +95,7 @@ def test_a_sliding_window_model_trains_without_shared_prefixes(tiny_model_dir, m
         return lm
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", sliding)
-    with caplog.at_level(logging.WARNING, logger="rllib_r3l.rl_module"):
+    with caplog.at_level(logging.WARNING, logger="rllib_r3l.learner.rl_module"):
         m = module(share_prefixes=True)
     assert m.share_prefixes is False
     assert ours(caplog) == ["share_prefixes off: the model has sliding-window attention layers (a cache would "
@@ -193,7 +193,7 @@ def test_a_shim_without_the_option_runs_the_plain_forward(plain):
 
 
 def test_shared_prefix_hidden_of_empty_rows_is_zeros(plain):
-    from rllib_r3l.rl_module import shared_prefix_hidden
+    from rllib_r3l.learner.rl_module import shared_prefix_hidden
 
     decoder = plain.lm.get_decoder()
     ids = torch.tensor([[5, 6, 7], [0, 0, 0]])
@@ -226,7 +226,7 @@ def test_state_out_and_in(plain):
 
 def test_lora_state_for_the_engines_is_the_merged_adapted_layers(tiny_model_dir):
     pytest.importorskip("peft")
-    from rllib_r3l.weight_sync import lora_engine_state
+    from rllib_r3l.learner.weight_sync import lora_engine_state
 
     m = module(lora={"r": 2, "target_modules": ["q_proj"]})
     got = m.get_state(inference_only=True)

@@ -1,9 +1,9 @@
-"""What the console's header reports about a run and the machine (``rllib_r3l.run_info``)."""
+"""What the console's header reports about a run and the machine (``rllib_r3l.cli.run_info``)."""
 
 import os
 
 from rllib_r3l import R3LConfig
-from rllib_r3l.run_info import cpu_model, expected_episodes, learner_precision, run_info
+from rllib_r3l.cli.run_info import cpu_model, expected_episodes, learner_precision, run_info
 
 
 def test_run_info_counts_base_episodes_and_retries_as_the_explorer_will():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_r3l.replay import GroupReplayBuffer, decay_limit_priority, weighted_sample_without_replacement
+from rllib_r3l.replay_buffer import GroupReplayBuffer, decay_limit_priority, weighted_sample_without_replacement
 
 PROMPT = "You are in room 1 of 3."
 CONT = " move right, then go north and open the door"  # several tokens: a robust "weights moved" signal
@@ -109,7 +109,7 @@ def test_replay_and_scaling_options_are_validated():
 
 def test_engine_options_for_colocated_sleep():
     from rllib_r3l import R3LConfig
-    from rllib_r3l.env_runner import engine_options
+    from rllib_r3l.runner.env_runner import engine_options
 
     opts = {"gpu_memory_utilization": 0.3}
     cfg = R3LConfig().training(backend="vllm", backend_options=dict(opts), colocate_engine_sleep=True)
@@ -121,7 +121,7 @@ def test_engine_options_for_colocated_sleep():
 
 def test_replay_from_config_only_when_s_exceeds_one():
     from rllib_r3l import R3LConfig
-    from rllib_r3l.replay import replay_from_config
+    from rllib_r3l.replay_buffer import replay_from_config
 
     assert replay_from_config(R3LConfig().training(weight_sync_interval=1)) is None
     assert replay_from_config(R3LConfig().training(weight_sync_interval=4, replay_buffer=False)) is None
@@ -133,7 +133,7 @@ def test_replay_from_config_only_when_s_exceeds_one():
 # Learner-side helpers
 # ---------------------------------------------------------------------------------------------------
 def test_pad_batch_for_learners():
-    from rllib_r3l.distributed import pad_batch_for_learners
+    from rllib_r3l.learner.distributed import pad_batch_for_learners
 
     b = {"input_ids": np.arange(6).reshape(3, 2), "loss_mask": np.ones((3, 2)), "num_loss_tokens": np.full(3, 2.0),
          "advantages": np.ones(3), "weights": np.ones(3), "attention_mask": np.ones((3, 2))}
@@ -174,7 +174,7 @@ def test_allreduce_gradients_with_uneven_microbatches():
     import sys
     from pathlib import Path
 
-    import rllib_r3l.distributed as D
+    import rllib_r3l.learner.distributed as D
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -198,7 +198,7 @@ def test_lora_engine_state_is_the_merged_model(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from rllib_r3l.weight_sync import lora_engine_state
+    from rllib_r3l.learner.weight_sync import lora_engine_state
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
@@ -251,7 +251,7 @@ def _ref_logprobs(state, model_dir, prompt_ids, cont_ids):
     """T=1 log-probs of ``cont`` under an independent HF model holding the learner's weights."""
     from transformers import AutoModelForCausalLM
 
-    from rllib_r3l.rl_module import hf_named_tensors
+    from rllib_r3l.learner.rl_module import hf_named_tensors
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if state:

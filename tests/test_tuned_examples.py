@@ -16,7 +16,7 @@ import sys
 import pytest
 import yaml
 
-from rllib_r3l import cli
+from rllib_r3l.cli import commands as cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "tuned_examples")

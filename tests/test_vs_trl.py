@@ -47,7 +47,7 @@ def test_our_grpo_form_is_a_valid_config(settings):
 def test_task_seeds_are_what_our_runner_draws(settings):
     """The TRL dataset is built from the seeds our local env runner draws per iteration."""
     from rllib_r3l import R3LConfig
-    from rllib_r3l.env_runner import R3LEnvRunner
+    from rllib_r3l.runner.env_runner import R3LEnvRunner
 
     cfg = R3LConfig().environment(settings.env, env_config=dict(settings.env_config)).training(
         **vs_trl.ours_training_options(settings)).debugging(seed=7)

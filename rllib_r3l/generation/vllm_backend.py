@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 def cpu_default_dtype() -> str:
     """"bfloat16" when the CPU computes bf16 natively (AVX512-bf16 or AMX), else "float32"."""
-    from rllib_r3l.precision import native_bf16
+    from rllib_r3l.learner.precision import native_bf16
 
     return "bfloat16" if native_bf16("cpu") else "float32"
 

@@ -2,7 +2,7 @@
 
 :func:`weight_buckets` cuts the learner's weights into buckets of about ``bucket_bytes`` without
 splitting a decoder layer (vLLM fuses q/k/v and gate/up inside one); each bucket is loaded on every
-worker by :func:`reload_weights_on_worker` through ``collective_rpc``. :mod:`rllib_r3l.weight_sync`
+worker by :func:`reload_weights_on_worker` through ``collective_rpc``. :mod:`rllib_r3l.learner.weight_sync`
 plans the sync; :class:`rllib_r3l.generation.vllm_backend.VLLMBackend` drives it.
 """
 

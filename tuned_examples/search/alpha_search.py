@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     p.add_argument("--num-cpus", type=int, default=max(os.cpu_count() or 1, 4))
     args = p.parse_args(argv)
 
-    from rllib_r3l import cli, report
+    from rllib_r3l.cli import commands as cli
+    from rllib_r3l.cli import experiment_report as report
 
     if args.preset == "cpu":
         base = dict(CPU_CONFIG)

@@ -1,7 +1,7 @@
 """``R3LDeepSpeedLearner``: the R3L learner on DeepSpeed ZeRO (``deepspeed={"stage": 2 or 3}``).
 
 For models whose full-precision weights, gradients and AdamW moments do not fit one accelerator
-per learner. Same loss and micro-batching as :class:`~rllib_r3l.learner.R3LTorchLearner`; what changes:
+per learner. Same loss and micro-batching as :class:`~rllib_r3l.learner.torch_learner.R3LTorchLearner`; what changes:
 
 * the policy's ``lm`` is wrapped by ``deepspeed.initialize`` (ZeRO ``stage`` 0-3, optional
   ``offload_optimizer`` / ``offload_param`` to CPU, anything else under ``config``); RLlib does not
@@ -32,8 +32,8 @@ import torch
 from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
 from ray.rllib.utils.annotations import override
 
-from rllib_r3l import distributed
-from rllib_r3l.learner import R3LTorchLearner
+from rllib_r3l.learner import distributed
+from rllib_r3l.learner.torch_learner import R3LTorchLearner
 
 logger = logging.getLogger(__name__)
 

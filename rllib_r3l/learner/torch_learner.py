@@ -20,9 +20,12 @@ import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
-from rllib_r3l import core_algos, distributed, faults, precision
+from rllib_r3l import core_algos
+from rllib_r3l.learner import distributed
+from rllib_r3l.reliability import faults
+from rllib_r3l.learner import precision
 from rllib_r3l.batch import plan_micro_batches
-from rllib_r3l.prefix_tree import computed_tokens, plan_shared_micro_batches, tokens_split_by_cuts
+from rllib_r3l.learner.prefix_tree import computed_tokens, plan_shared_micro_batches, tokens_split_by_cuts
 from rllib_r3l.trajectory import KINDS
 
 
@@ -38,7 +41,7 @@ class R3LTorchLearner(TorchLearner):
         if self.config.kl_coef > 0:
             from transformers import AutoModelForCausalLM
 
-            from rllib_r3l.rl_module import R3LCausalLMModule
+            from rllib_r3l.learner.rl_module import R3LCausalLMModule
 
             mod = next(iter(self.module.values()))
             path = mod.unwrapped().model_path if hasattr(mod, "unwrapped") else mod.model_path
@@ -156,7 +159,7 @@ class R3LTorchLearner(TorchLearner):
         return out
 
     def autocast(self):
-        """bf16 autocast per ``mixed_precision`` (fp32 master weights; ``rllib_r3l.precision``)."""
+        """bf16 autocast per ``mixed_precision`` (fp32 master weights; ``rllib_r3l.learner.precision``)."""
         return precision.autocast(self.config.mixed_precision, self._device.type if self._device is not None else "cpu")
 
     @override(TorchLearner)

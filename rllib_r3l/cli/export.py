@@ -151,7 +151,7 @@ def load_module_dir(mdir: str, base_model: Optional[str] = None, dtype: Optional
     from transformers import AutoModelForCausalLM
 
     from rllib_r3l.models import ModelResolutionError, _torch_dtype, load_tokenizer, resolve_model
-    from rllib_r3l.rl_module import hf_named_tensors
+    from rllib_r3l.learner.rl_module import hf_named_tensors
 
     state, ctor = _module_state_and_ctor(mdir)
     args, kwargs = ctor.get("ctor_args_and_kwargs", ((), {}))

@@ -15,8 +15,8 @@ from typing import Any, Dict, List, Optional
 import torch
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 
-from rllib_r3l.cascade_attention import supported as cascade_supported
-from rllib_r3l.cascade_attention import use_cascade
+from rllib_r3l.learner.cascade_attention import supported as cascade_supported
+from rllib_r3l.learner.cascade_attention import use_cascade
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +99,8 @@ class R3LCausalLMModule(TorchRLModule):
     def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
         """Full state (CPU tensors: a GPU learner's state crosses the object store). With
         ``inference_only`` (the weight sync into the engines) and LoRA: the merged weights of the
-        adapted decoder layers only (``rllib_r3l.weight_sync.lora_engine_state``)."""
-        from rllib_r3l.weight_sync import lora_engine_state, to_cpu_state
+        adapted decoder layers only (``rllib_r3l.learner.weight_sync.lora_engine_state``)."""
+        from rllib_r3l.learner.weight_sync import lora_engine_state, to_cpu_state
 
         if inference_only and getattr(self, "lora", None):
             return {"lm." + k: v for k, v in lora_engine_state(self.lm).items()}
@@ -139,7 +139,7 @@ def shared_prefix_hidden(decoder: torch.nn.Module, input_ids: torch.Tensor, leng
     zero. On CPU a node attends to its parent's cache through ``cascade_attention`` (no mask, the
     causal triangle skipped), else through transformers' masked SDPA.
     """
-    from rllib_r3l.prefix_tree import build_prefix_tree, children_of
+    from rllib_r3l.learner.prefix_tree import build_prefix_tree, children_of
 
     seqs = [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
     nodes, paths = build_prefix_tree(seqs)

@@ -28,12 +28,12 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from rllib_r3l import core_algos
-from rllib_r3l import oracle as oracle_lib
-from rllib_r3l import reflect as reflect_lib
-from rllib_r3l import reflection_context
-from rllib_r3l.chat import ChatFormat
+from rllib_r3l.runner.reflection import oracle as oracle_lib
+from rllib_r3l.runner.reflection import reflect as reflect_lib
+from rllib_r3l.runner.reflection import context as reflection_context
+from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
-from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec
+from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -58,10 +58,10 @@ class ExploreOptions:
     pivotal_credit: bool = True
     max_context_tokens: Optional[int] = None  # auxiliary items longer than this are dropped (counted)
     score_behaviour: bool = False  # attach the behaviour model's log-probs to base rollouts (importance ratio)
-    reflection_context: str = "log"  # "transcript": continue the episode's own context (rllib_r3l.reflection_context)
+    reflection_context: str = "log"  # "transcript": continue the episode's own context (rllib_r3l.runner.reflection.context)
     reflection_max_chars: Optional[int] = None  # bound on each text field of a structured report
     reflection_outcome: str = "model"  # "reward": a failed episode's report skips the outcome (known from the reward)
-    reflector: str = "policy"  # "oracle": DIAGNOSTIC reports from the environment's oracle (rllib_r3l.oracle)
+    reflector: str = "policy"  # "oracle": DIAGNOSTIC reports from the environment's oracle (rllib_r3l.runner.reflection.oracle)
     reflect_on: str = "all"  # "failures": only failed base episodes (paper §3; R3LConfig's default); "all": authors' code
 
     @property
@@ -169,7 +169,7 @@ class Explorer:
             logger.exception("reflection generation failed")
             return [(None, p, None) for p in prompts]
         self.counters["prompt_tokens_cached_reflect"] += sum(o.cached_prompt_tokens for o in outs)
-        self.counters["progress_reflections"] += len(outs)  # live progress (rllib_r3l.progress)
+        self.counters["progress_reflections"] += len(outs)  # live progress (rllib_r3l.runner.progress)
         self.counters["progress_tokens"] += sum(len(o.token_ids) for o in outs)
         results = []
         for t, p, o, k in zip(trajectories, prompts, outs, known):

@@ -2,8 +2,8 @@
 
 The policy comes from an algorithm checkpoint (the learner's weights and the training config, read
 from the checkpoint without starting Ray) or from a directory written by ``rllib-r3l export``.
-Episodes run with the project's own rollout code (:class:`rllib_r3l.rollout.EpisodeRunner`,
-:func:`rllib_r3l.generation.make_backend`, :class:`rllib_r3l.chat.ChatFormat`), prompted exactly as
+Episodes run with the project's own rollout code (:class:`rllib_r3l.runner.rollout.EpisodeRunner`,
+:func:`rllib_r3l.generation.make_backend`, :class:`rllib_r3l.runner.chat.ChatFormat`), prompted exactly as
 in training, at the evaluation temperature (paper K.1: 0.4) or greedily. Tasks are the seeds
 ``seed .. seed+episodes-1`` of the chosen split (default ``test``).
 """
@@ -39,17 +39,17 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
 
     ``reflections=True`` also lets the policy reflect on each episode (no retry) and adds its
     reflection quality to the summary: ``reflection_valid_rate`` and, where the environment has an
-    oracle, ``pivot_accuracy``, ``pivot_error_mean``, ``pivot_early_rate`` (``rllib_r3l.oracle``)."""
+    oracle, ``pivot_accuracy``, ``pivot_error_mean``, ``pivot_early_rate`` (``rllib_r3l.runner.reflection.oracle``)."""
     import pandas as pd
 
     import environments
     from environments import registry
-    from rllib_r3l import export as ex
-    from rllib_r3l.chat import ChatFormat
+    from rllib_r3l.cli import export as ex
+    from rllib_r3l.runner.chat import ChatFormat
     from rllib_r3l.generation import make_backend, resolve_backend_name
     from rllib_r3l.generation.hf_backend import HFBackend
     from rllib_r3l.models import load_tokenizer
-    from rllib_r3l.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+    from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
     path = os.path.abspath(os.path.expanduser(source))
     tmp = None
@@ -139,7 +139,7 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
                     "last_action": t.actions[-1] if t.actions else "",
                 })
         if reflections:
-            from rllib_r3l.oracle import score_reflections
+            from rllib_r3l.runner.reflection.oracle import score_reflections
 
             m = score_reflections(runner, ChatFormat(tokenizer), finished, temperature=temp,
                                   max_reflection_tokens=int(max_reflection_tokens or _setting(cfg, "max_reflection_tokens")),

@@ -1,8 +1,8 @@
 """``R3LEnvRunner``: an RLlib EnvRunner that explores text environments with an LLM (paper §4).
 
 It owns a generation backend (vLLM, or transformers as the fallback), a pool of environments and an
-:class:`~rllib_r3l.explore.Explorer`. ``sample()`` returns explored task groups (Python objects,
-see ``rllib_r3l.explore.GroupResult``); the Algorithm turns them into the learner's batch.
+:class:`~rllib_r3l.runner.explore.Explorer`. ``sample()`` returns explored task groups (Python objects,
+see ``rllib_r3l.runner.explore.GroupResult``); the Algorithm turns them into the learner's batch.
 ``set_state`` with new module weights loads them into the running engine in place.
 """
 
@@ -22,8 +22,8 @@ from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from rllib_r3l.explore import LOST, ExploreOptions, Explorer, GroupResult
-from rllib_r3l.rollout import ROLLOUT_TIMERS
+from rllib_r3l.runner.explore import LOST, ExploreOptions, Explorer, GroupResult
+from rllib_r3l.runner.rollout import ROLLOUT_TIMERS
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         self._backend = None
         self._reflector = None
         self._explorer: Optional[Explorer] = None
-        self._progress = None  # live progress for the console (rllib_r3l.progress), when it asks for it
+        self._progress = None  # live progress for the console (rllib_r3l.runner.progress), when it asks for it
         self._engine_start_logged = False
         self._episodes = None
         self._chat = None
@@ -67,7 +67,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
 
         if split and "split" not in env_config and _accepts(environments.registry.resolve(env_id), "split"):
             env_config["split"] = split
-        from rllib_r3l.faults import wrap_env_factory
+        from rllib_r3l.reliability.faults import wrap_env_factory
 
         # fault_injection (a testing aid, off by default) wraps the environments; else unchanged
         return wrap_env_factory(lambda: environments.make(env_id, env_config), self.config, self.counters,
@@ -76,10 +76,10 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
     def _setup(self) -> None:
         if self._explorer is not None:
             return
-        from rllib_r3l.chat import ChatFormat
+        from rllib_r3l.runner.chat import ChatFormat
         from rllib_r3l.generation import make_backend
         from rllib_r3l.models import load_tokenizer, resolve_model
-        from rllib_r3l.rollout import EpisodeRunner, RolloutOptions
+        from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 
         c = self.config
         path = resolve_model(c.model_id)
@@ -93,7 +93,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             self._reflector = make_backend(c.backend, rpath, **engine_options(c))
             reflector_chat = ChatFormat(load_tokenizer(rpath))
         self.counters["backend_start_seconds"] = int(time.perf_counter() - t0)
-        from rllib_r3l.resilience import seeded_backend
+        from rllib_r3l.reliability.resilience import seeded_backend
 
         # sampling_seed: every generate call seeded from the sample's task seeds (reproducible resume)
         self._backend = seeded_backend(self._backend, c.sampling_seed)
@@ -134,7 +134,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         self._explorer = Explorer(self._episodes, self._chat, eopts, reflector=self._reflector,
                                   reflector_chat=reflector_chat)
         if not self._in_eval:
-            from rllib_r3l import progress
+            from rllib_r3l.runner import progress
 
             self._progress = progress.start_publisher(self.counters, str(self.worker_index))
         if self._pending_weights is not None:
@@ -187,7 +187,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
     def _explore_round(self, num_groups: int) -> Optional[List[GroupResult]]:
         """One round of exploration on ``num_groups`` new tasks; None when it failed (counted)."""
         seeds = [int(s) for s in self._rng.integers(0, 2**31 - 1, size=num_groups)]
-        from rllib_r3l.resilience import begin_sample
+        from rllib_r3l.reliability.resilience import begin_sample
 
         begin_sample(seeds, self._backend, self._reflector)
         gids = [f"w{self.worker_index}-g{self._num_groups_sampled + i}-s{s}" for i, s in enumerate(seeds)]
@@ -306,7 +306,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
 
     # -- weights -------------------------------------------------------------------------------------
     def _load_weights(self, module_state: Dict[str, Any]) -> None:
-        from rllib_r3l.rl_module import hf_named_tensors
+        from rllib_r3l.learner.rl_module import hf_named_tensors
 
         t0 = time.perf_counter()
         self._backend.update_weights(hf_named_tensors(module_state))

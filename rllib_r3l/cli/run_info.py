@@ -54,7 +54,7 @@ def engine_dtype(config) -> str:
 
 def learner_precision(config) -> str:
     """``bf16 autocast (fp32 weights)`` or ``fp32``, as the learner resolves ``mixed_precision``."""
-    from rllib_r3l.precision import uses_autocast
+    from rllib_r3l.learner.precision import uses_autocast
 
     device = "cuda" if (getattr(config, "num_gpus_per_learner", 0) or 0) > 0 else "cpu"
     auto = uses_autocast(config.mixed_precision, device)
@@ -66,7 +66,7 @@ def learner_precision(config) -> str:
 def run_info(config, *, title: str = "R3L", log: Optional[str] = None, verbose: bool = False) -> Dict[str, Any]:
     """What :func:`header_lines` shows, read from ``config`` (an ``R3LConfig``) and this machine."""
     from rllib_r3l.generation import resolve_backend_name
-    from rllib_r3l.precision import native_bf16
+    from rllib_r3l.learner.precision import native_bf16
 
     reflect = bool(config.reflect)
     r = int(config.retries_per_failure)

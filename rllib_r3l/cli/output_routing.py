@@ -4,7 +4,7 @@
 :func:`routed_output` redirects the process's stdout/stderr at the file-descriptor level (engine
 output from C/C++, Python warnings, progress bars, library loggers with their own handlers) into a
 log file, and still shows R3L's own errors as one console line each. Used by
-``rllib_r3l.console`` (re-exported there) for ``python -m rllib_r3l.main`` and ``rllib-r3l train``.
+``rllib_r3l.cli.console`` (re-exported there) for ``python -m rllib_r3l.cli.main`` and ``rllib-r3l train``.
 """
 
 from __future__ import annotations

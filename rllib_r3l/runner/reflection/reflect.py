@@ -14,7 +14,7 @@ This module is pure Python (no torch / vLLM). It provides:
 * :func:`format_guidance` - the text inserted into the retry's context.
 
 The report itself (its model, the parser that never raises, the per-status counts) is
-:mod:`rllib_r3l.reflection_report`; its names are re-exported here.
+:mod:`rllib_r3l.runner.reflection.report`; its names are re-exported here.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import re
 import string
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from rllib_r3l.reflection_report import (Outcome, ParseResult, ParseStatus, ReflectionReport, ReflectionStats,
+from rllib_r3l.runner.reflection.report import (Outcome, ParseResult, ParseStatus, ReflectionReport, ReflectionStats,
                                          parse_report)
 
 __all__ = [

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from rllib_r3l import faults
+from rllib_r3l.reliability import faults
 from rllib_r3l.generation.base import GenerationBackend
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 A small model's report may sit among prose, be cut short, carry trailing commas or be written as a
 Python literal (single quotes, ``None``/``True``). :func:`candidates` lists the substrings that may
 hold the object; :func:`load_lenient` parses one without ever raising. What the object must contain
-is :mod:`rllib_r3l.reflection_report`'s business.
+is :mod:`rllib_r3l.runner.reflection.report`'s business.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Running prepared experiments with Ray Tune (what ``rllib-r3l train`` does after validation).
 
 Experiments run one after another (with several in one Tune run, Ray 2.60 syncs only the first
-one's results to its storage path). Each is started or resumed as ``rllib_r3l.resume.plan_runs``
+one's results to its storage path). Each is started or resumed as ``rllib_r3l.cli.resume.plan_runs``
 decided; an interrupted experiment ends the sequence. The progress table is Tune's CLIReporter
 with R3L's columns (iteration, time, reward, success rate, episodes lost) instead of the first
 four keys Tune's default output happens to find; :class:`ConsoleCallback` draws R3L's own console
-(``rllib_r3l.console``: header, live progress, a line per iteration, summary table and run.png per
+(``rllib_r3l.cli.console``: header, live progress, a line per iteration, summary table and run.png per
 trial), the same as the main job's.
 """
 
@@ -17,9 +17,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ray.tune import Callback
 
-from rllib_r3l import console, outcome, run_info
+from rllib_r3l.cli import console
+from rllib_r3l.cli import outcome
+from rllib_r3l.cli import run_info
 from rllib_r3l.errors import UsageError
-from rllib_r3l.resume import RESUME, tune_resume_config
+from rllib_r3l.cli.resume import RESUME, tune_resume_config
 
 PROGRESS_COLUMNS = {
     "training_iteration": "iter",

@@ -8,8 +8,8 @@ turn). :func:`parse_report` never raises: every text gets a :class:`ParseResult`
 Validity rules (as in the authors' implementation): the summary, root cause and outcome must be
 present; outcome ``success`` means a *perfect* episode (no retry); the other two outcomes need a
 non-null suggestion and a pivot ``0 <= pivot < num_turns``. Prompting the reflector and the retry's
-guidance live in :mod:`rllib_r3l.reflect`; finding and leniently loading the object in free text,
-in :mod:`rllib_r3l.lenient_json`.
+guidance live in :mod:`rllib_r3l.runner.reflection.reflect`; finding and leniently loading the object in free text,
+in :mod:`rllib_r3l.runner.reflection.lenient_json`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from rllib_r3l.lenient_json import NotAnObject, load_lenient
-from rllib_r3l.lenient_json import candidates as find_candidates
+from rllib_r3l.runner.reflection.lenient_json import NotAnObject, load_lenient
+from rllib_r3l.runner.reflection.lenient_json import candidates as find_candidates
 
 __all__ = ["Outcome", "ReflectionReport", "ParseStatus", "ParseResult", "parse_report", "ReflectionStats"]
 

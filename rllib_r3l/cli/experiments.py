@@ -5,7 +5,7 @@ An experiments file is ``{name: {run: R3L, stop: {...}, config: {...}}}`` (the s
 checked without starting Ray or loading a model, and every mistake is a :class:`UsageError` that
 names the key (``FILE: EXPERIMENT.config.KEY`` or ``--set KEY=...``) and the fix. The checks that
 need the machine (the environment can be built, the model can be found) are in
-``rllib_r3l.preflight``; stop criteria in ``rllib_r3l.stopping``.
+``rllib_r3l.preflight``; stop criteria in ``rllib_r3l.cli.stopping``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from rllib_r3l.errors import UsageError, did_you_mean
-from rllib_r3l.stopping import check_stop_criteria
+from rllib_r3l.cli.stopping import check_stop_criteria
 
 # Keys of one experiment spec (Tune's ``Experiment`` arguments that make sense in a file).
 SPEC_KEYS = ("run", "stop", "config", "num_samples", "storage_path", "checkpoint_config", "time_budget_s",

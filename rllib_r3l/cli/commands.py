@@ -23,7 +23,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from rllib_r3l.errors import UsageError
-from rllib_r3l.experiments import (  # noqa: F401 - the CLI's file handling, also used as cli.<name>
+from rllib_r3l.cli.experiments import (  # noqa: F401 - the CLI's file handling, also used as cli.<name>
     expand_variants,
     known_config_keys,
     load_yaml_file,
@@ -67,8 +67,9 @@ def make_callbacks(args) -> list:
 
 
 def cmd_train(args) -> int:
-    from rllib_r3l import launch, resume
-    from rllib_r3l.experiments import check_resources
+    from rllib_r3l.cli import launch
+    from rllib_r3l.cli import resume
+    from rllib_r3l.cli.experiments import check_resources
 
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
     if args.num_cpus is not None and args.num_cpus < 1:
@@ -89,7 +90,7 @@ def cmd_train(args) -> int:
         print(f"# {len(experiments)} experiment(s) valid; not started (--dry-run)")
         return EXIT_OK
 
-    from rllib_r3l import console
+    from rllib_r3l.cli import console
 
     # quiet by default: R3L's console here, Tune's own output and the library logs in the log file;
     # --verbose N: those on the console too (Tune at verbosity N)
@@ -120,7 +121,7 @@ def cmd_train(args) -> int:
 def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_path):
     import ray
 
-    from rllib_r3l import launch
+    from rllib_r3l.cli import launch
 
     started = False
     if not ray.is_initialized():
@@ -189,7 +190,7 @@ def _quiet_transformers() -> None:
 
 
 def cmd_evaluate(args) -> int:
-    from rllib_r3l import evaluate as ev
+    from rllib_r3l.cli import evaluate as ev
 
     _quiet_transformers()
     if args.episodes < 1:
@@ -219,7 +220,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from rllib_r3l import export as ex
+    from rllib_r3l.cli import export as ex
 
     _quiet_transformers()
     out = ex.export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, force=args.force,
@@ -230,7 +231,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from rllib_r3l import report
+    from rllib_r3l.cli import experiment_report as report
 
     table, pngs, out_dir = report.make_report(args.experiment_dir, args.out)
     import pandas as pd

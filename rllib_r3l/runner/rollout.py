@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
 
-from rllib_r3l.chat import ChatFormat
+from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
 
@@ -290,7 +290,7 @@ class EpisodeRunner:
     def _advance(self, lv: _Live, res) -> None:
         traj = lv.traj
         traj.segments.append(Segment("response", list(res.token_ids), turn=lv.turn, logprobs=list(res.logprobs)))
-        self.counters["progress_turns"] += 1  # live progress (rllib_r3l.progress)
+        self.counters["progress_turns"] += 1  # live progress (rllib_r3l.runner.progress)
         self.counters["progress_tokens"] += len(res.token_ids)
         if res.finish_reason == "length":
             self.counters["truncated_responses"] += 1

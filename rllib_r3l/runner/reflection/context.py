@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from rllib_r3l.chat import ChatFormat
-from rllib_r3l.reflect import _format_reward
+from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.reflection.reflect import _format_reward
 from rllib_r3l.trajectory import Trajectory
 
 CONTEXTS = ("log", "transcript")
