@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import sys
@@ -35,19 +34,10 @@ from typing import Any, Dict, List
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-OUT = ROOT / "benchmarks" / "results" / "default_setting"
+from benchmarks import harness  # noqa: E402
+
+OUT = harness.RESULTS / "default_setting"
 DEFAULT_GRID = "2x10,3x10,3x15,4x10,4x15"
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple:
-    """95 % Wilson interval of a binomial proportion k/n."""
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
 
 
 def measure(rooms: int, turns: int, args) -> Dict[str, Any]:
@@ -97,7 +87,7 @@ def measure(rooms: int, turns: int, args) -> Dict[str, Any]:
         "group_size": args.group_size, "seed": args.seed, "overrides": overrides,
         "env_overrides": json.loads(args.env_set) if args.env_set else {},
         "base_episodes": len(base), "base_successes": k, "base_success": k / max(len(base), 1),
-        "base_success_ci95": wilson(k, len(base)),
+        "base_success_ci95": harness.wilson(k, len(base)),
         "base_turns_mean": sum(t.num_turns for t in base) / max(len(base), 1),
         "retries": len(retries), "retry_successes": rk,
         "reflection_valid_rate": _num(r3l.get("reflection_valid_rate")),
@@ -128,7 +118,7 @@ def _num(v: Any) -> float:
 def table(records: List[Dict[str, Any]]) -> str:
     head = ("setting", "base ok", "95% CI", "turns", "valid", "pivot acc", "retries", "retry ok", "upd groups",
             "fwd tok", "credited", "fwd/cred", "explore s", "reflect s", "CPU s")
-    rows = [head]
+    rows = []
     for r in records:
         lo, hi = r["base_success_ci95"]
         rows.append((r["setting"], f"{r['base_successes']}/{r['base_episodes']}", f"{lo:.2f}-{hi:.2f}",
@@ -137,10 +127,7 @@ def table(records: List[Dict[str, Any]]) -> str:
                      f"{r['forward_tokens']:,}", str(r["credited_tokens"]),
                      f"{r['forward_tokens'] / max(r['credited_tokens'], 1):.1f}", f"{r['explore_s']:.0f}",
                      f"{r['reflect_s']:.0f}", f"{r['cpu_s']:.0f}"))
-    w = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(w[i]) for i, c in enumerate(row)) for row in rows]
-    lines.insert(1, "  ".join("-" * x for x in w))
-    return "\n".join(lines)
+    return harness.markdown_table(head, rows)
 
 
 def main(argv=None) -> int:
@@ -158,12 +145,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{args.tag}.jsonl"
-    done = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                done[r["setting"]] = r
+    done = {r["setting"]: r for r in harness.read_jsonl(path)}
     if not args.table_only:
         from rllib_r3l.cli.console import routed_output
 
@@ -176,8 +158,7 @@ def main(argv=None) -> int:
                 rooms, turns = (int(x) for x in s.split("x"))
                 con.line(f"{s}: exploring {args.groups} groups ...")
                 rec = measure(rooms, turns, args)
-                with open(path, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                harness.append_jsonl(path, [rec])
                 done[s] = rec
                 con.line(table([rec]).splitlines()[-1])
     recs = [done[s.strip()] for s in args.settings.split(",") if s.strip() in done] if not args.table_only else list(done.values())

@@ -19,8 +19,10 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+from benchmarks import harness  # noqa: E402
 from environments import make  # noqa: E402
 
 TWX_GAMES = ["coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder"]
@@ -110,11 +112,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             msg = str(e).split(". ")[0].replace("|", "/")
             rows.append((name, "-", "-", "-", f"not run: {type(e).__name__}: {msg[:150]}"))
         print(f"done: {name}", file=sys.stderr, flush=True)
-    header = ("env id", "first start s", "reset ms", "steps/s", "notes")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print(harness.markdown_table(("env id", "first start s", "reset ms", "steps/s", "notes"), rows))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@
 Each backend runs in its own subprocess (vLLM binds OpenMP threads for its whole process). Prints a
 table of generated tokens per second (sampling at T=1, chat prompt of ~250 tokens, tokens counted
 as actually generated), plus engine start and weight-sync times. Raw results are written to
-``benchmarks/results/generation_benchmark.json`` after each backend finishes (a run cut short keeps
-what finished).
+``--out`` (default ``benchmarks/results/generation_benchmark.json``) after each backend finishes (a
+run cut short keeps what finished).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from benchmarks import harness  # noqa: E402
 
 SYSTEM = (
     "You are an agent in a text adventure. Each turn you read the observation and answer with a "
@@ -97,17 +97,18 @@ def main() -> None:
     ap.add_argument("--hf-dtype", default=None, help="transformers backend dtype (default: bf16 where "
                     "the CPU has native bf16, else fp32; vLLM picks the same way)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both backends")
+    ap.add_argument("--out", default=str(harness.RESULTS / "generation_benchmark.json"), help="raw results (JSON)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.batches = [int(b) for b in str(args.batches).split(",") if b]
     if args.hf_dtype is None:
         import torch
 
-        from rllib_r3l.generation.vllm_backend import cpu_default_dtype
+        from rllib_r3l.generation.vllm_engine import cpu_default_dtype
 
         args.hf_dtype = "bfloat16" if torch.cuda.is_available() else cpu_default_dtype()
     if args.worker:
-        print("RESULT " + json.dumps(worker(args)), flush=True)
+        harness.emit_result(worker(args))
         return
 
     from rllib_r3l.models import resolve_model
@@ -122,13 +123,12 @@ def main() -> None:
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING=os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
+        got, proc = harness.run_child(cmd, env)
+        if got is None:
             print(f"{name} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
             continue
-        results.append(json.loads(lines[-1][len("RESULT "):]))
-        out = ROOT / "benchmarks" / "results" / "generation_benchmark.json"
+        results.append(got)
+        out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"model": args.model, "max_tokens": args.max_tokens, "cpus": os.cpu_count(),
                                    "load_start": load_start, "load_now": os.getloadavg()[0],
@@ -144,13 +144,10 @@ def main() -> None:
           f"(on {os.cpu_count()} CPUs; a loaded machine ruins the numbers)")
     # tok/s is wall clock; in brackets tokens per CPU-second of the process (less sensitive to a
     # shared machine; with N threads on an idle machine tok/s approaches N x that figure).
-    header = "| backend | start s | weight sync s | " + " | ".join(f"batch {b} tok/s (per CPU-s)" for b in args.batches) + " |"
-    print(header)
-    print("|" + "---|" * (3 + len(args.batches)))
-    for r in results:
-        label = f"{r['backend']} ({r['dtype']})"
-        cells = " | ".join(f"{row['tok_per_s']} ({row['tok_per_cpu_s']})" for row in r["rows"])
-        print(f"| {label} | {r['start_s']} | {r['weight_sync_s']} | {cells} |")
+    print(harness.markdown_table(
+        ["backend", "start s", "weight sync s", *(f"batch {b} tok/s (per CPU-s)" for b in args.batches)],
+        [[f"{r['backend']} ({r['dtype']})", r["start_s"], r["weight_sync_s"],
+          *(f"{row['tok_per_s']} ({row['tok_per_cpu_s']})" for row in r["rows"])] for r in results]))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-OUT = ROOT / "benchmarks" / "results"
+from benchmarks import harness  # noqa: E402
+
+OUT = harness.RESULTS
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 
 
@@ -241,7 +242,7 @@ def main() -> None:
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print("RESULT " + json.dumps(worker(args)), flush=True)
+        harness.emit_result(worker(args))
         return
     impls = [i for i in args.impls.split(",") if i]
     if args.from_log:
@@ -255,13 +256,10 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--worker", impl, "--model", args.model, "--batch", str(args.batch),
                    "--prompt", str(args.prompt), "--completion", str(args.completion), "--dtype", args.dtype,
                    "--autocast", args.autocast, "--micro-batch", str(args.micro_batch), "--steps", str(args.steps), "--threads", str(args.threads)]
-            p = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT),
-                               env=dict(os.environ, RAY_AUTH_MODE="disabled", TOKENIZERS_PARALLELISM="false"))
-            lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-            if p.returncode or not lines:
+            r, p = harness.run_child(cmd, dict(os.environ, RAY_AUTH_MODE="disabled", TOKENIZERS_PARALLELISM="false"))
+            if r is None:
                 print(f"{impl} failed (rc={p.returncode}):\n{p.stderr[-4000:]}", file=sys.stderr)
                 continue
-            r = json.loads(lines[-1][7:])
             r["rep"] = rep
             runs.append(r)
             for s in r["steps"]:

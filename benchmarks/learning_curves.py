@@ -38,7 +38,9 @@ diagnostic probes (``next_runs``). A running child keeps its pid in its folder's
 ``running.pid``: a second sweep on the same folder, or a restarted one whose killed parent left its
 children running, waits for those runs instead of starting them twice.
 
-Not a test: a benchmark script (its arithmetic is tested in ``tests/test_learning_curves.py``).
+The sweep writes its results and never commits them: commit the folder yourself when a run is worth
+keeping. Not a test: a benchmark script (its arithmetic is tested in
+``benchmarks/tests/test_learning_curves.py``; the intervals are ``benchmarks/harness.py``'s).
 """
 
 from __future__ import annotations
@@ -59,12 +61,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from benchmarks.default_setting import wilson  # noqa: E402  (95 % Wilson interval)
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import mean_interval, risk_ratio, wilson  # noqa: E402  (the statistics)
 from rllib_r3l.cli.run_info import cpu_model  # noqa: E402
 
 # v2 (issue 11's sweep) ran with vLLM's choice grammar, full TWX text and unshared sequences; v3 runs
 # the shipped defaults: actions in the tokenizer's own tokens, compact observations, shared prefixes.
-OUT = ROOT / "benchmarks" / "results" / "learning_curves_v3"
+OUT = harness.RESULTS / "learning_curves_v3"
 
 PLAIN_GUIDANCE = "Advice for this step: {suggestion}"
 PAPER_AUX_ITEMS = ("reflection_sft", "retry_sft")
@@ -80,7 +83,7 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "r3l_no_pivot": dict(reflect=True, pivotal_credit=False, positive_amplification=True, std_normalize=False),
     # own reflections without the auxiliary reflection/retry-SFT items: do they swamp the policy
     # gradient? (the token-mean gives each report token a fixed advantage of 1.0)
-    "r3l_no_aux": dict(reflect=True, aux_tasks=False, pivotal_credit=True, positive_amplification=True,
+    "r3l_no_aux": dict(reflect=True, aux_items=[], pivotal_credit=True, positive_amplification=True,
                        std_normalize=False),
     # ... or with the guided-retry items only: is it the policy's own reports, trained as positives?
     "r3l_no_reflection_sft": dict(reflect=True, aux_items=["retry_sft"], pivotal_credit=True,
@@ -109,51 +112,8 @@ DEFAULT_SETTING: Dict[str, Any] = {
     "engine_dtype": "float32", "mixed_precision": "none",
 }
 
-# two-sided 95 % Student t quantiles by degrees of freedom
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
 # ---------------------------------------------------------------------------------------------------
-# statistics (pure)
-def t_quantile(df: int) -> float:
-    """The 97.5 % Student t quantile for ``df`` degrees of freedom: from the table, the nearest smaller
-    tabulated df between entries (a slightly wider interval), 1.96 beyond 30."""
-    if df < 1:
-        raise ValueError(f"df must be >= 1, got {df}")
-    if df > 30:
-        return 1.96
-    return _T975[max(k for k in _T975 if k <= df)]
-
-
-def mean_interval(xs: Sequence[float]) -> Dict[str, float]:
-    """Mean, sample std and the 95 % t-interval of the mean (seeds as the unit); NaN where undefined."""
-    xs = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
-    n = len(xs)
-    if n == 0:
-        return {"n": 0, "mean": math.nan, "std": math.nan, "lo": math.nan, "hi": math.nan}
-    m = sum(xs) / n
-    if n == 1:
-        return {"n": 1, "mean": m, "std": math.nan, "lo": math.nan, "hi": math.nan}
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    h = t_quantile(n - 1) * sd / math.sqrt(n)
-    return {"n": n, "mean": m, "std": sd, "lo": m - h, "hi": m + h}
-
-
-def risk_ratio(k1: int, n1: int, k0: int, n0: int, z: float = 1.96) -> Dict[str, float]:
-    """(k1/n1) / (k0/n0) with the Katz log interval; a zero count gets the Haldane 0.5 correction
-    (estimate and interval), flagged in ``corrected``. Episodes as the unit: it ignores the spread
-    between seeds, which ``paired`` ratios show."""
-    if min(n1, n0) <= 0:
-        return {"ratio": math.nan, "lo": math.nan, "hi": math.nan, "corrected": False}
-    corrected = k1 == 0 or k0 == 0
-    a, b = (k1 + 0.5, k0 + 0.5) if corrected else (k1, k0)
-    m1, m0 = (n1 + 0.5, n0 + 0.5) if corrected else (n1, n0)
-    r = (a / m1) / (b / m0)
-    se = math.sqrt(1 / a - 1 / m1 + 1 / b - 1 / m0)
-    return {"ratio": r, "lo": r * math.exp(-z * se), "hi": r * math.exp(z * se), "corrected": corrected}
-
-
+# curves (pure)
 def interpolate_curve(xs: Sequence[float], ys: Sequence[float], grid: Sequence[float]) -> List[float]:
     """Piecewise-linear ``ys(xs)`` on ``grid``; NaN outside ``[xs[0], xs[-1]]`` (no extrapolation)."""
     out = []
@@ -269,7 +229,8 @@ def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[
         n0 = sum(ref[s]["eval_episodes"] for s in common)
         table[v]["vs_grpo"] = {
             "seeds": common,
-            "diff": mean_interval([by_seed[s]["eval_success"] - ref[s]["eval_success"] for s in common]),
+            "diff": harness.paired_difference({s: by_seed[s]["eval_success"] for s in common},
+                                              {s: ref[s]["eval_success"] for s in common}),
             "risk_ratio": risk_ratio(k1, n1, k0, n0),
             "cpu_s_per_sample_ratio": mean_interval([by_seed[s]["cpu_s_per_sample"] / ref[s]["cpu_s_per_sample"]
                                                      for s in common if ref[s]["cpu_s_per_sample"]]),
@@ -536,7 +497,7 @@ def _ci(e: Dict[str, float], digits: int = 3) -> str:
 def report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
     """The markdown table (also written to ``summary.md``), ``summary.json``, ``runs.csv`` and the PNG."""
     s = summarize(out, variants, seeds)
-    lines = ["| variant | seeds | held-out success: mean ± std [95 % t] | pooled k/n [Wilson] | vs GRPO: diff "
+    lines = ["| variant | seeds | held-out success: mean ± std [95 % t] | pooled k/n [Wilson] | vs GRPO: paired diff over seeds "
              "[95 % t] | vs GRPO: risk ratio [Katz] | samples | iterations | retry success | retry changed its pivot "
              "action | retry took the oracle's action | pivot acc. | CPU s / sample |", "|" + "---|" * 13]
     for v in [BASE, *variants]:
@@ -619,23 +580,7 @@ def _plot(out: Path, variants: Sequence[str], seeds: Sequence[int], s: Dict[str,
 
 
 # ---------------------------------------------------------------------------------------------------
-def _commit(out: Path, message: str) -> None:
-    """Commit the results folder alone (``git commit -- <path>``), retrying while another commit holds
-    the index; a failure is printed, never fatal to the sweep."""
-    rel = os.path.relpath(out, ROOT)
-    for _ in range(10):
-        subprocess.call(["git", "add", "--", rel], cwd=ROOT)
-        r = subprocess.run(["git", "commit", "-q", "-m", message, "--", rel], cwd=ROOT, capture_output=True, text=True)
-        if r.returncode == 0 or "nothing" in (r.stdout + r.stderr):
-            return
-        if "index.lock" not in r.stderr:
-            print(f"commit failed: {r.stderr.strip()}", flush=True)
-            return
-        time.sleep(3)
-
-
-def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Sequence[int], parallel: int,
-          commit: bool) -> None:
+def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Sequence[int], parallel: int) -> None:
     """Run what is left, ``parallel`` child processes at a time (one thread each); report after each.
 
     Runs a live child already holds (``held_by``: another sweep's, or a killed sweep's orphan) are not
@@ -646,14 +591,11 @@ def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Se
     running: List[Tuple[subprocess.Popen, str, int, float]] = []
     held: Dict[Tuple[str, int], int] = {}
     failed: Counter = Counter()
-    env = dict(os.environ, OMP_NUM_THREADS=str(setting["num_threads"]), RAY_AUTH_MODE="disabled",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env = harness.child_env(OMP_NUM_THREADS=str(setting["num_threads"]))
 
     def finished(v: str, s: int, took: Optional[float]) -> None:
         print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} done" + (f" in {took:.1f} min" if took else ""), flush=True)
         print(report(out, variants, seeds), flush=True)
-        if commit:
-            _commit(out, f"{out.name}: {v} seed {s} done")
 
     while todo or running or held:
         for (v, s), pid in list(held.items()):
@@ -709,7 +651,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--budget", type=int, default=DEFAULT_SETTING["budget"], help="trajectories per run (base + retry)")
     ap.add_argument("--eval-episodes", type=int, default=DEFAULT_SETTING["eval_episodes"])
     ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--commit", action="store_true", help="git-commit the results folder after each finished run")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -731,7 +672,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     setting = dict(DEFAULT_SETTING, budget=args.budget, eval_episodes=args.eval_episodes)
     check_setting(out, setting)
-    sweep(out, setting, variants, seeds, args.parallel, args.commit)
+    sweep(out, setting, variants, seeds, args.parallel)
     print(report(out, variants, seeds))
 
 

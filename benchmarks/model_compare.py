@@ -40,10 +40,11 @@ from typing import Any, Dict, List
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-OUT = ROOT / "benchmarks" / "results" / "model_compare"
-DEFAULT_MODELS = "HuggingFaceTB/SmolLM2-135M-Instruct,google/gemma-3-270m"
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import wilson  # noqa: E402  (95 % Wilson interval)
 
-from benchmarks.default_setting import wilson  # noqa: E402  (95 % Wilson interval)
+OUT = harness.RESULTS / "model_compare"
+DEFAULT_MODELS = "HuggingFaceTB/SmolLM2-135M-Instruct,google/gemma-3-270m"
 
 
 def _config(model: str, args):
@@ -133,12 +134,6 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
     return records
 
 
-def _load(path: Path) -> List[Dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def summarize(records: List[Dict[str, Any]], model: str) -> Dict[str, Any]:
     rs = [r for r in records if r["model"] == model]
     refl = [x for r in rs for x in r["reflections"]]
@@ -189,20 +184,19 @@ def _generated_tokens(rs: List[Dict[str, Any]], refl: List[Dict[str, Any]]) -> D
 def table(records: List[Dict[str, Any]], models: List[str]) -> str:
     head = ("model", "groups", "base ok", "95% CI", "valid refl", "95% CI", "pivot acc", "95% CI", "pivot err",
             "retries ok", "tok/report", "gen tok/sample", "R3L/GRPO gen", "s/group", "CPU s/group", "load 1-min")
-    rows = [head]
+    f = lambda ci: f"{ci[0]:.2f}-{ci[1]:.2f}"  # noqa: E731
+    rows = []
     for m in models:
         s = summarize(records, m)
         if not s["groups"]:
             continue
-        f = lambda ci: f"{ci[0]:.2f}-{ci[1]:.2f}"  # noqa: E731
         rows.append((m, str(s["groups"]), f"{s['base_successes']}/{s['base_episodes']}", f(s["base_success_ci95"]),
                      f"{s['valid']}/{s['reflections']}", f(s["valid_ci95"]),
                      f"{s['pivot_correct']}/{s['pivot_scored']}", f(s["pivot_ci95"]), f"{s['pivot_error_mean']:+.1f}",
                      f"{s['retry_successes']}/{s['retries']}", f"{s['tokens_per_reflection']:.1f}",
                      f"{s['generated_per_sample']:.1f}", f"{s['generated_ratio_vs_grpo']:.2f}", f"{s['explore_s_per_group']:.0f}",
                      f"{s['cpu_s_per_group']:.0f}", f"{min(s['load']):.1f}-{max(s['load']):.1f}"))
-    rows.insert(1, tuple("---" for _ in head))
-    return "\n".join("| " + " | ".join(row) + " |" for row in rows)  # Markdown, as docs/benchmarks.md quotes it
+    return harness.markdown_table(head, rows)  # as docs/benchmarks.md quotes it
 
 
 def main(argv=None) -> int:
@@ -228,9 +222,7 @@ def main(argv=None) -> int:
         model, chunk = args.one[0], int(args.one[1])
         with routed_output(str(OUT / f"{args.tag}.log"), verbose=False) as con:
             recs = run_chunk(model, chunk, args)
-            with open(path, "a") as f:
-                for r in recs:
-                    f.write(json.dumps(r) + "\n")
+            harness.append_jsonl(path, recs)
             con.line(f"{model} chunk {chunk}: {sum(r['base_successes'] for r in recs)}/"
                      f"{sum(r['base_episodes'] for r in recs)} base successes, {recs[0]['chunk_explore_s']:.0f} s")
         return 0
@@ -239,7 +231,7 @@ def main(argv=None) -> int:
         n_chunks = -(-args.groups // args.chunk)
         for c in range(n_chunks):
             for m in models:
-                done = [r for r in _load(path) if r["model"] == m and r["chunk"] == c]
+                done = [r for r in harness.read_jsonl(path) if r["model"] == m and r["chunk"] == c]
                 if any(r["chunk_size"] != args.chunk for r in done):
                     print(f"{path} was measured with another --chunk; use another --tag", flush=True)
                     return 2
@@ -255,7 +247,7 @@ def main(argv=None) -> int:
                 if rc != 0:
                     print(f"{m} chunk {c}: failed (exit {rc}); see {OUT / (args.tag + '.log')}", flush=True)
                     return rc
-    recs = _load(path)
+    recs = harness.read_jsonl(path)
     if recs:
         r0 = recs[0]
         print(f"\n{r0['cpu']}, {r0['cpus']} CPUs; {r0['env']} {r0['env_config'] or '(defaults)'}, group size "

@@ -23,14 +23,15 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks import harness  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ACTIONS = ["move north", "move south", "move east", "move west", "take coin", "open door to north", "look"]
@@ -81,18 +82,13 @@ def table(rows: List[Dict[str, Any]], sizes: List[int]) -> List[str]:
     def mean(rs, k):
         return statistics.mean(r[k] for r in rs) if rs else float("nan")
 
-    out = ["| block size | runs | prompt tokens submitted | computed | computed ratio | rollout CPU s | CPU ratio | wall s |",
-           "|---|---|---|---|---|---|---|---|"]
-    for s in sizes:
-        rs = by[s]
-        if not rs:
-            continue
-        cpu = ", ".join(f"{r['cpu_s']:.1f}" for r in rs)
-        wall = ", ".join(f"{r['wall_s']:.1f}" for r in rs)
-        out.append(f"| {s} | {len(rs)} | {mean(rs, 'prompt_submitted'):,.0f} | {mean(rs, 'prompt_computed'):,.0f} | "
-                   f"{mean(rs, 'prompt_computed') / mean(ref, 'prompt_computed'):.2f} | {cpu} | "
-                   f"{mean(rs, 'cpu_s') / mean(ref, 'cpu_s'):.2f} | {wall} |")
-    return out
+    head = ("block size", "runs", "prompt tokens submitted", "computed", "computed ratio", "rollout CPU s", "CPU ratio",
+            "wall s")
+    return harness.markdown_table(head, [
+        (s, len(rs), f"{mean(rs, 'prompt_submitted'):,.0f}", f"{mean(rs, 'prompt_computed'):,.0f}",
+         f"{mean(rs, 'prompt_computed') / mean(ref, 'prompt_computed'):.2f}", ", ".join(f"{r['cpu_s']:.1f}" for r in rs),
+         f"{mean(rs, 'cpu_s') / mean(ref, 'cpu_s'):.2f}", ", ".join(f"{r['wall_s']:.1f}" for r in rs))
+        for s, rs in by.items() if rs]).splitlines()
 
 
 def main(argv=None) -> None:
@@ -106,30 +102,28 @@ def main(argv=None) -> None:
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
-        print("RESULT " + json.dumps(child(args.child, args.episodes, args.turns)), flush=True)
+        harness.emit_result(child(args.child, args.episodes, args.turns))
         return
-    from rllib_r3l.cli.run_info import cpu_model
-
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     bad = [s for s in sizes if s <= 0 or s % 16]
     if bad:
         raise SystemExit(f"--sizes: {bad} are not positive multiples of 16 (vLLM's CPU kernels want multiples of 32)")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    print(f"# {cpu_model()}, {os.cpu_count()} cores; {args.episodes} episodes x {args.turns} turns; load {os.getloadavg()[0]:.1f}",
-          flush=True)
+    env = harness.child_env(OMP_NUM_THREADS=str(args.threads))
+    print(f"# {harness.machine()}; {args.episodes} episodes x {args.turns} turns", flush=True)
     rows: List[Dict[str, Any]] = []
     for rep in range(args.reps):
         for s in sizes:
             cmd = [sys.executable, __file__, "--child", str(s), "--episodes", str(args.episodes), "--turns", str(args.turns)]
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT))
-            got = [line[7:] for line in p.stdout.splitlines() if line.startswith("RESULT ")]
-            if p.returncode != 0 or not got:
+            got, p = harness.run_child(cmd, env)
+            if got is None:
                 raise SystemExit(f"block size {s} failed (rc {p.returncode}):\n{p.stderr[-3000:]}")
-            rows.append(dict(json.loads(got[-1]), rep=rep, load=round(os.getloadavg()[0], 1)))
+            rows.append(dict(got, rep=rep, load=round(os.getloadavg()[0], 1)))
             print(f"  rep {rep} block {s}: {rows[-1]}", flush=True)
     print("\n".join(table(rows, sizes)))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        from rllib_r3l.cli.run_info import cpu_model
+
         Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "rows": rows}, indent=1))
 
 

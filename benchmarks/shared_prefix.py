@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 
 import numpy as np
@@ -175,8 +174,9 @@ def main(argv=None) -> int:
     vocab = learners[variants[0]].module[DEFAULT_MODULE_ID].lm.config.vocab_size
     batches = (load_batches(args.batches) if args.batches
                else [make_batch(args.groups, args.turns, vocab, prompt=args.prompt, obs=args.obs)])
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
+    from rllib_r3l.cli.run_info import cpu_model
+
+    cpu = cpu_model()
     print(f"CPU: {cpu}; autocast bf16: {uses_autocast('auto', 'cpu')}; {len(batches)} batch(es), "
           f"{sum(len(b['input_ids']) for b in batches)} rows, {sum(int(b['attention_mask'].sum()) for b in batches)} "
           f"tokens, {sum(int(b['loss_mask'].sum()) for b in batches)} credited")

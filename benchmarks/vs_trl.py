@@ -76,8 +76,9 @@ from typing import Any, Dict, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from benchmarks import harness  # noqa: E402
 
-OUT_ROOT = ROOT / "benchmarks" / "results" / "vs_trl"
+OUT_ROOT = harness.RESULTS / "vs_trl"
 SYSTEMS = ("ours", "trl", "ours_fp32", "ours_compiled")
 # The task: environment, its config and the completion budget. ``arithmetic`` (r3l/Math's bare
 # two-digit arithmetic, one answer) is the default because the 135M model has a reward spread there:
@@ -131,7 +132,7 @@ def ours_training_options(s: Settings, system: str = "ours") -> Dict[str, Any]:
     return dict(
         model=s.model,
         reflect=False, positive_amplification=False, pivotal_credit=False, std_normalize=True,
-        aux_tasks=False, kl_coef=0.0, use_importance_ratio=False, loss_scale=1.0,
+        aux_items=[], kl_coef=0.0, use_importance_ratio=False, loss_scale=1.0,
         group_size=s.group_size, tasks_per_iteration=s.prompts_per_step,
         max_response_tokens=s.max_completion_tokens, max_context_tokens=4096,
         temperature=s.temperature, top_p=s.top_p, evaluation_temperature=s.eval_temperature,
@@ -613,18 +614,6 @@ def _mean_or_nan(x: Sequence[float]) -> float:
     return sum(x) / len(x) if x else float("nan")
 
 
-def _mean_std(x: Sequence[float]):
-    """Mean and sample standard deviation (0 for one value; NaN in, NaN out)."""
-    import math
-
-    x = [float(v) for v in x]
-    if not x:
-        return float("nan"), float("nan")
-    m = sum(x) / len(x)
-    sd = math.sqrt(sum((v - m) ** 2 for v in x) / (len(x) - 1)) if len(x) > 1 else 0.0
-    return m, sd
-
-
 def summarize(runs: Dict[str, Dict[int, Dict[str, Any]]], skip_first: bool = False) -> Dict[str, Any]:
     """Per system: per-step seconds (CPU, wall; every step unless ``skip_first``: both engines
     start before the first step), mean training reward and held-out reward, each as mean +- std
@@ -653,7 +642,7 @@ def summarize(runs: Dict[str, Dict[int, Dict[str, Any]]], skip_first: bool = Fal
                 "load_mean": d.get("run_process", {}).get("load_mean", float("nan")),
             }
         per_seed[system] = rows
-        out[system] = {k: _mean_std([r[k] for r in rows.values()]) for k in next(iter(rows.values()))}
+        out[system] = {k: harness.mean_std([r[k] for r in rows.values()]) for k in next(iter(rows.values()))}
         out[system]["seeds"] = sorted(rows)
     if "ours" in per_seed and "trl" in per_seed:
         for mine in [x for x in per_seed if x.startswith("ours")]:
@@ -664,12 +653,12 @@ def summarize(runs: Dict[str, Dict[int, Dict[str, Any]]], skip_first: bool = Fal
             for key in ("cpu_s_per_step", "wall_s_per_step", "heldout_reward", "train_reward_mean"):
                 vals = [per_seed[mine][k][key] / per_seed["trl"][k][key] for k in common
                         if per_seed["trl"][k][key] not in (0.0,) and per_seed["trl"][k][key] == per_seed["trl"][k][key]]
-                ratios[key] = _mean_std(vals)
+                ratios[key] = harness.mean_std(vals)
             # speed-up = TRL seconds / our seconds
             for key in ("cpu_s_per_step", "wall_s_per_step", "train_cpu_s_per_signal_step"):
-                ratios["speedup_" + key] = _mean_std([per_seed["trl"][k][key] / per_seed[mine][k][key] for k in common
+                ratios["speedup_" + key] = harness.mean_std([per_seed["trl"][k][key] / per_seed[mine][k][key] for k in common
                                                       if per_seed[mine][k][key] > 0])
-            ratios["heldout_diff"] = _mean_std([per_seed[mine][k]["heldout_reward"] - per_seed["trl"][k]["heldout_reward"]
+            ratios["heldout_diff"] = harness.mean_std([per_seed[mine][k]["heldout_reward"] - per_seed["trl"][k]["heldout_reward"]
                                                 for k in common])
             ratios["seeds"] = common
             out[f"ratio_{mine}_over_trl"] = ratios

@@ -60,9 +60,8 @@ _JAVA_OPTS_LOCK = threading.Lock()
 
 
 # A short-lived game JVM (TextWorldExpress) spends more CPU compiling its own code with C2 and
-# running a parallel collector than playing: eight coin-collector JVMs took 8.9 CPU-s to start and
-# reset with the JVM's defaults, 5.0 with these (C1 only, serial GC), and stepped faster (2-core AMD
-# EPYC; docs/benchmarks.md section 5).
+# running a parallel collector than playing: C1 only and a serial GC start, reset and step it for
+# less CPU (docs/benchmarks.md, 'Where does an iteration's time go?').
 QUICK_START_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 

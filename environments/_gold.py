@@ -4,7 +4,7 @@
 for every prefix (or every ``stride``-th), restores the environment to that prefix (the retry path of
 reflect-then-retry) and plays the rest. It passes when the episode ends ``won`` with return 1.0 every
 time, and each restore gives the recorded observation. Used by the tests (a sample) and by
-``benchmarks/gold_paths.py`` (everything).
+``scripts/gold_paths.py`` (everything).
 """
 
 from __future__ import annotations

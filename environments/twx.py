@@ -316,13 +316,12 @@ def compact_observation(text: str) -> str:
 
 class CoinCollectorEnv(TextWorldExpressEnv):
     """The project's default environment: TWX coin collector, 4 rooms, no doors or distractors, 10 turns
-    (enough for the optimal path; failures, which run to the limit, dominate a step's cost: issue 16).
+    (enough for the optimal path; failures, which run to the limit, dominate a step's cost).
 
     ``compact_observations`` (default): observations without the furniture sentences
-    (:func:`compact_observation`); the game, its actions, rewards and oracle are unchanged. Measured
-    with SmolLM2-135M, the same 4 task groups x 8 (docs/benchmarks.md section 0): base success 1/16
-    vs 0/16 with the full text, retries 0/14 vs 1/14, and 0.36x the learner's forward tokens (4,577
-    vs 12,707), 0.65x the exploration's CPU seconds. ``False``: TWX's text word for word."""
+    (:func:`compact_observation`); the game, its actions, rewards and oracle are unchanged, and the
+    learner and the explorer read about a third of the tokens without a loss in success
+    (docs/benchmarks.md, 'Why these main-job settings and defaults?'). ``False``: TWX's text word for word."""
 
     rules = (
         "You are in a house and must find a coin and take it. Each turn you get an observation and the "

@@ -137,7 +137,7 @@ class R3L(Algorithm):
         RLlib silently drops this sync for a runner whose previous one it has not yet seen complete
         (max_requests_in_flight_per_env_runner), leaving a stale engine. With only the driver's runner
         (``num_env_runners=0``, the main job), the state goes to it directly: RLlib would still pickle
-        it into the object store (621 MB for SmolLM2-135M, 1-5 s on a 2-core CPU) for no reader."""
+        it into the object store (the whole fp32 state, seconds on CPU) for no reader."""
         group = self.env_runner_group
         if group.num_remote_workers() > 0 or group.local_env_runner is None:
             group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,

@@ -118,7 +118,7 @@ def loss_share_by_kind(batch: Dict[str, np.ndarray]) -> Dict[str, Dict[str, floa
     tokens of ``|advantage x weight|`` divided by the batch's (the token-mean loss gives every
     credited token the same denominator, so this is each kind's share of the gradient's scale
     before the model's own log-prob gradients). Shows when auxiliary SFT items, whose advantage is
-    fixed at 1.0, outweigh the policy-gradient items (docs/benchmarks.md section 7)."""
+    fixed at 1.0, outweigh the policy-gradient items (docs/benchmarks.md, 'Does R3L learn better than GRPO here?')."""
     n = np.asarray(batch["num_loss_tokens"], dtype=np.float64)
     mass = np.abs(np.asarray(batch["advantages"], dtype=np.float64) * np.asarray(batch["weights"], dtype=np.float64)) * n
     total = float(mass.sum())

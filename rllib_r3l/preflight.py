@@ -202,8 +202,8 @@ def check_config(config: Any) -> None:
     """Both checks for an ``R3LConfig`` (the environment with the training split; policy and reflector models)."""
     check_env(config.env, config.env_config, split=config.task_split)
     check_model(config.model_id, "model_id")
-    if getattr(config, "reflector_model", None):
-        check_model(config.reflector_model, "reflector_model")
+    if config.reflector_model:  # reflector names a separate model
+        check_model(config.reflector_model, "reflector")
 
 
 def raise_if_no_environment(groups: List[Any], create_errors: int) -> None:

@@ -157,3 +157,17 @@ def handmade_trajectories(**overrides):
         t.task = name
         out.append(t)
     return out
+
+
+# The exploration the mechanism tests script against: every base episode reflected on (the authors'
+# code), both auxiliary items, the numbered-log reflection context, no context cap on auxiliary items.
+# R3LConfig's defaults differ (rllib_r3l.options); tests of those build ExploreOptions.from_config.
+SCRIPTED_EXPLORE = dict(reflect_on="all", aux_items=("reflection_sft", "retry_sft"), reflection_context="log",
+                        max_reflection_tokens=512, max_context_tokens=None)
+
+
+def explore_options(**overrides):
+    """``ExploreOptions`` for a scripted explorer: ``SCRIPTED_EXPLORE`` with ``overrides``."""
+    from rllib_r3l.runner.explore import ExploreOptions
+
+    return ExploreOptions(**{**SCRIPTED_EXPLORE, **overrides})

@@ -4,7 +4,7 @@
   reflection item and the guided retry item, both positive (advantage 1.0, weight ``aux_weight``);
 - a retry that succeeds without beating its base adds nothing;
 - a success the reflector recognises (outcome ``success``) adds its reflection item only;
-- ``aux_tasks=False`` adds nothing; ``aux_items`` chooses the kinds.
+- ``aux_items=()`` adds nothing; ``aux_items`` chooses the kinds.
 
 ToyCorridor(4 rooms) seeds: 11 starts in room 2 with the coin in room 4; 2 starts in room 3 with
 the coin in room 1.
@@ -16,10 +16,10 @@ import pytest
 
 import environments
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.explore import ExploreOptions, Explorer
+from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind
-from tests.scripted import GUIDE_MARK, ScriptedBackend, walk_policy
+from tests.scripted import explore_options, GUIDE_MARK, ScriptedBackend, walk_policy
 
 COIN_RIGHT = 11
 COIN_LEFT = 2
@@ -31,7 +31,7 @@ def explore(tokenizer, seed, *, unguided, guided, outcome, pivot, **options):
     backend = ScriptedBackend(tokenizer, policy=walk_policy(unguided, guided), pivot=pivot, outcome=outcome)
     opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
     runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
-    ex = Explorer(runner, chat, ExploreOptions(group_size=4, **options))
+    ex = Explorer(runner, chat, explore_options(group_size=4, **options))
     [group] = ex.explore([seed], ["g0"])
     return group.trajectories, ex
 
@@ -105,14 +105,14 @@ def test_recognised_success_adds_its_reflection_item_only(tiny_tokenizer):
 
 
 @pytest.mark.parametrize("case", ["beats", "recognised_success"])
-def test_aux_tasks_off_adds_nothing(tiny_tokenizer, case):
+def test_no_aux_items_adds_nothing(tiny_tokenizer, case):
     if case == "beats":
         trajs, _ = explore(tiny_tokenizer, COIN_RIGHT, unguided="left", guided="right", outcome="failure",
-                           pivot=1, aux_tasks=False)
+                           pivot=1, aux_items=())
         assert len(by_kind(trajs, Kind.RETRY)) == 2 and all(r.success for r in by_kind(trajs, Kind.RETRY))
     else:
         trajs, _ = explore(tiny_tokenizer, COIN_LEFT, unguided="left", guided="left", outcome="success", pivot=1,
-                           aux_tasks=False)
+                           aux_items=())
     assert not [t for t in trajs if t.kind in AUX]
 
 

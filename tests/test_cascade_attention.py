@@ -87,19 +87,3 @@ def test_decoder_switch_is_restored_and_matches_sdpa_on_a_cache(tiny_model_dir, 
     with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed dtypes after rotary: cast like SDPA does
         assert _rel(continuation(True).float(), continuation(False).float()) <= 2e-2
 
-
-def test_benchmark_shapes_parse_and_refuse_bad_input():
-    import argparse
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import cascade_attention as bench  # benchmarks/cascade_attention.py
-
-    assert bench.parse_shape("1004x2646x2") == (1004, 2646, 2)
-    for bad in ("1004x2646", "ax1x2", "0x5x2"):
-        with pytest.raises(argparse.ArgumentTypeError, match="PxLxN|must be >= 1"):
-            bench.parse_shape(bad)
-    rows = bench.rows_for(5, 3, 2, vocab=1000)
-    assert rows.shape == (2, 8)
-    assert torch.equal(rows[0, :5], rows[1, :5]) and not torch.equal(rows[0, 5:], rows[1, 5:])

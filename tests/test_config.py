@@ -14,8 +14,8 @@ def test_defaults_are_the_embedded_cpu_default_with_paper_values():
     assert c.lr == 1e-6 and c.grad_clip == 1.0 and c.kl_coef == 0.0
     assert c.temperature == 1.0 and c.evaluation_temperature == 0.4
     assert not c.std_normalize and not c.use_importance_ratio
-    # measured, not the paper's: the 135M policy's own reports swamp its updates (benchmarks section 7)
-    assert c.aux_tasks and c.aux_items == ["retry_sft"]
+    # measured, not the paper's: the 135M policy's own reports swamp its updates (docs/benchmarks.md, 'Does R3L learn better than GRPO here?')
+    assert c.aux_items == ["retry_sft"]
     c.validate_r3l()
 
 

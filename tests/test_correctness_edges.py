@@ -18,11 +18,11 @@ from environments.toy import ToyCorridorEnv
 from rllib_r3l import core_algos as ca
 from rllib_r3l.batch import build_train_batch, drop_overlong
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.explore import ExploreOptions, Explorer, GroupResult
+from rllib_r3l.runner.explore import Explorer, GroupResult
 from rllib_r3l.models import load_tokenizer, stop_token_ids
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory, collate
-from tests.scripted import ScriptedBackend
+from tests.scripted import explore_options, ScriptedBackend
 
 SEED = 11  # ToyCorridor(4 rooms): start in room 2, coin in room 4
 
@@ -50,7 +50,7 @@ def _explorer(tokenizer, *, group_size=4, max_context_tokens=4096, env_config=No
     factory = (lambda: env_cls(**(env_config or {"num_rooms": 4}))) if env_cls else \
         (lambda: environments.make("r3l/ToyCorridor", env_config or {"num_rooms": 4}))
     runner = EpisodeRunner(backend, chat, factory, opts)
-    return Explorer(runner, chat, ExploreOptions(group_size=group_size, max_context_tokens=max_context_tokens, **kw))
+    return Explorer(runner, chat, explore_options(group_size=group_size, max_context_tokens=max_context_tokens, **kw))
 
 
 # -- 1. over-long auxiliary items ------------------------------------------------------------------------

@@ -5,11 +5,11 @@ import pytest
 import environments
 from rllib_r3l.batch import build_train_batch, select_trainable
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.explore import ExploreOptions, Explorer
+from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.models import load_tokenizer
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind, Status
-from tests.scripted import GUIDE_MARK, ScriptedBackend
+from tests.scripted import explore_options, GUIDE_MARK, ScriptedBackend
 
 SEED = 11  # ToyCorridor(4 rooms): start in room 2, coin in room 4
 
@@ -24,7 +24,7 @@ def make_explorer(tokenizer, pivot=1, group_size=4, **kw):
     backend = ScriptedBackend(tokenizer, pivot=pivot)
     opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
     runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
-    eo = ExploreOptions(group_size=group_size, **kw)
+    eo = explore_options(group_size=group_size, **kw)
     return Explorer(runner, chat, eo), backend
 
 
@@ -160,7 +160,7 @@ def test_environment_exception_is_counted_not_raised(tokenizer):
     chat = ChatFormat(tokenizer)
     backend = ScriptedBackend(tokenizer, policy=lambda text, choices: "a")
     runner = EpisodeRunner(backend, chat, _Exploding, RolloutOptions(None, 8, 1024, 1.0))
-    ex = Explorer(runner, chat, ExploreOptions(group_size=4))
+    ex = Explorer(runner, chat, explore_options(group_size=4))
     [group] = ex.explore([1], ["g"])
     assert len(group.lost) == 2 and not group.complete
     assert all(t.status == Status.ENV_ERROR for t in group.lost)
@@ -185,7 +185,7 @@ def test_success_verdict_on_a_failed_episode_is_counted_not_trusted(tokenizer):
     backend = ScriptedBackend(tokenizer, outcome="success")
     opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
     runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
-    ex = Explorer(runner, chat, ExploreOptions(group_size=4))
+    ex = Explorer(runner, chat, explore_options(group_size=4))
     [group] = ex.explore([SEED], ["g0"])
     assert [t.kind for t in group.trajectories] == [Kind.BASE, Kind.BASE]  # no retry, no aux item
     assert runner.counters["reflection_contradicts_reward"] == 2
@@ -232,7 +232,7 @@ def test_rollout_phase_timers_account_for_engine_env_and_replay(tokenizer):
     backend = SlowBackend(tokenizer, pivot=1)
     opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
     runner = EpisodeRunner(backend, chat, SlowEnv, opts)
-    ex = Explorer(runner, chat, ExploreOptions(group_size=4))
+    ex = Explorer(runner, chat, explore_options(group_size=4))
     [group] = ex.explore([SEED], ["g0"])
     bases = [t for t in group.trajectories if t.kind == Kind.BASE]
     retries = [t for t in group.trajectories if t.kind == Kind.RETRY]

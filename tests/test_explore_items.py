@@ -16,11 +16,11 @@ import types
 import environments
 from rllib_r3l.runner.reflection import reflect as reflect_lib
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.explore import ExploreOptions, Explorer, GroupResult
+from rllib_r3l.runner.explore import Explorer, GroupResult
 from rllib_r3l.runner.reflection.reflect import ParseStatus
 from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
-from tests.scripted import ScriptedBackend, walk_policy
+from tests.scripted import explore_options, ScriptedBackend, walk_policy
 
 SEED = 11
 TEMPLATE = "A custom review.\nRULES {rules}\nTASK {task}\nSTEPS\n{trajectory}\nReward {reward}; answer in JSON."
@@ -50,7 +50,7 @@ def make(tokenizer, *, separate_reflector=False, backend_cls=ScriptedBackend, ou
     backend = backend_cls(tokenizer, policy=walk_policy("left", "right"), pivot=1, outcome=outcome)
     ro = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
     runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), ro)
-    opts = ExploreOptions(**{"group_size": 4, **options})
+    opts = explore_options(**{"group_size": 4, **options})
     if separate_reflector:  # another model's chat format (same tokenizer here: what matters is the object)
         return Explorer(runner, chat, opts, reflector=backend, reflector_chat=ChatFormat(tokenizer)), chat
     return Explorer(runner, chat, opts), chat
@@ -181,7 +181,7 @@ def test_a_lost_retry_joins_the_lost_episodes(tiny_tokenizer):
 
 
 def test_a_retry_with_nothing_generated_after_its_pivot_is_counted_not_trained(tiny_tokenizer):
-    ex, _ = make(tiny_tokenizer, aux_tasks=False)  # no auxiliary items: the base has no reflection here
+    ex, _ = make(tiny_tokenizer, aux_items=())  # no auxiliary items: the base has no reflection here
     base, group = _traj(BASE, reward=0.25), GroupResult("g")
     for n in (1, 2):
         # the context overflowed at the pivot's prompt: no response from turn 2 on
@@ -200,7 +200,7 @@ def test_a_retry_with_nothing_generated_after_its_pivot_is_counted_not_trained(t
 
 
 def test_a_shallower_pivot_moves_the_bases_credit_a_deeper_one_does_not(tiny_tokenizer):
-    ex, _ = make(tiny_tokenizer, aux_tasks=False)
+    ex, _ = make(tiny_tokenizer, aux_items=())
     base, group = _traj(BASE, reward=0.0), GroupResult("g")
     base.credit_from_turn = 1  # an earlier retry restarted at turn 1
     ex._add_retry(base, _traj(BASE, reward=0.0, kind=Kind.RETRY, pivot=2), group)

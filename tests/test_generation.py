@@ -161,7 +161,7 @@ def test_cpu_engine_inspects_the_model_class_in_process(vllm_backend, tiny_model
     from vllm import ModelRegistry
     from vllm.model_executor.models import registry
 
-    from rllib_r3l.generation.vllm_backend import register_model_classes_in_process
+    from rllib_r3l.generation.vllm_engine import register_model_classes_in_process
 
     if not vllm_backend.on_cpu:
         pytest.skip("the in-process registration applies to the CPU engine")

@@ -7,14 +7,14 @@ import pytest
 import environments
 from rllib_r3l import R3LConfig
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.explore import ExploreOptions, Explorer
+from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.models import load_tokenizer
 from rllib_r3l.runner.reflection.oracle import oracle_report
 from rllib_r3l.runner.reflection.pivot_metrics import pivot_quality, summarize_pivot_quality
 from rllib_r3l.runner.reflection.reflect import Outcome, ParseStatus
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind
-from tests.scripted import ScriptedBackend
+from tests.scripted import explore_options, ScriptedBackend
 
 SEED = 11  # ToyCorridor(4 rooms): start in room 2, coin in room 4; the oracle pivot of "move left ..." is 0
 
@@ -63,7 +63,7 @@ def make_explorer(tokenizer, pivot=1, **kw):
     backend = ScriptedBackend(tokenizer, policy=follows_oracle, pivot=pivot)
     opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
     runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
-    return Explorer(runner, chat, ExploreOptions(group_size=4, **kw)), backend
+    return Explorer(runner, chat, explore_options(group_size=4, **kw)), backend
 
 
 def test_oracle_reflector_retries_from_the_oracle_pivot_and_is_never_trained_on(tokenizer):
@@ -100,7 +100,7 @@ def test_a_retry_that_ignores_the_oracle_report_is_counted_as_such(tokenizer):
     backend = ScriptedBackend(tokenizer, policy=lambda prompt, choices: "move left")
     opts = RolloutOptions(max_turns=4, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
     runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
-    ex = Explorer(runner, chat, ExploreOptions(group_size=4, reflector="oracle"))
+    ex = Explorer(runner, chat, explore_options(group_size=4, reflector="oracle"))
     [group] = ex.explore([SEED], ["g0"])
     assert sum(t.kind == Kind.RETRY for t in group.trajectories) == 2
     m = ex.pop_metrics()
@@ -126,15 +126,18 @@ def test_config_reflector_option_is_validated():
         R3LConfig().environment("r3l/WebShop").training(reflector="oracle").validate_r3l()
     with pytest.raises(ValueError, match="R3LConfig.reflector.*reflect=True"):
         R3LConfig().training(reflector="oracle", reflect=False).validate_r3l()
-    with pytest.raises(ValueError, match="R3LConfig.reflector.*reflector_model"):
-        R3LConfig().training(reflector="oracle", reflector_model="tiny").validate_r3l()
-    with pytest.raises(ValueError, match="R3LConfig.reflector: must be one of"):
-        R3LConfig().training(reflector="gpt").validate_r3l()
+    with pytest.raises(ValueError, match="R3LConfig.reflector_model: this option was removed.*reflector="):
+        R3LConfig().training(reflector="oracle", reflector_model="tiny")
+    with pytest.raises(ValueError, match="R3LConfig.reflector: 'oracel' is neither.*did you mean 'oracle'"):
+        R3LConfig().training(reflector="oracel").validate_r3l()
+    with pytest.raises(ValueError, match="R3LConfig.reflector: must be 'policy', 'oracle' or"):
+        R3LConfig().training(reflector="").validate_r3l()
+    assert R3LConfig().training(reflector="HuggingFaceTB/SmolLM2-360M").reflector_model == "HuggingFaceTB/SmolLM2-360M"
     assert json.dumps(R3LConfig().training(reflector="oracle").r3l_options["reflector"]) == '"oracle"'
 
 
 def test_reflection_quality_on_held_out_seeds(tokenizer):
-    from rllib_r3l.runner.reflection.oracle import reflection_quality
+    from rllib_r3l.runner.reflection_quality import reflection_quality
 
     ex, backend = make_explorer(tokenizer, pivot=1)
     m = reflection_quality(ex.episodes, ex.chat, [SEED, SEED])
@@ -146,7 +149,7 @@ def test_reflection_quality_on_held_out_seeds(tokenizer):
 
 def test_score_reflections_on_finished_episodes_and_evaluate_reports_reflection_quality(tokenizer, tiny_model_dir):
     from rllib_r3l.cli.evaluate import evaluate
-    from rllib_r3l.runner.reflection.oracle import score_reflections
+    from rllib_r3l.runner.reflection_quality import score_reflections
 
     ex, _backend = make_explorer(tokenizer, pivot=3)
     trajs = ex.episodes.run([EpisodeSpec(seed=SEED, group_id="e")])

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 import environments
+from tests.scripted import explore_options
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.explore import ExploreOptions, Explorer
+from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.generation import make_backend, vllm_available
 from rllib_r3l.generation.base import GenerationRequest
 from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
@@ -40,7 +41,7 @@ def test_cached_prompt_tokens_count_the_prefix_cache_hits(engine, tiny_tokenizer
 def test_cpu_engine_uses_small_cache_blocks_so_a_turn_recomputes_little(engine, tiny_tokenizer):
     """On CPU the engine's prefix-cache block is ``CPU_BLOCK_SIZE`` (32, not vLLM's 128): a prompt
     that grows by a turn recomputes at most 31 tokens of what it already had."""
-    from rllib_r3l.generation.vllm_backend import CPU_BLOCK_SIZE
+    from rllib_r3l.generation.vllm_engine import CPU_BLOCK_SIZE
 
     if not engine.on_cpu:
         pytest.skip("the CPU engine's block size")
@@ -60,7 +61,7 @@ def test_retries_replay_their_prefix_from_the_cache(engine, tiny_tokenizer):
     opts = RolloutOptions(max_turns=6, max_response_tokens=8, max_context_tokens=2048, temperature=1.0,
                           system_prompt=system)
     runner = EpisodeRunner(engine, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
-    ex = Explorer(runner, chat, ExploreOptions(group_size=4, reflector="oracle", max_context_tokens=2048))
+    ex = Explorer(runner, chat, explore_options(group_size=4, reflector="oracle", max_context_tokens=2048))
     groups = ex.explore([11, 12, 13], ["a", "b", "c"])
     c = ex.counters
     retries = [t for g in groups for t in g.trajectories if t.kind == Kind.RETRY]
@@ -81,7 +82,7 @@ def test_transcript_reflection_is_served_from_the_cache_and_bounded(engine, tiny
     opts = RolloutOptions(max_turns=4, max_response_tokens=8, max_context_tokens=2048, temperature=1.0,
                           system_prompt="You are an agent in a text game. " * 30 + "{rules}\nYour task: {task}")
     runner = EpisodeRunner(engine, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
-    ex = Explorer(runner, chat, ExploreOptions(group_size=4, reflection_context="transcript", reflection_max_chars=40,
+    ex = Explorer(runner, chat, explore_options(group_size=4, reflection_context="transcript", reflection_max_chars=40,
                                                max_reflection_tokens=200, max_context_tokens=2048))
     groups = ex.explore([11, 12], ["a", "b"])
     c = ex.counters

@@ -8,13 +8,13 @@ import pytest
 import environments
 from rllib_r3l import R3LConfig
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.explore import ExploreOptions, Explorer
+from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.learner.prefix_tree import trie_tokens
 from rllib_r3l.runner.reflection.reflect import report_json_schema
 from rllib_r3l.runner.reflection.context import transcript_prompt
 from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind
-from tests.scripted import ScriptedBackend
+from tests.scripted import explore_options, ScriptedBackend
 
 SEED = 11
 
@@ -24,7 +24,7 @@ def _explorer(tokenizer, **kw):
     opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
     runner = EpisodeRunner(ScriptedBackend(tokenizer, pivot=1), chat,
                            lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
-    return Explorer(runner, chat, ExploreOptions(group_size=4, **kw)), chat
+    return Explorer(runner, chat, explore_options(group_size=4, **kw)), chat
 
 
 def test_transcript_prompt_continues_the_episode(tiny_tokenizer):
@@ -59,7 +59,7 @@ def test_bounded_report_schema_and_config_checks():
     assert s["properties"]["summary"]["maxLength"] == 80 and s["properties"]["suggestion"]["maxLength"] == 80
     assert "maxLength" not in report_json_schema(5)["properties"]["summary"]
     with pytest.raises(ValueError, match="reflection_context"):
-        R3LConfig().training(reflection_context="transcript", reflector_model="other").validate_r3l()
+        R3LConfig().training(reflection_context="transcript", reflector="other").validate_r3l()
     with pytest.raises(ValueError, match="reflection_context: must be one of"):
         R3LConfig().training(reflection_context="notes").validate_r3l()
     with pytest.raises(ValueError, match="reflection_max_chars"):
@@ -71,7 +71,7 @@ def test_auto_reflection_context_follows_who_reflects():
     seen that context, so it gets the re-rendered log."""
     assert R3LConfig().reflection_context == "auto"
     assert R3LConfig().resolved_reflection_context() == "transcript"
-    other = R3LConfig().training(reflector_model="other")
+    other = R3LConfig().training(reflector="other")
     other.validate_r3l()  # "auto" with a separate reflector is valid (unlike an explicit "transcript")
     assert other.resolved_reflection_context() == "log"
     assert R3LConfig().training(reflection_context="log").resolved_reflection_context() == "log"

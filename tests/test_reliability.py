@@ -18,14 +18,15 @@ import environments
 from rllib_r3l import R3LConfig
 from rllib_r3l.batch import build_train_batch, select_trainable
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.explore import ExploreOptions, Explorer
+from rllib_r3l.runner.explore import Explorer
+from rllib_r3l.reliability import faults
 from rllib_r3l.reliability.faults import fault_plan, wrap_env_factory
 from rllib_r3l.generation.base import GenerationResult
 from rllib_r3l.models import load_tokenizer
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Status
 from tests.hang_guard import HANG_GUARD_S
-from tests.scripted import ScriptedBackend
+from tests.scripted import explore_options, ScriptedBackend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,19 +35,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # configuration: fault injection is off by default; bad values name the field
 def test_fault_injection_is_off_by_default():
     c = R3LConfig()
-    assert c.fault_injection == {} and fault_plan(c) is None
+    assert fault_plan(c) is None
     assert c.sampling_seed is None and c.runner_failure_retries == 1
     factory = lambda: None  # noqa: E731
     assert wrap_env_factory(factory, c, Counter(), 0) is factory
     c.validate_r3l()
 
 
+@pytest.mark.parametrize("plan,needle", [
+    ({"env_raise_prob": 1.5}, "faults.inject['env_raise_prob']: must be a probability"),
+    ({"env_rase_prob": 0.1}, "did you mean 'env_raise_prob'"),
+    ({"nan_loss_at_updates": [-1]}, "list of integers >= 0"),
+    ({"kill_runner_delay_s": -1}, "number >= 0"),
+    ("env_raise", "faults.inject: must be a dict"),
+])
+def test_invalid_fault_plans_name_the_key(plan, needle):
+    with pytest.raises(ValueError) as e:
+        faults.inject(R3LConfig(), plan)
+    assert needle in str(e.value)
+
+
+def test_fault_injection_is_a_testing_aid_not_a_config_option():
+    with pytest.raises(ValueError, match=r"R3LConfig.fault_injection: this option was removed.*faults.inject"):
+        R3LConfig().training(fault_injection={"env_raise_prob": 0.5})
+    c = faults.inject(R3LConfig(), {"env_raise_prob": 0.5})
+    assert fault_plan(c)["env_raise_prob"] == 0.5 and fault_plan(c.copy())["env_raise_prob"] == 0.5
+
+
 @pytest.mark.parametrize("field,value,needle", [
-    ("fault_injection", {"env_raise_prob": 1.5}, "fault_injection['env_raise_prob']: must be a probability"),
-    ("fault_injection", {"env_rase_prob": 0.1}, "did you mean 'env_raise_prob'"),
-    ("fault_injection", {"nan_loss_at_updates": [-1]}, "list of integers >= 0"),
-    ("fault_injection", {"kill_runner_delay_s": -1}, "number >= 0"),
-    ("fault_injection", "env_raise", "fault_injection: must be a dict"),
     ("sampling_seed", -1, "sampling_seed: must be None"),
     ("sampling_seed", 1.5, "sampling_seed: must be None"),
     ("runner_failure_retries", -1, "runner_failure_retries: must be an integer >= 0"),
@@ -94,9 +110,9 @@ def test_injected_env_crash_is_counted_and_the_env_replaced(tokenizer):
         made.append(env)
         return env
 
-    cfg = R3LConfig().training(fault_injection={"env_raise_at_steps": [1]})
+    cfg = faults.inject(R3LConfig(), {"env_raise_at_steps": [1]})
     runner, chat = _runner(tokenizer, wrap_env_factory(toy, cfg, counters, 0), counters=counters)
-    ex = Explorer(runner, chat, ExploreOptions(group_size=4))
+    ex = Explorer(runner, chat, explore_options(group_size=4))
     [group] = ex.explore([11], ["g"])
     assert counters["injected_env_raise"] == 1 and counters["env_errors"] == 1
     assert len(group.lost) == 1 and group.lost[0].status == Status.ENV_ERROR and not group.complete
@@ -145,7 +161,7 @@ def test_bad_environment_output_is_a_counted_lost_episode(tokenizer, mode):
         return _BadEnv(mode)
 
     runner, chat = _runner(tokenizer, factory, policy=lambda text, choices: "a")
-    ex = Explorer(runner, chat, ExploreOptions(group_size=2, reflect=False))
+    ex = Explorer(runner, chat, explore_options(group_size=2, reflect=False))
     [group] = ex.explore([1], ["g"])
     assert len(group.lost) == 2 and group.trajectories == [] and not group.complete
     assert all(t.status == Status.ENV_ERROR and "error" in t.info for t in group.lost)
@@ -158,7 +174,7 @@ def test_jvm_killed_mid_episode_is_counted_and_a_new_jvm_serves_the_next_episode
     pytest.importorskip("textworld_express")
     counters: Counter = Counter()
     made = []
-    cfg = R3LConfig().training(fault_injection={"env_kill_jvm_at_steps": [1]})
+    cfg = faults.inject(R3LConfig(), {"env_kill_jvm_at_steps": [1]})
     inner = wrap_env_factory(lambda: environments.make("r3l/CoinCollector", {"num_locations": 2, "max_turns": 4}),
                              cfg, counters, 0)
 
@@ -197,7 +213,7 @@ def test_over_long_generations_are_recorded_as_truncated(tokenizer):
 def test_zero_variance_group_has_zero_advantage_and_is_left_out_and_empty_sample_is_empty(tokenizer):
     runner, chat = _runner(tokenizer, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
                            policy=lambda text, choices: "move left", max_turns=3)
-    ex = Explorer(runner, chat, ExploreOptions(group_size=4, reflect=False))
+    ex = Explorer(runner, chat, explore_options(group_size=4, reflect=False))
     [group] = ex.explore([11], ["g"])
     trajs, _ = select_trainable([group])
     assert len(trajs) == 4 and len({t.reward for t in trajs}) == 1  # all equal: no signal
@@ -255,7 +271,7 @@ def test_all_episodes_lost_nan_loss_and_inf_grad_skip_updates_without_corrupting
     # iteration 1: the first step of all 4 episodes (1 task, no reflection) crashes -> an empty batch
     fi = {"env_raise_at_steps": [0, 1, 2, 3], "nan_loss_at_updates": [0], "nan_grad_at_updates": [2]}
     # seeded sampling: "a non-empty batch within 6 iterations" is the same run every time
-    algo = tiny_config(fault_injection=fi, reflect=False, tasks_per_iteration=1, sampling_seed=0).build_algo()
+    algo = faults.inject(tiny_config(reflect=False, tasks_per_iteration=1, sampling_seed=0), fi).build_algo()
     try:
         w0 = _weights(algo)
         r = algo.train()
@@ -291,7 +307,7 @@ def test_all_episodes_lost_nan_loss_and_inf_grad_skip_updates_without_corrupting
 
 
 def _load_soak():
-    spec = importlib.util.spec_from_file_location("soak", os.path.join(ROOT, "benchmarks", "soak.py"))
+    spec = importlib.util.spec_from_file_location("soak", os.path.join(ROOT, "scripts", "soak.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,7 +1,7 @@
 """Scale-out on CPU: replay sampling (S > 1), multi-engine weight sync, DDP learners, LoRA sync.
 
 GPU-only paths (vLLM sleep mode, tensor parallelism, NCCL) are exercised by
-``benchmarks/gpu_runbook.py`` on a GPU machine; see docs/scaling.md.
+``scripts/gpu_runbook.py`` on a GPU machine; see docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -360,7 +360,7 @@ def test_gpu_runbook_dry_run_config():
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "gpu_runbook", Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_runbook.py")
+        "gpu_runbook", Path(__file__).resolve().parents[1] / "scripts" / "gpu_runbook.py")
     rb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rb)
     for argv in ([], ["--layout", "split", "--tp", "2", "--deepspeed-stage", "3"], ["--lora-r", "8"]):

@@ -139,7 +139,7 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
                     "last_action": t.actions[-1] if t.actions else "",
                 })
         if reflections:
-            from rllib_r3l.runner.reflection.oracle import score_reflections
+            from rllib_r3l.runner.reflection_quality import score_reflections
 
             m = score_reflections(runner, ChatFormat(tokenizer), finished, temperature=temp,
                                   max_reflection_tokens=int(max_reflection_tokens or _setting(cfg, "max_reflection_tokens")),

@@ -155,10 +155,13 @@ def known_config_keys() -> frozenset:
 
 def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
     from rllib_r3l.config import R3L_OPTIONS
+    from rllib_r3l.options import REMOVED
 
     known = known_config_keys()
     for key in config:
         src = f"--set {key}=..." if key in overridden else f"{where}.config.{key}"
+        if key in REMOVED:
+            raise UsageError(f"{src}: {key!r} was removed; {REMOVED[key]}")
         if key == "model_config":
             raise UsageError(f"{src}: use `_model_config` (RLlib's model_config is read-only in config dicts)")
         if key not in known:

@@ -24,7 +24,7 @@ LOG_FILE = "main.log"
 
 # What the main job sets on top of R3LConfig()'s defaults (the paper's), so that a newcomer's three
 # iterations each train: when no task of an iteration has a learning signal, up to 2 more rounds of
-# new tasks (dynamic sampling). Measured: docs/benchmarks.md section 0; --set overrides it.
+# new tasks (dynamic sampling; docs/benchmarks.md, 'Why these main-job settings and defaults?'); --set overrides it.
 MAIN_JOB_SETTINGS: Dict[str, Any] = {"dynamic_sampling_rounds": 2}
 
 

@@ -40,14 +40,14 @@ def engine_dtype(config) -> str:
     """The generation engine's dtype as the backend will resolve it (``backend_options.dtype`` first)."""
     from rllib_r3l.generation import resolve_backend_name
 
-    opts = dict(getattr(config, "backend_options", None) or {})
+    opts = dict(config.backend_options or {})
     if opts.get("dtype"):
         return str(opts["dtype"])
     if resolve_backend_name(config.backend) == "transformers":
         return "float32"
-    if (getattr(config, "num_gpus_per_env_runner", 0) or 0) > 0:
+    if (config.num_gpus_per_env_runner or 0) > 0:
         return "auto (the model's)"
-    from rllib_r3l.generation.vllm_backend import cpu_default_dtype
+    from rllib_r3l.generation.vllm_engine import cpu_default_dtype
 
     return cpu_default_dtype()
 
@@ -56,9 +56,9 @@ def learner_precision(config) -> str:
     """``bf16 autocast (fp32 weights)`` or ``fp32``, as the learner resolves ``mixed_precision``."""
     from rllib_r3l.learner.precision import uses_autocast
 
-    device = "cuda" if (getattr(config, "num_gpus_per_learner", 0) or 0) > 0 else "cpu"
+    device = "cuda" if (config.num_gpus_per_learner or 0) > 0 else "cpu"
     auto = uses_autocast(config.mixed_precision, device)
-    weights = getattr(config, "model_dtype", "float32")
+    weights = config.model_dtype
     weights = "bf16" if weights == "bfloat16" else "fp32"
     return (f"bf16 autocast ({weights} weights)" if auto else f"{weights}") + f", mixed_precision={config.mixed_precision}"
 
@@ -86,8 +86,8 @@ def run_info(config, *, title: str = "R3L", log: Optional[str] = None, verbose: 
         "base_per_task": base,
         "max_retries_per_task": base * r if reflect else 0,
         "reflect": reflect,
-        "reflect_on": str(getattr(config, "reflect_on", "failures")),
-        "dynamic_sampling_rounds": int(getattr(config, "dynamic_sampling_rounds", 0) or 0),
+        "reflect_on": str(config.reflect_on),
+        "dynamic_sampling_rounds": int(config.dynamic_sampling_rounds),
         "log": log,
         "verbose": verbose,
     }

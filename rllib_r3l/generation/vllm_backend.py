@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import time
@@ -28,17 +27,11 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from rllib_r3l.generation.base import CHOICE_TOKENIZATIONS, GenerationBackend, GenerationRequest, GenerationResult
-from rllib_r3l.generation.vllm_choice import PROCESSOR_FQCN, choice_extra_args
+from rllib_r3l.generation.vllm_choice import choice_extra_args
+from rllib_r3l.generation.vllm_engine import engine_args, register_model_classes_in_process
 from rllib_r3l.generation.vllm_weights import reload_weights_on_worker, weight_buckets
 
 logger = logging.getLogger(__name__)
-
-def cpu_default_dtype() -> str:
-    """"bfloat16" when the CPU computes bf16 natively (AVX512-bf16 or AMX), else "float32"."""
-    from rllib_r3l.learner.precision import native_bf16
-
-    return "bfloat16" if native_bf16("cpu") else "float32"
-
 
 def _logprob_of(entry: Any, token_id: int) -> float:
     if entry is None:
@@ -48,55 +41,6 @@ def _logprob_of(entry: Any, token_id: int) -> float:
         return float("nan")
     return float(lp.logprob)
 
-
-CPU_MIN_BATCHED_TOKENS = 4096  # vLLM's CPU default step budget (tokens per engine step)
-# Prefix-cache block on CPU (vLLM's CPU default is 128). The cache serves whole blocks only, so a
-# multi-turn prompt recomputes the tail of its last block every turn: half a block on average, as
-# much as the turn's new tokens. 32 (the smallest size the CPU kernels are tuned for) cut the prompt
-# tokens computed in an 8-episode x 10-turn rollout to 0.60x and its time to 0.71x (quiet 2-core AMD
-# EPYC; the main job's rollout engine time 0.72x): benchmarks/prefix_block_size.py, docs/benchmarks.md
-# section 5.
-CPU_BLOCK_SIZE = 32
-
-
-def _max_positions(model_path: str) -> int:
-    """The model's context length (its config's ``max_position_embeddings``), the engine's default."""
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(model_path)
-    cfg = getattr(cfg, "get_text_config", lambda: cfg)()
-    return int(getattr(cfg, "max_position_embeddings", CPU_MIN_BATCHED_TOKENS) or CPU_MIN_BATCHED_TOKENS)
-
-
-def register_model_classes_in_process(model_path: str) -> List[str]:
-    """Register the model's vLLM classes with ``ModelRegistry`` as classes, not lazy names.
-
-    For a lazily registered architecture, vLLM inspects the class in a fresh Python subprocess (to
-    keep CUDA out of the parent) unless ``$VLLM_CACHE_ROOT/modelinfos`` has it: ~12 s on a 2-core
-    CPU, paid by every fresh machine. An in-process CPU engine has no CUDA to protect and imports
-    the class anyway, so it registers the class itself (vLLM's public ``register_model``) and the
-    inspection runs here. Returns the architectures registered; any surprise (a vLLM whose registry
-    looks different) leaves vLLM's own path in place.
-    """
-    try:
-        import importlib
-
-        from vllm import ModelRegistry
-
-        with open(os.path.join(model_path, "config.json")) as f:
-            archs = list(json.load(f).get("architectures") or [])
-        done = []
-        for arch in archs:
-            entry = ModelRegistry.models.get(arch)
-            module_name, class_name = getattr(entry, "module_name", None), getattr(entry, "class_name", None)
-            if not (module_name and class_name):
-                continue  # not a lazy entry: nothing to inspect in a subprocess
-            ModelRegistry.register_model(arch, getattr(importlib.import_module(module_name), class_name))
-            done.append(arch)
-        return done
-    except Exception as e:  # noqa: BLE001 - an optimisation: vLLM's own path still works
-        logger.info("vLLM model classes left to vLLM's subprocess inspection: %s", e)
-        return []
 
 
 class VLLMBackend(GenerationBackend):
@@ -127,7 +71,7 @@ class VLLMBackend(GenerationBackend):
             tokenizer's own tokenisation of each choice, as in the transformers backend
             (:mod:`rllib_r3l.generation.vllm_choice`); "any": vLLM's character grammar, which also
             admits other spellings of a choice in tokens (a small model then acts through spellings
-            it never writes in free text: docs/benchmarks.md section 0).
+            it never writes in free text: docs/benchmarks.md, 'Why these main-job settings and defaults?').
         engine_kwargs: any further ``vllm.LLM`` keyword arguments.
     """
 
@@ -183,68 +127,12 @@ class VLLMBackend(GenerationBackend):
         self.weight_bucket_bytes = weight_bucket_bytes
         self._asleep: set = set()
 
-        kwargs: Dict[str, Any] = dict(
-            model=model_path,
-            tokenizer=model_path,
-            dtype=dtype or (cpu_default_dtype() if self.on_cpu else "auto"),
-            seed=seed,
-            logprobs_mode="processed_logprobs",
-            tensor_parallel_size=tensor_parallel_size,
-        )
-        if max_model_len is not None:
-            kwargs["max_model_len"] = int(max_model_len)
-        elif current_platform.is_cpu():
-            # The model's own limit, or the longest that fits the (small, fixed) CPU KV cache: vLLM
-            # refuses to start when one max-length request does not fit (Gemma 3 270M: 32,768
-            # tokens need 1.13 GiB of fp32 KV cache, the default is 1 GiB). -1 = vLLM's auto-fit.
-            kwargs["max_model_len"] = -1
-        if max_num_seqs is not None:
-            kwargs["max_num_seqs"] = int(max_num_seqs)
-        if self.on_cpu:
-            kwargs["enforce_eager"] = True if enforce_eager is None else enforce_eager
-            if "block_size" not in (engine_kwargs or {}):
-                kwargs["block_size"] = CPU_BLOCK_SIZE
-            if gpu_memory_utilization is not None:
-                kwargs["gpu_memory_utilization"] = gpu_memory_utilization  # fraction of host RAM
-            elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-                kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * (1 << 30))
-            if enable_sleep_mode:
-                logger.warning("vLLM sleep mode is not supported on CPU; sleep()/wake_up() are no-ops")
-            if "enable_chunked_prefill" not in (engine_kwargs or {}):
-                # A seeded request (sampling_seed) whose prefill is chunked has the token it sampled
-                # mid-prompt discarded, and vLLM then rewinds the request's generator offset, which a
-                # CPU generator does not have: "RuntimeError: CPU Generator does not use offset" kills
-                # the engine. Without chunked prefill no sampled token is ever discarded; a prompt
-                # waits for a step with room for all of it (the step budget holds the longest one).
-                kwargs["enable_chunked_prefill"] = False
-                longest = int(max_model_len) if max_model_len and int(max_model_len) > 0 else _max_positions(model_path)
-                kwargs["max_num_batched_tokens"] = max(longest, CPU_MIN_BATCHED_TOKENS)
-        else:
-            if enforce_eager is not None:
-                kwargs["enforce_eager"] = enforce_eager
-            if gpu_memory_utilization is not None:
-                kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-            if kv_cache_gib is not None:
-                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
-            if enable_sleep_mode:
-                kwargs["enable_sleep_mode"] = True
-        if enable_prefix_caching is None and not self.on_cpu:
-            enable_prefix_caching = True  # retries share the base rollout's prefix up to the pivot
-        if enable_prefix_caching is not None:
-            kwargs["enable_prefix_caching"] = enable_prefix_caching
-        if tensor_parallel_size > 1 and not (engine_kwargs or {}).get("distributed_executor_backend"):
-            # Inside a Ray actor in a placement group (every Tune trial) vLLM would pick its Ray
-            # executor and ask Ray for GPUs the runner already holds; worker processes instead use
-            # the GPUs Ray gave this actor (num_gpus_per_env_runner = tensor_parallel_size).
-            kwargs["distributed_executor_backend"] = "mp"
-        if compact_json:
-            # A weak model left free to emit JSON whitespace loops on it until max_tokens; vLLM
-            # reads this flag from the engine config only (the per-request field is ignored).
-            kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
-        if choice_tokenization == "canonical":
-            extra = list((engine_kwargs or {}).get("logits_processors") or [])
-            kwargs["logits_processors"] = [PROCESSOR_FQCN] + extra
-        kwargs.update({k: v for k, v in (engine_kwargs or {}).items() if k != "logits_processors"})
+        kwargs = engine_args(model_path, on_cpu=self.on_cpu, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                             kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
+                             tensor_parallel_size=tensor_parallel_size, enable_prefix_caching=enable_prefix_caching,
+                             enable_sleep_mode=enable_sleep_mode, max_num_seqs=max_num_seqs,
+                             enforce_eager=enforce_eager, compact_json=compact_json,
+                             choice_tokenization=choice_tokenization, engine_kwargs=engine_kwargs)
 
         # In-process, vLLM drops torch to 1 thread after loading (unless OMP_NUM_THREADS is set) and
         # the CPU worker replaces torch.set_num_threads by a no-op for the whole process. Restore
@@ -254,8 +142,8 @@ class VLLMBackend(GenerationBackend):
         threads_before = torch.get_num_threads()
         # An eager CPU engine in this process runs vLLM's torch.compiled sampler helpers
         # (compiled_random_sample, batched_count_greater_than) eagerly too: compiled, their first call
-        # costs ~20 s of C++ compilation on a fresh machine and ~7 s of tracing with a warm inductor
-        # cache (2-core AMD EPYC; docs/benchmarks.md section 5), for kernels over 8 x 49k logits.
+        # costs seconds of C++ compilation or tracing, more than they save on kernels over a few
+        # rows of logits (docs/benchmarks.md, 'How fast is generation?').
         self._force_eager = self.on_cpu and self._in_process and bool(kwargs.get("enforce_eager"))
         t0 = time.perf_counter()
         if self.on_cpu and self._in_process and os.path.isdir(model_path):

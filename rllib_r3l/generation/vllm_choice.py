@@ -3,12 +3,10 @@
 vLLM's structured outputs (``StructuredOutputsParams(choice=...)``) constrain *characters*: a choice
 may be spelled with any tokens that concatenate to it. A small model then puts much of its mass on
 spellings it would never produce in free text, because a one-character token is allowed first and
-the grammar forces the rest. Measured on the default (SmolLM2-135M-Instruct, coin collector, 16
-untrained base episodes, 2-core AMD EPYC): 71 of 162 actions were sampled as
-``'i','n','vent','or','y'`` (canonically the single token ``'inventory'``), half the episodes
-answered "inventory" ten turns in a row, and "take coin" was taken in 0 of 31 turns that offered it,
-where the model's own sequence probability of "take coin" in such a turn is 0.64. The policy the
-learner trains (the model over the canonical tokens) was not the policy that acted.
+the grammar forces the rest: with the default model, "inventory" sampled as ``'i','n','vent','or','y'``
+(canonically one token) crowded out actions the model itself rates likely (docs/benchmarks.md, 'Why
+these main-job settings and defaults?'). The policy the learner trains (the model over the canonical
+tokens) was then not the policy that acted.
 
 :class:`CanonicalChoiceProcessor` is a vLLM V1 batch logits processor. A request that carries
 ``extra_args={CHOICE_TOKENS_ARG: [[ids of choice 1], ...], CHOICE_STOP_ARG: stop_id}`` may only

@@ -7,7 +7,7 @@ with an explicit ``[B, 1, L, P + L]`` mask, and CPU SDPA then attends to all ``P
 every query: the masked half of the square part is computed and thrown away. At the lengths of a
 long episode (a 2,900-token continuation on an 800-token prefix) that made a continuation on a cache
 cost more than the whole sequence unshared, so prefix sharing lost time where it saved the most
-tokens (docs/benchmarks.md section 5).
+tokens (docs/benchmarks.md, 'What do prefix sharing and cascade attention save?').
 
 Here the two parts run as two unmasked flash calls: the queries against the prefix (full, no mask)
 and against their own keys (``is_causal``, square, so the kernel skips the upper triangle). The
@@ -29,10 +29,9 @@ import torch
 
 NAME = "r3l_cascade"
 
-# Below this many keys (prefix + own) a call keeps transformers' masked SDPA: attention fwd + bwd,
-# SmolLM2's 9 query / 3 key-value heads, bf16, 2-core AMD EPYC Zen 5 (benchmarks/cascade_attention.py,
-# docs/benchmarks.md section 5): 4 x 256 queries on a 250-token prefix 1.22x the masked call's time,
-# 4 x 512 on 250 0.99x, 4 x 1,024 on 250 0.77x, 4 x 64-1,024 on 1,000 0.82-0.95x.
+# Below this many keys (prefix + own) a call keeps transformers' masked SDPA: two kernel calls and a
+# merge cost more than the masked half they save on short rows; the break-even is measured with
+# benchmarks/cascade_attention.py (docs/benchmarks.md, 'What do prefix sharing and cascade attention save?').
 CASCADE_MIN_KEYS = 768
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu

@@ -1,9 +1,9 @@
 """Numeric precision of the learner: bf16 autocast where the hardware computes bf16 natively.
 
 The learner keeps fp32 master weights and optimizer state (``model_dtype`` float32) and runs its
-forward/backward under ``torch.autocast(bfloat16)`` when ``mixed_precision`` asks for it. Measured
-here (Xeon with AMX, 2 cores, SmolLM2-135M, one 3,000-token trajectory): fp32 27.7 s, bf16 autocast
-15.0 s per forward/backward (benchmarks/learner_throughput.py).
+forward/backward under ``torch.autocast(bfloat16)`` when ``mixed_precision`` asks for it: on a CPU
+with native bf16 (AMX, AVX512-bf16) about half the fp32 time (benchmarks/learner_throughput.py;
+docs/benchmarks.md, 'How fast is the learner?').
 """
 
 from __future__ import annotations

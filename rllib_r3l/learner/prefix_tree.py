@@ -76,9 +76,9 @@ def trie_tokens(seqs: Sequence[Sequence[int]]) -> int:
     return sum(n.length for n in nodes)
 
 
-# What one more forward call costs, in padded positions: a batch of one computes ~15 % fewer tokens
-# a second than a batch of four on a 2-core CPU (SmolLM2-135M, fp32, forward + backward, ~600
-# tokens a row: docs/benchmarks.md section 5), about 64 of a ~600-token row.
+# What one more forward call costs, in padded positions: a call of one row computes fewer tokens a
+# second than a batch of several, about this many positions of a ~600-token row on CPU
+# (docs/benchmarks.md, 'What do prefix sharing and cascade attention save?').
 CALL_TOKENS = 64
 
 

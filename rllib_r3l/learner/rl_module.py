@@ -134,7 +134,7 @@ def shared_prefix_hidden(decoder: torch.nn.Module, input_ids: torch.Tensor, leng
     (a group's items after their shared task prompt, a retry and its base after the pivot) run in
     right-padded batches of similar lengths on the parent's cache, expanded
     (``prefix_tree.leaf_batches``): on CPU that costs about what its tokens cost unshared, where
-    one call per node did not (docs/benchmarks.md section 5). Nodes with children run one by one,
+    one call per node did not (docs/benchmarks.md, 'What do prefix sharing and cascade attention save?'). Nodes with children run one by one,
     since their caches must end where their children start. Padding positions of the result are
     zero. On CPU a node attends to its parent's cache through ``cascade_attention`` (no mask, the
     causal triangle skipped), else through transformers' masked SDPA.

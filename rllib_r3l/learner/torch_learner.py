@@ -216,7 +216,7 @@ class R3LTorchLearner(TorchLearner):
         if not nonfinite and grads:
             # one fused pass: a gradient holds a NaN/inf iff its norm is not finite (a norm that
             # overflows fp32, > 1.8e19, counts as non-finite too). The per-tensor isfinite().all()
-            # this replaces cost ~0.8 s an update for SmolLM2-135M on a 2-core CPU (272 tensors x 4 ops).
+            # this replaces costs four ops per tensor, a visible share of a small model's CPU update.
             norms = torch._foreach_norm(list(grads.values()))
             nonfinite = not bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
         if nonfinite and self.config.skip_nonfinite_updates:
@@ -229,7 +229,7 @@ class R3LTorchLearner(TorchLearner):
             if nonfinite:  # skip_nonfinite_updates=False: NaN -> 0, inf -> the dtype's extremes (RLlib's rule)
                 post = {pid: torch.nan_to_num(g) for pid, g in post.items()}
             # R3L checked the gradients above (one fused pass), so R3LConfig turns RLlib's own
-            # per-tensor isfinite checks off (torch_skip_nan_gradients=True: ~0.5 s an update here)
+            # per-tensor isfinite checks off (torch_skip_nan_gradients=True)
             self.apply_gradients(post)
             self._updates += 1
         dt = time.perf_counter() - t0
@@ -270,7 +270,7 @@ class R3LTorchLearner(TorchLearner):
 def fused_adamw_supported(params: List[torch.nn.Parameter]) -> bool:
     """True when torch's fused AdamW kernel can step these parameters (floating point, all on one
     device type it supports, CPU included): one kernel per step instead of ~10 ops per tensor
-    (SmolLM2-135M on a 2-core CPU: 0.10 s a step against 0.33 s)."""
+    (docs/benchmarks.md, 'How fast is the learner?')."""
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
     devices = {p.device.type for p in params}

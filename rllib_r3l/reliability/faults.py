@@ -1,10 +1,10 @@
 """Fault injection: testing aids that make R3L's failure handling observable. OFF by default.
 
-Set ``R3LConfig().training(fault_injection={...})`` (or ``--set fault_injection={...}`` on the CLI) to
-make environments crash, JVMs die, env-runner actors get killed mid-sample, or learner updates turn
+``inject(config, {...})`` on an ``R3LConfig`` (a testing aid, deliberately not a config option: no
+YAML file or ``--set`` reaches it) makes environments crash, JVMs die, env-runner actors get killed mid-sample, or learner updates turn
 NaN, at chosen points or with a given probability. Every injected fault is counted, so a test can
 check that each one was survived and that what it cost (lost episodes, skipped updates) was counted
-too (``benchmarks/soak.py``, ``tests/test_reliability.py``, ``docs/reliability.md``).
+too (``scripts/soak.py``, ``tests/test_reliability.py``, ``docs/reliability.md``).
 
 Never set this in a real training run: it exists to test the recovery paths.
 
@@ -74,7 +74,7 @@ class InjectedFault(RuntimeError):
 # configuration
 def validate_fault_injection(value: Any) -> Dict[str, Any]:
     """Check a ``fault_injection`` dict; return it with defaults filled in. Errors name the key."""
-    field = "R3LConfig.fault_injection"
+    field = "faults.inject"
     if value is None:
         value = {}
     if not isinstance(value, dict):
@@ -108,28 +108,36 @@ def validate_fault_injection(value: Any) -> Dict[str, Any]:
     return out
 
 
+def inject(config: Any, plan: Dict[str, Any]) -> Any:
+    """Make ``config`` (an ``R3LConfig``) inject the faults of ``plan`` (keys: ``FAULT_OPTIONS``); returns
+    ``config``. Errors name the key. ``{}`` injects nothing."""
+    validate_fault_injection(plan)
+    config._fault_injection = dict(plan)
+    return config
+
+
 def validate_reliability_options(config: Any) -> None:
     """Validate the reliability options of ``R3LConfig`` (called by ``validate_r3l``)."""
-    seed = getattr(config, "sampling_seed", None)
+    seed = config.sampling_seed
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ValueError(f"R3LConfig.sampling_seed: must be None (unseeded) or an integer >= 0, got {seed!r}")
-    retries = getattr(config, "runner_failure_retries", 0)
+    retries = config.runner_failure_retries
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"R3LConfig.runner_failure_retries: must be an integer >= 0 (0 = no re-sampling), got {retries!r}")
-    wait = getattr(config, "runner_restart_wait_s", 0.0)
+    wait = config.runner_restart_wait_s
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
         raise ValueError(f"R3LConfig.runner_restart_wait_s: must be a number of seconds >= 0, got {wait!r}")
-    validate_fault_injection(getattr(config, "fault_injection", None))
+    validate_fault_injection(config._fault_injection)
 
 
 def fault_plan(config: Any) -> Optional[Dict[str, Any]]:
     """The validated fault-injection plan of ``config``, or None when nothing is injected."""
-    raw = getattr(config, "fault_injection", None)
+    raw = config._fault_injection
     if not raw:
         return None
     plan = validate_fault_injection(raw)
     if plan["seed"] is None:
-        plan["seed"] = int(getattr(config, "seed", None) or 0)
+        plan["seed"] = int(config.seed or 0)
     return plan
 
 

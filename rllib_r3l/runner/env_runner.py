@@ -22,7 +22,7 @@ from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from rllib_r3l.runner.explore import LOST, ExploreOptions, Explorer, GroupResult
+from rllib_r3l.runner.explore import ExploreOptions, Explorer, GroupResult
 from rllib_r3l.runner.rollout import ROLLOUT_TIMERS
 
 logger = logging.getLogger(__name__)
@@ -45,13 +45,13 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         self._weights_seq_no = 0
         self._pending_weights = None
         self._num_groups_sampled = 0
-        self._in_eval = bool(getattr(self.config, "in_evaluation", False))
+        self._in_eval = bool(self.config.in_evaluation)
         seed = self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(4), "little")
         self._rng = np.random.default_rng([int(seed), int(self.worker_index), int(self._in_eval)])
         self.counters: Counter = Counter()
         self._obs_space = gym.spaces.Text(max_length=1 << 20)
         self._act_space = gym.spaces.Text(max_length=1 << 16)
-        if getattr(self.config, "num_threads", None):
+        if self.config.num_threads:
             import torch
 
             torch.set_num_threads(int(self.config.num_threads))
@@ -98,39 +98,9 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         # sampling_seed: every generate call seeded from the sample's task seeds (reproducible resume)
         self._backend = seeded_backend(self._backend, c.sampling_seed)
         self._reflector = seeded_backend(self._reflector, c.sampling_seed)
-        opts = RolloutOptions(
-            max_turns=c.max_turns,
-            max_response_tokens=c.max_response_tokens,
-            max_context_tokens=c.max_context_tokens,
-            temperature=c.evaluation_temperature if self._in_eval else c.temperature,
-            top_p=c.top_p,
-            action_decoding=c.action_decoding,
-            system_prompt=c.system_prompt,
-            verify_replay=c.verify_replay,
-        )
+        opts = RolloutOptions.from_config(c, evaluation=self._in_eval)
         self._episodes = EpisodeRunner(self._backend, self._chat, self._env_factory(), opts, self.counters)
-        eopts = ExploreOptions(
-            group_size=c.group_size,
-            reflect=bool(c.reflect) and not self._in_eval,
-            retries_per_failure=c.retries_per_failure,
-            success_reward=c.success_reward,
-            aux_tasks=c.aux_tasks,
-            aux_items=tuple(c.aux_items),
-            aux_weight=c.aux_weight,
-            reflection_template=c.reflection_template,
-            guidance_template=c.guidance_template,
-            reflection_structured=c.reflection_structured,
-            max_reflection_tokens=c.max_reflection_tokens,
-            reflection_context=c.resolved_reflection_context(),
-            reflection_max_chars=c.reflection_max_chars,
-            reflection_outcome=getattr(c, "reflection_outcome", "model"),
-            reflect_on=getattr(c, "reflect_on", "failures"),
-            temperature=c.temperature,
-            pivotal_credit=c.pivotal_credit,
-            max_context_tokens=c.max_context_tokens,
-            score_behaviour=bool(c.use_importance_ratio) and not self._in_eval,
-            reflector=getattr(c, "reflector", "policy"),
-        )
+        eopts = ExploreOptions.from_config(c, evaluation=self._in_eval)
         self._explorer = Explorer(self._episodes, self._chat, eopts, reflector=self._reflector,
                                   reflector_chat=reflector_chat)
         if not self._in_eval:
@@ -211,7 +181,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         opts = train_batch_options(c)
         signal = [carries_signal(g, **opts) for g in groups]
         rounds = 0
-        max_rounds = 0 if self._in_eval else int(getattr(c, "dynamic_sampling_rounds", 0) or 0)
+        max_rounds = 0 if self._in_eval else int(c.dynamic_sampling_rounds)
         while not any(signal) and rounds < max_rounds:
             rounds += 1
             self.counters["progress_rounds"] += 1  # live progress: a new round of tasks
@@ -387,7 +357,7 @@ def engine_options(config) -> Dict[str, Any]:
     from rllib_r3l.generation import resolve_backend_name
 
     opts = dict(config.backend_options or {})
-    if getattr(config, "colocate_engine_sleep", False) and resolve_backend_name(config.backend) == "vllm":
+    if config.colocate_engine_sleep and resolve_backend_name(config.backend) == "vllm":
         opts.setdefault("enable_sleep_mode", True)
     return opts
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from rllib_r3l import core_algos
+from rllib_r3l.options import default, resolve_reflection_context
 from rllib_r3l.runner.reflection import oracle as oracle_lib
 from rllib_r3l.runner.reflection import reflect as reflect_lib
 from rllib_r3l.runner.reflection import context as reflection_context
@@ -43,26 +44,39 @@ LOST = (Status.ENV_ERROR, Status.GENERATION_ERROR)
 
 @dataclass
 class ExploreOptions:
-    group_size: int = 8
-    reflect: bool = True
-    retries_per_failure: int = 1
-    success_reward: float = 1.0
-    aux_tasks: bool = True
-    aux_items: Sequence[str] = ("reflection_sft", "retry_sft")  # which auxiliary items aux_tasks adds
-    aux_weight: float = 1.0
-    reflection_template: Optional[str] = None
-    guidance_template: Optional[str] = None  # None: reflect_lib.DEFAULT_GUIDANCE_TEMPLATE
-    reflection_structured: bool = True
-    max_reflection_tokens: int = 512
-    temperature: float = 1.0
-    pivotal_credit: bool = True
-    max_context_tokens: Optional[int] = None  # auxiliary items longer than this are dropped (counted)
-    score_behaviour: bool = False  # attach the behaviour model's log-probs to base rollouts (importance ratio)
-    reflection_context: str = "log"  # "transcript": continue the episode's own context (rllib_r3l.runner.reflection.context)
-    reflection_max_chars: Optional[int] = None  # bound on each text field of a structured report
-    reflection_outcome: str = "model"  # "reward": a failed episode's report skips the outcome (known from the reward)
-    reflector: str = "policy"  # "oracle": DIAGNOSTIC reports from the environment's oracle (rllib_r3l.runner.reflection.oracle)
-    reflect_on: str = "all"  # "failures": only failed base episodes (paper §3; R3LConfig's default); "all": authors' code
+    """What ``Explorer`` reads of the config (field names and defaults are ``R3LConfig``'s, from
+    ``rllib_r3l.options``; ``from_config`` builds it from a config)."""
+
+    group_size: int = default("group_size")
+    reflect: bool = default("reflect")
+    retries_per_failure: int = default("retries_per_failure")
+    success_reward: float = default("success_reward")
+    aux_items: Sequence[str] = tuple(default("aux_items"))
+    aux_weight: float = default("aux_weight")
+    reflection_template: Optional[str] = default("reflection_template")
+    guidance_template: Optional[str] = default("guidance_template")  # None: reflect_lib.DEFAULT_GUIDANCE_TEMPLATE
+    reflection_structured: bool = default("reflection_structured")
+    max_reflection_tokens: int = default("max_reflection_tokens")
+    temperature: float = default("temperature")
+    pivotal_credit: bool = default("pivotal_credit")
+    max_context_tokens: Optional[int] = default("max_context_tokens")  # longer auxiliary items are dropped (counted)
+    # the behaviour model's log-probs on base rollouts (use_importance_ratio)
+    score_behaviour: bool = default("use_importance_ratio")
+    # "auto" resolved: "transcript" continues the episode's own context (rllib_r3l.runner.reflection.context)
+    reflection_context: str = resolve_reflection_context(default("reflection_context"), default("reflector"))
+    reflection_max_chars: Optional[int] = default("reflection_max_chars")
+    reflection_outcome: str = default("reflection_outcome")
+    reflector: str = default("reflector")  # "oracle": DIAGNOSTIC reports (rllib_r3l.runner.reflection.oracle)
+    reflect_on: str = default("reflect_on")
+
+    @classmethod
+    def from_config(cls, config: Any, evaluation: bool = False) -> "ExploreOptions":
+        """The options of ``config`` (an ``R3LConfig``); ``evaluation``: base episodes only, nothing scored."""
+        kw = {f.name: getattr(config, f.name) for f in fields(cls) if f.name not in ("score_behaviour",)}
+        kw.update(aux_items=tuple(config.aux_items), reflect=bool(config.reflect) and not evaluation,
+                  reflection_context=config.resolved_reflection_context(),
+                  score_behaviour=bool(config.use_importance_ratio) and not evaluation)
+        return cls(**kw)
 
     @property
     def num_base(self) -> int:
@@ -259,7 +273,7 @@ class Explorer:
 
     def _adds(self, kind: str) -> bool:
         """Whether auxiliary items of this kind (``reflection_sft``, ``retry_sft``) join the batch."""
-        return bool(self.opts.aux_tasks) and kind in self.opts.aux_items
+        return kind in self.opts.aux_items
 
     def _log_pivot_action(self, base: Trajectory, retry: Trajectory, k: int) -> None:
         """Did the guidance change what the policy does at the pivot? ``retry_changed_pivot_action``:
@@ -302,8 +316,8 @@ class Explorer:
         resp_ids, lps = list(out.token_ids), list(out.logprobs)
         # The report's text in the policy's own tokens, closed like a turn. A separate reflector's
         # report is always re-encoded; the policy's own is when vLLM's JSON grammar spelled it in
-        # tokens the tokenizer would not choose (every report of the default model was: docs/
-        # benchmarks.md section 0), since supervising those spellings teaches token noise. Either
+        # tokens the tokenizer would not choose (docs/benchmarks.md, 'Why these main-job settings and defaults?'), since supervising
+        # those spellings teaches token noise. Either
         # way the item has no sampler log-probs (it is no longer the policy's sample).
         canonical = self.chat.encode(out.text) + self.chat.closes_turn([])
         if self.reflector_chat is not self.chat:

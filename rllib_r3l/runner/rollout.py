@@ -15,9 +15,10 @@ import math
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, List, Optional
 
+from rllib_r3l.options import default
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
@@ -48,14 +49,25 @@ class EpisodeSpec:
 
 @dataclass
 class RolloutOptions:
-    max_turns: Optional[int]
-    max_response_tokens: int
-    max_context_tokens: int
-    temperature: float
-    top_p: float = 1.0
-    action_decoding: str = "choice"
-    system_prompt: Optional[str] = None
-    verify_replay: bool = True
+    """What ``EpisodeRunner`` reads of the config (names and defaults are ``R3LConfig``'s, from
+    ``rllib_r3l.options``; ``from_config`` builds it from a config)."""
+
+    max_turns: Optional[int] = default("max_turns")
+    max_response_tokens: int = default("max_response_tokens")
+    max_context_tokens: int = default("max_context_tokens")
+    temperature: float = default("temperature")
+    top_p: float = default("top_p")
+    action_decoding: str = default("action_decoding")
+    system_prompt: Optional[str] = default("system_prompt")
+    verify_replay: bool = default("verify_replay")
+
+    @classmethod
+    def from_config(cls, config: Any, evaluation: bool = False) -> "RolloutOptions":
+        """The options of ``config`` (an ``R3LConfig``); ``evaluation`` samples at ``evaluation_temperature``."""
+        kw = {f.name: getattr(config, f.name) for f in fields(cls)}
+        if evaluation:
+            kw["temperature"] = config.evaluation_temperature
+        return cls(**kw)
 
 
 @dataclass

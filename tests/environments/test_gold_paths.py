@@ -1,5 +1,5 @@
 """Each environment's own solution solves it through our adapter, also after restore() at every
-prefix (the retry path): a sample of ``benchmarks/gold_paths.py`` (issue 14 item 10)."""
+prefix (the retry path): a sample of ``scripts/gold_paths.py``."""
 
 import pytest
 

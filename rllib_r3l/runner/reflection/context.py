@@ -1,4 +1,4 @@
-"""Where a reflection reads the episode from (paper §4 "Reflect-then-retry"; issue 12).
+"""Where a reflection reads the episode from (paper §4 "Reflect-then-retry").
 
 - ``"log"``: a fresh prompt that re-renders the episode as a numbered log (``reflect.
   build_reflection_messages``; the authors' layout). The engine computes all of it.

@@ -24,8 +24,8 @@ import re
 import string
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from rllib_r3l.runner.reflection.report import (Outcome, ParseResult, ParseStatus, ReflectionReport, ReflectionStats,
-                                         parse_report)
+from rllib_r3l.runner.reflection.parse import parse_report
+from rllib_r3l.runner.reflection.report import Outcome, ParseResult, ParseStatus, ReflectionReport, ReflectionStats
 
 __all__ = [
     "Outcome",

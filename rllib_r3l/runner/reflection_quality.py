@@ -1,0 +1,48 @@
+"""Reflection quality on finished episodes (held-out evaluation, ``rllib-r3l evaluate``): the policy
+reflects, nothing is retried; the counts of ``Explorer.reflect`` plus pivot metrics where the
+environment has an oracle (rllib_r3l.runner.reflection.oracle)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from rllib_r3l.runner.explore import LOST, ExploreOptions, Explorer
+from rllib_r3l.runner.rollout import EpisodeSpec
+
+__all__ = ["score_reflections", "reflection_quality"]
+
+
+def score_reflections(episodes: Any, chat: Any, trajectories: Sequence[Any], *, reflector: Any = None,
+                      reflector_chat: Any = None, max_reflection_tokens: int = 256, temperature: float = 0.4,
+                      structured: bool = True, template: Optional[str] = None, success_reward: float = 1.0) -> dict:
+    """How good are a policy's reflections on finished episodes? (held-out evaluation)
+
+    The policy (or ``reflector``) reflects on each of ``trajectories`` (run by ``episodes``, an
+    :class:`~rllib_r3l.runner.rollout.EpisodeRunner`, whose environments also serve the oracle); nothing is
+    retried. Returns ``reflection_valid_rate`` and the other reflection counts, and, where the
+    environment has an oracle, ``pivot_accuracy``, ``pivot_error_mean`` and ``pivot_early_rate``; plus
+    ``reflected`` (episodes with at least one action, the ones reflected on).
+    """
+    opts = ExploreOptions(group_size=2, reflect=True, max_reflection_tokens=max_reflection_tokens,
+                          temperature=temperature, reflection_structured=structured, reflection_template=template,
+                          success_reward=success_reward)
+    ex = Explorer(episodes, chat, opts, reflector=reflector, reflector_chat=reflector_chat)
+    todo = [t for t in trajectories if t is not None and t.status not in LOST and t.actions]
+    for t in todo:
+        t.success = ex.is_success(t)
+    if todo:
+        ex.reflect(todo)
+    out = ex.pop_metrics()
+    out["reflected"] = float(len(todo))
+    return out
+
+
+def reflection_quality(episodes: Any, chat: Any, seeds: Sequence[int], **kw: Any) -> dict:
+    """:func:`score_reflections` on one fresh base episode per seed; adds ``episodes`` and
+    ``success_rate`` (of those episodes)."""
+    runs = episodes.run([EpisodeSpec(seed=int(s), group_id=f"reflection-quality-{s}") for s in seeds])
+    bases = [t for t in runs if t is not None and t.status not in LOST]
+    out = score_reflections(episodes, chat, bases, **kw)
+    out.update({"episodes": float(len(bases)),
+                "success_rate": float(sum(b.success for b in bases) / len(bases)) if bases else 0.0})
+    return out

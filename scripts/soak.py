@@ -1,0 +1,283 @@
+"""Bounded soak test: train R3L for N iterations on CPU while faults are injected; check that every
+fault was survived and every loss was counted.
+
+    python scripts/soak.py [--iterations 8] [--env r3l/CoinCollector] [--num-env-runners 1]
+                           [--env-crash-prob 0.02] [--jvm-kill-prob 0.02] [--bad-obs-prob 0.01]
+                           [--runner-kill-every 3] [--nan-every 2]
+
+The tiny random model (``model="tiny"``, transformers backend) trains on TextWorldExpress coin
+collector (every environment holds a JVM) with one remote env runner and
+``fault_tolerance(restart_failed_env_runners=True)``. Injected (``rllib_r3l.reliability.faults.inject``):
+environment crashes (``env.step`` raises), SIGKILLed JVMs mid-episode,
+non-string observations, ``ray.kill`` of the remote env runner mid-sample (Ray restarts it),
+NaN losses and inf gradients in the learner.
+
+Prints a table (fault, injected, survived, losses counted) and the accounting checks, and exits
+non-zero when an iteration raised, a fault was not survived, or a loss was not counted:
+
+* env faults: every injected one is a counted environment error (``env_errors``), each error a
+  counted lost episode; the episodes the runners report lost equal those the driver counts;
+* runner kills: each one is a counted runner failure, the runner is restored, and per iteration
+  ``groups received = tasks_per_iteration - groups_lost_with_runner + groups_resampled``;
+* NaN/inf: each injected update is a counted skipped update, and the weights stay finite;
+* the learner stays in service (every iteration with a batch returns learner results).
+
+Run on demand (minutes); ``tests/test_reliability.py`` runs a short version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from typing import Any, Dict, List, Optional, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _num(x: Any) -> float:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return 0.0
+    return 0.0 if math.isnan(x) else x
+
+
+# metric (flattened result key) -> short name
+METRICS = {
+    "env_runners/r3l/faults/injected_env_raise": "inj_env_raise",
+    "env_runners/r3l/faults/injected_env_kill_jvm": "inj_env_kill_jvm",
+    "env_runners/r3l/faults/injected_env_bad_observation": "inj_env_bad_observation",
+    "r3l/faults/injected_runner_kill": "inj_runner_kill",
+    "learners/r3l/faults/injected_nan_loss": "inj_nan_loss",
+    "learners/r3l/faults/injected_nan_grad": "inj_nan_grad",
+    "env_runners/r3l/faults/env_errors": "env_errors",
+    "env_runners/r3l/faults/env_create_errors": "env_create_errors",
+    "env_runners/r3l/faults/env_close_errors": "env_close_errors",
+    "env_runners/r3l/faults/generation_errors": "generation_errors",
+    "env_runners/r3l/faults/episodes_lost": "runner_episodes_lost",
+    "r3l/faults/episodes_lost": "driver_episodes_lost",
+    "r3l/faults/partial_groups": "partial_groups",
+    "r3l/faults/episodes_dropped_with_partial_group": "episodes_dropped_with_partial_group",
+    "r3l/faults/env_runner_failures": "env_runner_failures",
+    "r3l/faults/env_runners_restored": "env_runners_restored",
+    "r3l/faults/env_runners_unavailable": "env_runners_unavailable",
+    "r3l/faults/groups_lost_with_runner": "groups_lost_with_runner",
+    "r3l/faults/groups_resampled": "groups_resampled",
+    "env_runners/r3l/faults/groups_lost_with_exploration_error": "groups_lost_with_exploration_error",
+    "env_runners/r3l/faults/exploration_errors": "exploration_errors",
+    "learners/r3l/faults/nonfinite_updates_skipped": "nonfinite_updates_skipped",
+    "r3l/batch/groups": "groups_received",
+    "r3l/batch/empty_batches": "empty_batches",
+}
+
+
+def soak_config(args: argparse.Namespace, fault_overrides: Optional[Dict[str, Any]] = None):
+    from rllib_r3l import R3LConfig
+
+    iters = int(args.iterations)
+    faults: Dict[str, Any] = {"seed": int(args.seed)}
+    if args.env_crash_prob:
+        faults["env_raise_prob"] = float(args.env_crash_prob)
+    if args.jvm_kill_prob:
+        faults["env_kill_jvm_prob"] = float(args.jvm_kill_prob)
+    if args.bad_obs_prob:
+        faults["env_bad_observation_prob"] = float(args.bad_obs_prob)
+    if args.runner_kill_every and args.num_env_runners > 0:
+        faults["kill_runner_at_iterations"] = list(range(2, iters + 1, int(args.runner_kill_every)))
+    if args.nan_every:
+        k = int(args.nan_every)
+        faults["nan_loss_at_updates"] = list(range(1, 4 * iters, 2 * k))
+        faults["nan_grad_at_updates"] = list(range(1 + k, 4 * iters, 2 * k))
+    faults.update(fault_overrides or {})  # e.g. fixed schedules instead of probabilities (the CI test)
+    env_config: Dict[str, Any] = {"max_turns": int(args.max_turns)}
+    if args.env == "r3l/CoinCollector":
+        env_config["num_locations"] = int(args.num_locations)
+    elif args.env == "r3l/ToyCorridor":
+        env_config = {"num_rooms": 3, "max_turns": int(args.max_turns)}
+    from rllib_r3l.reliability.faults import inject
+
+    return inject(
+        R3LConfig()
+        .environment(args.env, env_config=env_config)
+        .training(model="tiny", backend="transformers", group_size=4, tasks_per_iteration=int(args.tasks),
+                  max_response_tokens=8, max_reflection_tokens=24, micro_batch_size=4, lr=1e-4,
+                  num_threads=1, sampling_seed=int(args.seed), runner_failure_retries=1,
+                  runner_restart_wait_s=float(args.restart_wait_s))
+        .env_runners(num_env_runners=int(args.num_env_runners), num_cpus_per_env_runner=0.5)
+        .fault_tolerance(restart_failed_env_runners=True, delay_between_env_runner_restarts_s=1.0,
+                         env_runner_health_probe_timeout_s=30.0)
+        .debugging(seed=int(args.seed)), faults)
+
+
+def _learner_steps(algo) -> int:
+    """Updates the learner(s) actually ran (applied or skipped as non-finite)."""
+    lg = algo.learner_group
+    fn = lambda l: int(l._updates) + int(l._skipped)  # noqa: E731
+    if lg.is_local:
+        return fn(lg._learner)
+    vals = [r.get() for r in lg.foreach_learner(fn) if getattr(r, "ok", False)]
+    return max(vals) if vals else -1
+
+
+def _weights_finite(algo) -> bool:
+    import torch
+
+    module = algo.learner_group._learner.module["default_policy"]
+    return all(bool(torch.isfinite(p).all()) for p in module.parameters())
+
+
+def run_soak(args: argparse.Namespace, log=print, fault_overrides: Optional[Dict[str, Any]] = None
+             ) -> Tuple[List[Tuple[str, int, int, str]], List[str], Dict[str, float]]:
+    """Train ``args.iterations`` iterations with faults injected. Returns (table rows, failed checks,
+    totals). A Ray session must be running."""
+    cfg = soak_config(args, fault_overrides)
+    tasks = int(args.tasks)
+    totals: Counter = Counter()
+    failures: List[str] = []
+    completed = 0
+    t0 = time.perf_counter()
+    algo = cfg.build_algo()
+    try:
+        for it in range(1, int(args.iterations) + 1):
+            t1 = time.perf_counter()
+            updates_before, steps_before = algo._num_updates, _learner_steps(algo)
+            try:
+                result = algo.train()
+            except Exception as e:  # not survived
+                failures.append(f"iteration {it} raised {type(e).__name__}: {e}")
+                log(traceback.format_exc())
+                break
+            completed += 1
+            flat = flatten(result)
+            row = {short: _num(flat.get(key)) for key, short in METRICS.items()}
+            totals.update(row)
+            learned = algo._num_updates > updates_before
+            if learned and _learner_steps(algo) <= steps_before:
+                failures.append(f"iteration {it}: the learner ran no update (out of service?)")
+            expected = tasks - row["groups_lost_with_runner"] + row["groups_resampled"]
+            if row["groups_received"] + row["groups_lost_with_exploration_error"] != expected:
+                failures.append(f"iteration {it}: {row['groups_received']:.0f} groups received, expected "
+                                f"{tasks} - {row['groups_lost_with_runner']:.0f} lost with a runner + "
+                                f"{row['groups_resampled']:.0f} re-sampled = {expected:.0f}")
+            if learned == bool(row["empty_batches"]):
+                failures.append(f"iteration {it}: updated={learned} but empty_batches={row['empty_batches']:.0f}")
+            injected = {k[4:]: int(v) for k, v in row.items() if k.startswith("inj_") and v}
+            log(f"iteration {it}/{args.iterations}: {time.perf_counter() - t1:5.1f}s  groups "
+                f"{row['groups_received']:.0f}  episodes lost {row['driver_episodes_lost']:.0f}  "
+                f"updated {learned}  injected {injected or '-'}")
+        finite = _weights_finite(algo)
+        healthy = algo.env_runner_group.num_healthy_remote_workers()
+    finally:
+        algo.stop()
+    totals["seconds"] = time.perf_counter() - t0
+    totals["iterations_completed"] = completed
+    all_done = completed == int(args.iterations)
+    if not finite:
+        failures.append("the learner's weights are not finite")
+    if int(args.num_env_runners) > 0 and healthy < int(args.num_env_runners):
+        failures.append(f"only {healthy} of {args.num_env_runners} env runners healthy at the end")
+
+    T = totals
+    env_injected = T["inj_env_raise"] + T["inj_env_kill_jvm"] + T["inj_env_bad_observation"]
+    if T["env_errors"] < env_injected:
+        failures.append(f"{env_injected:.0f} env faults injected but only {T['env_errors']:.0f} counted as env errors")
+    if T["runner_episodes_lost"] < T["env_errors"]:
+        failures.append(f"{T['env_errors']:.0f} env errors but only {T['runner_episodes_lost']:.0f} lost episodes counted")
+    if T["runner_episodes_lost"] != T["driver_episodes_lost"]:
+        failures.append(f"runners counted {T['runner_episodes_lost']:.0f} lost episodes, the driver "
+                        f"{T['driver_episodes_lost']:.0f}: losses went uncounted in transit")
+    if T["env_runner_failures"] < T["inj_runner_kill"]:
+        failures.append(f"{T['inj_runner_kill']:.0f} runner kills injected, {T['env_runner_failures']:.0f} runner failures counted")
+    if T["env_runner_failures"] and T["env_runners_restored"] < T["env_runner_failures"]:
+        failures.append(f"{T['env_runner_failures']:.0f} runner failures, {T['env_runners_restored']:.0f} restored")
+    nan_injected = T["inj_nan_loss"] + T["inj_nan_grad"]
+    if T["nonfinite_updates_skipped"] != nan_injected:
+        failures.append(f"{nan_injected:.0f} NaN/inf updates injected, {T['nonfinite_updates_skipped']:.0f} skipped")
+
+    ok = all_done and not failures
+    rows = [
+        ("environment crash (env.step raises)", int(T["inj_env_raise"]), int(T["inj_env_raise"]) if ok else 0,
+         f"env errors {T['env_errors']:.0f} (all env faults), episodes lost {T['runner_episodes_lost']:.0f}"),
+        ("JVM SIGKILLed mid-episode", int(T["inj_env_kill_jvm"]), int(T["inj_env_kill_jvm"]) if ok else 0,
+         f"env replaced (new JVM); env close errors {T['env_close_errors']:.0f}, create errors {T['env_create_errors']:.0f}"),
+        ("non-string observation", int(T["inj_env_bad_observation"]), int(T["inj_env_bad_observation"]) if ok else 0,
+         "counted as env errors"),
+        ("env runner ray.kill mid-sample", int(T["inj_runner_kill"]),
+         int(min(T["inj_runner_kill"], T["env_runners_restored"])) if ok else 0,
+         f"runner failures {T['env_runner_failures']:.0f}, groups lost {T['groups_lost_with_runner']:.0f}, "
+         f"re-sampled {T['groups_resampled']:.0f}"),
+        ("NaN loss", int(T["inj_nan_loss"]), int(T["inj_nan_loss"]) if ok else 0,
+         f"updates skipped {T['nonfinite_updates_skipped']:.0f} (NaN + inf)"),
+        ("inf gradient", int(T["inj_nan_grad"]), int(T["inj_nan_grad"]) if ok else 0, "weights finite: " + str(finite)),
+    ]
+    return rows, failures, dict(totals)
+
+
+def format_table(rows, failures, totals, args) -> str:
+    lines = [f"soak: {totals.get('iterations_completed', 0):.0f}/{args.iterations} iterations, {args.env}, "
+             f"{args.num_env_runners} remote env runner(s), {totals.get('seconds', 0):.0f} s",
+             "",
+             "| fault | injected | survived | losses counted |",
+             "|---|---:|---:|---|"]
+    lines += [f"| {name} | {inj} | {surv} | {note} |" for name, inj, surv, note in rows]
+    lines += ["",
+              f"episodes lost: runners counted {totals.get('runner_episodes_lost', 0):.0f}, driver counted "
+              f"{totals.get('driver_episodes_lost', 0):.0f}; partial groups dropped {totals.get('partial_groups', 0):.0f} "
+              f"({totals.get('episodes_dropped_with_partial_group', 0):.0f} surviving episodes not trained on); "
+              f"empty batches {totals.get('empty_batches', 0):.0f}; groups received {totals.get('groups_received', 0):.0f}",
+              "result: " + ("OK: every fault survived, every loss counted" if not failures else "FAILED")]
+    lines += [f"  - {f}" for f in failures]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--iterations", type=int, default=8)
+    p.add_argument("--env", default="r3l/CoinCollector")
+    p.add_argument("--num-locations", type=int, default=3)
+    p.add_argument("--max-turns", type=int, default=6)
+    p.add_argument("--tasks", type=int, default=2, help="tasks_per_iteration")
+    p.add_argument("--num-env-runners", type=int, default=1)
+    p.add_argument("--env-crash-prob", type=float, default=0.02)
+    p.add_argument("--jvm-kill-prob", type=float, default=0.02)
+    p.add_argument("--bad-obs-prob", type=float, default=0.01)
+    p.add_argument("--runner-kill-every", type=int, default=3, help="kill the runner in iterations 2, 2+k, ... (0: never)")
+    p.add_argument("--nan-every", type=int, default=2, help="NaN loss / inf grad alternately every k updates (0: never)")
+    p.add_argument("--restart-wait-s", type=float, default=120.0)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    import rllib_r3l  # noqa: F401  (registers R3L)
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        rows, failures, totals = run_soak(args)
+    finally:
+        ray.shutdown()
+    print(format_table(rows, failures, totals, args))
+    return 1 if failures or totals.get("iterations_completed", 0) != args.iterations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
