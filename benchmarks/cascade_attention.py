@@ -12,7 +12,7 @@ backward of that trie, ``masked`` (the leaves attend through transformers' SDPA 
 alternating, ``--reps`` times each after one warm-up, then ``flat``: the ``N`` rows unshared, one
 ``P + L`` row at a time (what the learner runs when a micro-batch cut separates them). Prints
 median CPU seconds and the ratios; the hidden states' gradient is the same either way
-(``tests/test_cascade_attention.py``, ``tests/test_prefix_sharing.py``).
+(``tests/learner/test_cascade_attention.py``, ``tests/learner/test_prefix_sharing.py``).
 
 The defaults: an R3L pair on TextWorldExpress twc (a base and its retry of ~3,650 tokens, the
 pivot after ~1,000, the prefix both share), the same pair with a late pivot, a coin-collector

@@ -175,8 +175,8 @@ class R3L(Algorithm):
     # ------------------------------------------------------------------------------------------------
     def _explore(self):
         # explicit per-runner shares; a runner that dies mid-sample is counted, restored and its
-        # share re-sampled (runner_failure_retries); see resilience.explore and docs/reliability.md
-        return resilience.explore(self)
+        # share re-sampled (runner_failure_retries); see resilience.sample_with_recovery and docs/reliability.md
+        return resilience.sample_with_recovery(self)
 
     @override(Algorithm)
     def restore_env_runners(self, env_runner_group) -> List[int]:

@@ -7,7 +7,7 @@
 #   bash scripts/mutation.sh core_algos runner/explore   # some of them (paths under rllib_r3l/)
 #   MUTATION_CHILDREN=2 MUTATION_WORKDIR=/tmp/mm bash scripts/mutation.sh core_algos
 #   MUTATION_SOURCE=HEAD bash scripts/mutation.sh batch   # rllib_r3l/environments as committed at a rev
-#   MUTATION_TESTS="tests/test_core_algos.py tests/test_explore.py" bash scripts/mutation.sh batch
+#   MUTATION_TESTS="tests/test_core_algos.py tests/runner/test_explore.py" bash scripts/mutation.sh batch
 #   MUTATION_NAMES=names.txt bash scripts/mutation.sh core_algos   # only these mutants (one name a line)
 #   MUTATION_DESELECT="" bash scripts/mutation.sh learner/torch_learner         # also the learner-building tests
 #
@@ -25,10 +25,10 @@ MODULES=("$@")
 # the core modules. Tests that build a learner (test_learner_loss, two of test_learner) or run an
 # evaluation take a minute a mutant on two cores; test_learner_update runs the learner's own code on a
 # stub instead, and the rest is checked with planted bugs (docs/mutation.md).
-TESTS=(tests/test_core_algos.py tests/test_core_hand_values.py tests/test_batch_credit.py tests/test_learner.py
-       tests/test_aux_rules.py tests/test_explore.py tests/test_reflect.py tests/test_trajectory.py
-       tests/test_learner_update.py tests/test_rl_module.py tests/test_explore_items.py
-       tests/test_reflection_context.py tests/test_oracle_reflector.py tests/test_reflect_values.py)
+TESTS=(tests/test_core_algos.py tests/test_core_hand_values.py tests/test_batch.py tests/learner/test_torch_learner.py
+       tests/runner/test_aux_rules.py tests/runner/test_explore.py tests/runner/reflection/test_reflect.py tests/test_trajectory.py
+       tests/learner/test_torch_learner_update.py tests/learner/test_rl_module.py tests/runner/test_explore_items.py
+       tests/runner/reflection/test_context.py tests/runner/reflection/test_oracle.py tests/runner/reflection/test_reflect_values.py)
 DESELECT="${MUTATION_DESELECT-not micro_batching_leaves_the_gradient_unchanged and not bf16_autocast_gradient and not evaluate_reports_reflection_quality}"
 [ -z "${MUTATION_TESTS:-}" ] || read -r -a TESTS <<< "$MUTATION_TESTS"
 

@@ -22,7 +22,7 @@ non-zero when an iteration raised, a fault was not survived, or a loss was not c
 * NaN/inf: each injected update is a counted skipped update, and the weights stay finite;
 * the learner stays in service (every iteration with a batch returns learner results).
 
-Run on demand (minutes); ``tests/test_reliability.py`` runs a short version.
+Run on demand (minutes); ``tests/reliability/test_reliability.py`` runs a short version.
 """
 
 from __future__ import annotations

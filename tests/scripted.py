@@ -171,3 +171,21 @@ def explore_options(**overrides):
     from rllib_r3l.runner.explore import ExploreOptions
 
     return ExploreOptions(**{**SCRIPTED_EXPLORE, **overrides})
+
+
+SEED = 11  # ToyCorridor(4 rooms): start in room 2, coin in room 4
+
+
+def make_explorer(tokenizer, pivot=1, group_size=4, **kw):
+    """A real ``Explorer`` on ToyCorridor (4 rooms) whose policy and reflector are a ``ScriptedBackend``."""
+    import environments
+    from rllib_r3l.runner.chat import ChatFormat
+    from rllib_r3l.runner.explore import Explorer
+    from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
+
+    chat = ChatFormat(tokenizer)
+    backend = ScriptedBackend(tokenizer, pivot=pivot)
+    opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
+    runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
+    eo = explore_options(group_size=group_size, **kw)
+    return Explorer(runner, chat, eo), backend

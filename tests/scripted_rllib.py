@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
@@ -42,3 +44,37 @@ class RecordingLearner(R3LTorchLearner):
                            ("aux_rows", int(aux.sum())), ("weight_delta", delta)):
             self.metrics.log_value(("r3l_test", key), value, reduce="sum")
         return out
+
+
+def tiny_config(**training):
+    """The smallest real R3L run: the tiny model on ToyCorridor (3 rooms), transformers backend, seeded."""
+    from rllib_r3l import R3LConfig
+
+    opts = dict(model="tiny", group_size=4, tasks_per_iteration=2, backend="transformers", max_response_tokens=8,
+                max_reflection_tokens=24, micro_batch_size=4, lr=1e-4)
+    opts.update(training)
+    return (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
+            .training(**opts).debugging(seed=0))
+
+
+def build_learner(**training):
+    """A real ``R3LTorchLearner`` on the tiny model, built outside Ray (``lr=1e-3``, no weight decay)."""
+    import gymnasium as gym
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_r3l import R3LConfig
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    cfg = R3LConfig().training(model="tiny", backend="transformers", lr=1e-3, weight_decay=0.0, **training)
+    space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
+    learner = cfg.build_learner(env=None, spaces={"__env__": space, DEFAULT_MODULE_ID: space})
+    learner.build()
+    return learner
+
+
+def grads_after_update(learner, batch):
+    """The flat gradient that one ``_update`` on ``batch`` leaves in the learner's parameters."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    learner._update({DEFAULT_MODULE_ID: {k: v.clone() for k, v in batch.items()}})
+    return torch.cat([p.grad.detach().flatten() for p in learner._params.values() if p.grad is not None])

@@ -19,7 +19,7 @@ from rllib_r3l import core_algos as ca
 from rllib_r3l.batch import build_train_batch, drop_overlong
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.runner.explore import Explorer, GroupResult
-from rllib_r3l.models import load_tokenizer, stop_token_ids
+from rllib_r3l.models import stop_token_ids
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory, collate
 from tests.scripted import explore_options, ScriptedBackend
@@ -36,11 +36,6 @@ def make_trajectory(parts, *, reward, group_id, kind=Kind.BASE):
         nxt += n
     return Trajectory(segments=segs, reward=reward, group_id=group_id, kind=kind,
                       num_turns=1 + max(t for _, _, t in parts))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 def _explorer(tokenizer, *, group_size=4, max_context_tokens=4096, env_config=None, env_cls=None, **kw):
@@ -160,7 +155,7 @@ def test_on_policy_importance_ratio_is_one_under_choice_decoding(tiny_model_dir,
 
 
 def _learner(**training):
-    from tests.test_learner import _learner as build
+    from tests.scripted_rllib import build_learner as build
 
     return build(mixed_precision="none", **training)
 

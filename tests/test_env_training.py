@@ -1,6 +1,5 @@
 """Each offline environment family runs a short R3L training iteration for real (tiny model, CPU)."""
 
-import os
 
 import pytest
 
@@ -13,16 +12,6 @@ ENVS = [
     ("r3l/Math", {}),
     ("r3l/Countdown", {}),
 ]
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.parametrize("env_id,env_config", ENVS, ids=[e[0] for e in ENVS])

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 PKG = ROOT / "rllib_r3l"
 PURE = ("rllib_r3l.core_algos", "rllib_r3l.batch", "rllib_r3l.trajectory", "rllib_r3l.options",
         "rllib_r3l.learner.prefix_tree")

@@ -4,7 +4,6 @@
 import dataclasses
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +12,9 @@ from rllib_r3l.batch import train_batch_options
 from rllib_r3l.options import R3L_OPTIONS, REMOVED
 from rllib_r3l.runner.explore import ExploreOptions
 from rllib_r3l.runner.rollout import RolloutOptions
+from tests import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 # ExploreOptions fields that are a config value transformed (name -> the config value it must equal)
 DERIVED = {
     "score_behaviour": lambda c, ev: bool(c.use_importance_ratio) and not ev,

@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from rllib_r3l.cli import commands as cli
+from tests import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 EXAMPLES = os.path.join(ROOT, "tuned_examples")
 FILES = sorted(glob.glob(os.path.join(EXAMPLES, "**", "*.yaml"), recursive=True))
 PAPER = [f for f in FILES if os.sep + "paper" + os.sep in f]

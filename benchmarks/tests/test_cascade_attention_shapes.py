@@ -1,5 +1,5 @@
 """``benchmarks/cascade_attention.py``: its shapes parse and bad ones are refused; the rows of a shape
-share their prefix (the attention itself is tested in ``tests/test_cascade_attention.py``)."""
+share their prefix (the attention itself is tested in ``tests/learner/test_cascade_attention.py``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``benchmarks/prefix_block_size.py``: its table on hand values and its refusal of bad sizes (the
 engine runs themselves are a benchmark, not a test; the CPU engine's block is checked in
-``tests/test_prefix_cache.py``)."""
+``tests/generation/test_prefix_cache.py``)."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ def reload_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) ->
 def _refresh_tied_lm_head(worker) -> None:
     """A tied output head shares the embedding's parameter, but the reload post-processes only the
     embedding layer: on CPU the head keeps the packed GEMM copy of the *old* weights (the
-    log-probs are then off after an embedding update; tests/test_generation.py checks them). Re-run the head's post-processing."""
+    log-probs are then off after an embedding update; tests/generation/test_generation.py checks them). Re-run the head's post-processing."""
     model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
     head = getattr(model, "lm_head", None)
     embed = next((m for n, m in model.named_modules() if n.endswith("embed_tokens")), None)

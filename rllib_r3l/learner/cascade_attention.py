@@ -110,7 +110,7 @@ def _attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, valu
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
     query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     # grouped-query attention (fewer key/value heads) runs as it is: the CPU flash kernels take it,
-    # forward and backward (tests/test_cascade_attention.py)
+    # forward and backward (tests/learner/test_cascade_attention.py)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = cascade_attention(query, key, value, scale)
     return out.transpose(1, 2).contiguous(), None

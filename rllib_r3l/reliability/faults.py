@@ -4,7 +4,7 @@
 YAML file or ``--set`` reaches it) makes environments crash, JVMs die, env-runner actors get killed mid-sample, or learner updates turn
 NaN, at chosen points or with a given probability. Every injected fault is counted, so a test can
 check that each one was survived and that what it cost (lost episodes, skipped updates) was counted
-too (``scripts/soak.py``, ``tests/test_reliability.py``, ``docs/reliability.md``).
+too (``scripts/soak.py``, ``tests/reliability/test_reliability.py``, ``docs/reliability.md``).
 
 Never set this in a real training run: it exists to test the recovery paths.
 

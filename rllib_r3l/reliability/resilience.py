@@ -58,7 +58,7 @@ def _sample_fn(n: int):
     return lambda r: (r.sample(num_groups=n), r.get_metrics(), r.worker_index, r.get_state())
 
 
-def explore(algo: Any) -> Tuple[List[Any], List[Any]]:
+def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
     """Sample this iteration's task groups on the env runners; count (and retry) runner failures."""
     group = algo.env_runner_group
     if group.num_remote_workers() <= 0:

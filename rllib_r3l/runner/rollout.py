@@ -171,7 +171,7 @@ class EpisodeRunner:
                 traj.task = str(info.get("task", ""))
                 traj.observations.append(str(obs))
             else:
-                obs, info = self._replay(env, spec)
+                obs, info = self._replay_prefix(env, spec)
         except _ReplayMismatch as e:
             self._release(env, healthy=True)
             self.counters["replay_mismatch"] += 1
@@ -213,7 +213,7 @@ class EpisodeRunner:
         traj.env_id = type(env).__name__
         return live
 
-    def _replay(self, env: Any, spec: EpisodeSpec):
+    def _replay_prefix(self, env: Any, spec: EpisodeSpec):
         """Restore the state before turn ``pivot`` by replaying the recorded actions (verified)."""
         base = spec.base
         t = spec.pivot

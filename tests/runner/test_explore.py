@@ -6,26 +6,9 @@ import environments
 from rllib_r3l.batch import build_train_batch, select_trainable
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.runner.explore import Explorer
-from rllib_r3l.models import load_tokenizer
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind, Status
-from tests.scripted import explore_options, GUIDE_MARK, ScriptedBackend
-
-SEED = 11  # ToyCorridor(4 rooms): start in room 2, coin in room 4
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-def make_explorer(tokenizer, pivot=1, group_size=4, **kw):
-    chat = ChatFormat(tokenizer)
-    backend = ScriptedBackend(tokenizer, pivot=pivot)
-    opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
-    runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
-    eo = explore_options(group_size=group_size, **kw)
-    return Explorer(runner, chat, eo), backend
+from tests.scripted import SEED, GUIDE_MARK, ScriptedBackend, explore_options, make_explorer
 
 
 def unguided_rendering(tokenizer, traj):

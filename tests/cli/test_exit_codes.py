@@ -1,5 +1,5 @@
 """``rllib-r3l train`` exits 1 when a trial fails, 0 when all terminate (Tune itself stubbed: the
-exit-code contract, in milliseconds; the real train path is covered by tests/test_cli.py)."""
+exit-code contract, in milliseconds; the real train path is covered by tests/cli/test_commands.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import types
 import pytest
 
 from rllib_r3l.cli import commands as cli
+from tests import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
 
 

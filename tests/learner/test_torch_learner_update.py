@@ -7,7 +7,7 @@ No Ray runtime and no language model: the learner is built without RLlib's machi
 (``StubLearner``: the RLlib parts it would inherit, gradient post-processing and the optimizer
 step, are replaced by a plain SGD step) around a bigram table, whose log-probs and gradients are
 computed by hand. The same behaviours on the real learner with the tiny model:
-``tests/test_learner_loss.py``.
+``tests/learner/test_torch_learner_loss.py``.
 """
 
 from __future__ import annotations

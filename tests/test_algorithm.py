@@ -1,32 +1,12 @@
 """R3L through Ray Tune and RLlib for real: registration, training, checkpoint, restore."""
 
-import os
 
 import pytest
 
 from tests.hang_guard import HANG_GUARD_S
+from tests.scripted_rllib import tiny_config
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    yield ray
-    ray.shutdown()
-
-
-def tiny_config(**training):
-    from rllib_r3l import R3LConfig
-
-    opts = dict(model="tiny", group_size=4, tasks_per_iteration=2, backend="transformers", max_response_tokens=8,
-                max_reflection_tokens=24, micro_batch_size=4, lr=1e-4)
-    opts.update(training)
-    return (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
-            .training(**opts).debugging(seed=0))
 
 
 def test_registered_with_tune_on_import_and_across_ray_sessions():

@@ -101,7 +101,7 @@ def test_scripted_exploration_batch_rows(tiny_tokenizer):
     from the pivot on, only base rows are on-policy, auxiliary rows carry ``aux_weight``."""
     from rllib_r3l.batch import select_trainable
     from rllib_r3l.trajectory import Kind
-    from tests.test_explore import SEED, make_explorer
+    from tests.scripted import SEED, make_explorer
 
     ex, _ = make_explorer(tiny_tokenizer, pivot=1, aux_weight=0.25)
     trajs, _ = select_trainable(ex.explore([SEED], ["g0"]))

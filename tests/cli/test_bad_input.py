@@ -2,7 +2,7 @@
 
 Nothing here starts Ray or trains: environments are built once (toy / missing data), the tiny model
 is only looked up, checkpoints are hand-made directories. The interrupted-and-resumed run and the
-iteration that loses every episode to environment creation are in tests/test_resume.py.
+iteration that loses every episode to environment creation are in tests/cli/test_resume.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 
 from rllib_r3l import R3LConfig
 from rllib_r3l.cli import commands as cli
+from tests import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
 
 

@@ -29,7 +29,7 @@ def test_main_job_trains_and_writes_summary(tmp_path, capfd):
                  "  CPU ", "  precision      learner ", "iter 1/2 | success ", "iter 2/2 | success ",
                  "iter  success  retries", "\n all  ", f"log:        {tmp_path / 'main.log'}"):
         assert text in shown, text
-    # (what goes to main.log instead of the console: tests/test_console.py, in a process of its own)
+    # (what goes to main.log instead of the console: tests/cli/test_console.py, in a process of its own)
     assert (tmp_path / "main.log").read_text().startswith("==== ")
     assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((tmp_path / "summary.json").read_text())

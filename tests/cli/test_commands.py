@@ -17,8 +17,9 @@ import sys
 import pytest
 
 from rllib_r3l.cli import commands as cli
+from tests import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 CPU_DIR = os.path.join(ROOT, "tuned_examples", "cpu")
 TOY = os.path.join(CPU_DIR, "toy_corridor_tiny.yaml")
 CPU_FILES = sorted(glob.glob(os.path.join(CPU_DIR, "*.yaml")))
@@ -152,17 +153,6 @@ def test_options_and_module_entry_point(capsys):
 # ==================================================================================================
 # Integration: train -> evaluate -> export -> reload -> report (one Ray runtime for the module)
 # ==================================================================================================
-@pytest.fixture(scope="module")
-def ray_session():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture(scope="module")
 def trained(ray_session, tmp_path_factory):
     """Both experiments of the smallest CPU example, one iteration each, checkpointed at the end."""

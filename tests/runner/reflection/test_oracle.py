@@ -8,7 +8,6 @@ import environments
 from rllib_r3l import R3LConfig
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.runner.explore import Explorer
-from rllib_r3l.models import load_tokenizer
 from rllib_r3l.runner.reflection.oracle import oracle_report
 from rllib_r3l.runner.reflection.pivot_metrics import pivot_quality, summarize_pivot_quality
 from rllib_r3l.runner.reflection.reflect import Outcome, ParseStatus
@@ -43,11 +42,6 @@ def test_oracle_report_is_valid_and_names_the_gold_action():
 
 
 # ------------------------------------------------------------------------------------------- explorer
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
 def follows_oracle(prompt_text, choices):
     """Moves left unguided; with the oracle's guidance in context, does what it says at each room."""
     last_user = prompt_text.rsplit("user\n", 1)[-1]

@@ -22,13 +22,13 @@ from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.reliability import faults
 from rllib_r3l.reliability.faults import fault_plan, wrap_env_factory
 from rllib_r3l.generation.base import GenerationResult
-from rllib_r3l.models import load_tokenizer
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Status
 from tests.hang_guard import HANG_GUARD_S
 from tests.scripted import explore_options, ScriptedBackend
+from tests import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -88,11 +88,6 @@ def test_invalid_config_values_name_the_field(field, value, needle):
 
 # ------------------------------------------------------------------------------------------------------
 # environments: crashes, bad output, dead JVMs -> counted, episode lost, environment replaced
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
 def _runner(tokenizer, factory, policy=None, max_turns=6, counters=None, backend=None):
     chat = ChatFormat(tokenizer)
     backend = backend or ScriptedBackend(tokenizer, **({"policy": policy} if policy else {}))
@@ -228,16 +223,6 @@ def test_zero_variance_group_has_zero_advantage_and_is_left_out_and_empty_sample
 
 # ------------------------------------------------------------------------------------------------------
 # with Ray: learner numerical faults, the soak, kill -9 + resume
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    yield ray
-    ray.shutdown()
-
-
 def _weights(algo):
     module = algo.learner_group._learner.module["default_policy"]
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -266,7 +251,7 @@ def _fault(result, *path):
 def test_all_episodes_lost_nan_loss_and_inf_grad_skip_updates_without_corrupting_weights(ray_session):
     import torch
 
-    from tests.test_integration import tiny_config
+    from tests.scripted_rllib import tiny_config
 
     # iteration 1: the first step of all 4 episodes (1 task, no reflection) crashes -> an empty batch
     fi = {"env_raise_at_steps": [0, 1, 2, 3], "nan_loss_at_updates": [0], "nan_grad_at_updates": [2]}
@@ -341,7 +326,7 @@ import json, os, sys
 sys.path.insert(0, os.getcwd())
 import ray, torch
 ray.init(address=sys.argv[1], log_to_driver=False)
-from tests.test_reliability import resume_config
+from tests.reliability.test_reliability import resume_config
 out = sys.argv[2]
 algo = resume_config().build_algo()
 algo.train()
@@ -358,7 +343,7 @@ while True:
 
 
 def resume_config():
-    from tests.test_integration import tiny_config
+    from tests.scripted_rllib import tiny_config
 
     return tiny_config(sampling_seed=7, num_threads=1).env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
 

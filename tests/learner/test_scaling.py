@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rllib_r3l.replay_buffer import GroupReplayBuffer, decay_limit_priority, weighted_sample_without_replacement
+from tests import REPO_ROOT
 
 PROMPT = "You are in room 1 of 3."
 CONT = " move right, then go north and open the door"  # several tokens: a robust "weights moved" signal
@@ -217,17 +218,6 @@ def test_lora_engine_state_is_the_merged_model(tiny_model_dir):
 # ---------------------------------------------------------------------------------------------------
 # Ray: several engines, several learners
 # ---------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    yield ray
-    ray.shutdown()
-
-
 def _config(**training):
     from rllib_r3l import R3LConfig
 
@@ -357,10 +347,9 @@ def test_lora_learner_syncs_merged_weights(ray_session, tiny_model_dir, tiny_tok
 def test_gpu_runbook_dry_run_config():
     """The GPU runbook's configurations validate (the run itself needs a GPU)."""
     import importlib.util
-    from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "gpu_runbook", Path(__file__).resolve().parents[1] / "scripts" / "gpu_runbook.py")
+        "gpu_runbook", REPO_ROOT / "scripts" / "gpu_runbook.py")
     rb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rb)
     for argv in ([], ["--layout", "split", "--tp", "2", "--deepspeed-stage", "3"], ["--lora-r", "8"]):
@@ -405,7 +394,7 @@ def test_deepspeed_zero3_learner_syncs_gathered_weights(tiny_model_dir):
     import sys
 
     pytest.importorskip("deepspeed")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = "from tests.test_scaling import _deepspeed_zero3_check; _deepspeed_zero3_check(); print('deepspeed-ok')"
+    root = str(REPO_ROOT)
+    code = "from tests.learner.test_scaling import _deepspeed_zero3_check; _deepspeed_zero3_check(); print('deepspeed-ok')"
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().endswith("deepspeed-ok"), (out.stdout[-2000:], out.stderr[-4000:])

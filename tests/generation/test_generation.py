@@ -30,6 +30,7 @@ from rllib_r3l.generation.constraints import ChoiceTrie, ChoicesLogitsProcessor
 from rllib_r3l.generation.hf_backend import HFBackend, top_p_filter
 from rllib_r3l.generation.vllm_weights import weight_buckets
 from rllib_r3l.models import load_causal_lm
+from tests import REPO_ROOT
 
 HF_TOL = 1e-4
 VLLM_TOL = 0.05
@@ -428,4 +429,4 @@ def test_importing_generation_does_not_import_vllm():
         "import sys, rllib_r3l.generation, rllib_r3l.models; "
         "assert 'vllm' not in sys.modules, 'vllm imported'"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(REPO_ROOT))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 import torch
+
+from tests.scripted_rllib import build_learner, grads_after_update
 
 
 # -- plan_micro_batches (pure) -------------------------------------------------------------------------
@@ -76,20 +77,6 @@ def test_right_padded_batch_logprobs_equal_unpadded_per_sequence(tiny_model_dir)
 
 
 # -- accumulation and precision through the real learner -------------------------------------------------
-def _learner(**training):
-    import gymnasium as gym
-    from ray.rllib.core import DEFAULT_MODULE_ID
-
-    from rllib_r3l import R3LConfig
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cfg = R3LConfig().training(model="tiny", backend="transformers", lr=1e-3, weight_decay=0.0, **training)
-    space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
-    learner = cfg.build_learner(env=None, spaces={"__env__": space, DEFAULT_MODULE_ID: space})
-    learner.build()
-    return learner
-
-
 def _batch(vocab: int):
     g = torch.Generator().manual_seed(1)
     lens = [23, 9, 17, 30, 12]
@@ -106,21 +93,14 @@ def _batch(vocab: int):
             "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
 
 
-def _grads_after_update(learner, batch):
-    from ray.rllib.core import DEFAULT_MODULE_ID
-
-    learner._update({DEFAULT_MODULE_ID: {k: v.clone() for k, v in batch.items()}})
-    return torch.cat([p.grad.detach().flatten() for p in learner._params.values() if p.grad is not None])
-
-
 def test_micro_batching_leaves_the_gradient_unchanged(tiny_model_dir):
-    one = _learner(micro_batch_size=5, micro_batch_tokens=None, mixed_precision="none")
+    one = build_learner(micro_batch_size=5, micro_batch_tokens=None, mixed_precision="none")
     batch = _batch(one.module["default_policy"].lm.config.vocab_size)
     plan_one = [mb["input_ids"].shape for mb in one.micro_batches(batch)]
-    g_one = _grads_after_update(one, batch)
-    many = _learner(micro_batch_size=4, micro_batch_tokens=40, mixed_precision="none")
+    g_one = grads_after_update(one, batch)
+    many = build_learner(micro_batch_size=4, micro_batch_tokens=40, mixed_precision="none")
     plan_many = [tuple(mb["input_ids"].shape) for mb in many.micro_batches(batch)]
-    g_many = _grads_after_update(many, batch)
+    g_many = grads_after_update(many, batch)
     assert plan_one == [(5, 30)]
     # 40 padded tokens: 30 and 23 alone (2 x 30, 2 x 23 > 40), 17 + 12 (2 x 17 = 34), 9 alone (3 x 17 > 40)
     assert plan_many == [(1, 30), (1, 23), (2, 17), (1, 9)]
@@ -129,12 +109,12 @@ def test_micro_batching_leaves_the_gradient_unchanged(tiny_model_dir):
 
 
 def test_bf16_autocast_gradient_tracks_fp32(tiny_model_dir):
-    fp32 = _learner(micro_batch_size=5, mixed_precision="none")
+    fp32 = build_learner(micro_batch_size=5, mixed_precision="none")
     batch = _batch(fp32.module["default_policy"].lm.config.vocab_size)
-    g32 = _grads_after_update(fp32, batch)
-    bf16 = _learner(micro_batch_size=5, mixed_precision="bfloat16")
+    g32 = grads_after_update(fp32, batch)
+    bf16 = build_learner(micro_batch_size=5, mixed_precision="bfloat16")
     assert isinstance(bf16.autocast(), torch.autocast)
-    g16 = _grads_after_update(bf16, batch)
+    g16 = grads_after_update(bf16, batch)
     # master weights stay fp32; the bf16 gradient points the same way
     assert all(p.dtype == torch.float32 for p in bf16._params.values())
     cos = torch.nn.functional.cosine_similarity(g16, g32, dim=0)

@@ -16,8 +16,9 @@ import time
 import pytest
 
 from rllib_r3l.cli import commands as cli
+from tests import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
 SMALL = ["--experiment", "toy-corridor-tiny-no-reflect", "--set", "tasks_per_iteration=1",
          "--set", "env_config={num_rooms: 3, max_turns: 3}", "--num-cpus", "4", "--quiet-workers", "--verbose", "0"]
@@ -38,7 +39,7 @@ def test_iteration_losing_every_episode_to_env_creation_raises_with_the_env_mess
     monkeypatch.setattr(preflight, "check_env", lambda *a, **k: None)  # the build-time check would catch it first
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
-        algo = (R3LConfig().environment("tests.test_resume:BrokenEnv")
+        algo = (R3LConfig().environment("tests.cli.test_resume:BrokenEnv")
                 .training(model="tiny", backend="transformers", group_size=4, tasks_per_iteration=1,
                           max_response_tokens=8, max_context_tokens=2048, reflect=False)).build_algo()
         try:
@@ -66,8 +67,9 @@ def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_pat
             "--storage-path", str(tmp_path)]
     exp = tmp_path / "toy-corridor-tiny-no-reflect"
     proc = _cli(argv)
+    # poll often: on a fast CPU the tiny run's remaining three iterations take about a second
     while proc.poll() is None and not glob.glob(str(exp / "*" / "checkpoint_000000" / "rllib_checkpoint.json")):
-        time.sleep(0.5)
+        time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be interrupted:\n" + proc.communicate()[1][-3000:]
     proc.send_signal(signal.SIGINT)  # Ctrl-C
     out, err = proc.communicate()

@@ -13,6 +13,7 @@ from collections import Counter
 from rllib_r3l.cli import console
 from rllib_r3l.runner import progress
 from tests.hang_guard import HANG_GUARD_S
+from tests import REPO_ROOT
 
 INFO = {
     "title": "R3L main job: 3 iteration(s), results in /tmp/out",
@@ -233,7 +234,7 @@ def _route(tmp_path, verbose: bool):
     env = {**os.environ, "PYTHONWARNINGS": "always"}
     proc = subprocess.run([sys.executable, "-c", _ROUTING_SCRIPT, str(log), "1" if verbose else "0"],
                           capture_output=True, text=True, timeout=HANG_GUARD_S, env=env,
-                          cwd=os.path.dirname(os.path.dirname(__file__)))
+                          cwd=str(REPO_ROOT))
     assert proc.returncode == 0, proc.stderr
     return proc.stdout + proc.stderr, (log.read_text() if log.exists() else "")
 

@@ -169,7 +169,7 @@ def test_shared_hidden_states_with_prefix_rows_duplicates_and_unrelated_rows(tin
 
 
 def _grads(learner, batch):
-    from tests.test_learner import _grads_after_update
+    from tests.scripted_rllib import grads_after_update as _grads_after_update
 
     return _grads_after_update(learner, batch)
 
@@ -181,7 +181,7 @@ def _rel_err(a, b):
 @pytest.mark.usefixtures("attention_path")
 @pytest.mark.parametrize("with_prefix_credit", [False, True])
 def test_shared_prefix_gradient_equals_unshared_tiny(tiny_model_dir, with_prefix_credit):
-    from tests.test_learner import _learner
+    from tests.scripted_rllib import build_learner as _learner
 
     off = _learner(micro_batch_size=4, mixed_precision="none", share_prefixes=False)
     on = _learner(micro_batch_size=4, mixed_precision="none", share_prefixes=True)
@@ -200,7 +200,7 @@ def test_shared_prefix_gradient_equals_unshared_tiny(tiny_model_dir, with_prefix
 def test_kl_reference_shares_prefixes_too_with_the_same_gradient(tiny_model_dir):
     """GRPO's KL to a frozen reference (kl_coef > 0): the reference forward shares prefixes like
     the policy's, and the gradient, KL term included, equals the unshared one."""
-    from tests.test_learner import _learner
+    from tests.scripted_rllib import build_learner as _learner
 
     batch = _shared_batch(4096, with_prefix_credit=True)
     grads, kls = {}, {}
@@ -220,7 +220,7 @@ def test_kl_reference_shares_prefixes_too_with_the_same_gradient(tiny_model_dir)
     assert _rel_err(no_kl, grads[True]) > 1e-3  # the KL term is in the gradient
 @pytest.mark.usefixtures("attention_path")
 def test_shared_prefix_gradient_with_micro_batches_and_autocast(tiny_model_dir):
-    from tests.test_learner import _learner
+    from tests.scripted_rllib import build_learner as _learner
 
     batch = _shared_batch(4096, with_prefix_credit=True)
     # two rows per micro-batch: token order keeps base and retry together
@@ -234,7 +234,7 @@ def test_shared_prefix_gradient_with_micro_batches_and_autocast(tiny_model_dir):
 
 
 def test_prefix_sharing_falls_back_with_a_reason(tiny_model_dir, caplog):
-    from tests.test_learner import _learner
+    from tests.scripted_rllib import build_learner as _learner
 
     with caplog.at_level("WARNING"):
         learner = _learner(share_prefixes=True, gradient_checkpointing=True)
