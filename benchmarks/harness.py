@@ -240,7 +240,10 @@ class MainJob:
 
     def command(self) -> List[str]:
         its = ["--iterations", str(self.iterations)] if self.iterations is not None else []
-        return [*MAIN_JOB_COMMAND, "--out", str(self.out), *its] + (["--set", *self.sets] if self.sets else [])
+        # a job that is not done is run again from the start: what an interrupted run left is replaced
+        # (the main job refuses an --out that holds a run, unless told to overwrite it)
+        return ([*MAIN_JOB_COMMAND, "--out", str(self.out), "--overwrite", *its]
+                + (["--set", *self.sets] if self.sets else []))
 
 
 def run_main_job(job: MainJob, verbose: bool = False) -> Dict[str, Any]:

@@ -61,7 +61,8 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
     """Explore chunk ``chunk_index`` (``args.chunk`` groups) with ``model``; one record per group."""
     import environments
     from rllib_r3l.cli.run_info import cpu_model
-    from rllib_r3l.runner.env_runner import R3LEnvRunner, generated_anew
+    from rllib_r3l.runner.env_runner import R3LEnvRunner
+    from rllib_r3l.runner.sample_metrics import generated_anew
     from rllib_r3l.runner.reflection.pivot_metrics import pivot_quality
 
     cfg = _config(model, args)

@@ -42,10 +42,28 @@ logger = logging.getLogger(__name__)
 class R3L(Algorithm):
     """Reflect-then-Retry RL (arXiv 2601.03715) on RLlib's new API stack."""
 
+    _checking_resources = False
+
     @classmethod
     @override(Algorithm)
     def get_default_config(cls) -> R3LConfig:
         return R3LConfig()
+
+    @classmethod
+    @override(Algorithm)
+    def default_resource_request(cls, config):
+        """RLlib's request, refused up front when the running Ray cluster can never grant it: Tune would
+        otherwise wait forever for a GPU learner on a CPU cluster, with nothing on the console."""
+        request = super().default_resource_request(config)
+        cpus, gpus = preflight.ray_capacity()
+        if cpus is not None and not cls._checking_resources:  # the check asks for this request again
+            cls._checking_resources = True
+            try:
+                cfg = config if isinstance(config, R3LConfig) else cls.get_default_config().update_from_dict(config)
+                preflight.check_resources(cfg, cpus=cpus, gpus=gpus, source="the Ray cluster")
+            finally:
+                cls._checking_resources = False
+        return request
 
     @override(Algorithm)
     def setup(self, config) -> None:

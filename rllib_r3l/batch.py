@@ -103,7 +103,8 @@ def build_train_batch(
         keep &= batch["advantages"] != 0
     if not keep.all():
         batch = {k: v[keep] for k, v in batch.items()}
-    factors = core_algos.loss_aggregation_weights(batch["num_loss_tokens"], loss_aggregation)
+    aux = np.isin(batch["kind"], [KINDS.index(Kind.REFLECTION_SFT), KINDS.index(Kind.RETRY_SFT)])
+    factors = core_algos.loss_aggregation_weights(batch["num_loss_tokens"], loss_aggregation, is_aux=aux)
     batch["weights"] = (batch["weights"] * factors).astype(batch["weights"].dtype)
     return batch, adv
 

@@ -16,8 +16,9 @@ from typing import Any, Dict, Optional
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 
-from rllib_r3l.options import (CHOICES, DEFAULT_ENV, DEFAULT_MODEL, R3L_OPTIONS, REFLECTOR_ROLES, default,
-                               removed_option_error, resolve_reflection_context, separate_reflector)
+from rllib_r3l import validation
+from rllib_r3l.options import (CHOICES, DEFAULT_ENV, DEFAULT_MODEL, R3L_OPTIONS, REFLECTOR_ROLES, UNUSED_RLLIB,
+                               default, removed_option_error, resolve_reflection_context, separate_reflector)
 
 __all__ = ["R3LConfig", "R3L_OPTIONS", "DEFAULT_ENV", "DEFAULT_MODEL", "check_config_keys"]
 
@@ -146,19 +147,10 @@ class R3LConfig(AlgorithmConfig):
         def err(field: str, msg: str) -> None:
             raise ValueError(f"R3LConfig.{field}: {msg}")
 
-        def positive_int(field: str) -> None:
-            v = getattr(self, field)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                err(field, f"must be an integer >= 1, got {v!r}")
-
-        for f in ("group_size", "tasks_per_iteration", "retries_per_failure", "max_response_tokens",
-                  "max_context_tokens", "micro_batch_size", "max_reflection_tokens", "weight_sync_interval"):
-            positive_int(f)
-        if self.micro_batch_tokens is not None:
-            positive_int("micro_batch_tokens")
-        v = self.dynamic_sampling_rounds
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            err("dynamic_sampling_rounds", f"must be an integer >= 0 (0 = off), got {v!r}")
+        # numbers first: the cross-field checks below compare them
+        validation.check_ranges(self)
+        validation.check_unused_rllib(self, fresh_defaults())
+        validation.check_learning_signal(self)
         if self.guidance_template is not None:
             from rllib_r3l.runner.reflection.reflect import check_guidance_template
 
@@ -172,18 +164,8 @@ class R3LConfig(AlgorithmConfig):
             r = self.retries_per_failure
             err("group_size", f"must be a multiple of 1 + retries_per_failure = {1 + r} with reflect=True "
                 f"(N/{1 + r} base rollouts + up to {r} retries each), got {self.group_size}; use e.g. {4 * (1 + r)}")
-        if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
-            err("max_turns", f"must be None (environment's limit) or an integer >= 1, got {self.max_turns!r}")
         if self.max_response_tokens >= self.max_context_tokens:
             err("max_response_tokens", f"({self.max_response_tokens}) must be smaller than max_context_tokens ({self.max_context_tokens})")
-        for f in ("temperature", "evaluation_temperature"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or v < 0:
-                err(f, f"must be a number >= 0, got {v!r}")
-        if not (0 < self.top_p <= 1):
-            err("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.amplification_alpha, (int, float)) or self.amplification_alpha < 1.0:
-            err("amplification_alpha", f"must be >= 1.0 (1.0 = no amplification), got {self.amplification_alpha!r}")
         if not isinstance(self.reflector, str) or not self.reflector:
             err("reflector", f"must be 'policy', 'oracle' or a reflector model's HF id or local path, got {self.reflector!r}")
         close = difflib.get_close_matches(self.reflector, REFLECTOR_ROLES, n=1, cutoff=0.7)
@@ -193,21 +175,11 @@ class R3LConfig(AlgorithmConfig):
         if self.reflection_context == "transcript" and self.reflector_model:
             err("reflection_context", "'transcript' continues the policy's own context, so the policy must reflect: "
                 "set reflector='policy' or reflection_context='log'")
-        if self.reflection_max_chars is not None:
-            positive_int("reflection_max_chars")
-        if not isinstance(self.loss_scale, (int, float)) or isinstance(self.loss_scale, bool) or not self.loss_scale > 0:
-            err("loss_scale", f"must be a number > 0 (1.0 = paper, 0.5 = authors' code scale), got {self.loss_scale!r}")
-        for f in ("kl_coef", "aux_weight", "clip_ratio_low", "clip_ratio_high", "weight_decay"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or v < 0:
-                err(f, f"must be a number >= 0, got {v!r}")
         aux_kinds = ("reflection_sft", "retry_sft")
         if (not isinstance(self.aux_items, (list, tuple)) or any(k not in aux_kinds for k in self.aux_items)
                 or len(set(self.aux_items)) != len(self.aux_items)):
             err("aux_items", f"must be a list of distinct kinds from {list(aux_kinds)} ([] = none), "
                 f"got {self.aux_items!r}")
-        if not isinstance(self.success_reward, (int, float)):
-            err("success_reward", f"must be a number, got {self.success_reward!r}")
         for f, allowed in CHOICES.items():
             if getattr(self, f) not in allowed:
                 err(f, f"must be one of {allowed}, got {getattr(self, f)!r}")
@@ -222,11 +194,9 @@ class R3LConfig(AlgorithmConfig):
         elif self.backend_options.get("choice_tokenization", "canonical") not in CHOICE_TOKENIZATIONS:
             err("backend_options", "choice_tokenization must be 'canonical' (the tokenizer's own tokens of an "
                 f"action) or 'any' (vLLM's character grammar), got {self.backend_options['choice_tokenization']!r}")
-        if self.lr is None or (isinstance(self.lr, (int, float)) and self.lr <= 0):
-            err("lr", f"must be > 0, got {self.lr!r}")
         if self.system_prompt is not None and "{task}" not in str(self.system_prompt):
             err("system_prompt", "must contain the placeholder {task} (and may contain {rules})")
-        _validate_scaling(self, err)
+        validation.validate_scaling(self, err)
         from rllib_r3l.reliability.faults import validate_reliability_options
 
         validate_reliability_options(self)
@@ -258,57 +228,6 @@ class R3LConfig(AlgorithmConfig):
         return R3LTorchLearner
 
 
-_LORA_KEYS = {"r", "alpha", "target_modules", "dropout"}
-_DEEPSPEED_KEYS = {"stage", "offload_optimizer", "offload_param", "config"}
-
-
-def _validate_scaling(cfg: "R3LConfig", err) -> None:
-    """Scale-out options: engine sleep, LoRA, DeepSpeed, replay (docs/scaling.md)."""
-    for f in ("colocate_engine_sleep", "replay_buffer"):
-        if not isinstance(getattr(cfg, f), bool):
-            err(f, f"must be True or False, got {getattr(cfg, f)!r}")
-    if cfg.lora is not None:
-        if not isinstance(cfg.lora, dict):
-            err("lora", f"must be None or a dict like {{'r': 16, 'alpha': 32, 'target_modules': ['q_proj', 'v_proj']}}, got {cfg.lora!r}")
-        unknown = set(cfg.lora) - _LORA_KEYS
-        if unknown:
-            err("lora", f"unknown keys {sorted(unknown)}; allowed: {sorted(_LORA_KEYS)}")
-        r = cfg.lora.get("r", 16)
-        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
-            err("lora", f"'r' must be an integer >= 1, got {r!r}")
-        alpha = cfg.lora.get("alpha", 2 * r)
-        if not isinstance(alpha, (int, float)) or alpha <= 0:
-            err("lora", f"'alpha' must be a number > 0, got {alpha!r}")
-        tm = cfg.lora.get("target_modules", "all-linear")
-        if not (tm == "all-linear" or (isinstance(tm, (list, tuple)) and tm and all(isinstance(m, str) for m in tm))):
-            err("lora", f"'target_modules' must be 'all-linear' or a non-empty list of module names, got {tm!r}")
-        d = cfg.lora.get("dropout", 0.0)
-        if not isinstance(d, (int, float)) or not (0 <= d < 1):
-            err("lora", f"'dropout' must be in [0, 1), got {d!r}")
-    if cfg.deepspeed is not None:
-        if not isinstance(cfg.deepspeed, dict):
-            err("deepspeed", f"must be None or a dict like {{'stage': 2}}, got {cfg.deepspeed!r}")
-        unknown = set(cfg.deepspeed) - _DEEPSPEED_KEYS
-        if unknown:
-            err("deepspeed", f"unknown keys {sorted(unknown)}; allowed: {sorted(_DEEPSPEED_KEYS)}")
-        if cfg.deepspeed.get("stage", 2) not in (0, 1, 2, 3):
-            err("deepspeed", f"'stage' must be 0, 1, 2 or 3, got {cfg.deepspeed.get('stage')!r}")
-        if not isinstance(cfg.deepspeed.get("config", {}), dict):
-            err("deepspeed", "'config' must be a dict of extra DeepSpeed settings")
-        if cfg.lora is not None:
-            err("deepspeed", "DeepSpeed together with lora is not supported; use one of them")
-    if cfg.replay_capacity is not None and (not isinstance(cfg.replay_capacity, int) or cfg.replay_capacity < 1):
-        err("replay_capacity", f"must be None or an integer >= 1, got {cfg.replay_capacity!r}")
-    for f in ("replay_decay", "replay_priority_limit"):
-        v = getattr(cfg, f)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0 < v <= 1):
-            err(f, f"must be a number in (0, 1], got {v!r}")
-    for f in ("replay_groups_per_update", "replay_max_uses"):
-        v = getattr(cfg, f)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            err(f, f"must be None or an integer >= 1, got {v!r}")
-
-
 # --------------------------------------------------------------------------------------------------
 # Every door (build_algo, tune.run with an R3LConfig or a dict, YAML, CLI) goes through these checks.
 _KEYS: Optional[frozenset] = None
@@ -328,6 +247,12 @@ def config_keys() -> frozenset:
     return _KEYS
 
 
+def fresh_defaults() -> Dict[str, Any]:
+    """``vars()`` of a fresh ``R3LConfig`` (computed once)."""
+    config_keys()
+    return _DEFAULTS
+
+
 def check_config_keys(config_dict: Dict[str, Any]) -> None:
     """``ValueError("R3LConfig.<key>: unknown config key ...")`` for the first key no config has."""
     known = config_keys()
@@ -336,6 +261,8 @@ def check_config_keys(config_dict: Dict[str, Any]) -> None:
         if removed:
             raise ValueError(removed)
         if key in known or AlgorithmConfig._translate_special_keys(str(key), warn_deprecated=False) in known:
+            continue
+        if key in UNUSED_RLLIB:  # a known RLlib option (a property): validate() names what R3L uses instead
             continue
         if str(key).startswith("__") and str(key).endswith("__"):  # Tune's own (__trial_info__, __stdout_file__)
             continue
@@ -364,7 +291,7 @@ def check_no_dropped_values(cfg: "R3LConfig") -> None:
     default = R3L_OPTIONS[field][0] if field in R3L_OPTIONS else _DEFAULTS.get(field)
     raise ValueError(f"R3LConfig.{field}: the value -1 cannot be used: RLlib's AlgorithmConfig.get_state() drops "
                      f"every value equal to -1 (its DEPRECATED_VALUE), so the algorithm would silently run with "
-                     f"the default {default!r}; use another value (e.g. -1.001)")
+                     f"the default {default!r}; {validation.minus_one_advice(field)}")
 
 
 def _validate_oracle_reflector(cfg: "R3LConfig", err) -> None:

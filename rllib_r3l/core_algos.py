@@ -179,17 +179,23 @@ def pivotal_credit_mask(response_mask: np.ndarray, turn_ids: np.ndarray, pivot: 
     return response_mask & (turn_ids >= pivot)
 
 
-LOSS_AGGREGATIONS = ("token_mean", "sequence_mean")
+LOSS_AGGREGATIONS = ("token_mean", "sequence_mean", "paper")
 
 
-def loss_aggregation_weights(num_loss_tokens: Sequence[float], mode: str = "token_mean") -> np.ndarray:
+def loss_aggregation_weights(num_loss_tokens: Sequence[float], mode: str = "token_mean",
+                             is_aux: Optional[Sequence[bool]] = None) -> np.ndarray:
     """Per-item factors on the token weights so that ``policy_gradient_loss``'s token mean (the sum
     over the batch's N credited tokens, divided by N) aggregates as ``mode``:
 
-    - ``token_mean`` (paper §4 "Objective", authors' code): every credited token counts once, so an
-      item weighs by its length (a 100-token reflection report as much as ~30 three-token actions);
+    - ``token_mean`` (the authors' code): every credited token counts once, so an item weighs by its
+      length (a 100-token reflection report as much as ~30 three-token actions);
     - ``sequence_mean`` (verl's ``seq-mean-token-mean``): each item's token mean, averaged over the
-      B items with credited tokens; factor ``N / (B * n_i)``, 0 for an item without credited tokens.
+      B items with credited tokens; factor ``N / (B * n_i)``, 0 for an item without credited tokens;
+    - ``paper`` (paper §4 "Objective", Algorithm 1): the RL term is the mean over the RL items
+      (base and retry trajectories) of each item's token mean, and the auxiliary items (``is_aux``)
+      form a separate SFT term, the mean over them of each item's token mean of -log pi (their
+      advantage is 1.0); factor ``N / (B_rl * n_i)`` on RL items, ``N / (B_aux * n_i)`` on auxiliary
+      ones, so the loss is ``L_RL + L_SFT``.
 
     As factors on the weights, the aggregation survives micro-batching and data-parallel shards
     (each uses the whole batch's N).
@@ -197,12 +203,22 @@ def loss_aggregation_weights(num_loss_tokens: Sequence[float], mode: str = "toke
     n = np.asarray(num_loss_tokens, dtype=np.float64)
     if mode == "token_mean":
         return np.ones_like(n)
-    if mode != "sequence_mean":
+    if mode not in LOSS_AGGREGATIONS:
         raise ValueError(f"loss_aggregation={mode!r}: use one of {LOSS_AGGREGATIONS}")
     credited = n > 0
     out = np.zeros_like(n)
-    if credited.any():
-        out[credited] = n.sum() / (credited.sum() * n[credited])
+    if mode == "sequence_mean":
+        parts = [credited]
+    else:
+        if is_aux is None:
+            raise ValueError("loss_aggregation='paper' needs is_aux: which items are auxiliary SFT items")
+        aux = np.asarray(is_aux, dtype=bool)
+        if aux.shape != n.shape:
+            raise ValueError(f"is_aux has {aux.shape[0]} entries for {n.shape[0]} items")
+        parts = [credited & ~aux, credited & aux]
+    for part in parts:
+        if part.any():
+            out[part] = n.sum() / (part.sum() * n[part])
     return out
 
 
@@ -238,11 +254,12 @@ def policy_gradient_loss(
     kl_coef: float = 0.0,
     kl_kind: str = "k3",
 ) -> tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """Token-mean policy-gradient loss over credited response tokens (paper §4 "Objective").
+    """Policy-gradient loss over credited response tokens: the sum over tokens divided by ``normalizer``
+    (paper §4 "Objective"; how items are averaged is in the weights, ``loss_aggregation_weights``).
 
     All tensors are per token with the same shape (``advantages`` already broadcast per token).
 
-    - Default (R3L, authors' code): ``-A * log pi`` with no importance ratio, no clipping.
+    - Default (R3L): ``-A * log pi`` with no importance ratio, no clipping.
     - Where ``ratio_mask`` is set (on-policy base data with ``use_importance_ratio``): the clipped
       surrogate ``-min(rho A, clip(rho, 1-clip_low, 1+clip_high) A)`` with
       ``rho = exp(log pi - old_logprobs)``. Retry data never takes this branch (§4).

@@ -13,6 +13,8 @@ Pure Python: importing this module imports nothing of Ray, torch or vLLM.
 from __future__ import annotations
 
 import copy
+import math
+from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -53,7 +55,7 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "use_importance_ratio": (False, "clipped importance ratio on base data against the behaviour model's own log-probs (T=1, unconstrained: like the learner's), which the engine scores once per base rollout (one extra prefill each); the sampler's processed log-probs are not comparable"),
     "clip_ratio_low": (0.2, "lower PPO clip epsilon (base data, with use_importance_ratio)"),
     "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
-    "loss_aggregation": ("token_mean", "how the loss averages over credited tokens: 'token_mean' (the authors' code: every token once, so an item weighs by its length) or 'sequence_mean' (each item's token mean, then the mean over items: a long reflection report weighs as one trajectory of short actions)"),
+    "loss_aggregation": ("token_mean", "how the loss averages over credited tokens: 'token_mean' (the authors' code: every token once, so an item weighs by its length), 'sequence_mean' (each item's token mean, then the mean over items: a long reflection report weighs as one trajectory of short actions) or 'paper' (paper §4 'Objective', Algorithm 1: the mean over RL trajectories of their token means plus a separate SFT term, the mean over auxiliary items of their token means)"),
     "loss_scale": (1.0, "multiplies the loss: 1.0 = the paper's token-mean -A log pi; 0.5 = the authors' code, whose objective divides by 1 + tau (tau = 1). With AdamW it matters through grad_clip (the clip threshold applies to the scaled gradient: loss_scale 0.5 with grad_clip 1.0 clips like 1.0 with 2.0) and Adam's eps"),
     "share_prefixes": (True, "exact shared-prefix training: each micro-batch's token trie runs once (a group's task prompt, a retry's prefix up to the pivot, the episode under its transcript reflection) and continuations run on the prefix's KV cache (on CPU through cascade attention, rllib_r3l.learner.cascade_attention), so the gradient equals the unshared one with fewer forward tokens; off (logged) with gradient checkpointing, sliding-window models and DeepSpeed; False = every sequence on its own (docs/benchmarks.md, 'What do prefix sharing and cascade attention save?')"),
     "micro_batch_size": (4, "max trajectories per forward/backward pass (gradient accumulation)"),
@@ -93,19 +95,6 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "runner_restart_wait_s": (120.0, "how long an iteration waits for a restarted env runner (to re-sample its share, or when no runner is healthy) before counting its groups lost"),
 }
 
-_CHOICES = {
-    "model_dtype": ("float32", "bfloat16"),
-    "kl_estimator": ("k1", "k2", "k3"),
-    "action_decoding": ("choice", "free_text"),
-    "reflection_context": ("auto", "log", "transcript"),
-    "reflector": ("policy", "oracle"),
-    "reflection_outcome": ("model", "reward"),
-    "reflect_on": ("all", "failures"),
-    "backend": ("auto", "vllm", "transformers"),
-    "mixed_precision": ("auto", "bfloat16", "none"),
-    "loss_aggregation": ("token_mean", "sequence_mean"),
-}
-
 # Options with a fixed set of values.
 CHOICES: Dict[str, Tuple[str, ...]] = {
     "model_dtype": ("float32", "bfloat16"),
@@ -116,7 +105,122 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "reflect_on": ("all", "failures"),
     "backend": ("auto", "vllm", "transformers"),
     "mixed_precision": ("auto", "bfloat16", "none"),
-    "loss_aggregation": ("token_mean", "sequence_mean"),
+    "loss_aggregation": ("token_mean", "sequence_mean", "paper"),  # = core_algos.LOSS_AGGREGATIONS
+}
+
+@dataclass(frozen=True)
+class Range:
+    """The valid values of a numeric option: ``low``/``high`` bounds (``*_open``: the bound itself is
+    excluded), ``integer`` values only, and ``none`` = what None means where None is allowed. NaN and
+    inf are never valid (a NaN compares False with every bound and would slip through)."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    integer: bool = False
+    low_open: bool = False
+    high_open: bool = False
+    none: Optional[str] = None
+    text: Optional[str] = None  # says it better than the bounds alone
+    note: Optional[str] = None  # what a notable value means, e.g. "0 = off"
+
+    def contains(self, v: Any) -> bool:
+        if v is None:
+            return self.none is not None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (self.integer and not isinstance(v, int)):
+            return False
+        if not math.isfinite(v):
+            return False
+        if self.low is not None and (v <= self.low if self.low_open else v < self.low):
+            return False
+        return self.high is None or (v < self.high if self.high_open else v <= self.high)
+
+    def describe(self) -> str:
+        """``"an integer >= 1"``, ``"in (0, 1]"``, ``"None (no cap) or an integer >= 1"`` ..."""
+        if self.text:
+            return self.text
+        if self.low is not None and self.high is not None:
+            what = (f"{'an integer' if self.integer else ''} in {'(' if self.low_open else '['}{self.low}, "
+                    f"{self.high}{')' if self.high_open else ']'}").strip()
+        else:
+            what = "an integer" if self.integer else "a number"
+            if self.low is not None:
+                what += f" {'>' if self.low_open else '>='} {self.low}"
+            if self.high is not None:
+                what += f" {'<' if self.high_open else '<='} {self.high}"
+        what += f" ({self.note})" if self.note else ""
+        return f"None ({self.none}) or {what}" if self.none else what
+
+
+_INT1 = Range(low=1, integer=True)
+_FRACTION = Range(low=0, high=1, low_open=True)  # (0, 1]
+
+# The valid range of every numeric option: R3L's and the RLlib options R3L runs with. Checked by
+# R3LConfig.validate_r3l (every door: build_algo, Tune, YAML, --set, --dry-run).
+RANGES: Dict[str, Range] = {
+    # R3L options
+    "group_size": _INT1,
+    "tasks_per_iteration": _INT1,
+    "dynamic_sampling_rounds": Range(low=0, integer=True, note="0 = off"),
+    "retries_per_failure": _INT1,
+    "reflection_max_chars": Range(low=1, integer=True, none="unbounded"),
+    "max_reflection_tokens": _INT1,
+    "aux_weight": Range(low=0),
+    "amplification_alpha": Range(low=1, note="1 = no amplification"),
+    "success_reward": Range(),
+    "kl_coef": Range(low=0),
+    "clip_ratio_low": Range(low=0, high=1, high_open=True),  # the ratio's lower clip 1 - eps must stay > 0
+    "clip_ratio_high": Range(low=0),
+    "loss_scale": Range(low=0, low_open=True, note="1.0 = paper, 0.5 = authors' code scale"),
+    "micro_batch_size": _INT1,
+    "micro_batch_tokens": Range(low=1, integer=True, none="no cap"),
+    "weight_decay": Range(low=0),
+    "max_turns": Range(low=1, integer=True, none="the environment's max_turns"),
+    "max_response_tokens": _INT1,
+    "max_context_tokens": _INT1,
+    "temperature": Range(low=0),  # 0 (greedy) is refused for training separately, with the reason
+    "evaluation_temperature": Range(low=0),
+    "top_p": _FRACTION,
+    "weight_sync_interval": _INT1,
+    "replay_capacity": Range(low=1, integer=True, none="2 x S x tasks_per_iteration"),
+    "replay_decay": _FRACTION,
+    "replay_priority_limit": _FRACTION,
+    "replay_groups_per_update": Range(low=1, integer=True, none="tasks_per_iteration"),
+    "replay_max_uses": Range(low=1, integer=True, none="never dropped"),
+    "num_threads": Range(low=1, integer=True, none="torch's default"),
+    "sampling_seed": Range(low=0, integer=True, none="unseeded"),
+    "runner_failure_retries": Range(low=0, integer=True, note="0 = no re-sampling"),
+    "runner_restart_wait_s": Range(low=0),
+    # RLlib options R3L uses (a negative grad_clip would scale every gradient by grad_clip/||g|| < 0:
+    # gradient ascent)
+    "lr": Range(low=0, low_open=True, text="> 0 (a number, or a schedule [[timestep, lr], ...])"),
+    "grad_clip": Range(low=0, low_open=True, none="no clipping"),
+    "seed": Range(low=0, integer=True, none="unseeded"),
+    "num_env_runners": Range(low=0, integer=True),
+    "num_learners": Range(low=0, integer=True),
+    "num_cpus_per_env_runner": Range(low=0),
+    "num_gpus_per_env_runner": Range(low=0),
+    "num_cpus_per_learner": Range(low=0),  # or "auto" (RLlib's default)
+    "num_gpus_per_learner": Range(low=0),
+    "env_runner_restore_timeout_s": Range(low=0),
+    "env_runner_health_probe_timeout_s": Range(low=0),
+}
+
+# RLlib options that R3L does not read: set to anything but their default, each is an error naming the
+# R3L option that does the job (an accepted-then-ignored option silently changes nothing).
+UNUSED_RLLIB: Dict[str, str] = {
+    "num_epochs": "R3L makes one optimizer step per iteration over the whole batch (the paper's one step "
+                  "per batch); micro_batch_size / micro_batch_tokens split that step for memory",
+    "minibatch_size": "R3L makes one optimizer step over the whole batch; micro_batch_size / "
+                      "micro_batch_tokens split it into accumulated forward/backward passes",
+    "train_batch_size": "R3L's batch is tasks_per_iteration task groups of group_size episodes each",
+    "train_batch_size_per_learner": "R3L's batch is tasks_per_iteration task groups of group_size episodes "
+                                    "each, split over the learners",
+    "gamma": "R3L scores a whole episode by its reward against its task group (no discounting); "
+             "success_reward sets what counts as a success",
+    "evaluation_interval": "RLlib's evaluation does not run R3L's episodes; evaluate a checkpoint with "
+                           "`rllib-r3l evaluate CHECKPOINT` (evaluation_temperature sets its temperature)",
+    "evaluation_num_env_runners": "RLlib's evaluation does not run R3L's episodes; evaluate a checkpoint "
+                                  "with `rllib-r3l evaluate CHECKPOINT`",
 }
 
 # Options that existed once: a config that still sets one gets an error naming the replacement, so that

@@ -143,9 +143,9 @@ def check_model(model_id: Any, field: str = "model_id") -> None:
         raise ValueError(f"R3LConfig.{field}: set training(model='<HF id or local path>'), got {model_id!r}")
     path = os.path.expanduser(model_id)
     if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise ValueError(f"R3LConfig.{field}: {path} is a directory without config.json, not a Hugging Face "
-                             "model directory; give the directory that holds config.json and the weights")
+        problem = local_model_problem(path)
+        if problem:
+            raise ValueError(f"R3LConfig.{field}: {problem}")
         return
     if models.is_default_model(model_id) or models.is_tiny_model(model_id):
         try:
@@ -163,6 +163,42 @@ def check_model(model_id: Any, field: str = "model_id") -> None:
         raise ValueError(f"R3LConfig.{field}: {model_id!r}: no such model directory; give an existing local "
                          "directory or a Hugging Face id such as 'Qwen/Qwen2.5-1.5B-Instruct'")
     _check_hub_model(model_id, field)
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".index.json")
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def local_model_problem(path: str) -> Optional[str]:
+    """What keeps a local directory from being an R3L policy (a Hugging Face chat model), or None.
+
+    These would otherwise fail inside the trial, where the console shows only ``ERROR``: a
+    config.json without ``model_type`` (transformers cannot pick a class), no weights, and a
+    tokenizer without a chat template (``runner/chat.py`` needs one)."""
+    fix = "give the directory that holds config.json, the weights and the tokenizer of a chat model"
+    config = _read_json(os.path.join(path, "config.json"))
+    if config is None:
+        return f"{path} is a directory without a readable config.json, not a Hugging Face model directory; {fix}"
+    if not isinstance(config, dict) or not config.get("model_type"):
+        return f"{path}: its config.json has no model_type, so it is not a Hugging Face model directory; {fix}"
+    names = os.listdir(path)
+    if not any(n.endswith(WEIGHT_SUFFIXES) for n in names):
+        return f"{path}: no weights (*.safetensors, *.bin) beside config.json; {fix}"
+    tokenizer_config = _read_json(os.path.join(path, "tokenizer_config.json"))
+    has_template = bool(isinstance(tokenizer_config, dict) and tokenizer_config.get("chat_template")) or any(
+        n in names for n in CHAT_TEMPLATE_FILES)
+    if not has_template:
+        return (f"{path}: the tokenizer has no chat template (tokenizer_config.json has no chat_template, no "
+                "chat_template.jinja); R3L needs an instruct/chat model, or add a template to the tokenizer")
+    return None
 
 
 def _check_hub_model(model_id: str, field: str) -> None:
@@ -198,12 +234,99 @@ def _check_hub_model(model_id: str, field: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# Resources: a request Ray can never grant waits forever without a word (no autoscaler here)
+# --------------------------------------------------------------------------------------------------
+def machine_gpus() -> int:
+    """GPUs this machine has (what a local Ray runtime detects)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:  # noqa: BLE001 - no torch or no driver: no GPU
+        return 0
+
+
+def _bundles(config: Any) -> List[Dict[str, float]]:
+    """The resource bundles Tune reserves for one trial: the driver's (with a local learner's GPU) first."""
+    # config.algo_class, not an import: the algorithm imports this module
+    return [dict(b) for b in config.algo_class.default_resource_request(config).bundles]
+
+
+def _gpu_option(config: Any) -> str:
+    if (config.num_gpus_per_learner or 0) > 0:
+        return "num_gpus_per_learner"
+    return "num_gpus_per_env_runner"
+
+
+def _cpu_option(config: Any) -> str:
+    if (config.num_env_runners or 0) > 0:
+        return "num_env_runners"
+    return "num_learners" if (config.num_learners or 0) > 0 else "num_cpus_for_main_process"
+
+
+def check_resources(config: Any, cpus: Optional[float] = None, gpus: Optional[float] = None,
+                    source: str = "this machine", count_driver: bool = True) -> None:
+    """Raise ``ValueError("R3LConfig.<option>: ...")`` when the run asks for more GPUs or CPUs than there are.
+
+    ``cpus``/``gpus``: what Ray has (None: the CPU check is skipped, GPUs are the machine's).
+    ``count_driver``: Tune reserves a CPU for the trainable; ``build_algo()`` runs it in the driver."""
+    bundles = _bundles(config)
+    need_gpu = sum(b.get("GPU", 0.0) for b in bundles)
+    have_gpu = machine_gpus() if gpus is None else gpus
+    tp = (config.backend_options or {}).get("tensor_parallel_size", 1)
+    if isinstance(tp, int) and tp > max(have_gpu, 1):  # vLLM splits the engine over tp GPUs: none on CPU
+        raise ValueError(f"R3LConfig.backend_options: tensor_parallel_size={tp} splits the vLLM engine over {tp} "
+                         f"GPUs, {'this machine' if gpus is None else source} has {have_gpu:g}; drop it (1) on CPU")
+    if need_gpu > have_gpu:
+        option = _gpu_option(config)
+        raise ValueError(f"R3LConfig.{option}: the run asks for {need_gpu:g} GPU(s) ({option}="
+                         f"{getattr(config, option)!r}), {'this machine' if gpus is None else source} has "
+                         f"{have_gpu:g}; set {option}=0 to train on CPU, "
+                         "or run on a machine with GPUs")
+    if cpus is None:
+        return
+    need_cpu = sum(b.get("CPU", 0.0) for b in (bundles if count_driver else bundles[1:]))
+    if need_cpu > cpus:
+        option = _cpu_option(config)
+        raise ValueError(f"R3LConfig.{option}: the run needs {need_cpu:g} CPUs ({_cpu_split(config, count_driver)}), "
+                         f"{source} gives {cpus:g}; use --num-cpus {need_cpu:g} or more, or lower {option}")
+
+
+def _cpu_split(config: Any, count_driver: bool) -> str:
+    parts = [f"{config.num_cpus_for_main_process:g} for the trial's driver and local learner"] if count_driver else []
+    if config.num_env_runners:
+        parts.append(f"{config.num_cpus_per_env_runner:g} per env runner x {config.num_env_runners}")
+    if config.num_learners:
+        parts.append(f"{config.num_cpus_per_learner} per learner x {config.num_learners}")
+    return ", ".join(parts) or "the driver"
+
+
+def ray_capacity() -> Tuple[Optional[float], Optional[float]]:
+    """``(CPUs, GPUs)`` of a running Ray cluster, ``(None, None)`` when Ray is not running."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return None, None
+        total = ray.cluster_resources()
+    except Exception:  # noqa: BLE001 - no Ray: the machine's GPUs only
+        return None, None
+    return float(total.get("CPU", 0.0)), float(total.get("GPU", 0.0))
+
+
+# --------------------------------------------------------------------------------------------------
 def check_config(config: Any) -> None:
-    """Both checks for an ``R3LConfig`` (the environment with the training split; policy and reflector models)."""
+    """The checks for an ``R3LConfig``: the environment with the training split, policy and reflector
+    models, and, where Ray runs (``build_algo()``), the resources against its cluster."""
     check_env(config.env, config.env_config, split=config.task_split)
     check_model(config.model_id, "model_id")
     if config.reflector_model:  # reflector names a separate model
         check_model(config.reflector_model, "reflector")
+    cpus, gpus = ray_capacity()
+    if cpus is None:  # before Ray starts the cluster is unknown (--address): the CLI checks its own Ray
+        return
+    # in a Tune trial the bundles are already granted; for build_algo() the driver holds no CPU
+    check_resources(config, cpus=cpus, gpus=gpus, source="the Ray cluster", count_driver=False)
 
 
 def raise_if_no_environment(groups: List[Any], create_errors: int) -> None:

@@ -3,14 +3,16 @@ fault was survived and every loss was counted.
 
     python scripts/soak.py [--iterations 8] [--env r3l/CoinCollector] [--num-env-runners 1]
                            [--env-crash-prob 0.02] [--jvm-kill-prob 0.02] [--bad-obs-prob 0.01]
-                           [--runner-kill-every 3] [--nan-every 2]
+                           [--runner-kill-every 3] [--nan-every 2] [--engine-death-prob 0.005]
 
 The tiny random model (``model="tiny"``, transformers backend) trains on TextWorldExpress coin
 collector (every environment holds a JVM) with one remote env runner and
 ``fault_tolerance(restart_failed_env_runners=True)``. Injected (``rllib_r3l.reliability.faults.inject``):
 environment crashes (``env.step`` raises), SIGKILLed JVMs mid-episode,
 non-string observations, ``ray.kill`` of the remote env runner mid-sample (Ray restarts it),
-NaN losses and inf gradients in the learner.
+the policy's generation engine dying (the runner rebuilds it), NaN losses and inf gradients in the
+learner. It also reports the driver's RSS at iteration 10 and at the end (the slope per 100
+iterations) and, after shutdown, the processes it left behind (JVMs, Ray daemons, engines: none).
 
 Prints a table (fault, injected, survived, losses counted) and the accounting checks, and exits
 non-zero when an iteration raised, a fault was not survived, or a loss was not counted:
@@ -65,6 +67,9 @@ METRICS = {
     "r3l/faults/injected_runner_kill": "inj_runner_kill",
     "learners/r3l/faults/injected_nan_loss": "inj_nan_loss",
     "learners/r3l/faults/injected_nan_grad": "inj_nan_grad",
+    "env_runners/r3l/faults/injected_engine_death": "inj_engine_death",
+    "env_runners/r3l/faults/engine_rebuilds": "engine_rebuilds",
+    "env_runners/r3l/faults/engine_failures_after_rebuild": "engine_failures_after_rebuild",
     "env_runners/r3l/faults/env_errors": "env_errors",
     "env_runners/r3l/faults/env_create_errors": "env_create_errors",
     "env_runners/r3l/faults/env_close_errors": "env_close_errors",
@@ -97,6 +102,8 @@ def soak_config(args: argparse.Namespace, fault_overrides: Optional[Dict[str, An
         faults["env_kill_jvm_prob"] = float(args.jvm_kill_prob)
     if args.bad_obs_prob:
         faults["env_bad_observation_prob"] = float(args.bad_obs_prob)
+    if args.engine_death_prob:
+        faults["engine_death_prob"] = float(args.engine_death_prob)
     if args.runner_kill_every and args.num_env_runners > 0:
         faults["kill_runner_at_iterations"] = list(range(2, iters + 1, int(args.runner_kill_every)))
     if args.nan_every:
@@ -151,6 +158,7 @@ def run_soak(args: argparse.Namespace, log=print, fault_overrides: Optional[Dict
     failures: List[str] = []
     completed = 0
     t0 = time.perf_counter()
+    rss: Dict[int, Tuple[int, int]] = {}  # iteration -> driver (RSS, USS) bytes: a leak shows as a slope
     algo = cfg.build_algo()
     try:
         for it in range(1, int(args.iterations) + 1):
@@ -163,6 +171,7 @@ def run_soak(args: argparse.Namespace, log=print, fault_overrides: Optional[Dict
                 log(traceback.format_exc())
                 break
             completed += 1
+            rss[it] = _rss()
             flat = flatten(result)
             row = {short: _num(flat.get(key)) for key, short in METRICS.items()}
             totals.update(row)
@@ -186,6 +195,7 @@ def run_soak(args: argparse.Namespace, log=print, fault_overrides: Optional[Dict
         algo.stop()
     totals["seconds"] = time.perf_counter() - t0
     totals["iterations_completed"] = completed
+    totals.update(rss_summary(rss))
     all_done = completed == int(args.iterations)
     if not finite:
         failures.append("the learner's weights are not finite")
@@ -205,6 +215,9 @@ def run_soak(args: argparse.Namespace, log=print, fault_overrides: Optional[Dict
         failures.append(f"{T['inj_runner_kill']:.0f} runner kills injected, {T['env_runner_failures']:.0f} runner failures counted")
     if T["env_runner_failures"] and T["env_runners_restored"] < T["env_runner_failures"]:
         failures.append(f"{T['env_runner_failures']:.0f} runner failures, {T['env_runners_restored']:.0f} restored")
+    if T["engine_rebuilds"] + T["engine_failures_after_rebuild"] < T["inj_engine_death"]:
+        failures.append(f"{T['inj_engine_death']:.0f} engine deaths injected, {T['engine_rebuilds']:.0f} rebuilds + "
+                        f"{T['engine_failures_after_rebuild']:.0f} failures after a rebuild counted")
     nan_injected = T["inj_nan_loss"] + T["inj_nan_grad"]
     if T["nonfinite_updates_skipped"] != nan_injected:
         failures.append(f"{nan_injected:.0f} NaN/inf updates injected, {T['nonfinite_updates_skipped']:.0f} skipped")
@@ -224,8 +237,61 @@ def run_soak(args: argparse.Namespace, log=print, fault_overrides: Optional[Dict
         ("NaN loss", int(T["inj_nan_loss"]), int(T["inj_nan_loss"]) if ok else 0,
          f"updates skipped {T['nonfinite_updates_skipped']:.0f} (NaN + inf)"),
         ("inf gradient", int(T["inj_nan_grad"]), int(T["inj_nan_grad"]) if ok else 0, "weights finite: " + str(finite)),
+        ("generation engine dies", int(T["inj_engine_death"]), int(T["inj_engine_death"]) if ok else 0,
+         f"rebuilds {T['engine_rebuilds']:.0f}, failed again after a rebuild {T['engine_failures_after_rebuild']:.0f}, "
+         f"generation errors {T['generation_errors']:.0f}"),
     ]
     return rows, failures, dict(totals)
+
+
+def _rss() -> Tuple[int, int]:
+    """The driver's resident memory and its unique part (USS: without the shared pages, such as the Ray
+    object store's, which RSS counts once the driver has touched them)."""
+    import psutil
+
+    info = psutil.Process().memory_full_info()
+    return int(info.rss), int(info.uss)
+
+
+def rss_summary(rss: Dict[int, Tuple[int, int]]) -> Dict[str, float]:
+    """Driver RSS and USS at iteration 10 (after warm-up; the first iteration if fewer) and at the end,
+    and the growth between them per 100 iterations (MB)."""
+    if not rss:
+        return {}
+    its = sorted(rss)
+    first = 10 if 10 in rss and its[-1] > 10 else its[0]
+    last = its[-1]
+    out: Dict[str, float] = {"rss_first_iteration": first}
+    for i, name in enumerate(("rss", "uss")):
+        out[f"{name}_first_mb"] = rss[first][i] / 2**20
+        out[f"{name}_end_mb"] = rss[last][i] / 2**20
+        if last > first:
+            out[f"{name}_slope_mb_per_100"] = (rss[last][i] - rss[first][i]) / 2**20 / (last - first) * 100
+    return out
+
+
+def leftover_processes(before: set, session: str) -> Dict[str, List[str]]:
+    """Processes of this soak still alive after shutdown: Ray's daemons and workers of its session
+    (their command lines name the session), and JVMs or engine processes started since the soak began
+    (run the soak alone: another program's JVMs would count too)."""
+    import psutil
+
+    out: Dict[str, List[str]] = {"ray": [], "jvm": [], "engine": []}
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            text = " ".join([proc.info["name"] or ""] + list(proc.info["cmdline"] or []))
+        except psutil.Error:
+            continue
+        if proc.info["pid"] == os.getpid():
+            continue
+        if session and session in text:
+            out["ray"].append(f"{proc.info['pid']} {text[:80]}")
+        elif proc.info["pid"] not in before and "java" in (proc.info["name"] or "") and \
+                any(j in text for j in ("textworld", "scienceworld", "py4j")):
+            out["jvm"].append(f"{proc.info['pid']} {text[:80]}")
+        elif proc.info["pid"] not in before and ("EngineCore" in text or "vllm.entrypoints" in text):
+            out["engine"].append(f"{proc.info['pid']} {text[:80]}")
+    return out
 
 
 def format_table(rows, failures, totals, args) -> str:
@@ -240,9 +306,23 @@ def format_table(rows, failures, totals, args) -> str:
               f"{totals.get('driver_episodes_lost', 0):.0f}; partial groups dropped {totals.get('partial_groups', 0):.0f} "
               f"({totals.get('episodes_dropped_with_partial_group', 0):.0f} surviving episodes not trained on); "
               f"empty batches {totals.get('empty_batches', 0):.0f}; groups received {totals.get('groups_received', 0):.0f}",
+              _memory_line(totals),
               "result: " + ("OK: every fault survived, every loss counted" if not failures else "FAILED")]
     lines += [f"  - {f}" for f in failures]
     return "\n".join(lines)
+
+
+def _memory_line(totals) -> str:
+    if "rss_end_mb" not in totals:
+        return "driver RSS: not measured"
+    line = (f"driver RSS (USS): {totals['rss_first_mb']:.0f} ({totals['uss_first_mb']:.0f}) MB at iteration "
+            f"{totals['rss_first_iteration']:.0f}, {totals['rss_end_mb']:.0f} ({totals['uss_end_mb']:.0f}) MB at the end")
+    if "rss_slope_mb_per_100" in totals:
+        line += (f" ({totals['rss_slope_mb_per_100']:+.0f} ({totals['uss_slope_mb_per_100']:+.0f}) MB per 100 "
+                 "iterations)")
+    if "leftover_processes" in totals:
+        line += f"; processes left after shutdown: {totals['leftover_processes']:.0f}"
+    return line
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -258,6 +338,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--bad-obs-prob", type=float, default=0.01)
     p.add_argument("--runner-kill-every", type=int, default=3, help="kill the runner in iterations 2, 2+k, ... (0: never)")
     p.add_argument("--nan-every", type=int, default=2, help="NaN loss / inf grad alternately every k updates (0: never)")
+    p.add_argument("--engine-death-prob", type=float, default=0.005,
+                   help="probability per generate call that the policy's engine dies (the runner rebuilds it)")
     p.add_argument("--restart-wait-s", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -270,11 +352,21 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     import rllib_r3l  # noqa: F401  (registers R3L)
 
+    import psutil
+
+    before = {p.pid for p in psutil.process_iter()}
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    session = os.path.basename(ray._private.worker._global_node.get_session_dir_path())
     try:
         rows, failures, totals = run_soak(args)
     finally:
         ray.shutdown()
+    time.sleep(5.0)  # Ray's daemons exit asynchronously after shutdown
+    left = leftover_processes(before, session)
+    totals["leftover_processes"] = sum(len(v) for v in left.values())
+    for kind, procs in left.items():
+        if procs:
+            failures.append(f"{len(procs)} {kind} process(es) left after shutdown: " + "; ".join(procs[:3]))
     print(format_table(rows, failures, totals, args))
     return 1 if failures or totals.get("iterations_completed", 0) != args.iterations else 0
 

@@ -96,3 +96,12 @@ def test_weights_reach_the_engine_after_an_update(ray_session):
         assert max(abs(a - b) for a, b in zip(after, before)) > 1e-4
     finally:
         algo.stop()
+
+
+def test_tune_run_refuses_a_gpu_learner_the_cluster_lacks_instead_of_waiting(ray_session, tmp_path):
+    """Tune never sets up a trial it cannot place: the request itself is checked against the cluster."""
+    from ray import tune
+
+    cfg = tiny_config().learners(num_learners=0, num_gpus_per_learner=1)
+    with pytest.raises(Exception, match=r"num_gpus_per_learner.*(GPU|gpu)"):
+        tune.run("R3L", config=cfg, stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0)

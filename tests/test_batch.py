@@ -128,3 +128,13 @@ def test_scripted_exploration_batch_rows(tiny_tokenizer):
         if t.kind in (Kind.BASE, Kind.RETRY, Kind.RETRY_SFT):
             assert t.credit_from_turn == 1 and expected  # the pivot masks turn 0 on every side
     assert adv[kinds.index(Kind.BASE)] == pytest.approx(-0.5)
+
+
+def test_paper_loss_aggregation_puts_auxiliary_items_in_their_own_term():
+    # kept rows A, B, R, V1 (RL: 3, 3, 4, 2 credited tokens) and X, Y (auxiliary: 3, 2; weight 0.5): N = 17
+    batch, _ = build(handmade_trajectories(), loss_aggregation="paper")
+    rl, aux = 17 / 4, 17 / 2
+    want = [rl / 3, rl / 3, rl / 4, 0.5 * aux / 3, 0.5 * aux / 2, rl / 2]  # HANDMADE_KEPT order
+    np.testing.assert_allclose(batch["weights"], want, rtol=1e-6)
+    tm, _ = build(handmade_trajectories(), loss_aggregation="token_mean")
+    np.testing.assert_allclose(tm["weights"], [1, 1, 1, 0.5, 0.5, 1])

@@ -43,13 +43,13 @@ def test_update_from_dict_roundtrip_with_model_string():
 @pytest.mark.parametrize("field,value,needle", [
     ("group_size", 0, "group_size: must be an integer >= 1"),
     ("group_size", 5, "must be a multiple of 1 + retries_per_failure = 2"),
-    ("amplification_alpha", 0.5, "amplification_alpha: must be >= 1.0"),
+    ("amplification_alpha", 0.5, "amplification_alpha: must be a number >= 1"),
     ("temperature", -1, "temperature: must be a number >= 0"),
     ("action_decoding", "beam", "action_decoding: must be one of"),
     ("backend", "tgi", "backend: must be one of"),
     ("aux_items", ["reflection"], "aux_items: must be a list of distinct kinds from ['reflection_sft', 'retry_sft']"),
     ("aux_items", "retry_sft", "aux_items: must be a list"),
-    ("loss_aggregation", "seq-mean", "loss_aggregation: must be one of ('token_mean', 'sequence_mean')"),
+    ("loss_aggregation", "seq-mean", "loss_aggregation: must be one of ('token_mean', 'sequence_mean', 'paper')"),
     ("reflect_on", "successes", "reflect_on: must be one of ('all', 'failures')"),
     ("max_response_tokens", 9000, "must be smaller than max_context_tokens"),
     ("kl_coef", -0.1, "kl_coef: must be a number >= 0"),
@@ -73,3 +73,135 @@ def test_unknown_training_option_suggests_closest():
 def test_model_must_be_string():
     with pytest.raises(ValueError, match="model id or local path"):
         R3LConfig().training(model=123)
+
+
+# ---------------------------------------------------------------------------- numeric ranges (issue 37, 1)
+@pytest.mark.parametrize("field,value,needle", [
+    ("grad_clip", -1.001, "grad_clip: must be None (no clipping) or a number > 0, got -1.001"),  # gradient ascent
+    ("grad_clip", 0, "grad_clip: must be None (no clipping) or a number > 0"),
+    ("lr", float("nan"), "lr: must be > 0 (a number, or a schedule [[timestep, lr], ...]) (finite), got nan"),
+    ("lr", float("inf"), "lr: must be > 0"),
+    ("temperature", float("nan"), "temperature: must be a number >= 0 (finite)"),
+    ("weight_decay", float("inf"), "weight_decay: must be a number >= 0 (finite)"),
+    ("kl_coef", float("nan"), "kl_coef: must be a number >= 0"),
+    ("success_reward", float("nan"), "success_reward: must be a number (finite)"),
+    ("amplification_alpha", float("inf"), "amplification_alpha: must be a number >= 1"),
+    ("clip_ratio_low", 1.5, "clip_ratio_low: must be in [0, 1)"),
+    ("runner_restart_wait_s", float("inf"), "runner_restart_wait_s: must be a number >= 0"),
+    ("num_threads", 0, "num_threads: must be None (torch's default) or an integer >= 1"),
+    ("num_env_runners", -2, "num_env_runners: must be an integer >= 0"),
+    ("num_learners", 1.5, "num_learners: must be an integer >= 0"),
+    ("num_gpus_per_learner", -0.5, "num_gpus_per_learner: must be a number >= 0"),
+    ("num_cpus_per_env_runner", -2, "num_cpus_per_env_runner: must be a number >= 0"),
+    ("seed", -5, "seed: must be None (unseeded) or an integer >= 0"),
+    ("replay_capacity", True, "replay_capacity: must be None"),
+    ("micro_batch_tokens", 0, "micro_batch_tokens: must be None (no cap) or an integer >= 1"),
+])
+def test_every_numeric_option_has_its_range_checked(field, value, needle):
+    c = R3LConfig()
+    setattr(c, field, value)  # the attribute, as update_from_dict and Tune set it
+    with pytest.raises(ValueError) as e:
+        c.validate()
+    assert f"R3LConfig.{needle}" in str(e.value)
+
+
+def test_every_numeric_option_is_in_the_range_table():
+    from rllib_r3l.options import RANGES
+
+    numeric = {n for n, (d, _h) in R3L_OPTIONS.items() if isinstance(d, (int, float)) and not isinstance(d, bool)}
+    numeric_or_none = {"max_turns", "reflection_max_chars", "micro_batch_tokens", "replay_capacity",
+                       "replay_groups_per_update", "replay_max_uses", "num_threads", "sampling_seed"}
+    assert numeric | numeric_or_none <= set(RANGES)
+    assert {"lr", "grad_clip", "num_env_runners", "num_learners", "num_gpus_per_learner", "seed"} <= set(RANGES)
+    c = R3LConfig()
+    for name, rng in RANGES.items():  # every default is inside its own range
+        assert getattr(c, name) == "auto" or rng.contains(getattr(c, name)), name
+
+
+def test_an_lr_schedule_is_checked_entry_by_entry():
+    R3LConfig().training(lr=[[0, 1e-5], [100, 1e-6]]).validate()
+    with pytest.raises(ValueError, match=r"R3LConfig\.lr: .*schedule.*-1e-05"):
+        R3LConfig().training(lr=[[0, 1e-5], [100, -1e-5]]).validate()
+
+
+def _suggestion(msg):
+    import re
+
+    m = re.search(r"e\.g\. (-?[0-9.]+)", msg)
+    return None if m is None else float(m.group(1))
+
+
+@pytest.mark.parametrize("field", ["grad_clip", "success_reward", "seed", "lr", "temperature", "num_learners"])
+def test_the_minus_one_advice_never_suggests_an_invalid_value(field):
+    """-1 is RLlib's DEPRECATED_VALUE (dropped by get_state); the advice used to be '-1.001' for every field,
+    which for grad_clip is gradient ascent."""
+    c = R3LConfig()
+    setattr(c, field, -1)
+    with pytest.raises(ValueError) as e:
+        c.validate()
+    msg = str(e.value)
+    assert msg.startswith(f"R3LConfig.{field}: "), msg
+    if field == "grad_clip":
+        assert "-1.001" not in msg and "> 0" in msg
+    suggested = _suggestion(msg)
+    if suggested is not None:  # the value it suggests must itself validate
+        setattr(c, field, suggested)
+        c.validate()
+
+
+def test_minus_one_on_a_field_where_it_is_valid_suggests_a_valid_neighbour():
+    c = R3LConfig().training(success_reward=-1)
+    with pytest.raises(ValueError, match=r"R3LConfig\.success_reward: the value -1 cannot be used") as e:
+        c.validate()
+    assert _suggestion(str(e.value)) == -1.001
+    c.success_reward = -1.001
+    c.validate()
+
+
+# ---------------------------------------------------------------------------- RLlib options R3L ignores (issue 37, 6)
+@pytest.mark.parametrize("field,value,needle", [
+    ("num_epochs", 3, "micro_batch_size"),
+    ("minibatch_size", 4, "micro_batch_tokens"),
+    ("train_batch_size", 64, "tasks_per_iteration"),
+    ("train_batch_size_per_learner", 64, "group_size"),
+    ("gamma", 0.5, "no discounting"),
+    ("evaluation_interval", 1, "rllib-r3l evaluate"),
+    ("evaluation_num_env_runners", 1, "rllib-r3l evaluate"),
+])
+def test_rllib_options_r3l_does_not_use_are_refused_with_the_r3l_option(field, value, needle):
+    c = R3LConfig().training(model="tiny")
+    setattr(c, field, value)
+    with pytest.raises(ValueError) as e:
+        c.validate()
+    msg = str(e.value)
+    assert msg.startswith(f"R3LConfig.{field}: R3L does not use RLlib's {field}") and needle in msg, msg
+
+
+@pytest.mark.parametrize("field", ["train_batch_size_per_learner", "num_epochs", "evaluation_interval"])
+def test_the_plain_dict_door_names_the_r3l_option_too(field):
+    """tune.run("R3L", config={...}): not an "unknown key", the same error as R3LConfig.validate()."""
+    with pytest.raises(ValueError, match=rf"R3LConfig\.{field}: R3L does not use RLlib's {field}"):
+        R3LConfig().update_from_dict({"model": "tiny", field: 2}).validate()
+
+
+def test_rllib_options_left_at_their_defaults_pass():
+    c = R3LConfig().training(model="tiny")
+    c.evaluation_interval = 0  # "off", like None
+    c.validate()
+    R3LConfig().update_from_dict(R3LConfig().to_dict()).validate()  # a round trip keeps every default
+
+
+# ---------------------------------------------------------------------------- runs that cannot learn (issue 37, 4)
+def test_temperature_zero_is_refused_for_training_with_the_reason():
+    with pytest.raises(ValueError) as e:
+        R3LConfig().training(temperature=0).validate()
+    msg = str(e.value)
+    assert msg.startswith("R3LConfig.temperature: 0") and "advantages" in msg and "1.0" in msg, msg
+    R3LConfig().training(evaluation_temperature=0).validate()  # greedy evaluation is fine
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5])
+def test_env_config_max_turns_below_one_is_refused(value):
+    with pytest.raises(ValueError, match=r"R3LConfig\.env_config: max_turns must be an integer >= 1"):
+        R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3, "max_turns": value}).validate()
+    R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3, "max_turns": 2}).validate()

@@ -136,3 +136,33 @@ def test_kl_estimators():
 def test_kl_requires_reference():
     with pytest.raises(ValueError, match="reference"):
         ca.policy_gradient_loss(torch.zeros(1), torch.ones(1), torch.ones(1), kl_coef=0.1)
+
+
+def test_paper_loss_aggregation_factors_by_hand():
+    # N = 10 credited tokens; two RL items (2 and 4 tokens), two auxiliary items (3 and 1 tokens)
+    f = ca.loss_aggregation_weights([2, 4, 3, 1], "paper", is_aux=[False, False, True, True])
+    np.testing.assert_allclose(f, [10 / (2 * 2), 10 / (2 * 4), 10 / (2 * 3), 10 / (2 * 1)])
+    # an item without credited tokens gets 0 and does not count in its term's mean
+    f = ca.loss_aggregation_weights([2, 0, 4], "paper", is_aux=[False, False, True])
+    np.testing.assert_allclose(f, [6 / (1 * 2), 0.0, 6 / (1 * 4)])
+    with pytest.raises(ValueError, match="needs is_aux"):
+        ca.loss_aggregation_weights([1, 2], "paper")
+
+
+def test_paper_objective_is_rl_trajectory_mean_plus_sft_term_by_hand():
+    """L = -(1/|G|) sum_tau (1/|tau|) sum_t A log pi  +  -(1/|D_aux|) sum_aux (1/|tau|) sum_t log pi."""
+    logp = torch.tensor([[-1.0, -3.0, 0.0, 0.0],      # RL, A = 0.5
+                         [-2.0, -2.0, -2.0, -2.0],    # RL, A = -1
+                         [-1.0, -1.0, -4.0, 0.0],     # auxiliary, A = 1
+                         [-6.0, 0.0, 0.0, 0.0]])      # auxiliary, A = 1
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.float32)
+    adv = torch.tensor([0.5, -1.0, 1.0, 1.0])[:, None].expand(4, 4)
+    factors = ca.loss_aggregation_weights(mask.sum(1).numpy(), "paper", is_aux=[False, False, True, True])
+    weights = torch.tensor(factors, dtype=torch.float32)[:, None].expand(4, 4)
+    loss, _ = ca.policy_gradient_loss(logp, adv, mask, weights=weights, normalizer=float(mask.sum()))
+    l_rl = -(0.5 * (-1 - 3) / 2 + (-1.0) * (-8) / 4) / 2  # -0.5
+    l_sft = -((-1 - 1 - 4) / 3 + (-6) / 1) / 2  # 4.0
+    assert float(loss) == pytest.approx(l_rl + l_sft) == pytest.approx(3.5)
+    # the same batch under the authors' token mean: every token once, RL and auxiliary alike
+    tm, _ = ca.policy_gradient_loss(logp, adv, mask, normalizer=float(mask.sum()))
+    assert float(tm) == pytest.approx(-(0.5 * -4 + -1.0 * -8 + -6 + -6) / 10)

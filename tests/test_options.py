@@ -33,6 +33,10 @@ def test_every_option_is_declared_once_with_default_and_help():
     for name, allowed in options.CHOICES.items():
         assert R3L_OPTIONS[name][0] in allowed, name
     assert not set(REMOVED) & set(R3L_OPTIONS)
+    # the loss's aggregations are defined by the math; the option offers exactly those
+    from rllib_r3l.core_algos import LOSS_AGGREGATIONS
+
+    assert options.CHOICES["loss_aggregation"] == LOSS_AGGREGATIONS
 
 
 def test_the_config_holds_every_default_and_fresh_copies():

@@ -56,24 +56,45 @@ def test_plain_safe_load_reads_the_same(path):
         assert f.readline().startswith("#"), "each file starts with a comment header"
 
 
+# The paper's values (arXiv 2601.03715), each with where the paper states it. Rows marked "R3L" hold
+# for R3L configs, "GRPO" for the GRPO baselines, "both" for either.
+PAPER_VALUES = [
+    ("lr", 1e-6, "both", "K.1: AdamW, lr 1e-6"),
+    ("group_size", 8, "both", "K.1: group size N = 8"),
+    ("tasks_per_iteration", 96, "both", "K.1: batch of 96 tasks"),
+    ("max_context_tokens", 20480, "both", "K.1: maximum context 20,480 tokens"),
+    ("max_reflection_tokens", 4096, "both", "K.1: 4,096 tokens for reflections"),
+    ("temperature", 1.0, "both", "K.1: training temperature 1.0"),
+    ("evaluation_temperature", 0.4, "both", "K.1: test temperature 0.4"),
+    ("grad_clip", 1.0, "both", "K.1: gradient clipping 1.0"),
+    ("amplification_alpha", 3.0, "both", "K.1 / C.1: alpha = 3"),
+    ("aux_items", ["reflection_sft", "retry_sft"], "both", "§4 'Data construction': both auxiliary items"),
+    ("kl_coef", 0.0, "R3L", "§4 'Objective': R3L drops the KL and the reference model"),
+    ("use_importance_ratio", False, "R3L", "§4 'Objective': no importance sampling for R3L"),
+    ("kl_coef", 0.01, "GRPO", "implementation appendix: GRPO's KL coefficient 0.01"),
+    ("use_importance_ratio", True, "GRPO", "implementation appendix: GRPO's clipped importance ratio"),
+    ("clip_ratio_low", 0.2, "GRPO", "implementation appendix: ratio clipped at 0.2"),
+    ("clip_ratio_high", 0.2, "GRPO", "implementation appendix: ratio clipped at 0.2"),
+]
+
+
 @pytest.mark.parametrize("path", PAPER, ids=_rel)
 def test_paper_hyperparameters(path):
     (spec,) = cli.load_yaml_file(path).values()
     c = spec["config"]
     math = c["env"] == "r3l/Math"
+    grpo = path.endswith("-grpo.yaml")
     assert c["model"] in MODELS
-    assert c["lr"] == 1e-6 and isinstance(c["lr"], float)
-    assert c["group_size"] == 8 and c["tasks_per_iteration"] == 96
-    assert c["max_response_tokens"] == (4096 if math else 512)
-    assert c["max_context_tokens"] == 20480 and c["max_reflection_tokens"] == 4096
-    assert c["temperature"] == 1.0 and c["evaluation_temperature"] == 0.4
-    assert c["amplification_alpha"] == 3.0 and c["kl_coef"] == 0.0 and c["grad_clip"] == 1.0
+    for key, value, who, where in PAPER_VALUES:
+        if who == "both" or who == ("GRPO" if grpo else "R3L"):
+            assert c[key] == value, f"{key}: the paper says {value!r} ({where})"
+    assert isinstance(c["lr"], float)
+    assert c["max_response_tokens"] == (4096 if math else 512)  # K.1: 512 agentic, 4,096 math
     assert c["backend"] == "vllm" and c["num_gpus_per_env_runner"] >= 1 and c["num_gpus_per_learner"] >= 1
     assert c["gradient_checkpointing"] is True
-    grpo = path.endswith("-grpo.yaml")
     flags = (c["reflect"], c["pivotal_credit"], c["positive_amplification"], c["std_normalize"])
     assert flags == ((False, False, False, True) if grpo else (True, True, True, False))
-    assert "aux_tasks" not in c and c["aux_items"] == ["reflection_sft", "retry_sft"]  # the paper's, both
+    assert "aux_tasks" not in c
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(EXAMPLES, "ablations", "*.yaml"))), ids=_rel)
@@ -82,15 +103,17 @@ def test_ablations_switch_one_component_off(path):
     (full_name,) = [n for n in experiments if n.endswith("-r3l")]
     full = experiments[full_name]["config"]
     switches = ("reflect", "pivotal_credit", "positive_amplification", "std_normalize")
+    grpo_only = ("kl_coef", "use_importance_ratio")  # the paper's GRPO adds its KL and clipped ratio
     diffs = {}
     for name, spec in experiments.items():
         c = spec["config"]
-        assert {k: v for k, v in c.items() if k not in switches} == {k: v for k, v in full.items() if k not in switches}
-        diffs[name.split("-", 1)[1]] = {k for k in switches if c[k] != full[k]}
+        same = switches + grpo_only
+        assert {k: v for k, v in c.items() if k not in same} == {k: v for k, v in full.items() if k not in same}
+        diffs[name.split("-", 1)[1]] = {k for k in same if c[k] != full[k]}
     assert diffs["no-reflect"] == {"reflect"}
     assert diffs["no-pivotal-credit"] == {"pivotal_credit"}
     assert diffs["no-positive-amplification"] == {"positive_amplification"}
-    assert diffs["grpo"] == set(switches)
+    assert diffs["grpo"] == set(switches) | set(grpo_only)
 
 
 def test_search_grid_matches_paper_c1():

@@ -165,7 +165,20 @@ STOP_ITERATIONS = 400
 # Ablations (paper §5 "Ablation Study", C.1) run with Qwen2.5-1.5B-Instruct.
 ABLATION_ENVS = ("alfworld", "webshop", "gsm8k")
 ABLATION_MODEL = "qwen2.5-1.5b-instruct"
-GRPO = {"reflect": False, "pivotal_credit": False, "positive_amplification": False, "std_normalize": True}
+# The GRPO baseline as the paper's implementation appendix runs it: no R3L component, std-normalised
+# group advantages, a reference-model KL (coefficient 0.01) and the importance ratio clipped at 0.2
+# (only R3L drops the KL and the ratio).
+GRPO_SETTINGS: Dict[str, Tuple[Any, str]] = {
+    "reflect": (False, "GRPO: N base rollouts, no reflection"),
+    "pivotal_credit": (False, "GRPO: every response token credited"),
+    "positive_amplification": (False, "GRPO: plain group-relative advantages"),
+    "std_normalize": (True, "GRPO: advantages divided by the group std"),
+    "kl_coef": (0.01, "GRPO: reference-model KL 0.01 (paper, implementation appendix)"),
+    "use_importance_ratio": (True, "GRPO: clipped importance ratio (paper, implementation appendix)"),
+    "clip_ratio_low": (0.2, "GRPO: ratio clipped at 0.2"),
+    "clip_ratio_high": (0.2, "GRPO: ratio clipped at 0.2"),
+}
+GRPO = {k: v for k, (v, _c) in GRPO_SETTINGS.items()}
 ABLATIONS: List[Tuple[str, Dict[str, Any], str]] = [
     ("grpo", GRPO, "GRPO baseline: no reflection (N base rollouts), no pivotal credit, no amplification, "
                    "std-normalised advantages"),
@@ -205,6 +218,8 @@ def r3l_config(env_key: str, model_key: str) -> List[Tuple[Optional[str], List[T
             ("std_normalize", False, "R3L: group-mean baseline only"),
             ("kl_coef", 0.0, "no KL, no reference model (K.1)"),
             ("use_importance_ratio", False, "no importance sampling / clipping (K.1)"),
+            ("clip_ratio_low", 0.2, "PPO clip range, used only with the importance ratio (the GRPO baseline)"),
+            ("clip_ratio_high", 0.2, ""),
         ]),
         ("optimization (K.1)", [
             ("lr", 1.0e-6, "AdamW"),
@@ -322,7 +337,9 @@ def grpo_file(env_key: str, model_key: str) -> str:
         f"GRPO baseline: {env['title']} x {model['name']} (paper arXiv 2601.03715, Table 1 'GRPO' row).",
         "",
         "The R3L configuration beside it with all three components off: no reflection (N = 8 base rollouts",
-        "per task), no pivotal credit, no positive amplification, std-normalised group advantages.",
+        "per task), no pivotal credit, no positive amplification, std-normalised group advantages; and, as",
+        "the paper's implementation appendix runs its GRPO, a reference-model KL of 0.01 and the importance",
+        "ratio clipped at 0.2.",
         f"Hardware: {model['hardware']}",
         f"Data: {env['data']}",
         "",
@@ -337,8 +354,8 @@ def grpo_file(env_key: str, model_key: str) -> str:
     for section, items in r3l_config(env_key, model_key):
         lines.append(f"    # --- {section}")
         for key, value, comment in items:
-            if key in GRPO:
-                value, comment = GRPO[key], "GRPO"
+            if key in GRPO_SETTINGS:
+                value, comment = GRPO_SETTINGS[key]
             lines.append(_line(4, key, value, comment))
     return "\n".join(lines) + "\n"
 

@@ -71,6 +71,7 @@ def cmd_train(args) -> int:
     from rllib_r3l.cli import resume
     from rllib_r3l.cli.experiments import check_resources
 
+    resume.check_resume_flags(args.resume, args.set or [], args.stop or [])
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UsageError(f"--num-cpus {args.num_cpus}: must be >= 1")
@@ -78,6 +79,7 @@ def cmd_train(args) -> int:
     for spec in experiments.values():
         launch.checkpoint_config(spec, args.checkpoint_freq)
     check_resources(experiments, args.file, args.set or [])  # the environment builds, the model is there
+    launch.check_cluster_fits(experiments, args.file, args.num_cpus, args.address)  # CPUs and GPUs exist
     storage = os.path.abspath(os.path.expanduser(args.storage_path)) if args.storage_path else None
     storages = {name: storage or spec.get("storage_path") for name, spec in experiments.items()}
     plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new)
@@ -102,19 +104,20 @@ def cmd_train(args) -> int:
                 console.progress_folder(enabled=not args.address) as live_dir:
             rows, interrupted = _run_tune(args, experiments, plan, storage, callbacks, con, live_dir,
                                           log_path if quiet else None)
-    except KeyboardInterrupt:  # a second Ctrl-C: Tune skipped its last state save
-        print(f"interrupted; to continue from the last checkpoint: {resume.resume_command(args.argv)}", file=sys.stderr)
+    except KeyboardInterrupt:  # a second signal: Tune skipped its last state save
+        print(f"interrupted; {resume.interrupted_advice(args.argv, plan)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     _print_train_summary(rows)
     if quiet:
         print(f"log: {log_path}")
     if interrupted:
-        print(f"\ninterrupted before the stop criterion; to continue from the last checkpoint: "
-              f"{resume.resume_command(args.argv)}", file=sys.stderr)
+        print(f"\ninterrupted before the stop criterion; {resume.interrupted_advice(args.argv, plan)}",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     failed = [r for r in rows if r["status"] != "TERMINATED" or r["problem"]]
     for r in failed:
-        print(f"rllib-r3l train: {r['trial']}: {r['problem'] or r['status']}", file=sys.stderr)
+        reason = f": {r['reason']}" if r.get("reason") else ""
+        print(f"rllib-r3l train: {r['trial']}: {r['problem'] or r['status'] + reason}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -126,7 +129,7 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
     started = False
     if not ray.is_initialized():
         os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
-        ray.init(address=args.address, num_cpus=None if args.address else (args.num_cpus or max(os.cpu_count() or 1, 4)),
+        ray.init(address=args.address, num_cpus=None if args.address else launch.local_cpus(args.num_cpus),
                  include_dashboard=False, log_to_driver=not args.quiet_workers)
         started = True
     import rllib_r3l
@@ -134,21 +137,28 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
     rllib_r3l.register()
     display = launch.ConsoleCallback(con, live_dir, log=log_path, verbose=log_path is None)
     try:
-        return launch.run(experiments, plan, storage=storage, checkpoint_freq=args.checkpoint_freq,
-                          callbacks=[*callbacks, display], verbose=1 if args.verbose is None else args.verbose,
-                          max_concurrent=args.max_concurrent, echo=con.line)
+        with launch.sigterm_as_sigint():  # after ray.init, which installs Ray's own SIGTERM handler
+            return launch.run(experiments, plan, storage=storage, checkpoint_freq=args.checkpoint_freq,
+                              callbacks=[*callbacks, display], verbose=1 if args.verbose is None else args.verbose,
+                              max_concurrent=args.max_concurrent, echo=con.line)
     finally:
         if started:
             ray.shutdown()
 
 
 def _print_train_summary(rows: List[Dict[str, Any]]) -> None:
+    from rllib_r3l.cli.trial_errors import trial_reason
+
     print("\n=== rllib-r3l train: summary ===")
     for r in rows:
+        if r["error"]:  # the project's own one-line message, read from Ray's error.txt
+            r["reason"] = trial_reason(r["error"], r["dir"])
         print(f"{r['experiment']} / {r['trial']}: {r['status']}, {r['iterations']} iteration(s), "
               f"reward {_fmt(r['reward'])}, success rate {_fmt(r['success_rate'])}")
         print(f"  results:    {r['dir']}")
         print(f"  checkpoint: {r['checkpoint'] or '(none)'}")
+        if r.get("reason"):
+            print(f"  reason:     {r['reason']}")
         if r["error"]:
             print(f"  error:      {r['error']}")
         if r["problem"]:
@@ -197,6 +207,9 @@ def cmd_evaluate(args) -> int:
         raise UsageError(f"--episodes {args.episodes}: must be >= 1")
     if args.temperature is not None and args.temperature < 0:
         raise UsageError(f"--temperature {args.temperature}: must be >= 0")
+    for flag, value in (("--max-turns", args.max_turns), ("--max-response-tokens", args.max_response_tokens)):
+        if value is not None and value < 1:  # 0 would fall back to the training value without a word
+            raise UsageError(f"{flag} {value}: must be >= 1 (leave the flag out for the training setting)")
     env_config = _parse_json_flag(args.env_config, "--env-config")
     backend_options = _parse_json_flag(args.backend_options, "--backend-options")
     if args.env is not None:
@@ -205,7 +218,7 @@ def cmd_evaluate(args) -> int:
         args.checkpoint, env=args.env, episodes=args.episodes, env_config=env_config, split=args.split,
         temperature=0.0 if args.greedy else args.temperature, backend=args.backend,
         backend_options=backend_options, max_turns=args.max_turns, max_response_tokens=args.max_response_tokens,
-        seed=args.seed, batch_size=args.batch_size,
+        seed=args.seed, batch_size=args.batch_size, base_model=args.base_model,
     )
     print(ev.format_summary(summary))
     if args.out:
@@ -315,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-response-tokens", type=int, help="max tokens per response (default: training setting)")
     e.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
     e.add_argument("--batch-size", type=int, default=32, help="episodes run together (default 32)")
+    e.add_argument("--base-model", metavar="ID_OR_DIR",
+                   help="the base model if the checkpoint's model path no longer exists")
     e.add_argument("--out", metavar="FILE.csv", help="also write the per-episode results as CSV")
     e.set_defaults(func=cmd_evaluate)
 

@@ -34,9 +34,11 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
              split: Optional[str] = None, temperature: Optional[float] = None, backend: Optional[str] = None,
              backend_options: Optional[Dict[str, Any]] = None, max_turns: Optional[int] = None,
              max_response_tokens: Optional[int] = None, seed: int = 0, batch_size: int = 32,
-             reflections: bool = False, max_reflection_tokens: Optional[int] = None):
+             reflections: bool = False, max_reflection_tokens: Optional[int] = None,
+             base_model: Optional[str] = None):
     """Run ``episodes`` base episodes; returns ``(summary dict, per-episode DataFrame)``.
 
+    ``base_model`` replaces the checkpoint's base model (moved or renamed since training).
     ``reflections=True`` also lets the policy reflect on each episode (no retry) and adds its
     reflection quality to the summary: ``reflection_valid_rate`` and, where the environment has an
     oracle, ``pivot_accuracy``, ``pivot_error_mean``, ``pivot_early_rate`` (``rllib_r3l.runner.reflection.oracle``)."""
@@ -94,10 +96,10 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
 
     if model_dir is None:  # the weights, once the environment is known to work
         if name == "transformers":  # in memory: no copy of the weights on disk
-            model, tokenizer, _ = ex.load_policy(ckpt)
+            model, tokenizer, _ = ex.load_policy(ckpt, base_model=base_model)
         else:  # vLLM loads from a directory
             tmp = tempfile.TemporaryDirectory(prefix="r3l-eval-")
-            model_dir = ex.export_checkpoint(ckpt, tmp.name, force=True)
+            model_dir = ex.export_checkpoint(ckpt, tmp.name, force=True, base_model=base_model)
 
     temp = float(temperature if temperature is not None else _setting(cfg, "evaluation_temperature"))
     opts = RolloutOptions(

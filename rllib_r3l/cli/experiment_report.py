@@ -146,6 +146,64 @@ def _scalar_params(params: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     return out
 
 
+def _last_result(trial_dir: str) -> Dict[str, Any]:
+    """The trial's last complete result line (``{}`` when there is none)."""
+    rj = os.path.join(trial_dir, "result.json")
+    last: Dict[str, Any] = {}
+    if os.path.isfile(rj):
+        with open(rj) as f:
+            for line in f:
+                try:
+                    last = json.loads(line) if line.strip() else last
+                except ValueError:  # a line being written right now
+                    continue
+    return last
+
+
+def _tune_statuses(folder: str) -> Dict[str, str]:
+    """Trial directory name -> status, from the newest ``experiment_state-*.json`` Tune keeps in the
+    experiment folder (``{}`` when there is none or it cannot be read: Tune's own format)."""
+    try:
+        states = sorted(f for f in os.listdir(folder) if f.startswith("experiment_state-") and f.endswith(".json"))
+        if not states:
+            return {}
+        with open(os.path.join(folder, states[-1])) as f:
+            data = json.load(f)
+        out = {}
+        for entry in data.get("trial_data", []):
+            trial = json.loads(entry[0])
+            out[os.path.basename(str(trial["relative_logdir"]))] = str(trial["status"])
+        return out
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return {}
+
+
+def error_text(trial_dir: str) -> Optional[str]:
+    """The last line of the trial's ``error.txt`` (the exception), or None when it has none."""
+    path = os.path.join(trial_dir, "error.txt")
+    if not os.path.isfile(path):
+        return None
+    with open(path, errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return lines[-1][:300] if lines else "(empty error.txt)"
+
+
+def trial_status(trial_dir: str, iterations: int, empty_batches: Optional[int]) -> str:
+    """What ``rllib-r3l train`` would call the trial: Tune's status (``error.txt`` = ERROR), TERMINATED
+    without ``done`` = INTERRUPTED (Ctrl-C), and a finished trial whose every batch was empty
+    TRAINED ON NOTHING (rllib_r3l.cli.outcome)."""
+    from rllib_r3l.cli.outcome import INTERRUPTED, TRAINED_ON_NOTHING
+
+    status = _tune_statuses(os.path.dirname(trial_dir)).get(os.path.basename(trial_dir))
+    if error_text(trial_dir) is not None:
+        status = "ERROR"
+    if status in (None, "TERMINATED"):
+        status = "TERMINATED" if _last_result(trial_dir).get("done") else INTERRUPTED
+    if status == "TERMINATED" and iterations and empty_batches is not None and empty_batches >= iterations:
+        status = TRAINED_ON_NOTHING
+    return status
+
+
 def summarize(trial_dirs: List[str], root: str):
     """One row per trial: identity, the varied hyperparameters, the last value of each metric."""
     import pandas as pd
@@ -174,12 +232,14 @@ def summarize(trial_dirs: List[str], root: str):
         for short in FAULTS:
             if short in df:
                 row[short] = int(df[short].fillna(0).sum())
+        row["status"] = trial_status(d, row["iterations"], row.get("empty_batches"))
         rows.append(row)
     table = pd.DataFrame(rows)
-    order = ["trial", "model", "env"] + [k for k in varied if k in table] + ["iterations", "reward", "best_reward"]
+    order = ["trial", "status", "model", "env"] + [k for k in varied if k in table] + ["iterations", "reward", "best_reward"]
     order += list(FAULTS)
     order += [m for m in METRICS if m not in order]
     table = table[[c for c in order if c in table] + [c for c in table if c not in order]]
+    table.attrs["trial_dirs"] = [d for d, _df, _p in loaded]  # row by row: where warnings() finds error.txt
     return table, loaded, varied
 
 
@@ -247,9 +307,15 @@ def _count(value) -> Optional[int]:
 
 
 def warnings(table) -> List[str]:
-    """One line per trial that trained on nothing or lost episodes: what the table's averages hide."""
+    """One line per trial that failed, trained on nothing or lost episodes: what the table's averages hide."""
     out = []
-    for _, row in table.iterrows():
+    dirs = table.attrs.get("trial_dirs") or [None] * len(table)
+    for (_, row), trial_dir in zip(table.iterrows(), dirs):
+        if row.get("status") == "ERROR":
+            error = error_text(trial_dir) if trial_dir else None
+            where = os.path.join(trial_dir, "error.txt") if error else "Tune's experiment state"
+            out.append(f"warning: {row['trial']} ended in ERROR{': ' + error if error else ''} (see {where}); "
+                       "its metrics stop where it failed")
         iters, empty, lost = _count(row.get("iterations")), _count(row.get("empty_batches")), _count(row.get("episodes_lost"))
         if iters and empty is not None and empty >= iters:
             out.append(f"warning: {row['trial']} trained on nothing: all {iters} iteration(s) had an empty batch "

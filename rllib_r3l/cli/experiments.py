@@ -31,11 +31,15 @@ MAX_VALIDATED_VARIANTS = 256
 # YAML
 # ==================================================================================================
 def _yaml_loader():
-    """``yaml.SafeLoader`` that also reads ``1e-6`` as a float (YAML 1.2; PyYAML reads it as a string)."""
+    """``yaml.SafeLoader`` that also reads ``1e-6`` as a float (YAML 1.2; PyYAML reads it as a string)
+    and refuses a key repeated in one mapping (PyYAML keeps the last: a second ``lr:`` would replace the
+    first, a repeated experiment name drop the first experiment, without a word)."""
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node, deep=False):
+            _refuse_duplicate_keys(self, node)
+            return super().construct_mapping(node, deep=deep)
 
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
@@ -45,9 +49,44 @@ def _yaml_loader():
     return Loader
 
 
+class DuplicateKeyError(Exception):
+    """A key written twice in one YAML mapping (``line`` 1-based, ``first_line`` where it was first)."""
+
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+def _refuse_duplicate_keys(loader, node) -> None:
+    """Raise :class:`DuplicateKeyError` for a key written twice in ``node`` itself. Keys a merge
+    (``<<: *anchor``) brings in may be overridden: that is what a merge is for."""
+    seen: Dict[Any, int] = {}
+    for key_node, _value in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # PyYAML refuses an unhashable key itself
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise DuplicateKeyError(key, line, seen[key])
+        seen[key] = line
+
+
 def parse_value(text: str) -> Any:
     """A ``--set``/``--stop`` value as a YAML scalar or flow collection (``4``, ``true``, ``1e-6``,
-    ``null``, ``[1, 2]``, ``{num_rooms: 3}``); text that is not valid YAML stays a string."""
+    ``null``, ``[1, 2]``, ``{num_rooms: 3}``); text that is not valid YAML, or repeats a key, stays a
+    string (:func:`parse_assignment` refuses a repeated key)."""
+    try:
+        return _parse_value_strict(text)
+    except DuplicateKeyError:
+        return text
+
+
+def _parse_value_strict(text: str) -> Any:
+    """:func:`parse_value`, with :class:`DuplicateKeyError` for ``{a: 1, a: 2}``."""
     import yaml
 
     try:
@@ -70,6 +109,9 @@ def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
         raise UsageError(f"{path}:{where}: not valid YAML ({problem}); fix the syntax there") from None
+    except DuplicateKeyError as e:
+        raise UsageError(f"{path}:{e.line}: duplicate key {e.key!r} (first at line {e.first_line}): YAML would "
+                         "silently keep only the last one; remove or rename one of them") from None
     if not isinstance(data, dict) or not data:
         raise UsageError(f"{path}: expected a mapping of experiment names to {{run, stop, config}}, "
                          f"got {type(data).__name__}")
@@ -107,7 +149,10 @@ def parse_assignment(text: str, flag: str) -> Tuple[str, Any]:
     key = key.strip()
     if not key:
         raise UsageError(f"{flag} {text!r}: the key before '=' is empty")
-    return key, parse_value(raw)
+    try:
+        return key, _parse_value_strict(raw)
+    except DuplicateKeyError as e:
+        raise UsageError(f"{flag} {text!r}: duplicate key {e.key!r} in the value; write each key once") from None
 
 
 def apply_set(config: Dict[str, Any], dotted: str, value: Any) -> None:
@@ -154,8 +199,9 @@ def known_config_keys() -> frozenset:
 
 
 def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
-    from rllib_r3l.config import R3L_OPTIONS
-    from rllib_r3l.options import REMOVED
+    from rllib_r3l.config import R3L_OPTIONS, fresh_defaults
+    from rllib_r3l.options import REMOVED, UNUSED_RLLIB
+    from rllib_r3l.validation import stored, unused_rllib_option
 
     known = known_config_keys()
     for key in config:
@@ -164,7 +210,10 @@ def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
             raise UsageError(f"{src}: {key!r} was removed; {REMOVED[key]}")
         if key == "model_config":
             raise UsageError(f"{src}: use `_model_config` (RLlib's model_config is read-only in config dicts)")
-        if key not in known:
+        unused = unused_rllib_option(key, config[key], stored(fresh_defaults(), key))
+        if unused:
+            raise UsageError(f"{src}: {unused}")
+        if key not in known and key not in UNUSED_RLLIB:
             public = [k for k in known if not k.startswith("_")]
             hint = did_you_mean(key, list(R3L_OPTIONS) + ["model"]) or did_you_mean(key, public)
             raise UsageError(f"{src}: unknown config key {key!r}{hint}; "

@@ -28,7 +28,19 @@ ROLLOUT_KEYS = ("env", "env_config", "evaluation_temperature", "max_response_tok
 
 
 def is_hf_model_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "config.json")) and not is_algorithm_checkpoint(path)
+    """A Hugging Face model directory: its config.json names a ``model_type`` (any JSON is not a model)."""
+    return _config_model_type(path) is not None and not is_algorithm_checkpoint(path)
+
+
+def _config_model_type(path: str) -> Optional[str]:
+    """``model_type`` of ``path/config.json``; None when the file is absent, unreadable or has none."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    value = cfg.get("model_type") if isinstance(cfg, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def is_algorithm_checkpoint(path: str) -> bool:
@@ -57,6 +69,10 @@ def find_checkpoint(path: str) -> str:
     if len(trials) > 1:
         raise UsageError(f"{path} holds {len(trials)} trials with checkpoints; pass one of them: "
                          + ", ".join(os.path.basename(t) for t in trials))
+    if os.path.isfile(os.path.join(path, "config.json")):  # looks like a model, but is none
+        raise UsageError(f"{path}: has a config.json without model_type, so it is neither a Hugging Face model "
+                         "directory nor an R3L checkpoint; pass a checkpoint printed by `rllib-r3l train` or a "
+                         "directory written by `rllib-r3l export`")
     raise UsageError(f"{path}: not an R3L checkpoint (no rllib_checkpoint.json + learner_group/) and no "
                      "checkpoint_* directories in it; pass a checkpoint printed by `rllib-r3l train`")
 
@@ -175,7 +191,11 @@ def load_module_dir(mdir: str, base_model: Optional[str] = None, dtype: Optional
         weights = dict(hf_named_tensors(state))
         trained_dtype = next((v.dtype for v in weights.values() if torch.is_floating_point(v)), torch.float32)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=trained_dtype)
-        missing, unexpected = model.load_state_dict(weights, strict=False)
+        try:
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+        except RuntimeError as e:  # shapes of another model: torch's 40-line "size mismatch" list
+            raise UsageError(f"the checkpoint's weights do not fit base model {model_id!r} "
+                             f"({_first_mismatch(e)}); pass the right --base-model") from None
         tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
         missing = [k for k in missing if k not in tied]
         if missing or unexpected:
@@ -190,6 +210,14 @@ def load_module_dir(mdir: str, base_model: Optional[str] = None, dtype: Optional
     tokenizer = load_tokenizer(path)
     model_config["base_model_path"] = path
     return model, tokenizer, model_config
+
+
+def _first_mismatch(e: RuntimeError) -> str:
+    """The first ``size mismatch for NAME: ...`` line of torch's error, shortened."""
+    lines = [" ".join(line.split()) for line in str(e).splitlines()]
+    first = next((line for line in lines if line.startswith("size mismatch")), lines[-1] if lines else "")
+    more = sum(line.startswith("size mismatch") for line in lines) - 1
+    return first[:200] + (f", and {more} more" if more > 0 else "")
 
 
 def export_checkpoint(checkpoint: str, out: str, dtype: Optional[str] = None, force: bool = False,

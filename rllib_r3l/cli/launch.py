@@ -11,8 +11,11 @@ trial), the same as the main job's.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import signal
+import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ray.tune import Callback
@@ -45,6 +48,57 @@ def checkpoint_config(spec: Dict[str, Any], freq: Optional[int]):
     except (TypeError, ValueError) as e:
         raise UsageError(f"checkpoint_config / --checkpoint-freq: {e}; keys: checkpoint_frequency (>= 0), "
                          "checkpoint_at_end, num_to_keep") from None
+
+
+def local_cpus(num_cpus: Optional[int]) -> int:
+    """The CPUs of the local Ray runtime ``rllib-r3l train`` starts: --num-cpus, else max(cores, 4)
+    (the driver, the learner and the env runner each want one)."""
+    return num_cpus or max(os.cpu_count() or 1, 4)
+
+
+def check_cluster_fits(experiments: Dict[str, Dict[str, Any]], path: str, num_cpus: Optional[int],
+                       address: Optional[str]) -> None:
+    """Every variant's CPUs and GPUs fit the Ray runtime the run will use; a :class:`UsageError`
+    naming the option otherwise (Tune would wait for them forever on a blank console)."""
+    from rllib_r3l import preflight
+    from rllib_r3l.cli.experiments import expand_variants
+    from rllib_r3l.config import R3LConfig
+
+    if address:  # a cluster of its own, possibly with an autoscaler: its business
+        return
+    cpus, gpus = preflight.ray_capacity()  # Ray already running in this process: its cluster
+    source = "the running Ray cluster"
+    if cpus is None:
+        cpus = local_cpus(num_cpus)
+        source = f"--num-cpus {num_cpus}" if num_cpus else f"the local Ray runtime (max(cores, 4) = {cpus} CPUs)"
+    for name, spec in experiments.items():
+        for variant in expand_variants(spec["config"], f"{path}: {name}"):
+            try:
+                preflight.check_resources(R3LConfig().update_from_dict(copy.deepcopy(variant)), cpus=cpus, gpus=gpus,
+                                          source=source)
+            except ValueError as e:
+                raise UsageError(f"{path}: {name}: {e}") from None
+
+
+@contextlib.contextmanager
+def sigterm_as_sigint():
+    """SIGTERM (what Slurm and Kubernetes send to preempt) does what Ctrl-C does: Tune's SIGINT handler
+    stops the run at a safe point and keeps the last checkpoint; a second signal ends it at once."""
+    def forward(signum, frame):
+        handler = signal.getsignal(signal.SIGINT)  # Tune's while it runs; Python's (KeyboardInterrupt) after
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:  # SIG_IGN / SIG_DFL: nothing of ours would stop the run
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _varied_params(config: Dict[str, Any], prefix: str = "") -> List[str]:

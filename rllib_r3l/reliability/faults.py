@@ -19,13 +19,16 @@ event indices, both may be combined):
 ``env_bad_observation_prob`` / ``_at_steps``  the step returns a non-string observation
 ``nan_loss_prob`` / ``_at_updates``   the first micro-batch loss of a learner update becomes NaN
 ``nan_grad_prob`` / ``_at_updates``   a gradient becomes +inf after backward
+``engine_death_prob`` / ``_at_calls``  the policy's generation engine dies at a generate call: that call
+                                and every later one raise until the runner rebuilds the engine
 ``kill_runner_at_iterations``   ``ray.kill`` (Ray restarts it) a remote env runner while it samples,
                                 in these training iterations (1-based ``training_iteration``)
 ``kill_runner_delay_s``         seconds after sampling starts before the kill (default 0.3)
 ==============================  ==========================================================================
 
 Step indices count ``env.step`` calls per env-runner process (0-based, across all its environments);
-update indices count learner updates per learner process (0-based).
+update indices count learner updates per learner process (0-based); call indices count the policy
+engine's generate calls per runner process (0-based, across rebuilt engines).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -58,12 +61,16 @@ FAULT_OPTIONS: Dict[str, tuple] = {
     "nan_loss_at_updates": (_INDICES, [], "learner update indices whose loss becomes NaN"),
     "nan_grad_prob": (_PROB, 0.0, "probability that a learner update's gradient becomes inf"),
     "nan_grad_at_updates": (_INDICES, [], "learner update indices whose gradient becomes inf"),
+    "engine_death_prob": (_PROB, 0.0, "probability that a generate call finds the policy's engine dead (it and every "
+                                      "later call of that engine raise, until the runner rebuilds it)"),
+    "engine_death_at_calls": (_INDICES, [], "generate-call indices (per runner process) at which the engine dies"),
     "kill_runner_at_iterations": (_INDICES, [], "training iterations in which a remote env runner is killed mid-sample"),
     "kill_runner_delay_s": (_SECONDS, 0.3, "seconds after sampling starts before the runner is killed"),
 }
 
 ENV_FAULTS = ("env_kill_jvm", "env_raise", "env_bad_observation")  # checked in this order per step
 LEARNER_FAULTS = ("nan_loss", "nan_grad")
+ENGINE_FAULTS = ("engine_death",)
 
 
 class InjectedFault(RuntimeError):
@@ -146,7 +153,7 @@ def _any(plan: Optional[Dict[str, Any]], names) -> bool:
 
 
 def _unit(name: str) -> str:
-    return "updates" if name in LEARNER_FAULTS else "steps"
+    return "updates" if name in LEARNER_FAULTS else "calls" if name in ENGINE_FAULTS else "steps"
 
 
 class _Trigger:
@@ -231,6 +238,41 @@ def wrap_env_factory(factory: Callable[[], Any], config: Any, counters: Counter,
 
 
 # ------------------------------------------------------------------------------------------------------
+# generation engine
+class FaultyBackend:
+    """Wraps a generation backend; at an injected ``engine_death`` the engine dies: that call and every
+    later one raise, as calls into a crashed vLLM engine do, until the runner builds a new engine."""
+
+    def __init__(self, backend: Any, trigger: _Trigger, counters: Counter) -> None:
+        self.backend = backend
+        self._trigger = trigger
+        self._counters = counters
+        self.dead = False
+
+    def __getattr__(self, name: str) -> Any:  # tokenizer, update_weights, close, sleep, ...
+        return getattr(self.backend, name)
+
+    def generate(self, requests, **kwargs):
+        if not self.dead and self._trigger.next():
+            self.dead = True
+            self._counters["injected_engine_death"] += 1
+        if self.dead:
+            raise InjectedFault("injected engine death: the engine is gone")
+        return self.backend.generate(requests, **kwargs)
+
+
+def wrap_backend(backend: Any, config: Any, counters: Counter, worker_index: int,
+                 trigger: Optional[_Trigger] = None) -> Tuple[Any, Optional[_Trigger]]:
+    """``(backend, None)``, or with engine faults configured a ``FaultyBackend`` and its trigger (pass
+    the trigger back for a rebuilt engine, so that call indices count across engines)."""
+    plan = fault_plan(config)
+    if not _any(plan, ENGINE_FAULTS):
+        return backend, None
+    trigger = trigger or _Trigger(plan, ENGINE_FAULTS, [3, worker_index])
+    return FaultyBackend(backend, trigger, counters), trigger
+
+
+# ------------------------------------------------------------------------------------------------------
 # learner
 def begin_update(learner: Any) -> None:
     """Decide which learner faults this update gets (``learner._r3l_faults``); count the injections."""
@@ -274,6 +316,8 @@ class RunnerKill:
         self.runner_id = runner_id
         self.fired = False
         self._actor = actor
+        self._lock = threading.Lock()
+        self._finished = False
         self._timer = threading.Timer(delay_s, self._kill)
         self._timer.daemon = True
         self._timer.start()
@@ -281,15 +325,20 @@ class RunnerKill:
     def _kill(self) -> None:
         import ray
 
-        try:
-            ray.kill(self._actor, no_restart=False)
-            self.fired = True
-            logger.warning("fault injection: killed env runner %d mid-sample", self.runner_id)
-        except Exception:  # already dead: nothing injected
-            logger.exception("fault injection: could not kill env runner %d", self.runner_id)
+        with self._lock:  # never after the driver has the sample: that would be a kill between samples
+            if self._finished:
+                return
+            try:
+                ray.kill(self._actor, no_restart=False)
+                self.fired = True
+                logger.warning("fault injection: killed env runner %d mid-sample", self.runner_id)
+            except Exception:  # already dead: nothing injected
+                logger.exception("fault injection: could not kill env runner %d", self.runner_id)
 
     def finish(self) -> bool:
-        """Cancel a kill that has not happened yet; True when the runner was killed."""
+        """Call as soon as sampling returned: cancel a kill that has not happened; True when it happened."""
+        with self._lock:
+            self._finished = True
         self._timer.cancel()
         self._timer.join(timeout=30)
         return self.fired

@@ -22,8 +22,9 @@ from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 
+from rllib_r3l.reliability.engine_recovery import EngineKeeper
 from rllib_r3l.runner.explore import ExploreOptions, Explorer, GroupResult
-from rllib_r3l.runner.rollout import ROLLOUT_TIMERS
+from rllib_r3l.runner.sample_metrics import log_sample_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         self._tokenizer = None
         self._weights_seq_no = 0
         self._pending_weights = None
+        self._engine_fault_trigger = None  # engine fault injection (a testing aid): shared across rebuilt engines
+        self._keeper = None
+        self._stop_sampling = False
         self._num_groups_sampled = 0
         self._in_eval = bool(self.config.in_evaluation)
         seed = self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -86,7 +90,8 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         t0 = time.perf_counter()
         self._tokenizer = load_tokenizer(path)
         self._chat = ChatFormat(self._tokenizer)
-        self._backend = make_backend(c.backend, path, **engine_options(c))
+        self._model_path = path
+        self._backend = self._build_policy_backend()
         reflector_chat = None
         if c.reflector_model:
             rpath = resolve_model(c.reflector_model)
@@ -96,8 +101,9 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         from rllib_r3l.reliability.resilience import seeded_backend
 
         # sampling_seed: every generate call seeded from the sample's task seeds (reproducible resume)
-        self._backend = seeded_backend(self._backend, c.sampling_seed)
         self._reflector = seeded_backend(self._reflector, c.sampling_seed)
+        self._keeper = EngineKeeper(self._build_policy_backend, self._load_into, self.counters,
+                                    probe_token_id=self._tokenizer.eos_token_id or 0)
         opts = RolloutOptions.from_config(c, evaluation=self._in_eval)
         self._episodes = EpisodeRunner(self._backend, self._chat, self._env_factory(), opts, self.counters)
         eopts = ExploreOptions.from_config(c, evaluation=self._in_eval)
@@ -110,6 +116,30 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         if self._pending_weights is not None:
             self._load_weights(self._pending_weights)
             self._pending_weights = None
+
+    def _build_policy_backend(self):
+        """The policy's engine as exploration uses it: seeded sampling and (a testing aid) engine faults."""
+        from rllib_r3l.generation import make_backend
+        from rllib_r3l.reliability.faults import wrap_backend
+        from rllib_r3l.reliability.resilience import seeded_backend
+
+        backend = make_backend(self.config.backend, self._model_path, **engine_options(self.config))
+        backend, self._engine_fault_trigger = wrap_backend(backend, self.config, self.counters, self.worker_index,
+                                                           trigger=self._engine_fault_trigger)
+        return seeded_backend(backend, self.config.sampling_seed)
+
+    def _recover_engine(self, before: Counter) -> None:
+        """After a round with generation errors: keep, rebuild or (failed again) give up on the engine."""
+        if not self._keeper.generation_failed_since(before):
+            return
+        old = self._backend
+        new = self._keeper.recover(old)
+        if new is None:
+            self._stop_sampling = True
+        elif new is not old:
+            self._backend = self._episodes.backend = new
+            if self._explorer.reflector is old:
+                self._explorer.reflector = new
 
     @property
     def backend(self):
@@ -143,6 +173,8 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             num_groups = max(num_groups, 1)
         t0 = time.perf_counter()
         before = Counter(self.counters)
+        self._keeper.begin_sample()
+        self._stop_sampling = False
         groups = self._explore_round(num_groups)
         if groups is None:  # the exploration failed (counted): nothing trainable
             self._sample_done()
@@ -150,7 +182,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         reflect_s = self._explorer.reflect_seconds
         groups, reflect_s = self._dynamic_sampling(groups, num_groups, reflect_s)
         dt = time.perf_counter() - t0
-        self._log_sample_metrics(groups, dt, before, reflect_s)
+        log_sample_metrics(self, groups, dt, before, reflect_s)
         self._sample_done()
         return groups
 
@@ -162,6 +194,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         begin_sample(seeds, self._backend, self._reflector)
         gids = [f"w{self.worker_index}-g{self._num_groups_sampled + i}-s{s}" for i, s in enumerate(seeds)]
         self._num_groups_sampled += num_groups
+        before = Counter(self.counters)
         try:
             return self._explorer.explore(seeds, gids)
         except Exception:  # a bug or an unexpected backend failure: count it, return nothing trainable
@@ -169,6 +202,8 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             self.metrics.log_value(("r3l", "faults", "exploration_errors"), 1, reduce="sum")
             self.metrics.log_value(("r3l", "faults", "groups_lost_with_exploration_error"), num_groups, reduce="sum")
             return None
+        finally:
+            self._recover_engine(before)
 
     def _dynamic_sampling(self, groups: List[GroupResult], num_groups: int, reflect_s: float):
         """``dynamic_sampling_rounds``: while none of this sample's groups carries a learning signal,
@@ -182,7 +217,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         signal = [carries_signal(g, **opts) for g in groups]
         rounds = 0
         max_rounds = 0 if self._in_eval else int(c.dynamic_sampling_rounds)
-        while not any(signal) and rounds < max_rounds:
+        while not any(signal) and rounds < max_rounds and not self._stop_sampling:
             rounds += 1
             self.counters["progress_rounds"] += 1  # live progress: a new round of tasks
             more = self._explore_round(num_groups)
@@ -205,82 +240,21 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         if self._progress is not None:
             self._progress.write()
 
-    def _log_sample_metrics(self, groups: List[GroupResult], seconds: float, before: Counter,
-                            reflect_seconds: float) -> None:
-        m = self.metrics
-        base = [t for g in groups for t in g.trajectories if t.kind.value == "base"]
-        retries = [t for g in groups for t in g.trajectories if t.kind.value == "retry"]
-        samples = [t for g in groups for t in g.trajectories if t.kind.value in ("base", "retry")]
-        lost = [t for g in groups for t in g.lost]
-        m.log_value("num_groups", len(groups), reduce="sum")
-        m.log_value("num_episodes", len(base), reduce="sum")
-        if base:
-            m.log_value("episode_return_mean", float(np.mean([t.reward for t in base])), reduce="mean", window=1)
-            m.log_value("success_rate", float(np.mean([t.success for t in base])), reduce="mean", window=1)
-            m.log_value("episode_len_mean", float(np.mean([t.num_turns for t in base])), reduce="mean", window=1)
-        if samples:
-            turns = sum(t.num_turns - (t.pivot or 0) for t in samples)
-            gen = sum(generated_anew(t) for t in samples)
-            gen += sum(len(t.info["reflection"][2].token_ids) for t in base
-                       if t.info.get("reflection") and t.info["reflection"][2] is not None)
-            m.log_value(("r3l", "rollout_turns_per_sample"), turns / len(samples), reduce="mean", window=1)
-            m.log_value(("r3l", "generated_tokens_per_sample"), gen / len(samples), reduce="mean", window=1)
-            m.log_value(("r3l", "generated_tokens"), gen, reduce="sum")
-            m.log_value(("r3l", "generated_tokens_per_s"), gen / max(seconds, 1e-9), reduce="mean", window=1)
-            # prompt tokens submitted to the engine (every turn's context and every reflection prompt):
-            # under choice decoding the rollout cost is mostly this prefill, not the few generated tokens
-            prompt = self.counters["prompt_tokens"] - before.get("prompt_tokens", 0)
-            m.log_value(("r3l", "prompt_tokens"), prompt, reduce="sum")
-            m.log_value(("r3l", "prompt_tokens_per_sample"), prompt / len(samples), reduce="mean", window=1)
-            # what the engine really computed: submitted minus what its prefix cache served, per phase
-            computed = 0
-            for phase in ("base", "retry", "reflect"):
-                sub = self.counters[f"prompt_tokens_{phase}"] - before.get(f"prompt_tokens_{phase}", 0)
-                hit = self.counters[f"prompt_tokens_cached_{phase}"] - before.get(f"prompt_tokens_cached_{phase}", 0)
-                computed += sub - hit
-                if sub:
-                    m.log_value(("r3l", f"prompt_tokens_computed_{phase}"), sub - hit, reduce="sum")
-                    m.log_value(("r3l", f"prefix_cache_hit_rate_{phase}"), hit / sub, reduce="mean", window=1)
-            m.log_value(("r3l", "prompt_tokens_computed_per_sample"), computed / len(samples), reduce="mean", window=1)
-        m.log_value(("r3l", "rollout_seconds"), seconds, reduce="mean", window=1)
-        # the part of rollout_seconds spent reflecting, and (once) the engine start before the first sample
-        m.log_value(("r3l", "timers", "reflect_s"), reflect_seconds, reduce="mean", window=1)
-        # where the rollout time went (rollout.EpisodeRunner): the engine per phase (constraint and
-        # grammar set-up happen inside the engine's generate call and are part of it), environment
-        # steps, resets (with environment creation) and a retry's replay of its base's prefix
-        for name in ROLLOUT_TIMERS:
-            m.log_value(("r3l", "timers", f"{name}_s"), self.counters[f"seconds_{name}"] - before.get(f"seconds_{name}", 0),
-                        reduce="mean", window=1)
-        if not self._engine_start_logged:
-            self._engine_start_logged = True
-            m.log_value(("r3l", "timers", "engine_start_s"), self.counters["backend_start_seconds"],
-                        reduce="mean", window=1)
-        if retries or base:
-            m.log_value(("r3l", "num_retries"), len(retries), reduce="sum")
-        # reflect_on="failures": successful base episodes passed over (not lost: not reflected on by design)
-        m.log_value(("r3l", "reflections_skipped_successes"), self.counters["reflections_skipped_successes"]
-                    - before.get("reflections_skipped_successes", 0), reduce="sum")
-        for k, v in self._explorer.pop_metrics().items():
-            m.log_value(("r3l", k), v, reduce="mean", window=1)
-        m.log_value(("r3l", "faults", "episodes_lost"), len(lost), reduce="sum")
-        for k in ("env_errors", "generation_errors", "replay_mismatch", "context_overflow", "truncated_responses",
-                  "invalid_actions", "retries_skipped", "reflection_generation_errors", "env_close_errors", "reflection_contradicts_reward",
-                  "env_create_errors", "retries_empty", "reflection_sft_items_too_long", "retry_sft_items_too_long",
-                  "oracle_errors", "oracle_no_pivot"):
-            m.log_value(("r3l", "faults", k), self.counters[k] - before.get(k, 0), reduce="sum")
-        for k in [k for k in self.counters if k.startswith("injected_")]:  # fault_injection (testing aid)
-            m.log_value(("r3l", "faults", k), self.counters[k] - before.get(k, 0), reduce="sum")
-
     def get_metrics(self):
         return self.metrics.reduce()
 
     # -- weights -------------------------------------------------------------------------------------
     def _load_weights(self, module_state: Dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        self._load_into(self._backend, module_state)
+        self._keeper.remember(module_state)  # what a rebuilt engine must hold
+        self.metrics.log_value(("r3l", "weight_sync_seconds"), time.perf_counter() - t0, reduce="mean", window=1)
+
+    @staticmethod
+    def _load_into(backend: Any, module_state: Dict[str, Any]) -> None:
         from rllib_r3l.learner.rl_module import hf_named_tensors
 
-        t0 = time.perf_counter()
-        self._backend.update_weights(hf_named_tensors(module_state))
-        self.metrics.log_value(("r3l", "weight_sync_seconds"), time.perf_counter() - t0, reduce="mean", window=1)
+        backend.update_weights(hf_named_tensors(module_state))
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> Dict[str, Any]:
         return {"num_groups_sampled": self._num_groups_sampled, "rng": self._rng.bit_generator.state,
@@ -367,12 +341,3 @@ def _accepts(factory: Any, kwarg: str) -> bool:
         return kwarg in inspect.signature(factory).parameters
     except (TypeError, ValueError):
         return False
-
-
-def generated_anew(t) -> int:
-    """Response tokens a trajectory generated itself: a retry's reused prefix (generated by its base
-    episode, replayed here) is not counted again."""
-    if not t.pivot:
-        return t.num_generated_tokens
-    return t.num_generated_tokens - sum(len(s.token_ids) for s in t.segments
-                                        if s.role == "response" and s.turn < t.pivot)

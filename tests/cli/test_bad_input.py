@@ -81,7 +81,7 @@ class _Trial:
 
 
 def test_a_run_that_trained_on_nothing_is_a_failure_with_the_reason():
-    from rllib_r3l.cli.outcome import INTERRUPTED, TrainingTracker, trial_rows
+    from rllib_r3l.cli.outcome import INTERRUPTED, TRAINED_ON_NOTHING, TrainingTracker, trial_rows
 
     tracker = TrainingTracker()
     empty = {"r3l": {"batch": {"empty_batches": 1}}, "env_runners": {"r3l": {"faults": {"episodes_lost": 8,
@@ -91,22 +91,32 @@ def test_a_run_that_trained_on_nothing_is_a_failure_with_the_reason():
         tracker.on_trial_result(0, [], done, empty)
     tracker.on_trial_result(0, [], stopped, {"r3l": {"batch": {"empty_batches": float("nan")}}})  # not logged
     r1, r2 = trial_rows([done, stopped], tracker)
-    assert r1["status"] == "TERMINATED" and "trained on nothing: all 2 iteration(s)" in r1["problem"]
+    assert r1["status"] == TRAINED_ON_NOTHING and "trained on nothing: all 2 iteration(s)" in r1["problem"]
     assert "episodes_lost 16" in r1["problem"] and "env_create_errors 16" in r1["problem"]
     assert r2["status"] == INTERRUPTED and r2["problem"] is None  # Ctrl-C: TERMINATED without "done"
 
 
-def test_empty_batches_without_losses_are_not_a_failure():
-    """Every group scored alike (all advantages 0): nothing to learn from, but nothing went wrong."""
-    from rllib_r3l.cli.outcome import TrainingTracker, trial_rows
 
-    tracker = TrainingTracker()
-    trial = _Trial("t1", "TERMINATED", {"done": True})
-    for _ in range(2):
-        tracker.on_trial_result(0, [], trial, {"r3l": {"batch": {"empty_batches": 1}},
-                                               "env_runners": {"r3l": {"faults": {"episodes_lost": 0}}}})
-    [row] = trial_rows([trial], tracker)
-    assert row["status"] == "TERMINATED" and row["problem"] is None
+
+# ---------------------------------------------------------------------------- 1b. values a run cannot train with (issue 37)
+@pytest.mark.parametrize("flag,needles", [
+    ("grad_clip=-1.001", ["--set grad_clip", "None (no clipping) or a number > 0, got -1.001"]),  # gradient ascent
+    ("grad_clip=-1", ["--set grad_clip", "> 0"]),
+    ("lr=.nan", ["--set lr", "must be > 0"]),
+    ("weight_decay=-0.1", ["--set weight_decay", "must be a number >= 0"]),
+    ("num_env_runners=-2", ["--set num_env_runners", "must be an integer >= 0"]),
+    ("temperature=0", ["--set temperature", "advantages", "temperature > 0"]),
+    ("env_config={num_rooms: 3, max_turns: 0}", ["--set env_config", "max_turns must be an integer >= 1"]),
+    ("num_epochs=2", ["--set num_epochs", "R3L does not use RLlib's num_epochs", "micro_batch_size"]),
+    ("minibatch_size=2", ["--set minibatch_size", "micro_batch_tokens"]),
+    ("train_batch_size=64", ["--set train_batch_size", "tasks_per_iteration", "group_size"]),
+    ("gamma=0.5", ["--set gamma", "R3L does not use RLlib's gamma"]),
+    ("evaluation_interval=1", ["--set evaluation_interval", "rllib-r3l evaluate"]),
+])
+def test_dry_run_refuses_values_a_run_cannot_train_with(tmp_path, capsys, flag, needles):
+    code, _out, err = dry_run(capsys, tmp_path, "--set", flag)
+    usage_error(code, err, *needles)
+    assert "-1.001" not in err or "got -1.001" in err  # never suggested as a fix
 
 
 # ---------------------------------------------------------------------------- 2. stop keys
@@ -136,6 +146,10 @@ def test_existing_experiment_asks_for_resume_or_new(tmp_path, capsys):
     exp = tmp_path / "toy-corridor-tiny-r3l"
     exp.mkdir()
     (exp / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
+    trial = exp / "R3L_x"  # a trial with a checkpoint: something to resume
+    trial.mkdir()
+    (trial / "params.json").write_text("{}")
+    (trial / "checkpoint_000000").mkdir()
     code, _out, err = dry_run(capsys, tmp_path)
     usage_error(code, err, "already exists", "--resume", "--new")
     code, out, _err = dry_run(capsys, tmp_path, "--resume")
@@ -146,11 +160,13 @@ def test_existing_experiment_asks_for_resume_or_new(tmp_path, capsys):
     usage_error(code, err, "--resume: nothing to resume")
 
 
-def test_resume_command_replays_the_flags():
+def test_resume_command_replays_the_file_and_drops_what_resume_refuses():
     from rllib_r3l.cli.resume import resume_command
 
+    # --set/--stop would be ignored by a resume (the run continues with its own config), so --resume
+    # refuses them and the printed command leaves them out
     assert resume_command(["train", "a b.yaml", "--new", "--set", "lr=1e-5"]) == \
-        "rllib-r3l train 'a b.yaml' --set lr=1e-5 --resume"
+        "rllib-r3l train 'a b.yaml' --resume"
 
 
 # ---------------------------------------------------------------------------- 4. values dropped outside the CLI

@@ -26,7 +26,9 @@ CPU_FILES = sorted(glob.glob(os.path.join(CPU_DIR, "*.yaml")))
 # Small enough for a 2-core machine: one iteration of a few short episodes with the tiny model.
 TINY = ["--set", "model=tiny", "--set", "backend=transformers", "--set", "group_size=4",
         "--set", "tasks_per_iteration=1", "--set", "max_response_tokens=8", "--set", "max_reflection_tokens=16",
-        "--set", "max_context_tokens=2048", "--stop", "training_iteration=1", "--verbose", "0", "--quiet-workers"]
+        "--set", "max_context_tokens=2048", "--stop", "training_iteration=1", "--verbose", "0", "--quiet-workers",
+        # seeded, so that the one iteration has a learning signal (a run that trains on nothing exits 1)
+        "--set", "sampling_seed=1", "--set", "seed=1"]
 COIN_SMALL = ["--set", "env_config={num_locations: 2, max_turns: 3}"]
 
 

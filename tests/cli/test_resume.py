@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -82,7 +83,11 @@ def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_pat
     code = cli.main(argv + ["--dry-run"])
     assert code == 2 and "--resume" in capsys.readouterr().err
 
-    proc = _cli(argv + ["--resume"])
+    from rllib_r3l.cli.resume import resume_command
+
+    resume_argv = shlex.split(resume_command(argv))[1:]  # the printed command: --set/--stop left out
+    assert "--resume" in resume_argv and "--set" not in resume_argv
+    proc = _cli(resume_argv)
     out, err = proc.communicate()
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
     assert [d for d in glob.glob(str(exp / "*")) if os.path.isdir(d)] == [trial]  # the same trial continued
@@ -92,3 +97,66 @@ def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_pat
     from rllib_r3l.cli.export import find_checkpoint
 
     assert find_checkpoint(str(exp)).endswith("checkpoint_000003")  # evaluate EXPERIMENT_DIR: one trial
+
+
+# ==================================================================================================
+# Resume traps (issue 37, item 5): no resume without a checkpoint, no flags that resume would ignore
+# ==================================================================================================
+def _saved_experiment(root, name, checkpoint):
+    exp = root / name
+    trial = exp / "R3L_x_00000"
+    trial.mkdir(parents=True)
+    (exp / "experiment_state-2026.json").write_text("{}")
+    (trial / "params.json").write_text("{}")
+    (trial / "result.json").write_text('{"training_iteration": 1}\n')
+    if checkpoint:
+        (trial / "checkpoint_000000").mkdir()
+    return exp
+
+
+def test_resume_without_a_checkpoint_is_refused_and_points_to_new(tmp_path):
+    from rllib_r3l.cli import resume
+    from rllib_r3l.errors import UsageError
+
+    exp = _saved_experiment(tmp_path, "exp", checkpoint=False)
+    # before: planned as a resume, which restarted at iteration 1 over result.json/progress.csv
+    with pytest.raises(UsageError, match=r"--resume: experiment 'exp' .* has no checkpoint.*--new"):
+        resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
+    assert resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=False, new=True)["exp"]["mode"] == "start"
+    _saved_experiment(tmp_path, "done", checkpoint=True)
+    assert resume.plan_runs(["done"], {"done": str(tmp_path)}, resume=True, new=False)["done"]["mode"] == "resume"
+    assert (exp / "R3L_x_00000" / "result.json").read_text() == '{"training_iteration": 1}\n'
+
+
+@pytest.mark.parametrize("flags", [["--set", "lr=0.5"], ["--stop", "training_iteration=9"], ["--set=lr=0.5"]])
+def test_resume_refuses_set_and_stop_it_would_ignore(tmp_path, capsys, flags):
+    _saved_experiment(tmp_path, "toy-corridor-tiny-r3l", checkpoint=True)
+    code = cli.main(["train", TOY, "--experiment", "toy-corridor-tiny-r3l", "--storage-path", str(tmp_path),
+                     "--resume", "--dry-run", *flags])
+    err = capsys.readouterr().err
+    flag = flags[0].split("=")[0]
+    assert code == 2 and f"--resume with {flag}" in err and "--new" in err, err
+
+
+def test_resume_command_drops_set_and_stop():
+    from rllib_r3l.cli import resume
+
+    argv = ["train", "f.yaml", "--set", "lr=0.5", "--stop=training_iteration=9", "--new", "--storage-path", "s",
+            "--stop", "time_total_s=5", "--set=model=tiny"]
+    assert resume.resume_command(argv) == "rllib-r3l train f.yaml --storage-path s --resume"
+    assert resume.new_command(["train", "f.yaml", "--resume", "--set", "lr=1"]) == "rllib-r3l train f.yaml --set lr=1 --new"
+
+
+def test_resume_refuses_when_one_trial_of_several_would_restart_over_its_rows(tmp_path):
+    from rllib_r3l.cli import resume
+    from rllib_r3l.errors import UsageError
+
+    exp = _saved_experiment(tmp_path, "grid", checkpoint=True)
+    other = exp / "R3L_x_00001"  # a second grid-search trial, stopped before its first checkpoint
+    other.mkdir()
+    (other / "params.json").write_text("{}")
+    (other / "result.json").write_text('{"training_iteration": 1, "done": false}\n')
+    with pytest.raises(UsageError, match=r"trial R3L_x_00001 .* no checkpoint.*--new"):
+        resume.plan_runs(["grid"], {"grid": str(tmp_path)}, resume=True, new=False)
+    (other / "result.json").write_text('{"training_iteration": 1, "done": true}\n')  # finished: Tune skips it
+    assert resume.plan_runs(["grid"], {"grid": str(tmp_path)}, resume=True, new=False)["grid"]["mode"] == "resume"

@@ -301,7 +301,8 @@ def _load_soak():
 def test_short_soak_env_crashes_jvm_kills_runner_kill_and_nans_are_survived_and_counted(ray_session):
     soak = _load_soak()
     args = soak.parse_args(["--iterations", "3", "--env-crash-prob", "0", "--jvm-kill-prob", "0",
-                            "--bad-obs-prob", "0", "--runner-kill-every", "0", "--nan-every", "0"])
+                            "--bad-obs-prob", "0", "--runner-kill-every", "0", "--nan-every", "0",
+                            "--engine-death-prob", "0"])
     # fixed schedules: env faults in the first turn of a runner process (iteration 1, and again in
     # the re-sample after the runner restart in iteration 2), iteration 3 clean; first update NaN
     schedule = {"env_raise_at_steps": [0], "env_kill_jvm_at_steps": [1], "env_bad_observation_at_steps": [3],
@@ -318,6 +319,19 @@ def test_short_soak_env_crashes_jvm_kills_runner_kill_and_nans_are_survived_and_
     # NaN handling is tested in depth above; here: if iteration 3 trained, its NaN update was skipped
     assert totals["nonfinite_updates_skipped"] == injected["NaN loss"]
     assert all(survived == n for _name, n, survived, _note in rows)
+
+
+def test_short_soak_engine_death_in_a_remote_runner_is_rebuilt_and_its_losses_counted(ray_session):
+    soak = _load_soak()
+    args = soak.parse_args(["--iterations", "2", "--env-crash-prob", "0", "--jvm-kill-prob", "0",
+                            "--bad-obs-prob", "0", "--runner-kill-every", "0", "--nan-every", "0",
+                            "--engine-death-prob", "0"])
+    rows, failures, totals = soak.run_soak(args, log=print, fault_overrides={"engine_death_at_calls": [2]})
+    print(soak.format_table(rows, failures, totals, args))
+    assert failures == [] and totals["iterations_completed"] == 2
+    assert totals["inj_engine_death"] == 1 == totals["engine_rebuilds"]
+    assert totals["runner_episodes_lost"] == totals["driver_episodes_lost"] > 0
+    assert totals["rss_end_mb"] > 0
 
 
 # kill -9 of the driver after a checkpoint, resume: the same weights as an uninterrupted run

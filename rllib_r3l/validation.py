@@ -1,0 +1,137 @@
+"""Checks of ``R3LConfig`` that read tables rather than one field at a time (``R3LConfig.validate_r3l``
+calls them): numeric ranges (``rllib_r3l.options.RANGES``), RLlib options R3L does not read
+(``options.UNUSED_RLLIB``), configs that run but can never learn, and the scale-out options.
+
+Every error is ``ValueError("R3LConfig.<field>: <what is wrong and the fix>")``; no message suggests a
+value that is itself invalid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional
+
+from rllib_r3l.options import RANGES, UNUSED_RLLIB
+
+
+def _err(field: str, msg: str) -> None:
+    raise ValueError(f"R3LConfig.{field}: {msg}")
+
+
+def check_ranges(cfg: Any) -> None:
+    """Every numeric option inside its range (``options.RANGES``); NaN and inf never are."""
+    for name, rng in RANGES.items():
+        value = getattr(cfg, name, None)
+        if name == "num_cpus_per_learner" and value == "auto":  # RLlib's default
+            continue
+        if name == "lr" and isinstance(value, (list, tuple)):
+            _check_lr_schedule(value)
+            continue
+        if not rng.contains(value):
+            finite = "" if not isinstance(value, float) or math.isfinite(value) else " (finite)"
+            _err(name, f"must be {rng.describe()}{finite}, got {value!r}")
+
+
+def _check_lr_schedule(schedule) -> None:
+    """An lr schedule ``[[timestep, lr], ...]`` (RLlib checks its shape): every lr must be > 0."""
+    rng = RANGES["lr"]
+    for entry in schedule:
+        lr = entry[1] if isinstance(entry, (list, tuple)) and len(entry) == 2 else entry
+        if not rng.contains(lr):
+            _err("lr", f"every learning rate of a schedule [[timestep, lr], ...] must be {rng.describe()}, "
+                 f"got {lr!r} in {list(schedule)!r}")
+
+
+def minus_one_advice(field: str) -> str:
+    """What to use instead of -1 (which RLlib's get_state drops): a neighbour inside the field's range,
+    or no value at all when none is known to be valid (the -1.001 once offered for grad_clip was
+    gradient ascent)."""
+    rng = RANGES.get(field)
+    if rng is None:
+        return "use another value"
+    candidates = (-2, 0) if rng.integer else (-1.001, -0.999)
+    valid = [c for c in candidates if rng.contains(c)]
+    return f"use another value (e.g. {valid[0]})" if valid else f"use a value that is {rng.describe()}"
+
+
+def unused_rllib_option(name: str, value: Any, default: Any) -> Optional[str]:
+    """The error text for an RLlib option R3L does not read, set away from its ``default`` (else None)."""
+    if name not in UNUSED_RLLIB or value == default:
+        return None
+    if name == "evaluation_interval" and value in (None, 0):  # both mean "off"
+        return None
+    return f"R3L does not use RLlib's {name} (got {value!r}): {UNUSED_RLLIB[name]}; remove it"
+
+
+def stored(attrs: Dict[str, Any], name: str) -> Any:
+    """An option as stored in ``vars(config)``: a property (train_batch_size_per_learner) by the
+    attribute behind it (``_<name>``), not by what it derives from other options."""
+    return attrs[name] if name in attrs else attrs.get(f"_{name}")
+
+
+def check_unused_rllib(cfg: Any, defaults: Dict[str, Any]) -> None:
+    """``defaults``: ``vars()`` of a fresh config."""
+    for name in UNUSED_RLLIB:
+        msg = unused_rllib_option(name, stored(vars(cfg), name), stored(defaults, name))
+        if msg:
+            _err(name, msg)
+
+
+def check_learning_signal(cfg: Any) -> None:
+    """Configs that run to the end and can never update the policy, refused before anything starts."""
+    if cfg.temperature == 0:
+        _err("temperature", "0 (greedy) samples the same episode for every base rollout of a task group, so "
+             "their rewards are equal and their group-relative advantages (reward - group mean) 0: nothing "
+             "to learn from; use a temperature > 0 for training (paper: 1.0; evaluation_temperature may be 0)")
+    env_config = cfg.env_config if isinstance(cfg.env_config, dict) else {}
+    if "max_turns" in env_config:
+        v = env_config["max_turns"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            _err("env_config", f"max_turns must be an integer >= 1 (an episode of 0 turns ends before the "
+                 f"policy acts: nothing to learn from), got {v!r}; leave it out for the environment's default")
+
+
+_LORA_KEYS = {"r", "alpha", "target_modules", "dropout"}
+_DEEPSPEED_KEYS = {"stage", "offload_optimizer", "offload_param", "config"}
+
+
+def validate_scaling(cfg: Any, err) -> None:
+    """Scale-out options: engine sleep, LoRA, DeepSpeed, replay on/off (docs/scaling.md; the replay numbers
+    are in options.RANGES)."""
+    for f in ("colocate_engine_sleep", "replay_buffer"):
+        if not isinstance(getattr(cfg, f), bool):
+            err(f, f"must be True or False, got {getattr(cfg, f)!r}")
+    if cfg.lora is not None:
+        _validate_lora(cfg.lora, err)
+    if cfg.deepspeed is not None:
+        if not isinstance(cfg.deepspeed, dict):
+            err("deepspeed", f"must be None or a dict like {{'stage': 2}}, got {cfg.deepspeed!r}")
+        unknown = set(cfg.deepspeed) - _DEEPSPEED_KEYS
+        if unknown:
+            err("deepspeed", f"unknown keys {sorted(unknown)}; allowed: {sorted(_DEEPSPEED_KEYS)}")
+        if cfg.deepspeed.get("stage", 2) not in (0, 1, 2, 3):
+            err("deepspeed", f"'stage' must be 0, 1, 2 or 3, got {cfg.deepspeed.get('stage')!r}")
+        if not isinstance(cfg.deepspeed.get("config", {}), dict):
+            err("deepspeed", "'config' must be a dict of extra DeepSpeed settings")
+        if cfg.lora is not None:
+            err("deepspeed", "DeepSpeed together with lora is not supported; use one of them")
+
+
+def _validate_lora(lora: Any, err) -> None:
+    if not isinstance(lora, dict):
+        err("lora", f"must be None or a dict like {{'r': 16, 'alpha': 32, 'target_modules': ['q_proj', 'v_proj']}}, got {lora!r}")
+    unknown = set(lora) - _LORA_KEYS
+    if unknown:
+        err("lora", f"unknown keys {sorted(unknown)}; allowed: {sorted(_LORA_KEYS)}")
+    r = lora.get("r", 16)
+    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+        err("lora", f"'r' must be an integer >= 1, got {r!r}")
+    alpha = lora.get("alpha", 2 * r)
+    if not isinstance(alpha, (int, float)) or alpha <= 0:
+        err("lora", f"'alpha' must be a number > 0, got {alpha!r}")
+    tm = lora.get("target_modules", "all-linear")
+    if not (tm == "all-linear" or (isinstance(tm, (list, tuple)) and tm and all(isinstance(m, str) for m in tm))):
+        err("lora", f"'target_modules' must be 'all-linear' or a non-empty list of module names, got {tm!r}")
+    d = lora.get("dropout", 0.0)
+    if not isinstance(d, (int, float)) or not (0 <= d < 1):
+        err("lora", f"'dropout' must be in [0, 1), got {d!r}")

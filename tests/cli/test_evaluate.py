@@ -1,0 +1,86 @@
+"""``rllib-r3l evaluate`` and ``export``: flag checks and checkpoint/model mismatches (issue 37, items 9
+and 10). No Ray: the checkpoints here are written by hand, the tiny model is the base."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from rllib_r3l.cli import commands as cli
+from rllib_r3l.cli import export as ex
+
+
+@pytest.mark.parametrize("flag", ["--max-turns", "--max-response-tokens"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_evaluate_refuses_non_positive_limits(tmp_path, capsys, flag, value):
+    # before: 0 was read as "not given" and the training value was used without a word
+    code = cli.main(["evaluate", str(tmp_path), flag, value])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{flag} {value}: must be >= 1" in err and "Traceback" not in err
+
+
+# ==================================================================================================
+# Checkpoint/model mismatches (item 9): hand-written checkpoints around the tiny model
+# ==================================================================================================
+def _fake_checkpoint(root, state, model_id="tiny", env="r3l/ToyCorridor"):
+    """An algorithm checkpoint as R3L saves it, reduced to what evaluate/export read."""
+    ckpt = root / "checkpoint_000000"
+    mdir = ckpt / ex.MODULE_SUBDIR
+    mdir.mkdir(parents=True)
+    (ckpt / "rllib_checkpoint.json").write_text("{}")
+    with open(ckpt / "class_and_ctor_args.pkl", "wb") as f:
+        pickle.dump({"ctor_args_and_kwargs": (({"env": env, "env_config": {"num_rooms": 3},
+                                                 "backend": "transformers", "max_turns": 1},), {})}, f)
+    with open(mdir / "class_and_ctor_args.pkl", "wb") as f:
+        pickle.dump({"class": None, "ctor_args_and_kwargs": ((), {"model_config": {"model_id": model_id}})}, f)
+    with open(mdir / "module_state.pkl", "wb") as f:
+        pickle.dump(state, f)
+    return str(ckpt)
+
+
+def _tiny_state():
+    from transformers import AutoModelForCausalLM
+
+    from rllib_r3l.models import resolve_model
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"))
+    return {f"lm.{k}": v.clone() for k, v in model.state_dict().items()}
+
+
+def test_weights_of_another_model_are_one_line_in_export_and_evaluate(tmp_path, capsys):
+    state = _tiny_state()
+    key = "lm.model.embed_tokens.weight"
+    state[key] = state[key][:, :-1].clone()  # another model's hidden size
+    ckpt = _fake_checkpoint(tmp_path, state)
+    # before: RuntimeError "size mismatch for ..." (40 lines) from load_state_dict
+    code = cli.main(["export", ckpt, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "do not fit base model 'tiny'" in err and "--base-model" in err, err
+    assert len(err.strip().splitlines()) == 1
+    code = cli.main(["evaluate", ckpt, "--episodes", "1", "--backend", "transformers"])
+    err = capsys.readouterr().err
+    assert code == 2 and "do not fit base model 'tiny'" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_evaluate_takes_base_model_when_the_checkpoints_has_moved(tmp_path, capsys):
+    ckpt = _fake_checkpoint(tmp_path, _tiny_state(), model_id=str(tmp_path / "moved-away"))
+    code = cli.main(["evaluate", ckpt, "--episodes", "1", "--backend", "transformers"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--base-model" in err, err
+    # before: evaluate had no --base-model (its own advice was an unknown flag)
+    code = cli.main(["evaluate", ckpt, "--episodes", "1", "--max-turns", "1", "--backend", "transformers",
+                     "--base-model", "tiny"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "episodes" in out and "r3l/ToyCorridor" in out
+
+
+def test_config_json_without_model_type_is_not_called_an_exported_model(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    assert not ex.is_hf_model_dir(str(tmp_path))
+    for argv in (["evaluate", str(tmp_path)], ["export", str(tmp_path), "--out", str(tmp_path / "o")]):
+        code = cli.main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and "model_type" in err and "Traceback" not in err, err

@@ -1,0 +1,71 @@
+"""``rllib-r3l report``: each trial's status is a column, and a trial that failed is flagged, not
+averaged in silently (issue 37, 10)."""
+
+from __future__ import annotations
+
+import json
+
+from rllib_r3l.cli import commands as cli
+from rllib_r3l.cli.experiment_report import make_report, warnings
+
+
+def _trial(root, name, results, error=None):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "result.json").write_text("".join(json.dumps(r) + "\n" for r in results))
+    if error is not None:
+        (d / "error.txt").write_text(error)
+    return d
+
+
+def _result(i, done=False, **extra):
+    return {"training_iteration": i, "done": done, "env_runners": {"episode_return_mean": 0.5}, **extra}
+
+
+def _tune_state(root, statuses):
+    """Tune's experiment_state-*.json: [trial JSON, run metadata JSON] per trial."""
+    trials = [[json.dumps({"trial_id": n, "status": s, "relative_logdir": n}), "{}"] for n, s in statuses.items()]
+    (root / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": trials}))
+
+
+def test_each_trial_has_its_status_and_an_error_is_flagged(tmp_path, capsys):
+    root = tmp_path / "exp"
+    _trial(root, "R3L_x_00000_0_2026-01-01", [_result(1), _result(2, done=True)])
+    _trial(root, "R3L_x_00001_1_2026-01-01", [_result(1)], error="Failure # 1\nTraceback ...\nValueError: grad_clip: abc\n")
+    _trial(root, "R3L_x_00002_2_2026-01-01", [_result(1)])  # stopped before its stop criterion (Ctrl-C)
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["status"]) == ["TERMINATED", "ERROR", "INTERRUPTED"]
+    assert list(table.columns)[:2] == ["trial", "status"]
+    lines = warnings(table)
+    assert any("R3L_x_00001 ended in ERROR" in w and "ValueError: grad_clip: abc" in w and "error.txt" in w
+               for w in lines), lines
+    code = cli.main(["report", str(root)])
+    out, err = capsys.readouterr()
+    assert code == 0 and "status" in out and "ERROR" in out
+    assert "ended in ERROR" in err
+
+
+def test_the_status_comes_from_tunes_experiment_state_when_there_is_one(tmp_path):
+    root = tmp_path / "exp"
+    _trial(root, "R3L_x_00000_0_2026-01-01", [_result(1)])
+    _trial(root, "R3L_x_00001_1_2026-01-01", [_result(1)])
+    _tune_state(root, {"R3L_x_00000_0_2026-01-01": "RUNNING", "R3L_x_00001_1_2026-01-01": "ERROR"})  # no error.txt synced yet
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["status"]) == ["RUNNING", "ERROR"]
+
+
+def test_a_finished_trial_that_never_trained_is_marked(tmp_path):
+    root = tmp_path / "exp"
+    empty = {"r3l": {"batch": {"empty_batches": 1}}}
+    _trial(root, "R3L_x_00000_0_2026-01-01", [_result(1, **empty), _result(2, done=True, **empty)])
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["status"]) == ["TRAINED ON NOTHING"]
+
+
+def test_a_trial_trained_before_a_resume_is_not_marked(tmp_path):
+    root = tmp_path / "exp"
+    empty = {"r3l": {"batch": {"empty_batches": 1}},
+             "learners": {"__all_modules__": {"num_env_steps_trained_lifetime": 8.0}}}
+    _trial(root, "R3L_x_00000_0_2026-01-01", [_result(3, **empty), _result(4, done=True, **empty)])
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["status"]) == ["TERMINATED"]

@@ -1,0 +1,114 @@
+"""``preflight.check_model`` on local directories and ``preflight.check_resources`` (issue 37, items 3
+and 7): what --dry-run and the algorithm's build catch before Ray waits or a trial dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from rllib_r3l import preflight
+
+
+@pytest.fixture(scope="module")
+def tiny_dir():
+    from rllib_r3l.models import resolve_model
+
+    return resolve_model("tiny")
+
+
+def _copy(src, dst, drop=(), config=None):
+    os.makedirs(dst)
+    for name in os.listdir(src):
+        if name not in drop and not name.startswith("."):
+            shutil.copy(os.path.join(src, name), dst)
+    if config is not None:
+        with open(os.path.join(dst, "config.json"), "w") as f:
+            json.dump(config, f)
+    return str(dst)
+
+
+def test_a_real_model_directory_passes(tiny_dir):
+    preflight.check_model(tiny_dir)
+
+
+def test_config_json_without_model_type_is_not_a_model(tmp_path, tiny_dir):
+    d = _copy(tiny_dir, tmp_path / "m", config={"hidden_size": 8})
+    with pytest.raises(ValueError, match=r"R3LConfig.model_id: .*config.json has no model_type"):
+        preflight.check_model(d)
+
+
+def test_a_directory_without_weights_is_not_a_model(tmp_path, tiny_dir):
+    d = _copy(tiny_dir, tmp_path / "m", drop=("model.safetensors",))
+    with pytest.raises(ValueError, match=r"R3LConfig.model_id: .*no weights"):
+        preflight.check_model(d)
+
+
+def test_a_tokenizer_without_chat_template_is_refused_up_front(tmp_path, tiny_dir):
+    d = _copy(tiny_dir, tmp_path / "m", drop=("chat_template.jinja",))
+    with open(os.path.join(d, "tokenizer_config.json")) as f:
+        tok = json.load(f)
+    tok.pop("chat_template", None)
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(tok, f)
+    with pytest.raises(ValueError, match=r"R3LConfig.model_id: .*no chat template"):
+        preflight.check_model(d)
+
+
+# --------------------------------------------------------------------------------------------------
+# Resources a run can never get (item 3): refused, naming the option and what there is
+# --------------------------------------------------------------------------------------------------
+def _config(**updates):
+    from rllib_r3l import R3LConfig
+
+    return R3LConfig().training(model="tiny").update_from_dict(updates)
+
+
+def test_a_gpu_learner_on_a_machine_without_gpus_is_refused():
+    with pytest.raises(ValueError, match=r"R3LConfig.num_gpus_per_learner: .*1 GPU.* has 0"):
+        preflight.check_resources(_config(num_gpus_per_learner=1), cpus=4, gpus=0)
+    with pytest.raises(ValueError, match=r"R3LConfig.num_gpus_per_env_runner: .*has 0"):
+        preflight.check_resources(_config(num_env_runners=1, num_gpus_per_env_runner=1), cpus=4, gpus=0)
+    preflight.check_resources(_config(num_gpus_per_learner=1), cpus=4, gpus=1)
+
+
+def test_more_cpus_than_ray_has_are_refused():
+    with pytest.raises(ValueError, match=r"R3LConfig.num_env_runners: .*2 CPUs.*--num-cpus 1 gives 1"):
+        preflight.check_resources(_config(num_env_runners=1), cpus=1, gpus=0, source="--num-cpus 1")
+    preflight.check_resources(_config(num_env_runners=1), cpus=2, gpus=0)
+    # without Tune (build_algo) the driver holds no CPU: one runner fits in one CPU
+    preflight.check_resources(_config(num_env_runners=1), cpus=1, gpus=0, count_driver=False)
+
+
+def test_check_config_refuses_gpus_the_ray_cluster_lacks(monkeypatch):
+    # what R3L.setup meets in build_algo() after ray.init() on a CPU machine
+    monkeypatch.setattr(preflight, "ray_capacity", lambda: (4.0, 0.0))
+    with pytest.raises(ValueError, match=r"R3LConfig.num_gpus_per_learner: .*the Ray cluster has 0"):
+        preflight.check_config(_config(env="r3l/ToyCorridor", env_config={"num_rooms": 3}, num_gpus_per_learner=1))
+
+
+def test_vllm_tensor_parallel_over_more_gpus_than_there_are_is_refused():
+    cfg = _config(backend="vllm", backend_options={"tensor_parallel_size": 2})
+    with pytest.raises(ValueError, match=r"R3LConfig.backend_options: tensor_parallel_size=2 .*2 GPUs.* has 0"):
+        preflight.check_resources(cfg, cpus=4, gpus=0)
+    preflight.check_resources(_config(backend="vllm", backend_options={"tensor_parallel_size": 1}), cpus=4, gpus=0)
+
+
+@pytest.mark.integration
+def test_build_algo_refuses_a_gpu_learner_the_ray_cluster_lacks(monkeypatch):
+    import ray
+
+    from rllib_r3l import R3LConfig
+
+    if ray.is_initialized():
+        pytest.skip("needs a Ray runtime of its own")
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    try:
+        config = (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
+                  .training(model="tiny", backend="transformers").learners(num_gpus_per_learner=1))
+        with pytest.raises(ValueError, match=r"R3LConfig.num_gpus_per_learner: .*the Ray cluster has 0"):
+            config.build_algo()
+    finally:
+        ray.shutdown()
