@@ -66,6 +66,18 @@ def make_callbacks(args) -> list:
     return callbacks
 
 
+def _check_storages(experiments, plan, flag: str) -> None:
+    """Every experiment's folder can be written and has room for one checkpoint of its largest model."""
+    from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of
+    from rllib_r3l.options import DEFAULT_MODEL
+
+    for name, spec in experiments.items():
+        models = spec["config"].get("model", DEFAULT_MODEL)
+        models = models["grid_search"] if isinstance(models, dict) and "grid_search" in models else [models]
+        sizes = [b for b in (checkpoint_bytes_of(m) for m in models if isinstance(m, str)) if b]
+        check_storage(plan[name]["dir"], max(sizes) if sizes else None, flag)
+
+
 def cmd_train(args) -> int:
     from rllib_r3l.cli import launch
     from rllib_r3l.cli import resume
@@ -83,6 +95,7 @@ def cmd_train(args) -> int:
     storage = os.path.abspath(os.path.expanduser(args.storage_path)) if args.storage_path else None
     storages = {name: storage or spec.get("storage_path") for name, spec in experiments.items()}
     plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new)
+    _check_storages(experiments, plan, "--storage-path" if storage else "storage_path")
     if args.dry_run:
         import yaml
 
@@ -136,14 +149,16 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
 
     rllib_r3l.register()
     display = launch.ConsoleCallback(con, live_dir, log=log_path, verbose=log_path is None)
-    try:
-        with launch.sigterm_as_sigint():  # after ray.init, which installs Ray's own SIGTERM handler
+    # after ray.init, which installs Ray's own SIGTERM handler; over the shutdown too, so that a second
+    # signal that arrives once the run has stopped still ends it like a second Ctrl-C
+    with launch.sigterm_as_sigint():
+        try:
             return launch.run(experiments, plan, storage=storage, checkpoint_freq=args.checkpoint_freq,
                               callbacks=[*callbacks, display], verbose=1 if args.verbose is None else args.verbose,
                               max_concurrent=args.max_concurrent, echo=con.line)
-    finally:
-        if started:
-            ray.shutdown()
+        finally:
+            if started:
+                ray.shutdown()
 
 
 def _print_train_summary(rows: List[Dict[str, Any]]) -> None:

@@ -16,10 +16,12 @@ import argparse
 import json
 import os
 import resource
+import signal
 import sys
 import time
 from typing import Any, Dict, List
 
+from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of
 from rllib_r3l.errors import UsageError
 
 LOG_FILE = "main.log"
@@ -132,6 +134,7 @@ def main(argv: List[str] | None = None) -> int:
     try:
         check_out(out, args.overwrite)
         config = build_config(args, _parse_set(args.set))
+        check_storage(out, checkpoint_bytes_of(config.model_id), "--out")
     except (UsageError, ValueError) as e:  # before the console takes stderr: one line, exit 2
         print(f"python -m rllib_r3l.cli.main: error: {e}", file=sys.stderr)
         return 2
@@ -176,6 +179,8 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     last: Dict[str, Any] = {}
     per_iteration: List[Dict[str, Any]] = []
     rows: List[Dict[str, Any]] = []
+    interrupted = False
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # preemption (Slurm, Kubernetes) like Ctrl-C
     try:
         for it in range(1, args.iterations + 1):
             live.begin()
@@ -184,6 +189,10 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
             rows.append(console.iteration_row(it, last))
             per_iteration.append({**iteration_record(it, last), "time_split": rows[-1]["time"]})
             con.line(console.iteration_line(rows[-1], args.iterations))
+    except KeyboardInterrupt:  # stop at once; what ran is saved below (a second signal ends the process)
+        interrupted = True
+        con.line(f"interrupted after {len(rows)} of {args.iterations} iteration(s): saving the checkpoint and "
+                 "summary of what ran")
     finally:
         live.stop()
     os.makedirs(out, exist_ok=True)
@@ -201,6 +210,8 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
     summary = {
         "iterations": args.iterations,
+        "iterations_completed": len(rows),
+        "interrupted": interrupted,
         "base_episodes_per_iteration": run_info.expected_episodes(info),
         # from the start of main() to Ray's shutdown: everything after set-up but the interpreter's start and exit
         "seconds_total": round(time.time() - started, 1),
@@ -228,7 +239,13 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
         con.line(f"plot:       {plot}")
     if not args.verbose:
         con.line(f"log:        {log_path}")
-    return 0
+    return 130 if interrupted else 0
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    """The first SIGTERM stops the main job like Ctrl-C; a second one ends the process at once."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt
 
 
 def _size_gb(path: str) -> float:

@@ -68,3 +68,37 @@ def test_main_job_trains_and_writes_summary(tmp_path, capfd):
     for rec in updated:
         assert rec["learner"]["forward_tokens"] >= rec["learner"]["trained_tokens"] > 0
         assert rec["learner"]["micro_batches"] >= 1
+
+
+def test_sigterm_stops_the_main_job_like_ctrl_c_and_keeps_what_ran(tmp_path):
+    """Preemption (issue 37): the first SIGTERM stops the loop, the checkpoint and summary of the
+    iterations that ran are saved, the exit code is 130 (interrupted), not a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests import REPO_ROOT
+
+    out = tmp_path / "run"
+    argv = ["--iterations", "200", "--out", str(out), "--num-cpus", "2", "--set", "model=tiny", "backend=transformers",
+            "env=r3l/ToyWord", "group_size=4", "tasks_per_iteration=1", "max_response_tokens=8",
+            "max_reflection_tokens=24", "seed=0", "sampling_seed=0"]
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    log = tmp_path / "console.txt"
+    with open(log, "w") as console:
+        proc = subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.main", *argv], cwd=str(REPO_ROOT), env=env,
+                                stdout=console, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 300
+        while proc.poll() is None and "iter 2/200" not in log.read_text() and time.time() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=300)
+    text = log.read_text()
+    assert rc == 130, text[-3000:]
+    assert "interrupted after" in text and "Traceback" not in text, text[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and 2 <= summary["iterations_completed"] < 200
+    assert (out / "checkpoint").is_dir()

@@ -1,0 +1,77 @@
+"""Where a run writes: refused before training when it cannot be written or has no room for a checkpoint.
+
+A full disk used to surface as hundreds of lines of tracebacks and a checkpoint of zero-byte files
+at the first save. ``check_storage`` creates the folder, writes a probe file into it, and compares the
+free space with what one checkpoint needs (``checkpoint_bytes``: the policy's weights plus AdamW's two
+moments, in fp32, plus a margin), naming the path and both numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+from rllib_r3l.errors import UsageError
+
+_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
+_BYTES_PER_PARAM = {"float32": 4, "float16": 2, "bfloat16": 2}
+# fp32 weights + AdamW's two fp32 moments = 12 bytes a parameter; 10 % for the rest (module state, RNGs)
+CHECKPOINT_BYTES_PER_PARAM = 12 * 1.1
+
+
+def checkpoint_bytes(model_dir: Optional[str]) -> Optional[int]:
+    """What one checkpoint of the policy in ``model_dir`` (a local Hugging Face folder) takes, estimated
+    from its weight files; None when the folder or its weights are not there to measure."""
+    if not model_dir or not os.path.isdir(model_dir):
+        return None
+    weights = sum(os.path.getsize(os.path.join(model_dir, f)) for f in os.listdir(model_dir)
+                  if f.endswith(_WEIGHT_FILES) and os.path.isfile(os.path.join(model_dir, f)))
+    if not weights:
+        return None
+    dtype = "float32"
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            cfg = json.load(f)
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").replace("torch.", "")
+    except (OSError, ValueError):
+        pass
+    params = weights / _BYTES_PER_PARAM.get(dtype, 4)
+    return int(params * CHECKPOINT_BYTES_PER_PARAM)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def check_storage(path: str, need_bytes: Optional[int], flag: str) -> None:
+    """``UsageError`` naming ``flag`` and ``path`` when the folder cannot be created or written, or has
+    less free space than ``need_bytes`` (None: the space is not checked)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    existing = path  # the folder may not exist yet: probe the nearest one that does (nothing is created)
+    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".r3l-write-probe-"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write there ({e.strerror or e}); give a writable folder") from None
+    if need_bytes is None:
+        return
+    free = shutil.disk_usage(existing).free
+    if free < need_bytes:
+        raise UsageError(f"{flag} {path}: {_gb(free)} free, one checkpoint of this model needs about "
+                         f"{_gb(need_bytes)} (weights and optimizer state); free space there or give another {flag}")
+
+
+def checkpoint_bytes_of(model_id: str) -> Optional[int]:
+    """``checkpoint_bytes`` for a model id or path where its folder is on this machine (a local folder;
+    the default model and ``tiny`` once set-up converted them into the cache), else None."""
+    from rllib_r3l.models import resolve_model
+
+    try:
+        return checkpoint_bytes(resolve_model(model_id))
+    except Exception:  # noqa: BLE001 - a hub id not cached here: only writability is checked
+        return None

@@ -1,0 +1,64 @@
+"""Storage faults before training (issue 37): a folder that cannot be written, or has no room for one
+checkpoint, is refused before Ray starts, with the path and the numbers. Real small filesystems: a
+1 MB tmpfs and a read-only one, mounted by the test (root only; skipped where mounting is not allowed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from rllib_r3l.cli import commands as cli
+from rllib_r3l.cli import main as main_job
+from rllib_r3l.cli.storage import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes
+from tests import REPO_ROOT
+
+TOY = os.path.join(str(REPO_ROOT), "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 1 MB tmpfs and a read-only tmpfs, unmounted after the test."""
+    mounts = {"small": tmp_path / "small", "readonly": tmp_path / "readonly"}
+    done = []
+    try:
+        for name, opts in (("small", "size=1m"), ("readonly", "size=1m,ro")):
+            mounts[name].mkdir()
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mounts[name])], capture_output=True)
+            if r.returncode != 0:
+                pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()}); needs root")
+            done.append(mounts[name])
+        yield mounts
+    finally:
+        for m in done:
+            subprocess.run(["umount", str(m)], capture_output=True)
+
+
+def test_checkpoint_size_is_weights_and_adam_moments_in_fp32(tiny_model_dir, tmp_path):
+    weights = sum(os.path.getsize(os.path.join(tiny_model_dir, f)) for f in os.listdir(tiny_model_dir)
+                  if f.endswith((".safetensors", ".bin")))
+    assert checkpoint_bytes(tiny_model_dir) == int(weights / 4 * CHECKPOINT_BYTES_PER_PARAM)  # fp32 weights on disk
+    assert checkpoint_bytes(str(tmp_path)) is None and checkpoint_bytes(None) is None
+
+
+def test_main_job_refuses_an_out_without_room_for_a_checkpoint(small_fs, capsys, tiny_model_dir):
+    code = main_job.main(["--out", str(small_fs["small"] / "run"), "--set", "model=tiny", "--iterations", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--out" in err and "free" in err and "one checkpoint of this model needs about" in err
+    assert not (small_fs["small"] / "run").exists()  # nothing was written
+
+
+def test_main_job_refuses_an_out_it_cannot_write(small_fs, capsys, tiny_model_dir):
+    code = main_job.main(["--out", str(small_fs["readonly"] / "run"), "--set", "model=tiny", "--iterations", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write there" in err and str(small_fs["readonly"]) in err, err
+
+
+@pytest.mark.parametrize("which,needle", [("small", "one checkpoint of this model needs about"),
+                                          ("readonly", "cannot write there")])
+def test_train_refuses_a_storage_path_before_ray_starts(small_fs, capsys, which, needle, tiny_model_dir):
+    code = cli.main(["train", TOY, "--storage-path", str(small_fs[which]), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "--storage-path" in err, err
