@@ -66,22 +66,11 @@ def make_callbacks(args) -> list:
     return callbacks
 
 
-def _check_storages(experiments, plan, flag: str) -> None:
-    """Every experiment's folder can be written and has room for one checkpoint of its largest model."""
-    from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of
-    from rllib_r3l.options import DEFAULT_MODEL
-
-    for name, spec in experiments.items():
-        models = spec["config"].get("model", DEFAULT_MODEL)
-        models = models["grid_search"] if isinstance(models, dict) and "grid_search" in models else [models]
-        sizes = [b for b in (checkpoint_bytes_of(m) for m in models if isinstance(m, str)) if b]
-        check_storage(plan[name]["dir"], max(sizes) if sizes else None, flag)
-
-
 def cmd_train(args) -> int:
     from rllib_r3l.cli import launch
     from rllib_r3l.cli import resume
     from rllib_r3l.cli.experiments import check_resources
+    from rllib_r3l.cli.storage import check_experiment_storages
 
     resume.check_resume_flags(args.resume, args.set or [], args.stop or [])
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
@@ -95,7 +84,7 @@ def cmd_train(args) -> int:
     storage = os.path.abspath(os.path.expanduser(args.storage_path)) if args.storage_path else None
     storages = {name: storage or spec.get("storage_path") for name, spec in experiments.items()}
     plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new)
-    _check_storages(experiments, plan, "--storage-path" if storage else "storage_path")
+    check_experiment_storages(experiments, plan, "--storage-path" if storage else "storage_path")
     if args.dry_run:
         import yaml
 

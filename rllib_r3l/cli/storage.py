@@ -75,3 +75,15 @@ def checkpoint_bytes_of(model_id: str) -> Optional[int]:
         return checkpoint_bytes(resolve_model(model_id))
     except Exception:  # noqa: BLE001 - a hub id not cached here: only writability is checked
         return None
+
+
+def check_experiment_storages(experiments, plan, flag: str) -> None:
+    """Every experiment's folder (``plan[name]["dir"]``) can be written and has room for one checkpoint
+    of its largest model (a grid over models: the largest)."""
+    from rllib_r3l.options import DEFAULT_MODEL
+
+    for name, spec in experiments.items():
+        models = spec["config"].get("model", DEFAULT_MODEL)
+        models = models["grid_search"] if isinstance(models, dict) and "grid_search" in models else [models]
+        sizes = [b for b in (checkpoint_bytes_of(m) for m in models if isinstance(m, str)) if b]
+        check_storage(plan[name]["dir"], max(sizes) if sizes else None, flag)
