@@ -21,17 +21,17 @@ Answers are checked with ``math-verify`` (``\\boxed{}`` preferred). Up to ``max_
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import logging
 import os
-import random
 import re
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from environments._attempts import MultiAttemptEnv
 from environments._common import SPLITS
+from environments.math_generator import fold_of as _fold_of
+from environments.math_generator import generate_problem
 
 # ---------------------------------------------------------------------------------- verification
 _MV_LOCK = threading.Lock()
@@ -215,11 +215,6 @@ def _read_json_lines(path: str):
     raise ValueError(f"data_files: {path}: not readable as JSON lines ({reason})")
 
 
-def _fold_of(question: str) -> str:
-    h = int(hashlib.sha1(question.encode("utf-8")).hexdigest(), 16) % 10
-    return "train" if h < 8 else ("dev" if h == 8 else "test")
-
-
 def load_problems(files: Sequence[str], question_keys: Sequence[str], answer_keys: Sequence[str],
                   extract: str) -> List[Tuple[str, str]]:
     rows: List[Tuple[str, str]] = []
@@ -245,84 +240,6 @@ def load_problems(files: Sequence[str], question_keys: Sequence[str], answer_key
             if q:
                 rows.append((q, a))
     return rows
-
-
-# ---------------------------------------------------------------------------------- generator
-_NAMES = ["Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Isla", "Jonas", "Kemi", "Liam",
-          "Maya", "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sam", "Tara"]
-_ITEMS = ["apples", "marbles", "stickers", "pencils", "cookies", "stamps", "books", "shells", "cards", "beads"]
-_PRON = {"Ava": "she", "Ben": "he", "Chloe": "she", "Diego": "he", "Emma": "she", "Farid": "he", "Grace": "she",
-         "Hiro": "he", "Isla": "she", "Jonas": "he", "Kemi": "she", "Liam": "he", "Maya": "she", "Noah": "he",
-         "Olga": "she", "Priya": "she", "Quinn": "she", "Rosa": "she", "Sam": "he", "Tara": "she"}
-
-
-def _word_problem(rng: random.Random, difficulty: int) -> Tuple[str, int]:
-    s = 10 ** difficulty  # number scale
-    name = rng.choice(_NAMES)
-    pron = _PRON[name]
-    item = rng.choice(_ITEMS)
-    kind = rng.randrange(6)
-    if kind == 0:
-        a, b, c = rng.randint(2, 2 * s), rng.randint(2, 9), rng.randint(2, max(3, s // 2))
-        d = rng.randint(1, a + b * c - 1)
-        q = (f"{name} has {a} {item}. Then {pron} buys {b} packs with {c} {item} in each pack and gives "
-             f"{d} {item} to a friend. How many {item} does {name} have now?")
-        return q, a + b * c - d
-    if kind == 1:
-        price, n = rng.randint(2, max(3, s)), rng.randint(2, 9)
-        bill = (price * n // 10 + 1 + rng.randint(0, 3)) * 10
-        q = (f"A shop sells {item} for ${price} each. {name} buys {n} of them and pays with ${bill}. "
-             f"How many dollars of change does {name} get?")
-        return q, bill - price * n
-    if kind == 2:
-        a, d, b, e = rng.randint(5, 3 * s), rng.randint(2, 9), rng.randint(5, 3 * s), rng.randint(2, 9)
-        q = (f"{name} reads {a} pages a day for {d} days and then {b} pages a day for {e} days. "
-             f"How many pages does {name} read in total?")
-        return q, a * d + b * e
-    if kind == 3:
-        g, share = rng.randint(2, 9), rng.randint(2, max(3, s))
-        broken = rng.randint(2, max(3, s // 2))
-        total = g * share + broken
-        q = (f"There are {total} {item} in a box. {broken} of them are damaged and thrown away. The rest are "
-             f"shared equally among {g} children. How many {item} does each child get?")
-        return q, share
-    if kind == 4:
-        v, h, w, i = rng.randint(20, 12 * s), rng.randint(2, 6), rng.randint(20, 12 * s), rng.randint(2, 6)
-        q = (f"A train travels at {v} km per hour for {h} hours and then at {w} km per hour for {i} hours. "
-             f"How many km does it travel in total?")
-        return q, v * h + w * i
-    pct = rng.choice([5, 10, 20, 25, 50])
-    salary = 20 * rng.randint(5, 10 * s)
-    spend = rng.randint(1, max(2, salary * (100 - pct) // 100 - 1))
-    q = (f"{name} earns ${salary} and saves {pct}% of it. From the rest, {pron} spends ${spend} on {item}. "
-         f"How many dollars are left after saving and spending?")
-    return q, salary - salary * pct // 100 - spend
-
-
-def _bare_arithmetic(rng: random.Random) -> Tuple[str, int]:
-    """One operation: a sum or difference of two-digit numbers, or a product of a two-digit and a
-    one-digit number (the answer is never negative)."""
-    kind = rng.randrange(3)
-    if kind == 0:
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
-        return f"What is {a} + {b}?", a + b
-    if kind == 1:
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
-        a, b = max(a, b), min(a, b)
-        return f"What is {a} - {b}?", a - b
-    a, b = rng.randint(10, 99), rng.randint(2, 9)
-    return f"What is {a} * {b}?", a * b
-
-
-def generate_problem(seed: int, split: str, difficulty: int = 1) -> Tuple[str, str]:
-    """A problem for ``seed`` whose text hashes into ``split``'s fold (so folds are disjoint):
-    bare arithmetic at ``difficulty`` 0, a word problem at 1-3."""
-    for k in range(10_000):
-        rng = random.Random(f"r3l-math/{difficulty}/{split}/{seed}/{k}")
-        q, ans = _bare_arithmetic(rng) if difficulty == 0 else _word_problem(rng, difficulty)
-        if _fold_of(q) == split:
-            return q, str(ans)
-    raise RuntimeError("generator failed to find a problem in the split")  # pragma: no cover
 
 
 # ---------------------------------------------------------------------------------- environment
