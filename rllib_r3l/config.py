@@ -18,7 +18,8 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 
 from rllib_r3l import validation
 from rllib_r3l.options import (CHOICES, DEFAULT_ENV, DEFAULT_MODEL, R3L_OPTIONS, REFLECTOR_ROLES, UNUSED_RLLIB,
-                               default, removed_option_error, resolve_reflection_context, separate_reflector)
+                               default, removed_option_error, resolve_reflection_context,
+                               resolve_reflection_structured, separate_reflector)
 
 __all__ = ["R3LConfig", "R3L_OPTIONS", "DEFAULT_ENV", "DEFAULT_MODEL", "check_config_keys"]
 
@@ -139,7 +140,11 @@ class R3LConfig(AlgorithmConfig):
 
     def resolved_reflection_context(self) -> str:
         """``reflection_context`` with ``"auto"`` resolved (``rllib_r3l.options.resolve_reflection_context``)."""
-        return resolve_reflection_context(self.reflection_context, self.reflector)
+        return resolve_reflection_context(self.reflection_context, self.reflector, self.reflection_style)
+
+    def resolved_reflection_structured(self) -> bool:
+        """``reflection_structured`` with None resolved by ``reflection_style``."""
+        return resolve_reflection_structured(self.reflection_structured, self.reflection_style)
 
     def validate_r3l(self) -> None:
         """Check the R3L options; each error names the field and the fix."""
@@ -185,6 +190,12 @@ class R3LConfig(AlgorithmConfig):
                 err(f, f"must be one of {allowed}, got {getattr(self, f)!r}")
         if self.reflector == "oracle":
             _validate_oracle_reflector(self, err)
+        if self.reflection_structured not in (None, True, False):
+            err("reflection_structured", f"must be True, False or None (by reflection_style), got {self.reflection_structured!r}")
+        if self.reflection_style == "paper" and self.reflection_structured:
+            err("reflection_structured", "True holds the report to a JSON grammar, but reflection_style='paper' "
+                "samples the report freely (the authors' form); drop reflection_structured (None = by style) or "
+                "use reflection_style='structured'")
         if not isinstance(self.model_id, str) or not self.model_id:
             err("model_id", f"set training(model='<HF id or local path>'), got {self.model_id!r}")
         from rllib_r3l.generation.base import CHOICE_TOKENIZATIONS

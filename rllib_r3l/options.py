@@ -34,7 +34,9 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "reflector": ("policy", "who writes the reflections: 'policy' (R3L: the policy reflects on its own episodes); an HF id or local path = a separate reflector model; 'oracle' = DIAGNOSTIC upper bound: reports from the environment's oracle (oracle pivot + the gold action there), never trained on; needs an environment with an oracle"),
     "reflection_template": (None, "None = built-in prompt; else a template string or a path to a template file"),
     "guidance_template": (None, "the retry's guidance (a system message at the pivot turn, stripped from training): None = the whole report as JSON with an instruction not to mention it; else a template with {report} or {suggestion} (and optionally {root_cause}, {summary}, {pivot}), e.g. 'Advice for this step: {suggestion}' for a policy too small to read JSON"),
-    "reflection_structured": (True, "hold the reflection to the report's JSON schema (structured outputs)"),
+    "reflection_style": ("structured", "how the policy reflects: 'structured' = a JSON report held to the report's schema by the engine's grammar, each text field capped at reflection_max_chars, written in the episode's own context (reflection_context='auto'), re-tokenised before the reflection-SFT item trains on it when the grammar spelled it in other tokens (the embedded default: a 135M policy writes few valid free reports); 'paper' = the authors' form (paper §4, appendix K): a Reflector system prompt over a numbered log of the episode, sampled freely at reflection_temperature up to max_reflection_tokens, parsed leniently, and the reflection-SFT item trains on exactly the sampled token ids with the sampler's log-probs"),
+    "reflection_temperature": (None, "sampling temperature of reflections; None = the training temperature (paper K.1: 0.7, tuned_examples/paper/)"),
+    "reflection_structured": (None, "hold the reflection to the report's JSON schema (structured outputs); None = by reflection_style (True for 'structured', False for 'paper', which samples freely)"),
     "reflection_context": ("auto", "what the reflector reads: 'transcript' = the episode's own context plus a reflection request (the engine's prefix cache serves the episode; the policy must be the reflector); 'log' = the episode re-rendered as a numbered log (authors' layout); 'auto' = transcript when the policy reflects, log with a separate reflector model (docs/benchmarks.md, 'What does a step cost')"),
     "reflection_outcome": ("model", "EXPERIMENTAL (one benchmark uses it): who states a failed episode's outcome in a structured report: 'model' = the reflector writes it, held to 'failure' by the schema when the reward says the episode failed (the authors' five-field report); 'reward' = the report skips the field and the parser takes 'failure' from the reward (a few tokens fewer a report)"),
     "reflect_on": ("failures", "which base episodes get a reflection: 'failures' (the paper's text, §3: only unsuccessful samples are diagnosed and retried; fewer generated tokens per sample, counted as r3l/reflections_skipped_successes) or 'all' (the authors' code: a success is reflected on too, and may be retried as success_but_inefficient); docs/benchmarks.md, 'What does a step cost'"),
@@ -102,6 +104,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "action_decoding": ("choice", "free_text"),
     "reflection_context": ("auto", "log", "transcript"),
     "reflection_outcome": ("model", "reward"),
+    "reflection_style": ("structured", "paper"),
     "reflect_on": ("all", "failures"),
     "backend": ("auto", "vllm", "transformers"),
     "mixed_precision": ("auto", "bfloat16", "none"),
@@ -164,6 +167,7 @@ RANGES: Dict[str, Range] = {
     "retries_per_failure": _INT1,
     "reflection_max_chars": Range(low=1, integer=True, none="unbounded"),
     "max_reflection_tokens": _INT1,
+    "reflection_temperature": Range(low=0, none="the training temperature"),
     "aux_weight": Range(low=0),
     "amplification_alpha": Range(low=1, note="1 = no amplification"),
     "success_reward": Range(),
@@ -247,12 +251,18 @@ def separate_reflector(reflector: Any) -> Optional[str]:
     return None if reflector in REFLECTOR_ROLES or not reflector else str(reflector)
 
 
-def resolve_reflection_context(reflection_context: str, reflector: Any) -> str:
-    """``reflection_context`` with ``"auto"`` resolved: ``"transcript"`` when the policy reflects (its own
-    context is in the engine's prefix cache), ``"log"`` with a separate reflector model."""
+def resolve_reflection_context(reflection_context: str, reflector: Any, style: str = "structured") -> str:
+    """``reflection_context`` with ``"auto"`` resolved: ``"log"`` for the paper's reflection (the Reflector
+    prompt over the episode's log) or a separate reflector model, else ``"transcript"`` (the policy's own
+    context is in the engine's prefix cache)."""
     if reflection_context == "auto":
-        return "log" if separate_reflector(reflector) else "transcript"
+        return "log" if style == "paper" or separate_reflector(reflector) else "transcript"
     return reflection_context
+
+
+def resolve_reflection_structured(structured: Optional[bool], style: str = "structured") -> bool:
+    """``reflection_structured`` with None resolved by the style: the paper samples freely."""
+    return (style != "paper") if structured is None else bool(structured)
 
 
 def removed_option_error(key: str) -> Optional[str]:

@@ -26,6 +26,17 @@ def corridor_policy(prompt_text: str, choices: Optional[List[str]]) -> str:
     return "move left" if "move left" in last_user else "take coin"
 
 
+def is_reflection_request(prompt_text: str) -> bool:
+    """A reflection prompt's last user message asks for ``retry_from_step`` (a retry's guidance may name
+    it too, but in a system message before the pivot's observation)."""
+    return "retry_from_step" in prompt_text.rsplit("user\n", 1)[-1]
+
+
+def free_report(report: dict) -> str:
+    """A report as a freely sampling policy writes it: a sentence, then the object in a fenced block."""
+    return "I looked at the attempt step by step.\n```json\n" + json.dumps(report, indent=1) + "\n```"
+
+
 class ScriptedBackend(GenerationBackend):
     name = "scripted"
 
@@ -35,6 +46,7 @@ class ScriptedBackend(GenerationBackend):
         self.pivot = pivot
         self.outcome = outcome
         self.calls: List[List[GenerationRequest]] = []
+        self.temperatures: List[float] = []  # one per generate call
 
     def _result(self, text: str) -> GenerationResult:
         ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
@@ -42,20 +54,23 @@ class ScriptedBackend(GenerationBackend):
 
     def generate(self, requests, *, temperature, top_p=1.0, seed=None):
         self.calls.append(list(requests))
+        self.temperatures.append(temperature)
         out = []
         for r in requests:
             text = self.tok.decode(r.prompt_token_ids)
+            report = {
+                "summary": "The agent kept moving left and took a coin where none was.",
+                "root_cause": "Why did it fail? Because it moved away from the coin.",
+                "outcome": self.outcome,
+                "suggestion": f"{GUIDE_MARK}: move right to find the coin.",
+                "retry_from_step": self.pivot,
+            }
             if r.json_schema is not None:  # reflection requests are held to the report schema
-                report = {
-                    "summary": "The agent kept moving left and took a coin where none was.",
-                    "root_cause": "Why did it fail? Because it moved away from the coin.",
-                    "outcome": self.outcome,
-                    "suggestion": f"{GUIDE_MARK}: move right to find the coin.",
-                    "retry_from_step": self.pivot,
-                }
                 # only the fields the schema has (reflection_outcome="reward" leaves out a failure's outcome)
                 report = {k: v for k, v in report.items() if k in r.json_schema.get("properties", report)}
                 out.append(self._result(json.dumps(report)))
+            elif is_reflection_request(text):  # a free reflection (the paper's style): prose around the object
+                out.append(self._result(free_report(report)))
             else:
                 out.append(self._result(self.policy(text, r.choices)))
         return out

@@ -20,6 +20,7 @@ DERIVED = {
     "score_behaviour": lambda c, ev: bool(c.use_importance_ratio) and not ev,
     "reflect": lambda c, ev: bool(c.reflect) and not ev,
     "reflection_context": lambda c, ev: c.resolved_reflection_context(),
+    "reflection_structured": lambda c, ev: c.resolved_reflection_structured(),
     "aux_items": lambda c, ev: tuple(c.aux_items),
 }
 
@@ -58,6 +59,7 @@ def _consumer_fields(cls):
     dict(group_size=4, reflect_on="all", aux_items=["reflection_sft", "retry_sft"], max_reflection_tokens=99,
          temperature=0.7, evaluation_temperature=0.2, use_importance_ratio=True, reflector="some/reflector",
          reflection_context="auto", max_context_tokens=1000, verify_replay=False, top_p=0.9, max_turns=7),
+    dict(reflection_style="paper", reflection_temperature=0.7, max_reflection_tokens=300),
 ])
 def test_each_consumers_effective_values_equal_the_configs(overrides, evaluation):
     c = R3LConfig().training(**overrides)

@@ -145,7 +145,8 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
 
             m = score_reflections(runner, ChatFormat(tokenizer), finished, temperature=temp,
                                   max_reflection_tokens=int(max_reflection_tokens or _setting(cfg, "max_reflection_tokens")),
-                                  structured=bool(_setting(cfg, "reflection_structured")),
+                                  structured=cfg.get("reflection_structured"),
+                                  style=_setting(cfg, "reflection_style"),
                                   template=cfg.get("reflection_template"), success_reward=success_reward)
             reflection_metrics = {k: m[k] for k in ("reflected", "reflection_valid_rate", "pivot_accuracy",
                                                     "pivot_error_mean", "pivot_early_rate") if k in m}

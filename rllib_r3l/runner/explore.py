@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from rllib_r3l import core_algos
-from rllib_r3l.options import default, resolve_reflection_context
+from rllib_r3l.options import default, resolve_reflection_context, resolve_reflection_structured
 from rllib_r3l.runner.reflection import oracle as oracle_lib
 from rllib_r3l.runner.reflection import reflect as reflect_lib
 from rllib_r3l.runner.reflection import context as reflection_context
@@ -55,7 +55,11 @@ class ExploreOptions:
     aux_weight: float = default("aux_weight")
     reflection_template: Optional[str] = default("reflection_template")
     guidance_template: Optional[str] = default("guidance_template")  # None: reflect_lib.DEFAULT_GUIDANCE_TEMPLATE
-    reflection_structured: bool = default("reflection_structured")
+    reflection_style: str = default("reflection_style")
+    reflection_temperature: Optional[float] = default("reflection_temperature")  # None: temperature
+    # None resolved by the style (from_config): the paper samples freely
+    reflection_structured: bool = resolve_reflection_structured(default("reflection_structured"),
+                                                                default("reflection_style"))
     max_reflection_tokens: int = default("max_reflection_tokens")
     temperature: float = default("temperature")
     pivotal_credit: bool = default("pivotal_credit")
@@ -75,6 +79,7 @@ class ExploreOptions:
         kw = {f.name: getattr(config, f.name) for f in fields(cls) if f.name not in ("score_behaviour",)}
         kw.update(aux_items=tuple(config.aux_items), reflect=bool(config.reflect) and not evaluation,
                   reflection_context=config.resolved_reflection_context(),
+                  reflection_structured=config.resolved_reflection_structured(),
                   score_behaviour=bool(config.use_importance_ratio) and not evaluation)
         return cls(**kw)
 
@@ -112,7 +117,11 @@ class Explorer:
         self.opts = options
         self.reflector = reflector or episodes.backend
         self.reflector_chat = reflector_chat or chat
-        self.template = reflect_lib.load_template(options.reflection_template) if options.reflection_template else None
+        # the style's prompt (the paper's: a Reflector system prompt over the episode's log); a configured
+        # template replaces the style's user message
+        self.reflection_system, style_template = reflect_lib.style_prompt(options.reflection_style)
+        self.template = (reflect_lib.load_template(options.reflection_template) if options.reflection_template
+                         else style_template)
         self.counters: Counter = episodes.counters
         self.reflection_stats = reflect_lib.ReflectionStats()
         self.samples: Dict[str, List[float]] = {}
@@ -177,7 +186,7 @@ class Explorer:
         self.counters["prompt_tokens"] += sum(len(p) for p in prompts)
         self.counters["prompt_tokens_reflect"] += sum(len(p) for p in prompts)
         try:
-            outs = self.reflector.generate(reqs, temperature=self.opts.temperature)
+            outs = self.reflector.generate(reqs, temperature=self.reflection_temperature)
         except Exception:
             self.counters["reflection_generation_errors"] += len(reqs)
             logger.exception("reflection generation failed")
@@ -206,7 +215,16 @@ class Explorer:
             if ids is not None:
                 return ids
             self.counters["reflection_transcript_fallbacks"] += 1
-        return self.reflector_chat.prompt(reflect_lib.build_reflection_messages(t, template=self.template))
+        return self.reflector_chat.prompt(self._reflection_messages(t))
+
+    def _reflection_messages(self, t: Trajectory) -> List[Dict[str, str]]:
+        return reflect_lib.build_reflection_messages(t, template=self.template, system=self.reflection_system)
+
+    @property
+    def reflection_temperature(self) -> float:
+        """Reflections sample at ``reflection_temperature`` (paper K.1: 0.7), else at the training one."""
+        t = self.opts.reflection_temperature
+        return self.opts.temperature if t is None else float(t)
 
     # -- retry ---------------------------------------------------------------------------------------
     def _reflect_and_retry(self, bases: List[Trajectory], groups: Dict[str, GroupResult]) -> None:
@@ -312,17 +330,22 @@ class Explorer:
         group.trajectories.append(item)
 
     def _reflection_item(self, base: Trajectory, prompt_ids: List[int], out: Any) -> Trajectory:
-        """The reflection as a positive item: reflection prompt -> report (auxiliary task, §4)."""
+        """The reflection as a positive item: reflection prompt -> report (auxiliary task, §4).
+
+        The paper's style trains on exactly the ids the policy sampled, with the sampler's log-probs
+        (a filtered REINFORCE step on its own sample, paper §4). The structured style trains on the
+        report's text in the policy's own tokens, closed like a turn, where vLLM's JSON grammar spelled
+        it in tokens the tokenizer would not choose (supervising those spellings teaches token noise;
+        docs/benchmarks.md, 'Why these main-job settings and defaults?'). A separate reflector's report
+        is always re-encoded in the policy's prompt. A re-encoded item has no sampler log-probs: it is
+        no longer the policy's sample."""
         resp_ids, lps = list(out.token_ids), list(out.logprobs)
-        # The report's text in the policy's own tokens, closed like a turn. A separate reflector's
-        # report is always re-encoded; the policy's own is when vLLM's JSON grammar spelled it in
-        # tokens the tokenizer would not choose (docs/benchmarks.md, 'Why these main-job settings and defaults?'), since supervising
-        # those spellings teaches token noise. Either
-        # way the item has no sampler log-probs (it is no longer the policy's sample).
         canonical = self.chat.encode(out.text) + self.chat.closes_turn([])
         if self.reflector_chat is not self.chat:
-            prompt_ids = self.chat.prompt(reflect_lib.build_reflection_messages(base, template=self.template))
+            prompt_ids = self.chat.prompt(self._reflection_messages(base))
             resp_ids, lps = canonical, None
+        elif self.opts.reflection_style == "paper":
+            self.counters["reflection_items_as_sampled"] += 1
         elif resp_ids != canonical:
             resp_ids, lps = canonical, None
             self.counters["reflection_items_retokenized"] += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from rllib_r3l.options import resolve_reflection_context, resolve_reflection_structured
 from rllib_r3l.runner.explore import LOST, ExploreOptions, Explorer
 from rllib_r3l.runner.rollout import EpisodeSpec
 
@@ -14,18 +15,21 @@ __all__ = ["score_reflections", "reflection_quality"]
 
 def score_reflections(episodes: Any, chat: Any, trajectories: Sequence[Any], *, reflector: Any = None,
                       reflector_chat: Any = None, max_reflection_tokens: int = 256, temperature: float = 0.4,
-                      structured: bool = True, template: Optional[str] = None, success_reward: float = 1.0) -> dict:
+                      structured: Optional[bool] = None, style: str = "structured", template: Optional[str] = None,
+                      success_reward: float = 1.0) -> dict:
     """How good are a policy's reflections on finished episodes? (held-out evaluation)
 
     The policy (or ``reflector``) reflects on each of ``trajectories`` (run by ``episodes``, an
     :class:`~rllib_r3l.runner.rollout.EpisodeRunner`, whose environments also serve the oracle); nothing is
     retried. Returns ``reflection_valid_rate`` and the other reflection counts, and, where the
     environment has an oracle, ``pivot_accuracy``, ``pivot_error_mean`` and ``pivot_early_rate``; plus
-    ``reflected`` (episodes with at least one action, the ones reflected on).
+    ``reflected`` (episodes with at least one action, the ones reflected on). ``style`` is the config's
+    ``reflection_style`` (its prompt and context); ``structured`` None = by the style.
     """
     opts = ExploreOptions(group_size=2, reflect=True, max_reflection_tokens=max_reflection_tokens,
-                          temperature=temperature, reflection_structured=structured, reflection_template=template,
-                          success_reward=success_reward)
+                          temperature=temperature, reflection_structured=resolve_reflection_structured(structured, style),
+                          reflection_style=style, reflection_context=resolve_reflection_context("auto", "policy", style),
+                          reflection_template=template, success_reward=success_reward)
     ex = Explorer(episodes, chat, opts, reflector=reflector, reflector_chat=reflector_chat)
     todo = [t for t in trajectories if t is not None and t.status not in LOST and t.actions]
     for t in todo:

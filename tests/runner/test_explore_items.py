@@ -26,16 +26,7 @@ SEED = 11
 TEMPLATE = "A custom review.\nRULES {rules}\nTASK {task}\nSTEPS\n{trajectory}\nReward {reward}; answer in JSON."
 
 
-class Recording(ScriptedBackend):
-    """The scripted backend, also recording the temperature of each call."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.temperatures = []
-
-    def generate(self, requests, *, temperature, top_p=1.0, seed=None):
-        self.temperatures.append(temperature)
-        return super().generate(requests, temperature=temperature, top_p=top_p, seed=seed)
+Recording = ScriptedBackend  # it records the temperature of each call
 
 
 class Failing(ScriptedBackend):

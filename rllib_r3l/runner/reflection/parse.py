@@ -26,7 +26,7 @@ __all__ = ["parse_report"]
 _ALIASES: Dict[str, Tuple[str, ...]] = {
     "summary": ("summary", "trajectory_summary"),
     "root_cause": ("root_cause", "root_cause_analysis"),
-    "outcome": ("outcome",),
+    "outcome": ("outcome", "trajectory_outcome"),
     "suggestion": ("suggestion", "improvement_suggestion"),
     "pivot": ("retry_from_step", "pivot", "pivot_turn"),
 }

@@ -100,6 +100,18 @@ REQUIRED_PLACEHOLDERS: Tuple[str, ...] = ("rules", "task", "trajectory")
 OPTIONAL_PLACEHOLDERS: Tuple[str, ...] = ("reward", "num_steps", "max_step")
 
 
+def style_prompt(style: str) -> Tuple[Optional[str], Optional[str]]:
+    """``(system, template)`` of a ``reflection_style``: None, None = this module's defaults
+    (``"structured"``); the paper's Reflector prompt for ``"paper"`` (``paper_prompt``)."""
+    if style == "paper":
+        from rllib_r3l.runner.reflection.paper_prompt import PAPER_REFLECTION_SYSTEM, PAPER_REFLECTION_TEMPLATE
+
+        return PAPER_REFLECTION_SYSTEM, PAPER_REFLECTION_TEMPLATE
+    if style != "structured":
+        raise ValueError(f"reflection_style must be 'structured' or 'paper', got {style!r}")
+    return None, None
+
+
 def _check_template(template: str) -> str:
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
