@@ -4,7 +4,8 @@ the main job run under several settings, alternating and resumable.
 Intervals: the unit is a run (or a seed), never an episode or a game. ``mean_interval`` is the mean
 over runs with a 95 % Student t interval; ``paired_difference`` the mean of the per-unit differences
 between two settings over the units both have (seed k against seed k, or run k against run k of an
-alternating sweep), with its t interval. ``wilson`` is the interval of one count k of n; episodes
+alternating sweep), with its t interval; ``paired_ratio`` the same pairs as ratios, its interval
+taken on the log ratio. ``wilson`` is the interval of one count k of n; episodes
 pooled over runs are not independent trials (a run's episodes share one policy, and the same games
 repeat at every seed), so a pooled Wilson interval describes a count and is never the evidence for
 a difference between settings.
@@ -94,6 +95,29 @@ def paired_difference(a: Mapping[Any, Optional[float]], b: Mapping[Any, Optional
     the keys paired. A unit missing or NaN on either side is left out of the pairs."""
     units = sorted(k for k in set(a) & set(b) if _finite([a[k]]) and _finite([b[k]]))
     return {**mean_interval([float(a[k]) - float(b[k]) for k in units]), "units": units}
+
+
+def paired_ratio(a: Mapping[Any, Optional[float]], b: Mapping[Any, Optional[float]]) -> Dict[str, Any]:
+    """``a / b`` paired by unit, for a claim such as "1.3x the baseline": the per-unit ratios, their
+    arithmetic ``mean``, and the geometric mean ``ratio`` with the 95 % t interval of the mean log
+    ratio (df = units - 1) taken back to a ratio (``lo``, ``hi``). A ratio is a multiplicative effect,
+    so its interval is symmetric in the log, not in the ratio. A unit with 0 on either side has no log
+    ratio: then every summary is NaN and ``zero`` names those units (``"a"``, ``"b"`` or ``"both"``);
+    ``ratios`` still lists what is defined. Units missing or NaN on either side are left out, as in
+    ``paired_difference``."""
+    units = sorted(k for k in set(a) & set(b) if _finite([a[k]]) and _finite([b[k]]))
+    zero = {k: ("both" if a[k] == 0 and b[k] == 0 else "a" if a[k] == 0 else "b")
+            for k in units if a[k] == 0 or b[k] == 0}
+    ratios = {k: (float(a[k]) / float(b[k]) if b[k] else math.nan) for k in units}
+    out: Dict[str, Any] = {"units": units, "ratios": ratios, "zero": zero, "n": len(units),
+                           "mean": math.nan, "ratio": math.nan, "lo": math.nan, "hi": math.nan, "log_std": math.nan}
+    if zero or not units:
+        return out
+    logs = mean_interval([math.log(r) for r in ratios.values()])
+    out.update(mean=sum(ratios.values()) / len(units), ratio=math.exp(logs["mean"]), log_std=logs["std"])
+    if len(units) > 1:
+        out.update(lo=math.exp(logs["lo"]), hi=math.exp(logs["hi"]))
+    return out
 
 
 def mean_std(xs: Sequence[float]) -> Tuple[float, float]:

@@ -1,46 +1,55 @@
-"""When does reflect-then-retry pay? Learning curves of R3L, its ablations and GRPO (issue 11, item 5).
+"""Does R3L learn better than GRPO here, with today's defaults? Learning curves of R3L and two GRPO
+baselines at one trajectory budget (issue 39, item 4; the v3 sweep of issue 11 keeps its own folder).
 
-    .venv/bin/python benchmarks/learning_curves.py                      # the whole sweep; resumable
-    .venv/bin/python benchmarks/learning_curves.py --variants grpo,r3l_oracle --seeds 0
-    .venv/bin/python benchmarks/learning_curves.py --report-only        # table, CSV and PNG from what is there
+    .venv/bin/python benchmarks/learning_curves.py --seeds 0,1,2 --parallel 2    # the sweep; resumable
+    .venv/bin/python benchmarks/learning_curves.py --variants grpo_ds,r3l --seeds 0
+    .venv/bin/python benchmarks/learning_curves.py --report-only                  # tables, CSV and PNG from what is there
 
-Variants (everything else identical: model, environment, group size, task groups per iteration,
-learning rate, the same training task seeds for a seed):
+Every variant starts from ``R3LConfig()``'s defaults, what a user gets, plus the common setting
+(``DEFAULT_SETTING``: environment, model, group, budget, numerics); only its own options go on top:
 
-* ``grpo``: no reflection, group-normalised advantages;
-* ``r3l``: the policy reflects on its failures and retries from its pivot (paper §4);
-* ``r3l_oracle``: R3L whose reports come from the environment's oracle (the oracle pivot and the gold
-  action there): the DIAGNOSTIC upper bound of what reflection can hand to the rest of R3L;
-* ``r3l_no_reflect``: amplification only (no reflection, no retries);
-* ``r3l_no_amp``: R3L without positive amplification; ``r3l_no_pivot``: R3L without pivotal credit;
-* ``r3l_oracle_plain``: R3L-oracle whose guidance is one plain sentence (``Advice for this step:
-  <suggestion>``) instead of the report as JSON;
-* ``r3l_no_aux``: R3L without the auxiliary reflection/retry-SFT items; ``r3l_no_reflection_sft``:
-  without the reflection items only (the guided-retry items stay); ``r3l_seq_mean``: R3L with all of
-  them, the loss averaged per item (``loss_aggregation="sequence_mean"``) so that a ~100-token
-  reflection report weighs as one trajectory, not as ~30 actions (diagnostics of section 7).
+* ``base``: the untrained model, evaluated once per seed;
+* ``grpo_paper``: GRPO as the paper's implementation appendix runs it (``tuned_examples/generate.py``'s
+  ``GRPO``: no R3L component, std-normalised advantages, reference KL, clipped importance ratio);
+* ``grpo_ds``: ``grpo_paper`` with the main job's dynamic sampling (``MAIN_JOB_SETTINGS``);
+* ``r3l``: ``R3LConfig()`` with ``MAIN_JOB_SETTINGS``, what ``scripts/main.sh`` trains;
+* ``r3l_oracle``: ``r3l`` whose reports come from the environment's oracle: the DIAGNOSTIC upper
+  bound of what reflection can hand to the rest of R3L (it never trains on its reports);
+* ``r3l_paper``: R3L as the paper runs it (its reflection style and temperature, both auxiliary
+  items, its loss aggregation, no dynamic sampling).
+
+Pairs (``learning_curves_report.PAIRS``): each R3L against the GRPO with the same dynamic sampling,
+which changes how many trajectories an iteration spends and which tasks train, so it is on both
+sides of a pair or on neither; ``grpo_ds`` against ``grpo_paper`` shows what it does alone.
 
 **Equal sample budget.** A run trains until it has generated ``budget`` trajectories (base + retry;
-a group of N holds N base rollouts without reflection, N/2 base + up to N/2 retries with it), so R3L
-variants run more, cheaper-per-sample iterations than GRPO; tokens and CPU seconds are reported too.
-Held-out evaluation: ``eval_episodes`` games of the environment's *test* fold (seeds 0..E-1, disjoint
-from training) at the evaluation temperature, with the run's own engine, no reflection; ``base`` is
-the untrained model evaluated the same way (once per seed).
+a group of N holds N base rollouts without reflection, N/2 base + up to N/2 retries with it; dynamic
+sampling's extra rounds count too), so variants run different numbers of iterations; tokens, CPU
+seconds and the reflection cost (tokens the reflector generated, seconds spent reflecting) are
+reported per run. Held-out evaluation: ``eval_episodes`` games of the environment's *test* fold
+(seeds 0..E-1, disjoint from training) at the evaluation temperature, with the run's own engine, no
+reflection.
+
+**What ran is on file.** ``setting.json`` holds the common setting and, per variant, every option
+that differs from ``R3LConfig()``, computed from the built config: a reader sees exactly what ran
+without knowing the defaults of the day, and a run is refused (each field named, old and new) when
+the common setting or a recorded variant's options differ from the folder's, e.g. after a default
+changed in the code; a variant not yet recorded is added. Each run's curve header records the git
+commit it ran (``-dirty`` with uncommitted tracked changes; again at each resume) and the CPU.
 
 **Resumable.** Each (variant, seed) run lives in ``<out>/<variant>/seed<k>/``: ``curve.jsonl`` (a
 header, then one record per iteration, appended as it finishes) and ``checkpoint/`` (the algorithm
 after the last recorded iteration; git-ignored; deleted when the run is done). A killed run restarts
-from its checkpoint; a finished one (``final.json``) is skipped. ``setting.json`` at the top holds the
-sweep's setting: resuming with another setting is refused (name the field, or use another ``--out``).
-Runs go ``--parallel`` at a time (default 2, one thread each: the 2-core machine): cut runs first, then
-the headline comparison (base, GRPO, R3L-oracle, R3L) for every seed, then the ablations, then the
-diagnostic probes (``next_runs``). A running child keeps its pid in its folder's
-``running.pid``: a second sweep on the same folder, or a restarted one whose killed parent left its
-children running, waits for those runs instead of starting them twice.
+from its checkpoint; a finished one (``final.json``) is skipped. Runs go ``--parallel`` at a time
+(one thread each: the 2-core machine): cut runs first, then the headline comparison (base,
+``grpo_ds``, ``r3l``) for every seed, then the paper pair, then the oracle diagnostic. A running
+child keeps its pid in its folder's ``running.pid``: a second sweep on the same folder, or a
+restarted one whose killed parent left its children running, waits for those runs instead of
+starting them twice.
 
 The sweep writes its results and never commits them: commit the folder yourself when a run is worth
-keeping. Not a test: a benchmark script (its arithmetic is tested in
-``benchmarks/tests/test_learning_curves.py``; the intervals are ``benchmarks/harness.py``'s).
+keeping. The tables and statistics are ``benchmarks/learning_curves_report.py``'s (pure; tested with
+this script in ``benchmarks/tests/test_learning_curves.py``).
 """
 
 from __future__ import annotations
@@ -56,53 +65,40 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from benchmarks import harness  # noqa: E402
-from benchmarks.harness import mean_interval, risk_ratio, wilson  # noqa: E402  (the statistics)
+from benchmarks.learning_curves_report import (BASE, PAIRS, folder_variants, read_curve, read_setting,  # noqa: E402,F401
+                                               report, run_dir, run_numbers, summarize)
+from rllib_r3l.cli.main import MAIN_JOB_SETTINGS  # noqa: E402
 from rllib_r3l.cli.run_info import cpu_model  # noqa: E402
+from tuned_examples.generate import GRPO as PAPER_GRPO  # noqa: E402  (the paper's GRPO, set once there)
 
-# v2 (issue 11's sweep) ran with vLLM's choice grammar, full TWX text and unshared sequences; v3 runs
-# the shipped defaults: actions in the tokenizer's own tokens, compact observations, shared prefixes.
-OUT = harness.RESULTS / "learning_curves_v3"
+OUT = harness.RESULTS / "learning_curves_v4"
 
-PLAIN_GUIDANCE = "Advice for this step: {suggestion}"
-PAPER_AUX_ITEMS = ("reflection_sft", "retry_sft")
+# R3L in the paper's mode. max_reflection_tokens is ours: the paper's 4096 (K.1) would let one free
+# report of a small policy run for minutes on a 2-core CPU; 512 holds the authors' report form.
+PAPER_R3L: Dict[str, Any] = dict(reflection_style="paper", reflection_temperature=0.7,
+                                 aux_items=["reflection_sft", "retry_sft"], loss_aggregation="paper",
+                                 max_reflection_tokens=512, dynamic_sampling_rounds=0)
 
-# variant -> R3L switches (everything else identical)
+# variant -> its options on top of R3LConfig()'s defaults and the common setting
 VARIANTS: Dict[str, Dict[str, Any]] = {
-    "grpo": dict(reflect=False, pivotal_credit=False, positive_amplification=False, std_normalize=True),
-    "r3l_oracle": dict(reflect=True, reflector="oracle", pivotal_credit=True, positive_amplification=True,
-                       std_normalize=False),
-    "r3l": dict(reflect=True, pivotal_credit=True, positive_amplification=True, std_normalize=False),
-    "r3l_no_reflect": dict(reflect=False, pivotal_credit=True, positive_amplification=True, std_normalize=False),
-    "r3l_no_amp": dict(reflect=True, pivotal_credit=True, positive_amplification=False, std_normalize=False),
-    "r3l_no_pivot": dict(reflect=True, pivotal_credit=False, positive_amplification=True, std_normalize=False),
-    # own reflections without the auxiliary reflection/retry-SFT items: do they swamp the policy
-    # gradient? (the token-mean gives each report token a fixed advantage of 1.0)
-    "r3l_no_aux": dict(reflect=True, aux_items=[], pivotal_credit=True, positive_amplification=True,
-                       std_normalize=False),
-    # ... or with the guided-retry items only: is it the policy's own reports, trained as positives?
-    "r3l_no_reflection_sft": dict(reflect=True, aux_items=["retry_sft"], pivotal_credit=True,
-                                  positive_amplification=True, std_normalize=False),
-    # ... or with them, every item weighing as one sequence (its token mean) instead of by its length
-    "r3l_seq_mean": dict(reflect=True, loss_aggregation="sequence_mean", pivotal_credit=True,
-                         positive_amplification=True, std_normalize=False),
-    # the oracle's report handed over as one plain sentence instead of JSON: does a small policy
-    # follow guidance it can read? (docs/benchmarks.md section 7, guidance wording: 4/16 vs 1/16)
-    "r3l_oracle_plain": dict(reflect=True, reflector="oracle", guidance_template=PLAIN_GUIDANCE, pivotal_credit=True,
-                             positive_amplification=True, std_normalize=False),
+    "grpo_paper": {**PAPER_GRPO, "dynamic_sampling_rounds": 0},
+    "grpo_ds": {**PAPER_GRPO, **MAIN_JOB_SETTINGS},
+    "r3l": dict(MAIN_JOB_SETTINGS),
+    "r3l_oracle": {**MAIN_JOB_SETTINGS, "reflector": "oracle"},
+    "r3l_paper": PAPER_R3L,
 }
-BASE = "base"  # the untrained model, evaluated once per seed
-HEADLINE = ("grpo", "r3l_oracle", "r3l")  # the comparison the issue asks for; the rest are ablations
-DIAGNOSTIC = ("r3l_no_aux", "r3l_seq_mean", "r3l_no_reflection_sft", "r3l_oracle_plain")  # probes beyond the issue's variants: scheduled after the ablations
+# run order: the headline comparison first, then the paper pair, then the diagnostic (others: 1)
+PRIORITY: Dict[str, int] = {BASE: 0, "grpo_ds": 0, "r3l": 0, "grpo_paper": 1, "r3l_paper": 1, "r3l_oracle": 2}
 LOCK = "running.pid"  # a run's child writes its pid here while it runs
 
-# The sweep's setting (the CPU default environment and model; lr 1e-5 as in the first version, which
-# moved held-out success from 0-0.06 to 0.25 within 80 samples on this setting).
+# The common setting (v3's: the CPU default environment and model; lr 1e-5 as in the first version,
+# which moved held-out success from 0-0.06 to 0.25 within 80 samples on this setting).
 DEFAULT_SETTING: Dict[str, Any] = {
     "env": "r3l/CoinCollector", "env_config": {"compact_observations": True}, "model": None, "backend": "vllm",
     "group_size": 8, "tasks_per_iteration": 2, "lr": 1e-5, "micro_batch_size": 4, "micro_batch_tokens": 1024,
@@ -111,133 +107,123 @@ DEFAULT_SETTING: Dict[str, Any] = {
     # the same numerics on every CPU a session may draw (bf16 is native on some, emulated on others)
     "engine_dtype": "float32", "mixed_precision": "none",
 }
+# What setting.json compares with R3LConfig(): every R3L option and the RLlib options this script
+# sets, less those that differ by seed rather than by setting (RLlib's seed is not among them).
+RLLIB_SET = ("lr", "env", "env_config")
+PER_SEED = ("sampling_seed",)
+
 
 # ---------------------------------------------------------------------------------------------------
-# curves (pure)
-def interpolate_curve(xs: Sequence[float], ys: Sequence[float], grid: Sequence[float]) -> List[float]:
-    """Piecewise-linear ``ys(xs)`` on ``grid``; NaN outside ``[xs[0], xs[-1]]`` (no extrapolation)."""
-    out = []
-    for g in grid:
-        if not xs or g < xs[0] or g > xs[-1]:
-            out.append(math.nan)
-            continue
-        for i in range(len(xs)):
-            if xs[i] == g:
-                out.append(float(ys[i]))
-                break
-            if i + 1 < len(xs) and xs[i] < g < xs[i + 1]:
-                w = (g - xs[i]) / (xs[i + 1] - xs[i])
-                out.append(float(ys[i]) * (1 - w) + float(ys[i + 1]) * w)
-                break
+# the setting
+def build_config(setting: Dict[str, Any], variant: str, seed: int):
+    """The config of ``variant`` at ``seed``: ``R3LConfig()``, the common setting, the variant's options."""
+    from rllib_r3l import R3LConfig
+
+    training = dict(group_size=setting["group_size"], tasks_per_iteration=setting["tasks_per_iteration"],
+                    lr=setting["lr"], micro_batch_size=setting["micro_batch_size"],
+                    micro_batch_tokens=setting["micro_batch_tokens"], backend=setting["backend"],
+                    num_threads=setting["num_threads"], sampling_seed=seed, share_prefixes=setting["share_prefixes"],
+                    backend_options={"choice_tokenization": setting["choice_tokenization"],
+                                     **({"dtype": setting["engine_dtype"]} if setting.get("engine_dtype") else {})})
+    if setting.get("mixed_precision"):
+        training["mixed_precision"] = setting["mixed_precision"]
+    if setting.get("model"):
+        training["model"] = setting["model"]
+    training.update({} if variant == BASE else VARIANTS[variant])
+    training.update(setting.get("training") or {})
+    return (R3LConfig().environment(setting["env"], env_config=dict(setting["env_config"]))
+            .training(**training).debugging(seed=seed))
+
+
+def _jsonable(x: Any) -> Any:
+    return json.loads(json.dumps(x, sort_keys=True, default=str))
+
+
+def option_diff(config) -> Dict[str, Any]:
+    """Every option of ``config`` that differs from a fresh ``R3LConfig()``: the R3L options and
+    ``RLLIB_SET``, less ``PER_SEED``; values as JSON holds them."""
+    from rllib_r3l import R3LConfig
+    from rllib_r3l.options import R3L_OPTIONS
+
+    fresh = R3LConfig()
+    out = {}
+    for k in sorted({*R3L_OPTIONS, *RLLIB_SET} - set(PER_SEED)):
+        mine = _jsonable(getattr(config, k))
+        if mine != _jsonable(getattr(fresh, k)):
+            out[k] = mine
     return out
 
 
+def variant_diffs(setting: Dict[str, Any], variants: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """``option_diff`` of every variant's validated config (``SystemExit`` naming a variant that does not build)."""
+    diffs = {}
+    for v in variants:
+        try:
+            config = build_config(setting, v, 0)
+            config.validate()
+        except (ValueError, TypeError, KeyError) as e:
+            raise SystemExit(f"variant {v}: its config does not build ({e}); leave it out of --variants") from e
+        diffs[v] = option_diff(config)
+    return diffs
+
+
+_UNSET = "(R3LConfig default)"
+
+
+def _changes(old: Mapping[str, Any], new: Mapping[str, Any], missing: Any = None) -> List[str]:
+    return [f"{k}: {old.get(k, missing)!r} there, {new.get(k, missing)!r} now"
+            for k in sorted(set(old) | set(new)) if old.get(k, missing) != new.get(k, missing)]
+
+
+def check_setting(out: Path, setting: Dict[str, Any], diffs: Dict[str, Dict[str, Any]]) -> None:
+    """Write ``setting.json`` (the common setting, each variant's ``option_diff``) the first time;
+    later refuse a different common setting or a recorded variant whose options differ (naming every
+    field), and add the variants not yet recorded."""
+    p = out / "setting.json"
+    if p.exists() and "common" not in json.loads(p.read_text()):
+        raise SystemExit(f"{out} holds a sweep whose setting.json predates per-variant options (v3): report it with "
+                         f"--report-only, and run new sweeps with --out <new folder>")
+    rec = read_setting(out) if p.exists() else {"common": _jsonable(setting), "variants": {}}
+    problems = _changes(rec["common"], _jsonable(setting))
+    for v, d in diffs.items():
+        if v in rec["variants"]:
+            problems += [f"variant {v}: {c}" for c in _changes(rec["variants"][v], d, _UNSET)]
+    if problems:
+        raise SystemExit(f"{out} holds a sweep with another setting ({'; '.join(problems)}); pass the same options "
+                         f"to resume it, or --out <new folder> for a new sweep")
+    new = {v: d for v, d in diffs.items() if v not in rec["variants"]}
+    if new or not p.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        rec["variants"].update(new)
+        p.write_text(json.dumps(rec, indent=1, sort_keys=True))
+
+
+def check_recorded(out: Path, variant: str, options: Dict[str, Any]) -> None:
+    """A run about to start: refuse options that differ from what ``setting.json`` records for its
+    variant (the code's defaults changed since the sweep began)."""
+    recorded = read_setting(out)["variants"].get(variant) if (out / "setting.json").exists() else None
+    if recorded is not None and recorded != options:
+        raise SystemExit(f"{out}: variant {variant} would run with other options than the folder records "
+                         f"({'; '.join(_changes(recorded, options, _UNSET))}); restore the code it ran, or "
+                         f"--out <new folder>")
+
+
+def git_commit() -> str:
+    """``git rev-parse HEAD``, with ``-dirty`` when tracked files have uncommitted changes; "unknown"
+    outside a checkout. Read-only (no index refresh is written: ``GIT_OPTIONAL_LOCKS=0``)."""
+    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
 # ---------------------------------------------------------------------------------------------------
-# what a run recorded (pure, on the files)
-def run_dir(out: Path, variant: str, seed: int) -> Path:
-    return out / variant / f"seed{seed}"
-
-
-def read_curve(d: Path) -> Tuple[Optional[dict], List[dict]]:
-    p = d / "curve.jsonl"
-    if not p.exists():
-        return None, []
-    lines = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
-    header = lines[0].get("header") if lines else None
-    return header, [x for x in lines[1:] if "iteration" in x]
-
-
-def run_numbers(out: Path, variant: str, seed: int) -> Optional[Dict[str, Any]]:
-    """A finished run's numbers: final held-out success (k/n), samples, iterations, updates, cost,
-    pooled retry success and pivot accuracy; None until ``final.json`` exists."""
-    d = run_dir(out, variant, seed)
-    if not (d / "final.json").exists():
-        return None
-    final = json.loads((d / "final.json").read_text())
-    _, recs = read_curve(d)
-    trained = [r for r in recs if r["iteration"] > 0]
-
-    def tot(key: str) -> float:
-        return float(sum(r.get(key) or 0.0 for r in trained))
-
-    retries = tot("num_retries")
-
-    def per_retry(key: str) -> float:
-        """A per-retry rate pooled over iterations (weighted by retries); NaN where never logged."""
-        pairs = [(r.get(key), r.get("num_retries") or 0.0) for r in trained]
-        pairs = [(x, w) for x, w in pairs if x is not None and not math.isnan(x) and w > 0]
-        return sum(x * w for x, w in pairs) / sum(w for _, w in pairs) if pairs else math.nan
-
-    valid = tot("reflection_valid")
-    pivots = [(r.get("pivot_accuracy"), r.get("reflection_valid") or 0.0) for r in trained]
-    pivots = [(p, w) for p, w in pivots if p is not None and not math.isnan(p) and w > 0]
-    samples = trained[-1]["samples_cumulative"] if trained else 0.0
-    return {
-        "variant": variant, "seed": seed,
-        "eval_success": final["eval_successes"] / max(final["eval_episodes"], 1),
-        "eval_successes": int(final["eval_successes"]), "eval_episodes": int(final["eval_episodes"]),
-        "iterations": len(trained), "samples": samples,
-        "updates": sum(1 for r in trained if (r.get("trained_tokens") or 0) > 0),
-        "train_success_last": trained[-1].get("success_rate") if trained else math.nan,
-        "retry_success": per_retry("retry_success_rate"),
-        "retry_changed_pivot_action": per_retry("retry_changed_pivot_action"),
-        "retry_took_oracle_action": per_retry("retry_took_oracle_action"),
-        "retries": retries,
-        "pivot_accuracy": sum(p * w for p, w in pivots) / sum(w for _, w in pivots) if pivots else math.nan,
-        "reflections_valid": valid,
-        "cpu_s": tot("cpu_s"), "wall_s": tot("wall_s"),
-        "cpu_s_per_iteration": tot("cpu_s") / len(trained) if trained else math.nan,
-        "cpu_s_per_sample": tot("cpu_s") / samples if samples else math.nan,
-        "generated_tokens": tot("generated_tokens"), "learner_forward_tokens": tot("forward_tokens"),
-        "trained_tokens": tot("trained_tokens"),
-    }
-
-
-def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[str, Any]:
-    """Per variant: final held-out success over seeds (mean, std, 95 % t-interval; pooled k/n with its
-    Wilson interval), cost and reflection numbers; and each variant against GRPO: paired differences
-    over seeds and the pooled risk ratio (Katz)."""
-    per: Dict[str, Dict[int, Dict[str, Any]]] = {}
-    for v in [BASE, *variants]:
-        for s in seeds:
-            n = run_numbers(out, v, s)
-            if n is not None:
-                per.setdefault(v, {})[s] = n
-    table: Dict[str, Any] = {}
-    for v, by_seed in per.items():
-        rows = list(by_seed.values())
-        k = sum(r["eval_successes"] for r in rows)
-        n = sum(r["eval_episodes"] for r in rows)
-        entry = {"seeds": sorted(by_seed), "eval_success": mean_interval([r["eval_success"] for r in rows]),
-                 "pooled": {"k": k, "n": n, "rate": k / n if n else math.nan, "wilson": wilson(k, n)}}
-        for key in ("samples", "iterations", "updates", "retry_success", "retry_changed_pivot_action",
-                    "retry_took_oracle_action", "pivot_accuracy", "cpu_s_per_iteration",
-                    "cpu_s_per_sample", "generated_tokens", "learner_forward_tokens", "trained_tokens"):
-            entry[key] = mean_interval([r[key] for r in rows])
-        entry["retries_total"] = sum(r["retries"] for r in rows)
-        table[v] = entry
-    ref = per.get("grpo", {})
-    for v, by_seed in per.items():
-        if v == "grpo" or not ref:
-            continue
-        common = sorted(set(by_seed) & set(ref))
-        if not common:
-            continue
-        k1 = sum(by_seed[s]["eval_successes"] for s in common)
-        n1 = sum(by_seed[s]["eval_episodes"] for s in common)
-        k0 = sum(ref[s]["eval_successes"] for s in common)
-        n0 = sum(ref[s]["eval_episodes"] for s in common)
-        table[v]["vs_grpo"] = {
-            "seeds": common,
-            "diff": harness.paired_difference({s: by_seed[s]["eval_success"] for s in common},
-                                              {s: ref[s]["eval_success"] for s in common}),
-            "risk_ratio": risk_ratio(k1, n1, k0, n0),
-            "cpu_s_per_sample_ratio": mean_interval([by_seed[s]["cpu_s_per_sample"] / ref[s]["cpu_s_per_sample"]
-                                                     for s in common if ref[s]["cpu_s_per_sample"]]),
-        }
-    return {"variants": table, "per_seed": {v: {str(s): r for s, r in d.items()} for v, d in per.items()}}
-
-
+# which runs
 def held_by(d: Path) -> Optional[int]:
     """The pid of a live sweep child running the run in ``d`` (its ``running.pid``), else None.
 
@@ -266,71 +252,25 @@ def held_by(d: Path) -> Optional[int]:
 
 def next_runs(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> List[Tuple[str, int]]:
     """The runs still to do: runs already started (a cut run resumes from its checkpoint) first, then
-    the headline comparison (the base evaluation, GRPO, R3L-oracle, R3L) for every seed, then the
-    ablations for every seed, then the diagnostic probes; seed-major within each group. So a sweep cut
-    short has the headline ratios over all seeds before it spends time on ablations. Runs that a live
-    child holds (another sweep's, or one whose parent was killed) are listed too: ``sweep`` waits for
-    them instead of starting them twice."""
-    started, headline, ablations, diagnostic = [], [], [], []
+    by ``PRIORITY`` (the headline comparison: base, ``grpo_ds``, ``r3l``; then the paper pair; then the
+    oracle diagnostic), seed-major within each: a sweep cut short has the headline over all seeds
+    before it spends time on the rest. Runs that a live child holds (another sweep's, or one whose
+    parent was killed) are listed too: ``sweep`` waits for them instead of starting them twice."""
+    started, rest = [], []
     for s in seeds:
-        for v in [BASE, *variants]:
+        for i, v in enumerate(dict.fromkeys([BASE, *variants])):
             d = run_dir(out, v, s)
             if (d / "final.json").exists():
                 continue
             if (d / "curve.jsonl").exists() or held_by(d):
                 started.append((v, s))
-            elif v == BASE or v in HEADLINE:
-                headline.append((v, s))
-            elif v in DIAGNOSTIC:
-                diagnostic.append((v, s))
             else:
-                ablations.append((v, s))
-    return started + headline + ablations + diagnostic
-
-
-def check_setting(out: Path, setting: Dict[str, Any]) -> None:
-    """Write ``setting.json`` the first time; refuse a different setting later (naming the fields)."""
-    p = out / "setting.json"
-    if not p.exists():
-        out.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(setting, indent=1, sort_keys=True))
-        return
-    old = json.loads(p.read_text())
-    diff = sorted(k for k in set(old) | set(setting) if old.get(k) != setting.get(k))
-    if diff:
-        detail = ", ".join(f"{k}: {old.get(k)!r} there, {setting.get(k)!r} now" for k in diff)
-        raise SystemExit(f"{out} holds a sweep with another setting ({detail}); pass the same options to "
-                         f"resume it, or --out <new folder> for a new sweep")
+                rest.append(((PRIORITY.get(v, 1), s, i), (v, s)))
+    return started + [r for _, r in sorted(rest)]
 
 
 # ---------------------------------------------------------------------------------------------------
 # one run (a child process)
-def build_config(setting: Dict[str, Any], variant: str, seed: int):
-    from rllib_r3l import R3LConfig
-
-    # the sweep's R3L is the paper's: both auxiliary items unless a variant says otherwise (the
-    # embedded default dropped the reflection-SFT item after this sweep; its runs stay resumable)
-    switches = {"aux_items": list(PAPER_AUX_ITEMS), **VARIANTS["grpo" if variant == BASE else variant]}
-    training = dict(group_size=setting["group_size"], tasks_per_iteration=setting["tasks_per_iteration"],
-                    lr=setting["lr"], micro_batch_size=setting["micro_batch_size"],
-                    micro_batch_tokens=setting["micro_batch_tokens"], backend=setting["backend"],
-                    num_threads=setting["num_threads"], sampling_seed=seed,
-                    # the v2 sweep trained every sequence on its own (share_prefixes became the
-                    # default later; same gradient, other float summation order): kept for its runs
-                    share_prefixes=bool(setting.get("share_prefixes", False)),
-                    # a setting.json without the key is v2's, which sampled actions with vLLM's grammar
-                    backend_options={"choice_tokenization": setting.get("choice_tokenization", "any"),
-                                     **({"dtype": setting["engine_dtype"]} if setting.get("engine_dtype") else {})},
-                    **switches)
-    if setting.get("mixed_precision"):
-        training["mixed_precision"] = setting["mixed_precision"]
-    if setting.get("model"):
-        training["model"] = setting["model"]
-    training.update(setting.get("training") or {})
-    return (R3LConfig().environment(setting["env"], env_config=dict(setting["env_config"]))
-            .training(**training).debugging(seed=seed))
-
-
 def evaluate_heldout(algo, episodes: int) -> Dict[str, Any]:
     """``episodes`` games of the test fold (seeds 0..E-1) with the runner's engine at the evaluation
     temperature: base episodes, no reflection. Lost episodes (errors) are counted, not dropped."""
@@ -358,7 +298,7 @@ def evaluate_heldout(algo, episodes: int) -> Dict[str, Any]:
 
 
 def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
-    """The numbers a curve keeps from one ``algo.train()`` result (NaN where absent)."""
+    """The numbers a curve keeps from one ``algo.train()`` result (NaN or None where absent)."""
     from rllib_r3l.cli.main import iteration_record
 
     rec = iteration_record(0, result)
@@ -367,8 +307,14 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
     for k in ("num_retries", "retry_success_rate", "reflection_valid", "reflection_total", "reflection_valid_rate",
               "pivot_accuracy", "pivot_error_mean", "pivot_early_rate", "mean_pivot_turn", "generated_tokens",
               "generated_tokens_per_sample", "prompt_tokens_computed_per_sample", "retry_changed_pivot_action",
-              "retry_took_oracle_action"):
+              "retry_took_oracle_action", "rollout_seconds", "prompt_tokens_computed_reflect",
+              "reflections_skipped_successes", "generated_tokens_reflect", "reflections_truncated"):
         keep[k] = r3l.get(k)
+    # the report's name for the tokens the reflector wrote
+    keep["reflection_generated_tokens"] = keep.pop("generated_tokens_reflect")
+    keep["reflect_s"] = rec["timers"].get("reflect_s")  # the part of the rollout spent reflecting
+    keep["dynamic_extra_rounds"] = rec["dynamic_sampling"].get("extra_rounds")
+    keep["groups_without_signal"] = rec["dynamic_sampling"].get("groups_without_signal")
     for k in ("trained_tokens", "forward_tokens", "update_seconds"):
         keep[k] = learner.get(k)
     for k, v in rec["batch"].items():  # credited tokens and loss share of each item kind
@@ -422,18 +368,23 @@ def _train_and_evaluate(d: Path, out: Path, setting: Dict[str, Any], variant: st
     algo = None
     try:
         if header is not None and ckpt.exists():
-            algo = R3L.from_checkpoint(str(ckpt))
+            algo = R3L.from_checkpoint(str(ckpt))  # the config it started with, whatever the code's defaults now
             recs = [r for r in recs if r["iteration"] <= algo.iteration]  # a record written after the save
             if not recs or recs[-1]["iteration"] != algo.iteration:
                 raise RuntimeError(f"{d}: checkpoint at iteration {algo.iteration} but the curve's last record "
                                    f"is {recs[-1]['iteration'] if recs else None}; delete the folder to rerun")
+            header.setdefault("resumed", []).append({"iteration": algo.iteration, "git_commit": git_commit(),
+                                                     "cpu_model": cpu_model(), "at": time.strftime("%Y-%m-%d %H:%M:%S")})
             _write_curve(d, header, recs)
             print(f"[{variant} seed {seed}] resumed at iteration {algo.iteration}", flush=True)
         else:
             t0 = time.perf_counter()
-            algo = build_config(setting, variant, seed).build_algo()
-            header = {"variant": variant, "seed": seed, "switches": VARIANTS["grpo" if variant == BASE else variant],
-                      "setting": setting, "build_seconds": round(time.perf_counter() - t0, 1),
+            config = build_config(setting, variant, seed)
+            options = option_diff(config)
+            check_recorded(out, variant, options)
+            algo = config.build_algo()
+            header = {"variant": variant, "seed": seed, "options": options, "setting": setting,
+                      "git_commit": git_commit(), "build_seconds": round(time.perf_counter() - t0, 1),
                       "cpu_model": cpu_model(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
             recs = []
             _write_curve(d, header, recs)
@@ -458,6 +409,7 @@ def _train_and_evaluate(d: Path, out: Path, setting: Dict[str, Any], variant: st
             print(f"[{variant} seed {seed}] iteration {algo.iteration}: samples {samples:.0f}/{setting['budget']} "
                   f"success {_fmt(num['success_rate'])} retries {num.get('num_retries') or 0:.0f} "
                   f"retry success {_fmt(num.get('retry_success_rate'))} update {_fmt(num.get('trained_tokens'))} tok "
+                  f"reflection {_fmt(num.get('reflection_generated_tokens'))} tok {_fmt(num.get('reflect_s'))} s "
                   f"{rec['wall_s']:.0f} s (cpu {rec['cpu_s']:.0f})", flush=True)
         final = {"variant": variant, "seed": seed, "iterations": algo.iteration, "samples": samples,
                  **evaluate_heldout(algo, setting["eval_episodes"]),
@@ -482,101 +434,6 @@ def _write_curve(d: Path, header: dict, recs: List[dict]) -> None:
 
 def _fmt(x) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}" if x < 10 else f"{x:.0f}"
-
-
-# ---------------------------------------------------------------------------------------------------
-# report
-def _ci(e: Dict[str, float], digits: int = 3) -> str:
-    if not e or e.get("n", 0) == 0 or math.isnan(e["mean"]):
-        return "-"
-    if e["n"] == 1:
-        return f"{e['mean']:.{digits}f} (1 seed)"
-    return f"{e['mean']:.{digits}f} ± {e['std']:.{digits}f} [{e['lo']:.{digits}f}, {e['hi']:.{digits}f}]"
-
-
-def report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
-    """The markdown table (also written to ``summary.md``), ``summary.json``, ``runs.csv`` and the PNG."""
-    s = summarize(out, variants, seeds)
-    lines = ["| variant | seeds | held-out success: mean ± std [95 % t] | pooled k/n [Wilson] | vs GRPO: paired diff over seeds "
-             "[95 % t] | vs GRPO: risk ratio [Katz] | samples | iterations | retry success | retry changed its pivot "
-             "action | retry took the oracle's action | pivot acc. | CPU s / sample |", "|" + "---|" * 13]
-    for v in [BASE, *variants]:
-        e = s["variants"].get(v)
-        if e is None:
-            continue
-        p = e["pooled"]
-        vs = e.get("vs_grpo", {})
-        rr = vs.get("risk_ratio")
-        rr_s = "-" if not rr or math.isnan(rr["ratio"]) else (
-            f"{rr['ratio']:.2f} [{rr['lo']:.2f}, {rr['hi']:.2f}]" + (" (0.5-corrected)" if rr["corrected"] else ""))
-        lines.append(f"| {v} | {len(e['seeds'])} | {_ci(e['eval_success'])} | {p['k']}/{p['n']} "
-                     f"[{p['wilson'][0]:.2f}, {p['wilson'][1]:.2f}] | {_ci(vs.get('diff', {}))} | {rr_s} | "
-                     f"{_ci(e['samples'], 0)} | {_ci(e['iterations'], 1)} | {_ci(e['retry_success'], 2)} | "
-                     f"{_ci(e['retry_changed_pivot_action'], 2)} | {_ci(e['retry_took_oracle_action'], 2)} | "
-                     f"{_ci(e['pivot_accuracy'], 2)} | {_ci(e['cpu_s_per_sample'], 0)} |")
-    text = "\n".join(lines)
-    (out / "summary.md").write_text(text + "\n")
-    (out / "summary.json").write_text(json.dumps(s, indent=1, default=float))
-    _write_csv(out, s)
-    _plot(out, variants, seeds, s)
-    return text
-
-
-def _write_csv(out: Path, s: Dict[str, Any]) -> None:
-    import csv
-
-    rows = [r for d in s["per_seed"].values() for r in d.values()]
-    if not rows:
-        return
-    with open(out / "runs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
-def _plot(out: Path, variants: Sequence[str], seeds: Sequence[int], s: Dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    color = {v: f"C{i % 10}" for i, v in enumerate([BASE, *VARIANTS])}  # one colour per variant, both panels
-    for v in variants:
-        curves = []
-        for seed in seeds:
-            _, recs = read_curve(run_dir(out, v, seed))
-            tr = [r for r in recs if r["iteration"] > 0 and r.get("success_rate") is not None]
-            if tr:
-                curves.append(([r["samples_cumulative"] for r in tr], [r["success_rate"] for r in tr]))
-        if not curves:
-            continue
-        top = max(c[0][-1] for c in curves)
-        grid = np.linspace(min(c[0][0] for c in curves), top, 24)
-        ys = np.array([interpolate_curve(x, y, grid) for x, y in curves], dtype=float)
-        with np.errstate(all="ignore"):
-            m, sd = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0)
-        axes[0].plot(grid, m, label=f"{v} ({len(curves)} seeds)", color=color[v])
-        axes[0].fill_between(grid, m - sd, m + sd, alpha=0.2, color=color[v])
-    names = [v for v in [BASE, *variants] if v in s["variants"]]
-    for i, v in enumerate(names):
-        e = s["variants"][v]["eval_success"]
-        err = None if math.isnan(e["lo"]) else [[e["mean"] - e["lo"]], [e["hi"] - e["mean"]]]
-        axes[1].errorbar([i], [e["mean"]], yerr=err, fmt="o", capsize=4, color=color[v])
-        for r in s["per_seed"][v].values():
-            axes[1].plot([i + 0.12], [r["eval_success"]], ".", color="gray")
-    axes[1].set_xticks(range(len(names)), names, rotation=30, ha="right")
-    axes[0].set_title("base-rollout success on training tasks (mean ± std over seeds)")
-    axes[0].set_xlabel("trajectories generated (base + retry)")
-    axes[1].set_title("final held-out success (mean, 95 % t-interval; dots: seeds)")
-    for ax in axes:
-        ax.set_ylabel("success rate")
-        ax.set_ylim(-0.02, 1.0)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "learning_curves.png", dpi=110)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -645,7 +502,8 @@ def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Se
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {list(VARIANTS)}")
+    ap.add_argument("--variants", default=None,
+                    help=f"comma list of {list(VARIANTS)} (default: all; with --report-only: those in --out)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--budget", type=int, default=DEFAULT_SETTING["budget"], help="trajectories per run (base + retry)")
@@ -655,23 +513,24 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
-    variants = [v for v in args.variants.split(",") if v]
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad:
-        raise SystemExit(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
+    variants = [v for v in (args.variants or "").split(",") if v]
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     if args.child:
         v, s = args.child.split(":")
-        run_one(out, json.loads((out / "setting.json").read_text()), v, int(s))
+        run_one(out, read_setting(out)["common"], v, int(s))
         return
     if args.report_only:
         if not (out / "setting.json").exists():
             raise SystemExit(f"--report-only: {out} holds no sweep (no setting.json); run the sweep first or "
                              f"pass --out <its folder>")
-        print(report(out, variants, seeds))
+        print(report(out, variants or [v for v in folder_variants(out) if v != BASE], seeds))
         return
+    variants = variants or list(VARIANTS)
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise SystemExit(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
     setting = dict(DEFAULT_SETTING, budget=args.budget, eval_episodes=args.eval_episodes)
-    check_setting(out, setting)
+    check_setting(out, setting, variant_diffs(setting, [BASE, *variants]))
     sweep(out, setting, variants, seeds, args.parallel)
     print(report(out, variants, seeds))
 

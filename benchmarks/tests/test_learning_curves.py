@@ -1,17 +1,31 @@
-"""``benchmarks/learning_curves.py`` (issue 11, item 5): its budget rule and curves on hand values, its
-reading of run folders, and a real cut-short run that resumes from its checkpoint (tiny model, toy
-corridor). Its intervals are ``benchmarks/harness.py``'s (``test_harness.py``)."""
+"""``benchmarks/learning_curves.py`` and its report (issue 39, item 4): the budget rule and curves on
+hand values; each variant's options against ``R3LConfig()`` as ``setting.json`` records them, and the
+refusals of a changed setting; the paired difference and ratio, and the reflection cost, on hand-made
+run folders; the run order and the locks; and a real cut-short run that resumes from its checkpoint
+(tiny model, toy corridor). The intervals are ``benchmarks/harness.py``'s (``test_harness.py``)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from benchmarks import harness
 from benchmarks import learning_curves as lc
+from benchmarks import learning_curves_report as lcr
+
+# What the common setting changes in R3LConfig() (hand-checked against rllib_r3l/options.py and
+# R3LConfig.__init__: lr 1e-6, micro_batch_tokens 2048, backend "auto", mixed_precision "auto",
+# num_threads None, backend_options {}, env_config {}); group 8, 2 tasks, micro-batch 4 and shared
+# prefixes are R3LConfig's own defaults, so they are not differences.
+COMMON = {"backend": "vllm", "backend_options": {"choice_tokenization": "canonical", "dtype": "float32"},
+          "env_config": {"compact_observations": True}, "lr": 1e-5, "micro_batch_tokens": 1024,
+          "mixed_precision": "none", "num_threads": 1}
 
 
 def test_a_run_stops_at_the_budget_or_when_the_next_iteration_would_overshoot_it_more():
@@ -22,74 +36,218 @@ def test_a_run_stops_at_the_budget_or_when_the_next_iteration_would_overshoot_it
 
 
 def test_interpolate_curve_is_linear_inside_and_nan_outside():
-    got = lc.interpolate_curve([8, 16, 32], [0.0, 0.5, 0.25], [4, 8, 12, 24, 32, 40])
+    got = lcr.interpolate_curve([8, 16, 32], [0.0, 0.5, 0.25], [4, 8, 12, 24, 32, 40])
     assert math.isnan(got[0]) and math.isnan(got[-1])
     assert got[1:5] == pytest.approx([0.0, 0.25, 0.375, 0.25])
 
 
+# ---------------------------------------------------------------------------------------------------
+# the setting: every option that differs from R3LConfig()
+def test_each_variant_records_exactly_its_differences_from_r3lconfig_defaults():
+    diffs = lc.variant_diffs(dict(lc.DEFAULT_SETTING), [lc.BASE, "grpo_paper", "grpo_ds", "r3l", "r3l_oracle"])
+    assert diffs[lc.BASE] == COMMON  # the untrained model: the common setting alone
+    # the paper's GRPO (appendix): no R3L component, std-normalised, KL 0.01, the ratio clipped at 0.2
+    # (0.2 is R3LConfig's clip default, and dynamic sampling's default is 0: neither is a difference)
+    assert diffs["grpo_paper"] == {**COMMON, "reflect": False, "pivotal_credit": False,
+                                   "positive_amplification": False, "std_normalize": True, "kl_coef": 0.01,
+                                   "use_importance_ratio": True}
+    assert diffs["grpo_ds"] == {**diffs["grpo_paper"], "dynamic_sampling_rounds": 2}  # the main job's
+    assert diffs["r3l"] == {**COMMON, "dynamic_sampling_rounds": 2}  # today's R3L is the defaults
+    assert diffs["r3l_oracle"] == {**diffs["r3l"], "reflector": "oracle"}
+    # per seed, not per setting: never recorded, so seeds share one record
+    c0, c1 = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l", 0), lc.build_config(dict(lc.DEFAULT_SETTING), "r3l", 1)
+    assert c0.sampling_seed == 0 and c1.sampling_seed == 1 and lc.option_diff(c0) == lc.option_diff(c1)
+    assert lc.VARIANTS["grpo_ds"]["dynamic_sampling_rounds"] == lc.MAIN_JOB_SETTINGS["dynamic_sampling_rounds"]
+
+
+def test_the_paper_variants_use_the_papers_settings():
+    assert {k: lc.VARIANTS["grpo_paper"][k] for k in ("kl_coef", "use_importance_ratio", "clip_ratio_low",
+                                                       "clip_ratio_high", "std_normalize", "reflect")} == {
+        "kl_coef": 0.01, "use_importance_ratio": True, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
+        "std_normalize": True, "reflect": False}
+    assert lc.VARIANTS["r3l_paper"] == {"reflection_style": "paper", "reflection_temperature": 0.7,
+                                        "aux_items": ["reflection_sft", "retry_sft"], "loss_aggregation": "paper",
+                                        "max_reflection_tokens": 512, "dynamic_sampling_rounds": 0}
+    assert lcr.PAIRS == {"r3l": "grpo_ds", "r3l_oracle": "grpo_ds", "r3l_paper": "grpo_paper", "grpo_ds": "grpo_paper"}
+
+
+def test_a_sweep_folder_refuses_another_common_setting_and_names_the_field(tmp_path):
+    diffs = {"r3l": {"lr": 1e-5}}
+    lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING), diffs)
+    lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING), diffs)  # the same setting resumes
+    with pytest.raises(SystemExit, match=r"budget: 64 there, 96 now.*--out"):
+        lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING, budget=96), diffs)
+    rec = json.loads((tmp_path / "setting.json").read_text())
+    assert rec["common"]["budget"] == 64 and rec["variants"] == diffs  # the refused run changed nothing
+
+
+def test_a_recorded_variant_whose_options_changed_is_refused_naming_each_field(tmp_path):
+    lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING), {"r3l": {"dynamic_sampling_rounds": 2, "lr": 1e-5}})
+    # a default changed in the code since: the built config now differs in two fields
+    with pytest.raises(SystemExit) as e:
+        lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING), {"r3l": {"lr": 1e-5, "reflect_on": "all"}})
+    msg = str(e.value)
+    assert "variant r3l: dynamic_sampling_rounds: 2 there, '(R3LConfig default)' now" in msg
+    assert "variant r3l: reflect_on: '(R3LConfig default)' there, 'all' now" in msg
+    # a run about to start checks its own built options against the record too
+    lc.check_recorded(tmp_path, "r3l", {"dynamic_sampling_rounds": 2, "lr": 1e-5})
+    lc.check_recorded(tmp_path, "grpo_ds", {"anything": 1})  # not recorded: nothing to hold it to
+    with pytest.raises(SystemExit, match=r"variant r3l .*dynamic_sampling_rounds: 2 there, 3 now"):
+        lc.check_recorded(tmp_path, "r3l", {"dynamic_sampling_rounds": 3, "lr": 1e-5})
+
+
+def test_a_new_variant_is_added_to_an_existing_folder_and_recorded_ones_kept(tmp_path):
+    lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING), {"base": {"lr": 1e-5}, "r3l": {"lr": 1e-5, "x": 1}})
+    lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING), {"r3l": {"lr": 1e-5, "x": 1}, "grpo_ds": {"kl_coef": 0.01}})
+    rec = json.loads((tmp_path / "setting.json").read_text())
+    assert rec["variants"] == {"base": {"lr": 1e-5}, "r3l": {"lr": 1e-5, "x": 1}, "grpo_ds": {"kl_coef": 0.01}}
+    assert rec["common"] == json.loads(json.dumps(lc.DEFAULT_SETTING))
+
+
+def test_a_v3_folder_is_reported_but_takes_no_new_runs(tmp_path):
+    (tmp_path / "setting.json").write_text(json.dumps(lc.DEFAULT_SETTING))  # v3: the common setting alone
+    with pytest.raises(SystemExit, match="predates per-variant options"):
+        lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING), {"r3l": {}})
+    assert lcr.read_setting(tmp_path) == {"common": lc.DEFAULT_SETTING, "variants": {}}
+
+
+def test_git_commit_names_head_and_flags_tracked_changes():
+    got = lc.git_commit()
+    assert got == "unknown" or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", got), got
+
+
+# ---------------------------------------------------------------------------------------------------
+# the statistics and the report
+def test_paired_ratio_on_hand_values_and_not_with_a_zero():
+    r = harness.paired_ratio({0: 0.5, 1: 0.25, 2: 0.75, 3: None}, {0: 0.25, 1: 0.25, 2: 0.25})
+    assert r["units"] == [0, 1, 2] and r["ratios"] == {0: 2.0, 1: 1.0, 2: 3.0} and r["mean"] == pytest.approx(2.0)
+    # logs ln 2, 0, ln 3: mean ln 6 / 3 (the geometric mean 6^(1/3)), sd 0.55555, t(2 df) 4.303
+    assert r["ratio"] == pytest.approx(6 ** (1 / 3)) and r["log_std"] == pytest.approx(0.5555484, rel=1e-6)
+    assert (r["lo"], r["hi"]) == pytest.approx((0.457071, 7.224104), rel=1e-5)
+    assert lcr.goal_met(r) is False  # 1.82x, but the interval holds 1.0
+    tight = harness.paired_ratio({0: 0.5, 1: 0.6, 2: 0.55}, {0: 0.25, 1: 0.3, 2: 0.25})
+    assert (tight["ratio"], tight["lo"]) == pytest.approx((2.06456, 1.80076), rel=1e-5) and lcr.goal_met(tight)
+    zero = harness.paired_ratio({0: 0.5, 1: 0.25}, {0: 0.25, 1: 0.0})
+    assert zero["zero"] == {1: "b"} and math.isnan(zero["ratio"]) and math.isnan(zero["mean"]) and math.isnan(zero["lo"])
+    assert zero["ratios"][0] == 2.0 and math.isnan(zero["ratios"][1]) and lcr.goal_met(zero) is None
+    assert lcr.ratio_text(zero) == ("2.00, -", "n/a", "n/a (seed 1: 0 successes (the reference))")
+    assert harness.paired_ratio({0: 0.0}, {0: 0.5})["zero"] == {0: "a"}
+    assert lcr.ratio_text(r) == ("2.00, 1.00, 3.00", "2.00", "1.82 [0.46, 7.22]")
+
+
 def _run(out: Path, variant: str, seed: int, its, k: int, n: int = 32) -> None:
-    d = lc.run_dir(out, variant, seed)
+    d = lcr.run_dir(out, variant, seed)
     d.mkdir(parents=True)
     lines = [{"header": {"variant": variant}}] + its
     (d / "curve.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     (d / "final.json").write_text(json.dumps({"eval_successes": k, "eval_episodes": n}))
 
 
-def _it(i, samples, cpu, retries=0.0, retry_ok=None, valid=0.0, pivot=None, tokens=100.0):
+def _it(i, samples, cpu, retries=0.0, retry_ok=None, valid=0.0, pivot=None, tokens=100.0, **more):
     return {"iteration": i, "samples_cumulative": samples, "cpu_s": cpu, "wall_s": cpu, "success_rate": 0.25,
             "num_retries": retries, "retry_success_rate": retry_ok, "reflection_valid": valid,
-            "pivot_accuracy": pivot, "trained_tokens": tokens, "generated_tokens": 10.0, "forward_tokens": 1000.0}
+            "pivot_accuracy": pivot, "trained_tokens": tokens, "generated_tokens": 10.0, "forward_tokens": 1000.0,
+            **more}
 
 
-def test_summarize_pools_seeds_pairs_against_grpo_and_weights_reflection_numbers(tmp_path):
-    _run(tmp_path, "grpo", 0, [_it(1, 16, 100), _it(2, 32, 100, tokens=0.0)], k=4)
-    _run(tmp_path, "grpo", 1, [_it(1, 16, 100), _it(2, 32, 140)], k=2)
+def test_summarize_pairs_each_variant_with_its_reference_at_the_same_seeds(tmp_path):
+    _run(tmp_path, "grpo_paper", 0, [_it(1, 16, 100)], k=4)
+    _run(tmp_path, "grpo_paper", 1, [_it(1, 16, 100)], k=2)
+    _run(tmp_path, "grpo_ds", 0, [_it(1, 16, 100), _it(2, 32, 100, tokens=0.0)], k=4)
+    _run(tmp_path, "grpo_ds", 1, [_it(1, 16, 100), _it(2, 32, 140)], k=2)
     # r3l: retry success pooled by retries (1 of 4, then 3 of 4 -> 4/8), pivot accuracy by valid reports
     _run(tmp_path, "r3l", 0, [_it(1, 14, 200, 4, 0.25, 2, 1.0), _it(2, 28, 200, 4, 0.75, 6, 0.5)], k=8)
     _run(tmp_path, "r3l", 1, [_it(1, 14, 200, 4, 0.25, 0, None)], k=6)
-    s = lc.summarize(tmp_path, ["grpo", "r3l", "r3l_oracle"], [0, 1, 2])
-    assert set(s["variants"]) == {"grpo", "r3l"}  # nothing of r3l_oracle or seed 2 yet
-    g, r = s["variants"]["grpo"], s["variants"]["r3l"]
-    assert g["pooled"]["k"] == 6 and g["pooled"]["n"] == 64 and g["updates"]["mean"] == 1.5
+    s = lcr.summarize(tmp_path, ["grpo_paper", "grpo_ds", "r3l", "r3l_oracle"], [0, 1, 2])
+    assert set(s["variants"]) == {"grpo_paper", "grpo_ds", "r3l"}  # nothing of r3l_oracle or seed 2 yet
+    g = s["variants"]["grpo_ds"]
+    assert g["pooled"] == {"k": 6, "n": 64, "rate": 6 / 64} and g["updates"]["mean"] == 1.5
     assert g["eval_success"]["mean"] == pytest.approx((4 / 32 + 2 / 32) / 2)
     r0 = s["per_seed"]["r3l"]["0"]
     assert r0["retry_success"] == pytest.approx(4 / 8) and r0["pivot_accuracy"] == pytest.approx((2 * 1.0 + 6 * 0.5) / 8)
     assert math.isnan(s["per_seed"]["r3l"]["1"]["pivot_accuracy"])  # no valid report: unknown, not 0
-    assert math.isnan(r0["retry_took_oracle_action"])  # never logged (the policy reflected): unknown
     assert r0["cpu_s_per_sample"] == pytest.approx(400 / 28)
-    vs = r["vs_grpo"]
-    assert vs["seeds"] == [0, 1]
-    assert vs["diff"]["mean"] == pytest.approx(((8 - 4) / 32 + (6 - 2) / 32) / 2)
-    assert vs["risk_ratio"]["ratio"] == pytest.approx((14 / 64) / (6 / 64))
-    assert vs["cpu_s_per_sample_ratio"]["mean"] == pytest.approx(((400 / 28) / (200 / 32) + (200 / 14) / (240 / 32)) / 2)
-    text = lc.report(tmp_path, ["grpo", "r3l"], [0, 1])
-    assert "| r3l | 2 |" in text and (tmp_path / "learning_curves.png").exists() and (tmp_path / "runs.csv").exists()
+    pairs = {(p["variant"], p["reference"]): p for p in s["pairs"]}
+    assert set(pairs) == {("r3l", "grpo_ds"), ("grpo_ds", "grpo_paper")}
+    p = pairs[("r3l", "grpo_ds")]
+    assert p["seeds"] == [0, 1] and p["diff"]["mean"] == pytest.approx(((8 - 4) / 32 + (6 - 2) / 32) / 2)
+    assert p["ratio"]["ratios"] == {0: 2.0, 1: 3.0} and p["ratio"]["ratio"] == pytest.approx(math.sqrt(6))
+    assert p["cpu_s_per_sample_ratio"]["mean"] == pytest.approx(((400 / 28) / (200 / 32) + (200 / 14) / (240 / 32)) / 2)
+    assert pairs[("grpo_ds", "grpo_paper")]["ratio"]["ratios"] == {0: 1.0, 1: 1.0}
+    text = lcr.report(tmp_path, ["grpo_paper", "grpo_ds", "r3l"], [0, 1])
+    assert "| r3l | 2 | 8, 6 of 32 |" in text and "| r3l | grpo_ds | 0, 1 | +0.125, +0.125 |" in text
+    assert "Pooled k/n describes the counts only" in text and "Wilson" not in text
+    assert (tmp_path / "learning_curves.png").exists() and (tmp_path / "runs.csv").exists()
 
 
-def test_next_runs_resume_cut_runs_then_headline_for_all_seeds_then_ablations(tmp_path):
+def test_a_v3_folder_pairs_every_variant_with_its_grpo():
+    assert lcr.pairs_for(["grpo", "r3l", "r3l_no_amp", "base"]) == {"r3l": "grpo", "r3l_no_amp": "grpo", "base": "grpo"}
+    assert lcr.pairs_for(["grpo_paper", "r3l_paper", "r3l"]) == {"r3l_paper": "grpo_paper"}  # r3l lacks grpo_ds
+
+
+def test_reflection_cost_is_summed_per_run_and_unknown_for_curves_without_it(tmp_path):
+    _run(tmp_path, "r3l", 0, [_it(1, 14, 10, reflect_s=3.5, reflection_generated_tokens=700.0,
+                                   prompt_tokens_computed_reflect=900.0, reflections_truncated=1.0),
+                              _it(2, 28, 10, reflect_s=1.5, reflection_generated_tokens=300.0,
+                                  prompt_tokens_computed_reflect=None, reflections_truncated=0.0)], k=3)
+    _run(tmp_path, "r3l", 1, [_it(1, 14, 10, reflect_s=2.0, reflection_generated_tokens=400.0)], k=1)
+    _run(tmp_path, "grpo_ds", 0, [_it(1, 16, 10, reflect_s=0.0, reflection_generated_tokens=0.0)], k=2)
+    _run(tmp_path, "grpo_ds", 1, [_it(1, 16, 10)], k=2)  # a curve from before the fields existed
+    s = lcr.summarize(tmp_path, ["grpo_ds", "r3l"], [0, 1])
+    r0, r1 = s["per_seed"]["r3l"]["0"], s["per_seed"]["r3l"]["1"]
+    assert (r0["reflection_tokens"], r0["reflection_seconds"], r0["reflection_prompt_tokens"],
+            r0["reflections_truncated"]) == (1000.0, 5.0, 900.0, 1.0)
+    assert (r1["reflection_tokens"], r1["reflection_seconds"]) == (400.0, 2.0) and math.isnan(r1["reflections_truncated"])
+    assert s["variants"]["r3l"]["reflection_tokens"]["mean"] == 700.0
+    g0, g1 = s["per_seed"]["grpo_ds"]["0"], s["per_seed"]["grpo_ds"]["1"]
+    assert g0["reflection_tokens"] == 0.0 and math.isnan(g1["reflection_tokens"]) and math.isnan(g1["reflection_seconds"])
+    text = lcr.report(tmp_path, ["grpo_ds", "r3l"], [0, 1])
+    assert "| 1000, 400 | 5, 2 |" in text and "| 0, - | 0, - |" in text
+    # the paired ratio: r3l 3/32 and 1/32 against 2/32 and 2/32
+    assert "| r3l | grpo_ds | 0, 1 | +0.031, -0.031 |" in text and "1.50, 0.50" in text
+
+
+def test_the_summary_states_each_variants_setting_from_setting_json(tmp_path):
+    diffs = {"base": dict(COMMON), "r3l": {**COMMON, "dynamic_sampling_rounds": 2},
+             "r3l_paper": {**COMMON, "reflection_temperature": 0.7, "loss_aggregation": "paper"}}
+    lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING), diffs)
+    _run(tmp_path, "r3l", 0, [_it(1, 14, 10)], k=3)
+    text = lcr.report(tmp_path, ["r3l", "r3l_paper"], [0])
+    assert "lr 1e-05" in text and "a budget of 64 trajectories" in text
+    rows = {}
+    for line in text.splitlines():  # the setting table comes first
+        rows.setdefault(line.split(" | ")[0], line)
+    from rllib_r3l.options import R3L_OPTIONS
+
+    assert "| r3l | true | " + R3L_OPTIONS["reflect_on"][0] + " | 2 |" in rows["| r3l"]  # the defaults, stated
+    assert "| 0.7 |" in rows["| r3l_paper"] and "| paper |" in rows["| r3l_paper"]
+    assert "- r3l: " in text and "`dynamic_sampling_rounds=2`" in text and "`lr=1e-05`" in text
+
+
+# ---------------------------------------------------------------------------------------------------
+# the order of runs and the locks
+def test_next_runs_resume_cut_runs_then_the_headline_for_all_seeds_then_the_paper_pair_then_the_oracle(tmp_path):
     _run(tmp_path, "base", 0, [], k=1)
-    _run(tmp_path, "grpo", 0, [_it(1, 16, 1)], k=1)
-    cut = lc.run_dir(tmp_path, "r3l_no_amp", 1)  # started, not finished: resumes first
+    _run(tmp_path, "grpo_ds", 0, [_it(1, 16, 1)], k=1)
+    cut = lcr.run_dir(tmp_path, "r3l_paper", 1)  # started, not finished: resumes first
     cut.mkdir(parents=True)
-    (cut / "curve.jsonl").write_text(json.dumps({"header": {"variant": "r3l_no_amp"}}) + "\n")
-    lc.run_dir(tmp_path, "r3l", 0).mkdir(parents=True)  # a folder without a curve: not started yet
-    assert lc.next_runs(tmp_path, ["grpo", "r3l", "r3l_no_amp"], [0, 1]) == [
-        ("r3l_no_amp", 1), ("r3l", 0), ("base", 1), ("grpo", 1), ("r3l", 1), ("r3l_no_amp", 0)]
-    # diagnostic probes (the plain-guidance oracle) come after the issue's ablations
-    assert lc.next_runs(tmp_path, ["r3l_oracle_plain", "r3l_no_amp"], [0]) == [("r3l_no_amp", 0), ("r3l_oracle_plain", 0)]
+    (cut / "curve.jsonl").write_text(json.dumps({"header": {"variant": "r3l_paper"}}) + "\n")
+    lcr.run_dir(tmp_path, "r3l", 0).mkdir(parents=True)  # a folder without a curve: not started yet
+    variants = ["grpo_paper", "grpo_ds", "r3l", "r3l_oracle", "r3l_paper"]
+    assert lc.next_runs(tmp_path, variants, [0, 1]) == [
+        ("r3l_paper", 1), ("r3l", 0), ("base", 1), ("grpo_ds", 1), ("r3l", 1), ("grpo_paper", 0), ("r3l_paper", 0),
+        ("grpo_paper", 1), ("r3l_oracle", 0), ("r3l_oracle", 1)]
 
 
 def _holder(seconds: float, then_write: str = ""):
     """A real process that looks like a sweep child (``learning_curves.py --child``) and optionally
     writes a file when it ends."""
     import subprocess
-
     import time
-    from pathlib import Path
 
     code = ("import sys, time, pathlib; time.sleep(float(sys.argv[1]));"
             "sys.argv[2] and pathlib.Path(sys.argv[2]).write_text('{\"eval_successes\": 3, \"eval_episodes\": 32}')")
-    p = subprocess.Popen([sys.executable, "-c", code, str(seconds), then_write, lc.__file__, "--child", "grpo:0"])
+    p = subprocess.Popen([sys.executable, "-c", code, str(seconds), then_write, lc.__file__, "--child", "grpo_ds:0"])
     # Between fork and exec the child's /proc cmdline is still pytest's, which held_by rightly refuses
     # (a real child writes its lock itself, after exec); on a busy machine that window is long.
     deadline = time.monotonic() + 30
@@ -130,55 +288,20 @@ def test_held_by_names_a_live_child_only(tmp_path):
 
 def test_sweep_waits_for_a_run_another_process_holds_and_never_starts_it_twice(tmp_path, capsys):
     _run(tmp_path, "base", 0, [], k=1)
-    d = lc.run_dir(tmp_path, "grpo", 0)
+    d = lcr.run_dir(tmp_path, "grpo_ds", 0)
     d.mkdir(parents=True)
-    (d / "curve.jsonl").write_text(json.dumps({"header": {"variant": "grpo"}}) + "\n" + json.dumps(_it(1, 16, 1)) + "\n")
+    (d / "curve.jsonl").write_text(json.dumps({"header": {"variant": "grpo_ds"}}) + "\n" + json.dumps(_it(1, 16, 1)) + "\n")
     p = _holder(6, str(d / "final.json"))  # an orphaned child of a killed sweep, finishing its run
     (d / lc.LOCK).write_text(f"{p.pid}\n")
     try:
-        assert lc.next_runs(tmp_path, ["grpo"], [0]) == [("grpo", 0)]
-        lc.sweep(tmp_path, dict(lc.DEFAULT_SETTING), ["grpo"], [0], parallel=2)
+        assert lc.next_runs(tmp_path, ["grpo_ds"], [0]) == [("grpo_ds", 0)]
+        lc.sweep(tmp_path, dict(lc.DEFAULT_SETTING), ["grpo_ds"], [0], parallel=2)
     finally:
         p.kill()
     out = capsys.readouterr().out
-    assert f"grpo/seed0 is running in process {p.pid}; waiting for it" in out
-    assert "started" not in out and "grpo/seed0 done" in out
-    assert "| grpo | 1 |" in out and lc.next_runs(tmp_path, ["grpo"], [0]) == []
-
-
-def test_every_variant_builds_a_valid_config_that_differs_only_in_its_switches():
-    base = lc.build_config(dict(lc.DEFAULT_SETTING), "grpo", 0)
-    for v, switches in lc.VARIANTS.items():
-        c = lc.build_config(dict(lc.DEFAULT_SETTING), v, 0)
-        c.validate_r3l()
-        for k, want in switches.items():
-            assert getattr(c, k) == want, (v, k)
-        same = ("group_size", "tasks_per_iteration", "lr", "seed", "sampling_seed", "env", "env_config", "model")
-        assert {k: getattr(c, k) for k in same} == {k: getattr(base, k) for k in same}, v
-    # every variant acts in the tokenizer's own tokens; a v2 setting.json (no key) used vLLM's grammar
-    # and computes in fp32 whatever the CPU, so runs from sessions on different CPUs compare
-    assert base.backend_options == {"choice_tokenization": "canonical", "dtype": "float32"} and base.share_prefixes
-    assert base.mixed_precision == "none"
-    v2 = {k: v for k, v in lc.DEFAULT_SETTING.items()
-          if k not in ("choice_tokenization", "share_prefixes", "engine_dtype", "mixed_precision")}
-    v2_cfg = lc.build_config(v2, "r3l", 0)
-    assert v2_cfg.backend_options == {"choice_tokenization": "any"} and not v2_cfg.share_prefixes
-    plain = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_oracle_plain", 0)
-    assert plain.guidance_template == "Advice for this step: {suggestion}" and plain.reflector == "oracle"
-    no_aux = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_no_aux", 0)
-    assert no_aux.aux_items == [] and no_aux.reflect and no_aux.reflector == "policy"
-    assert lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_no_reflection_sft", 0).aux_items == ["retry_sft"]
-    assert base.aux_items == ["reflection_sft", "retry_sft"]
-    seq = lc.build_config(dict(lc.DEFAULT_SETTING), "r3l_seq_mean", 0)
-    assert seq.loss_aggregation == "sequence_mean" and seq.aux_items
-    assert base.loss_aggregation == "token_mean"
-
-
-def test_a_sweep_folder_refuses_another_setting_and_names_the_field(tmp_path):
-    lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING))
-    lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING))  # the same setting resumes
-    with pytest.raises(SystemExit, match=r"budget: 64 there, 96 now.*--out"):
-        lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING, budget=96))
+    assert f"grpo_ds/seed0 is running in process {p.pid}; waiting for it" in out
+    assert "started" not in out and "grpo_ds/seed0 done" in out
+    assert "| grpo_ds | 1 |" in out and lc.next_runs(tmp_path, ["grpo_ds"], [0]) == []
 
 
 @pytest.mark.integration
@@ -197,18 +320,20 @@ def test_a_run_cut_short_resumes_from_its_checkpoint_and_finishes(tmp_path, tiny
     monkeypatch.setattr(lc, "evaluate_heldout", killed)
     with pytest.raises(KeyboardInterrupt):
         lc.run_one(tmp_path, setting, "r3l_oracle", 0)
-    d = lc.run_dir(tmp_path, "r3l_oracle", 0)
-    header, recs = lc.read_curve(d)
-    assert header["switches"]["reflector"] == "oracle" and [r["iteration"] for r in recs] == [1]
+    d = lcr.run_dir(tmp_path, "r3l_oracle", 0)
+    header, recs = lcr.read_curve(d)
+    assert header["options"]["reflector"] == "oracle" and header["git_commit"] and [r["iteration"] for r in recs] == [1]
     assert (d / "checkpoint").exists() and not (d / "final.json").exists()
     first = recs[0]
     assert first["samples_cumulative"] == first["num_episodes"] + first["num_retries"] >= 4
+    assert first["reflection_generated_tokens"] == 0.0 and first["reflect_s"] is not None  # the oracle writes nothing
 
     monkeypatch.setattr(lc, "evaluate_heldout", real_eval)
     final = lc.run_one(tmp_path, dict(setting, max_iterations=2), "r3l_oracle", 0)
-    _, recs = lc.read_curve(d)
+    header, recs = lcr.read_curve(d)
     assert [r["iteration"] for r in recs] == [1, 2] and recs[0] == first  # iteration 1 kept, not rerun
+    assert [r["iteration"] for r in header["resumed"]] == [1]
     assert recs[1]["samples_cumulative"] > first["samples_cumulative"]
     assert final["iterations"] == 2 and final["eval_episodes"] == 2 and 0 <= final["eval_successes"] <= 2
     assert not (d / "checkpoint").exists() and (d / "final.json").exists()
-    assert lc.run_numbers(tmp_path, "r3l_oracle", 0)["iterations"] == 2
+    assert lcr.run_numbers(tmp_path, "r3l_oracle", 0)["iterations"] == 2

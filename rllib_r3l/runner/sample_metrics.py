@@ -36,8 +36,13 @@ def log_sample_metrics(runner: Any, groups: List[Any], seconds: float, before: C
     if samples:
         turns = sum(t.num_turns - (t.pivot or 0) for t in samples)
         gen = sum(generated_anew(t) for t in samples)
-        gen += sum(len(t.info["reflection"][2].token_ids) for t in base
-                   if t.info.get("reflection") and t.info["reflection"][2] is not None)
+        reports = [t.info["reflection"][2] for t in base
+                   if t.info.get("reflection") and t.info["reflection"][2] is not None]
+        gen += sum(len(o.token_ids) for o in reports)
+        # the cost of reflecting, apart from the rollouts': tokens the reflector wrote, reports cut at
+        # max_reflection_tokens
+        m.log_value(("r3l", "generated_tokens_reflect"), sum(len(o.token_ids) for o in reports), reduce="sum")
+        m.log_value(("r3l", "reflections_truncated"), sum(o.finish_reason == "length" for o in reports), reduce="sum")
         m.log_value(("r3l", "rollout_turns_per_sample"), turns / len(samples), reduce="mean", window=1)
         m.log_value(("r3l", "generated_tokens_per_sample"), gen / len(samples), reduce="mean", window=1)
         m.log_value(("r3l", "generated_tokens"), gen, reduce="sum")
