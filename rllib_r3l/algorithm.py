@@ -109,7 +109,7 @@ class R3L(Algorithm):
         ma_batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=n)
         if c.colocate_engine_sleep:  # free the shared GPU for the learner
             self._foreach_runner(lambda r: r.sleep_engine())
-        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)), resilience.learner_lost_is_clear(self):
             learner_results = self.learner_group.update(
                 batch=ma_batch,
                 timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(

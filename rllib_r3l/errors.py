@@ -15,6 +15,11 @@ class UsageError(Exception):
     """A mistake in the command line, a config file or a path: printed without a traceback, exit code 2."""
 
 
+class LearnerLost(RuntimeError):
+    """A remote learner died (its node went away, or its process was killed). RLlib cannot restart a
+    learner mid-run with its optimizer state, so the run ends; it resumes from its last checkpoint."""
+
+
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or ``""`` when none is close."""
     close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=0.6)

@@ -21,10 +21,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import time
 from collections import Counter
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -252,3 +254,22 @@ def begin_sample(task_seeds: Sequence[int], *backends: Any) -> None:
         if isinstance(b, SeededBackend) and id(b) not in seen:
             seen.add(id(b))
             b.begin_sample(task_seeds)
+
+
+@contextlib.contextmanager
+def learner_lost_is_clear(algo: Any) -> Iterator[None]:
+    """A remote learner that died during the update (its node lost, its process killed) ends the run
+    with one line naming what happened and how to go on, instead of Ray's actor traceback: RLlib does
+    not restart a learner with its optimizer state, and the last checkpoint holds it."""
+    import ray
+
+    from rllib_r3l.errors import LearnerLost
+
+    try:
+        yield
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+        n = algo.config.num_learners
+        raise LearnerLost(f"the learner actor ({n} remote learner(s)) died during the update of iteration "
+                          f"{algo.iteration + 1} ({type(e).__name__}: its node was lost or its process killed); "
+                          "resume from the last checkpoint (rllib-r3l train ... --resume, or "
+                          "R3L.from_checkpoint(path)) once the cluster can place the learner again") from e
