@@ -112,7 +112,7 @@ def run_r3l(args, path):
     cfg = R3LConfig().training(model=path, model_dtype=args.dtype, micro_batch_size=args.micro_batch or args.batch,
                                micro_batch_tokens=None, mixed_precision=args.autocast,
                                lr=1e-6, backend="transformers", num_threads=args.threads)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     algo = cfg.build_algo()
     from transformers import AutoConfig
 

@@ -363,7 +363,7 @@ def _train_and_evaluate(d: Path, out: Path, setting: Dict[str, Any], variant: st
     shutil.rmtree(tmp, ignore_errors=True)  # a save that was cut short
     own_ray = not ray.is_initialized()
     if own_ray:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     header, recs = read_curve(d)
     algo = None
     try:

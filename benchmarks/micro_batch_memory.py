@@ -58,7 +58,7 @@ def measure(micro_batch_tokens: int, updates: int = 2, model: str = MODEL) -> Di
 
     cfg = R3LConfig().training(model=resolve_model(model), micro_batch_size=4, micro_batch_tokens=micro_batch_tokens,
                                lr=1e-6, backend="transformers")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     algo = cfg.build_algo()
     batch = coin_batch()
     times: List[tuple] = []

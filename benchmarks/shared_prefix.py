@@ -119,7 +119,7 @@ def capture(iterations: int, out: str, env=None, env_config=None) -> None:
 
     R3LTorchLearner._update = _update
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
         cfg = R3LConfig()
         if env is not None or env_config is not None:

@@ -311,7 +311,7 @@ def run_ours(s: Settings, seed: int, system: str, save_dir: str) -> Dict[str, An
            .training(**ours_training_options(s, system))
            .debugging(seed=seed))
     t0, c0 = time.perf_counter(), time.process_time()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     algo = cfg.build_algo()
     _ = algo.env_runner.backend  # start the engine now (TRL starts its engine when the trainer is built)
     build = {"build_wall_s": round(time.perf_counter() - t0, 2), "build_cpu_s": round(time.process_time() - c0, 2)}

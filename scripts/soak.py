@@ -355,7 +355,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     import psutil
 
     before = {p.pid for p in psutil.process_iter()}
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     session = os.path.basename(ray._private.worker._global_node.get_session_dir_path())
     try:
         rows, failures, totals = run_soak(args)

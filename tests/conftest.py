@@ -48,6 +48,6 @@ def ray_session():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     yield ray
     ray.shutdown()

@@ -104,7 +104,7 @@ def test_build_algo_refuses_a_gpu_learner_the_ray_cluster_lacks(monkeypatch):
 
     if ray.is_initialized():
         pytest.skip("needs a Ray runtime of its own")
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     try:
         config = (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
                   .training(model="tiny", backend="transformers").learners(num_gpus_per_learner=1))

@@ -29,7 +29,7 @@ def test_retries_reach_the_learner_through_tune(tmp_path):
            .env_runners(env_runner_cls=ScriptedEnvRunner)
            .learners(learner_class=RecordingLearner)
            .debugging(seed=0))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         analysis = tune.run("R3L", config=cfg, stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0)
     finally:

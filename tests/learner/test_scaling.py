@@ -366,7 +366,7 @@ def _deepspeed_zero3_check() -> None:
     tiny_model_dir = resolve_model("tiny")
     tiny_tokenizer = load_tokenizer(tiny_model_dir)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = _config(deepspeed={"stage": 3}).build_algo()
     try:
         _train_until_update(algo)
