@@ -18,7 +18,7 @@ def test_registered_with_tune_on_import_and_across_ray_sessions():
             "from ray.tune.registry import get_trainable_cls\n"
             "assert get_trainable_cls('R3L') is rllib_r3l.R3L\n"
             "for _ in range(2):\n"
-            "    ray.init(address="local", num_cpus=1, include_dashboard=False)\n"
+            "    ray.init(address='local', num_cpus=1, include_dashboard=False)\n"
             "    assert get_trainable_cls('R3L') is rllib_r3l.R3L\n"
             "    ray.shutdown()\n"
             "print('ok')\n")

@@ -101,7 +101,7 @@ def test_import_rllib_r3l_registers_r3l_with_tune_across_ray_sessions():
     code = ("import ray, rllib_r3l\n"
             "from ray.tune.registry import get_trainable_cls\n"
             "for _ in range(2):\n"
-            "    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+            "    ray.init(address='local', num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
             "    assert get_trainable_cls('R3L') is rllib_r3l.R3L\n"
             "    ray.shutdown()\n"
             "print('ok')\n")
