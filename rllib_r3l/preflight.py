@@ -9,6 +9,8 @@ Ray starts. A failure is a ``ValueError("R3LConfig.<field>: <what is wrong and t
   is built and closed (or the class's cheap ``validate_config(**env_config)`` classmethod is called,
   where it has one). The constructor's own error is the message: a missing dataset, a misspelt
   ``data_files`` path, ``ALFWORLD_DATA`` not set. A successful check is remembered per process.
+* First prompt: the runner's prompt for task seed 0 (policy tokenizer and chat template, no weights)
+  plus ``max_response_tokens`` must fit ``max_context_tokens`` (else every episode overflows at turn 0).
 * Model: offline first. A local directory, the built-in ``default``/``tiny`` models, or a hub id
   already in the local Hugging Face cache pass; an id in none of them is looked up on the hub once
   (short timeout, no retries) unless ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` is set.
@@ -78,8 +80,10 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: Optional[str] = None) -> None:
-    """Raise ``ValueError("R3LConfig.env...: ...")`` unless ``env_id`` builds with ``env_config``."""
+def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: Optional[str] = None,
+              on_env: Optional[Callable[[Any], None]] = None) -> None:
+    """Raise ``ValueError("R3LConfig.env...: ...")`` unless ``env_id`` builds with ``env_config``;
+    ``on_env(env)`` looks at the built environment before it is closed."""
     from environments import registry
 
     env_config = dict(env_config or {})
@@ -98,7 +102,7 @@ def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: O
         raise ValueError(f"R3LConfig.env_config: {unknown[1]}")
     kwargs = env_kwargs(factory, env_config, split)
     key = (name, json.dumps(kwargs, sort_keys=True, default=repr))
-    if key in _ENVS_OK:
+    if key in _ENVS_OK and on_env is None:
         return
     try:
         validate = getattr(factory, "validate_config", None)
@@ -106,6 +110,8 @@ def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: O
             validate(**kwargs)
         else:
             env = factory(**kwargs)
+            if on_env is not None:
+                on_env(env)
             close = getattr(env, "close", None)
             if callable(close):
                 try:
@@ -116,6 +122,51 @@ def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: O
         raise ValueError(f"R3LConfig.env_config: {name} cannot be created with env_config={env_config!r}: "
                          f"{_one_line(e)}") from None
     _ENVS_OK.add(key)
+
+
+# The first prompt: below it plus one response, every episode overflows at turn 0 (nothing to train) ---------
+_PROMPTS: Dict[tuple, Optional[int]] = {}  # (model, env, env_config, split, system_prompt) -> its tokens
+
+
+def _tokenizer_source(model_id: str) -> Optional[str]:
+    """Where the model's tokenizer is on this machine, building and downloading nothing; None: not here."""
+    from rllib_r3l import models
+    from rllib_r3l.build_cache import cache_root, is_complete
+
+    if os.path.isdir(os.path.expanduser(model_id)):
+        return os.path.expanduser(model_id)
+    for alias, name in ((models.is_default_model, models._DEFAULT_DIRNAME), (models.is_tiny_model, models._TINY_DIRNAME),
+                        (models.is_gemma_model, models._GEMMA_DIRNAME)):
+        if alias(model_id):  # built into the cache once; not built yet: not here
+            return str(cache_root() / name) if is_complete(cache_root() / name) else None
+    return model_id  # a hub id: read from the local Hugging Face cache only
+
+
+def first_prompt_tokens(config: Any, env: Any) -> Optional[int]:
+    """Tokens of ``EpisodeRunner``'s first prompt (system message, first observation) for task seed 0 on ``env``;
+    None when the tokenizer is not here, its template unusable (the runner says why) or the reset fails."""
+    from rllib_r3l.models import load_tokenizer
+    from rllib_r3l.runner.chat import ChatFormat
+    from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+
+    source = _tokenizer_source(config.model_id)
+    try:
+        chat = ChatFormat(load_tokenizer(source, local_files_only=True)) if source else None
+    except Exception:  # noqa: BLE001 - not in the cache, no usable template: the model check and the run say more
+        return None
+    runner = EpisodeRunner(None, chat, lambda: env, RolloutOptions.from_config(config)) if chat else None
+    live = runner._start_episode(EpisodeSpec(seed=0, group_id="preflight")) if runner else None
+    return len(live.traj.context_ids()) if live is not None and live.env is not None else None
+
+
+def check_first_prompt(config: Any, tokens: Optional[int]) -> None:
+    """``ValueError`` when the first prompt (``tokens``) plus ``max_response_tokens`` exceeds ``max_context_tokens``."""
+    if tokens is not None and config.max_context_tokens < (need := tokens + config.max_response_tokens):
+        raise ValueError(f"R3LConfig.max_context_tokens: {config.max_context_tokens} is below the first prompt of "
+                         f"{config.env} ({tokens} tokens: system prompt and first observation of task seed 0 in the "
+                         f"chat template of {config.model_id}) plus max_response_tokens ({config.max_response_tokens})"
+                         f" = {need}: every episode would overflow at turn 0 and nothing would be trained; set "
+                         f"max_context_tokens to {need} or more (default 4096), or lower max_response_tokens")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,12 +367,22 @@ def ray_capacity() -> Tuple[Optional[float], Optional[float]]:
 
 # --------------------------------------------------------------------------------------------------
 def check_config(config: Any) -> None:
-    """The checks for an ``R3LConfig``: the environment with the training split, policy and reflector
-    models, and, where Ray runs (``build_algo()``), the resources against its cluster."""
-    check_env(config.env, config.env_config, split=config.task_split)
+    """The checks for an ``R3LConfig``: the environment with the training split, policy and reflector models,
+    the first prompt against max_context_tokens, and, where Ray runs (``build_algo()``), its resources."""
+    key = (config.model_id, repr(config.env), json.dumps(config.env_config, sort_keys=True, default=repr),
+           config.task_split, config.system_prompt)
+
+    def measure(env: Any) -> None:  # on the environment check_env builds anyway
+        try:
+            _PROMPTS[key] = first_prompt_tokens(config, env)
+        except Exception:  # noqa: BLE001 - a check that cannot run is no reason to refuse
+            _PROMPTS[key] = None
+
+    check_env(config.env, config.env_config, split=config.task_split, on_env=None if key in _PROMPTS else measure)
     check_model(config.model_id, "model_id")
     if config.reflector_model:  # reflector names a separate model
         check_model(config.reflector_model, "reflector")
+    check_first_prompt(config, _PROMPTS.get(key))
     cpus, gpus = ray_capacity()
     if cpus is None:  # before Ray starts the cluster is unknown (--address): the CLI checks its own Ray
         return

@@ -85,6 +85,8 @@ def cmd_train(args) -> int:
     storages = {name: storage or spec.get("storage_path") for name, spec in experiments.items()}
     plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new)
     check_experiment_storages(experiments, plan, "--storage-path" if storage else "storage_path")
+    for line in resume.resume_notes(plan):  # which checkpoint each resumed trial continues from
+        print(f"# {line}" if args.dry_run else line)
     if args.dry_run:
         import yaml
 
@@ -131,7 +133,7 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
     started = False
     if not ray.is_initialized():
         os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
-        ray.init(address=args.address, num_cpus=None if args.address else launch.local_cpus(args.num_cpus),
+        ray.init(address=args.address or "local", num_cpus=None if args.address else launch.local_cpus(args.num_cpus),
                  include_dashboard=False, log_to_driver=not args.quiet_workers)
         started = True
     import rllib_r3l

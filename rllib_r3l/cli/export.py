@@ -62,10 +62,10 @@ def find_checkpoint(path: str) -> str:
         return path
     ckpts = _checkpoints_in(path)
     if ckpts:
-        return ckpts[-1]
+        return _newest_complete(ckpts)
     trials = [os.path.join(path, d) for d in sorted(os.listdir(path)) if _checkpoints_in(os.path.join(path, d))]
     if len(trials) == 1:
-        return _checkpoints_in(trials[0])[-1]
+        return _newest_complete(_checkpoints_in(trials[0]))
     if len(trials) > 1:
         raise UsageError(f"{path} holds {len(trials)} trials with checkpoints; pass one of them: "
                          + ", ".join(os.path.basename(t) for t in trials))
@@ -86,6 +86,21 @@ def _checkpoints_in(d: str) -> list:
         if m and is_algorithm_checkpoint(os.path.join(d, name)):
             found.append((int(m.group(1)), os.path.join(d, name)))
     return [p for _, p in sorted(found)]
+
+
+def _newest_complete(ckpts: list) -> str:
+    """The newest complete ``checkpoint_*`` of a trial, naming on stderr the newer incomplete ones it skips
+    (a crash or a full disk mid-copy); the newest one when none is complete (its loading names the damage)."""
+    import sys
+
+    from rllib_r3l.cli.checkpoint_integrity import problem, skipped_note
+
+    for i, ckpt in enumerate(reversed(ckpts)):
+        if problem(ckpt) is None:
+            for newer in ckpts[len(ckpts) - i:]:
+                print(skipped_note(newer, problem(newer)), file=sys.stderr)
+            return ckpt
+    return ckpts[-1]
 
 
 def _parents(path: str) -> list:
@@ -125,6 +140,16 @@ def load_checkpoint_config(ckpt: str) -> Dict[str, Any]:
     if hasattr(cfg, "to_dict"):
         cfg = cfg.to_dict()
     return dict(cfg or {})
+
+
+def load_checkpoint_algo_config(ckpt: str) -> Any:
+    """The algorithm's config object stored in the checkpoint (what ``Algorithm.from_checkpoint`` builds with)."""
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    data = _load_pickle(os.path.join(ckpt, "class_and_ctor_args.pkl"))
+    args, kwargs = data.get("ctor_args_and_kwargs", ((), {}))
+    cfg = args[0] if args else kwargs.get("config")
+    return AlgorithmConfig.from_state(cfg) if isinstance(cfg, dict) and "class" in cfg else cfg  # get_state()
 
 
 def checkpoint_iteration(ckpt: str) -> Optional[int]:

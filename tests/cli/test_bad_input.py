@@ -149,7 +149,9 @@ def test_existing_experiment_asks_for_resume_or_new(tmp_path, capsys):
     trial = exp / "R3L_x"  # a trial with a checkpoint: something to resume
     trial.mkdir()
     (trial / "params.json").write_text("{}")
-    (trial / "checkpoint_000000").mkdir()
+    from tests.cli.test_resume import fake_checkpoint
+
+    fake_checkpoint(trial / "checkpoint_000000")  # complete (an empty folder is no checkpoint to resume from)
     code, _out, err = dry_run(capsys, tmp_path)
     usage_error(code, err, "already exists", "--resume", "--new")
     code, out, _err = dry_run(capsys, tmp_path, "--resume")

@@ -38,7 +38,7 @@ def test_iteration_losing_every_episode_to_env_creation_raises_with_the_env_mess
     from rllib_r3l import R3LConfig, preflight
 
     monkeypatch.setattr(preflight, "check_env", lambda *a, **k: None)  # the build-time check would catch it first
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         algo = (R3LConfig().environment("tests.cli.test_resume:BrokenEnv")
                 .training(model="tiny", backend="transformers", group_size=4, tasks_per_iteration=1,
@@ -102,6 +102,20 @@ def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_pat
 # ==================================================================================================
 # Resume traps (issue 37, item 5): no resume without a checkpoint, no flags that resume would ignore
 # ==================================================================================================
+def fake_checkpoint(path):
+    """A folder with RLlib's checkpoint layout (metadata, constructor and state files per component) that
+    ``checkpoint_integrity.problem`` takes for complete; nothing in it can be restored."""
+    import pickle
+
+    for sub, meta, state in (("", "rllib_checkpoint.json", "algorithm_state"), ("learner_group", "metadata.json", "state")):
+        d = path / sub if sub else path
+        d.mkdir(parents=True, exist_ok=True)
+        (d / meta).write_text(json.dumps({"class_and_ctor_args_file": "class_and_ctor_args.pkl", "state_file": state}))
+        (d / "class_and_ctor_args.pkl").write_bytes(pickle.dumps({}))
+        (d / f"{state}.pkl").write_bytes(pickle.dumps({"training_iteration": 1}))
+    return path
+
+
 def _saved_experiment(root, name, checkpoint):
     exp = root / name
     trial = exp / "R3L_x_00000"
@@ -110,7 +124,7 @@ def _saved_experiment(root, name, checkpoint):
     (trial / "params.json").write_text("{}")
     (trial / "result.json").write_text('{"training_iteration": 1}\n')
     if checkpoint:
-        (trial / "checkpoint_000000").mkdir()
+        fake_checkpoint(trial / "checkpoint_000000")
     return exp
 
 
