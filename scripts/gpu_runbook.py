@@ -17,6 +17,10 @@ default (SmolLM2-135M-Instruct) is used. Prints one line per iteration (wall sec
 trained tokens per second, weight-sync seconds, success rate), then checks that every engine
 scores a fixed continuation like the learner's weights (bf16 tolerance), and exits non-zero on a
 failed check. See docs/scaling.md for what each layout means.
+
+First in a GPU window, and where vLLM or Ray is missing: ``benchmarks/gpu_kit.py`` (torch and
+transformers only) checks the learner's loss, shared prefixes, GPU = CPU and throughput; this
+runbook checks what needs the engines (a real run, generation, weight sync into vLLM).
 """
 
 from __future__ import annotations
