@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (
@@ -171,6 +171,11 @@ class R3L(Algorithm):
 
     @override(Algorithm)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> Dict[str, Any]:
+        if self.config.deepspeed and self.config.num_learners > 1 and self._check_component(
+                COMPONENT_LEARNER_GROUP, components, not_components):
+            from rllib_r3l.learner.deepspeed_learner import prepare_checkpoints
+
+            prepare_checkpoints(self.learner_group)  # RLlib asks only the first learner: it gathers every partition
         state = super().get_state(components, not_components=not_components, **kwargs)
         state["r3l_scaling"] = {"num_updates": self._num_updates,
                                 "replay": self._replay.get_state() if self._replay is not None else None}

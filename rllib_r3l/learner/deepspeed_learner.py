@@ -14,8 +14,18 @@ per learner. Same loss and micro-batching as :class:`~rllib_r3l.learner.torch_le
 * ZeRO-3 partitions the weights: after each update every learner joins one gather and the first
   keeps a CPU copy, which ``get_state`` returns (RLlib asks only the first learner for the state
   it syncs to the engines and checkpoints);
-* checkpoints hold the module weights, not the (partitioned) optimizer state: restoring a
-  DeepSpeed run restarts the AdamW moments.
+* checkpoints are complete: the module weights, and per module the optimizer state as DeepSpeed
+  itself saves it (``engine.optimizer.state_dict()``: each learner's ZeRO partition of the fp32
+  master weights and AdamW moments, or the whole AdamW state without ZeRO), the DeepSpeed LR
+  scheduler (when ``config`` declares one) and the engine's step counters; ``set_state`` loads
+  them with DeepSpeed's own ``load_state_dict`` (fp32 masters from the checkpoint, each learner
+  its own partition), so a resumed run continues bit for bit. RLlib asks only the first learner
+  for the state: with several learners every learner first joins
+  :meth:`R3LDeepSpeedLearner.prepare_checkpoint` (a gather of the partitions,
+  :func:`prepare_checkpoints` on the learner group); without that call the optimizer is left out
+  (a warning) and a resume restarts the AdamW moments. Partitions load only into the same number
+  of learners (DeepSpeed does not re-partition a rigid checkpoint); otherwise the moments restart,
+  with a warning.
 
 On CPU (tests) DeepSpeed's CPU accelerator with gloo is used; its shared-memory all-reduce op
 (a ~20-110 s JIT build) is not built.
@@ -23,17 +33,19 @@ On CPU (tests) DeepSpeed's CPU accelerator with gloo is used; its shared-memory 
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 import torch
 from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
 from ray.rllib.utils.annotations import override
 
 from rllib_r3l.learner import distributed
-from rllib_r3l.learner.torch_learner import R3LTorchLearner
+from rllib_r3l.learner.torch_learner import DEEPSPEED_OPTIMIZER_KEY, R3LTorchLearner
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +109,12 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
 
     @override(R3LTorchLearner)
     def build(self) -> None:
+        if self._is_built:  # RLlib's build_learner already built it: keep the engines
+            return
         self._engines: Dict[str, Any] = {}
         self._gathered: Dict[str, Dict[str, torch.Tensor]] = {}
+        self._state_seq = 0  # bumped by every update and restore: a gathered optimizer snapshot's age
+        self._optim_snapshot: Optional[tuple] = None
         super().build()
         for mod in self.module.values():  # several forward calls per micro-batch: not verified under ZeRO
             if getattr(mod, "share_prefixes", False):
@@ -137,6 +153,7 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
         t0 = time.perf_counter()
         torch.set_num_threads(int(self.config.num_threads or os.cpu_count() or 1))
         self._reset_step_stats()
+        self._state_seq += 1
         world = torch.distributed.get_world_size()
         total_loss: Dict[str, torch.Tensor] = {}
         fwd_out: Dict[str, Any] = {}
@@ -198,30 +215,168 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
             with deepspeed.zero.GatheredParameters(list(lm.parameters()), modifier_rank=None):
                 self._gathered[mid] = {"lm." + k: v.detach().to("cpu", copy=True) for k, v in lm.state_dict().items()}
 
+    # -- checkpoint state -------------------------------------------------------------------------------
     @override(R3LTorchLearner)
     def get_state(self, components=None, *, not_components=None, **kwargs):
-        # the optimizer state is partitioned per learner (and DeepSpeed owns its param groups):
-        # not part of the state
-        excluded = [not_components] if isinstance(not_components, str) else list(not_components or [])
-        state = super().get_state(components, not_components=excluded + [COMPONENT_OPTIMIZER], **kwargs)
+        state = super().get_state(components, not_components=not_components, **kwargs)
         if self._stage == 3 and COMPONENT_RL_MODULE in state:
-            for mid, st in state[COMPONENT_RL_MODULE].items():
+            for mid in state[COMPONENT_RL_MODULE]:
                 if mid in self._gathered:
                     state[COMPONENT_RL_MODULE][mid] = dict(self._gathered[mid])
+        if state.get(COMPONENT_OPTIMIZER, True) is None:  # several learners, no gathered snapshot
+            state.pop(COMPONENT_OPTIMIZER)
         return state
+
+    def prepare_checkpoint(self) -> None:
+        """Collective (every learner calls it, e.g. through :func:`prepare_checkpoints`): the first
+        learner keeps every learner's optimizer partition, which its next ``get_state`` returns."""
+        local = self._local_optimizer_states()
+        world = torch.distributed.get_world_size()
+        gathered: Optional[List[Any]] = [None] * world if torch.distributed.get_rank() == 0 else None
+        torch.distributed.gather_object(local, gathered, dst=0)
+        self._optim_snapshot = (self._state_seq, gathered) if gathered is not None else None
+
+    def _local_optimizer_states(self) -> Dict[str, Any]:
+        """This learner's optimizer state per module, as DeepSpeed saves it (CPU copies)."""
+        out = {}
+        for mid, engine in self._engines.items():
+            sched = getattr(engine, "lr_scheduler", None)
+            out[mid] = {"optimizer": _cpu_copy(engine.optimizer.state_dict()),
+                        "lr_scheduler": _cpu_copy(sched.state_dict()) if sched is not None else None,
+                        "global_steps": engine.global_steps, "global_samples": engine.global_samples,
+                        "skipped_steps": engine.skipped_steps}
+        return out
+
+    @override(R3LTorchLearner)
+    def _get_optimizer_state(self):
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if world == 1:
+            per_rank = [self._local_optimizer_states()]
+        elif self._optim_snapshot is not None and self._optim_snapshot[0] == self._state_seq:
+            per_rank = self._optim_snapshot[1]
+        else:
+            logger.warning("DeepSpeed with %d learners: the optimizer state is partitioned and no learner "
+                           "joined prepare_checkpoint() since the last update; the state holds the weights "
+                           "only (a resume restarts the AdamW moments)", world)
+            return None
+        return {DEEPSPEED_OPTIMIZER_KEY: {
+            mid: {"stage": self._stage, "world_size": len(per_rank),
+                  "partitioned": _partitioned(engine.optimizer),
+                  "ranks": [r[mid] for r in per_rank]}
+            for mid, engine in self._engines.items()}}
+
+    @override(R3LTorchLearner)
+    def _set_optimizer_state(self, state) -> None:
+        saved = (state or {}).get(DEEPSPEED_OPTIMIZER_KEY)
+        if saved is None:
+            if state:
+                logger.warning("the checkpoint's optimizer state is not a DeepSpeed one (another learner kind): "
+                               "the AdamW moments restart")
+            return
+        world = torch.distributed.get_world_size()
+        rank = torch.distributed.get_rank()
+        for mid, entry in saved.items():
+            engine = self._engines.get(mid)
+            if engine is None:
+                continue
+            if entry["stage"] != self._stage or entry["world_size"] != world:
+                logger.warning("DeepSpeed optimizer state saved at ZeRO stage %s with %s learners, resumed at "
+                               "stage %s with %s: not loadable, the AdamW moments restart",
+                               entry["stage"], entry["world_size"], self._stage, world)
+                continue
+            mine = entry["ranks"][rank]
+            opt = engine.optimizer
+            prologue = getattr(opt, "checkpoint_event_prologue", None)
+            if prologue is not None:  # ZeRO-3: every parameter partitioned before loading
+                prologue()
+            if entry["partitioned"]:  # each learner its own partition; fp32 masters from the checkpoint
+                opt.load_state_dict(state_dict_list=[r["optimizer"] for r in entry["ranks"]],
+                                    load_optimizer_states=True, load_from_fp32_weights=True)
+            else:
+                opt.load_state_dict(mine["optimizer"])
+            epilogue = getattr(opt, "checkpoint_event_epilogue", None)
+            if epilogue is not None:
+                epilogue()
+            if mine.get("lr_scheduler") is not None and getattr(engine, "lr_scheduler", None) is not None:
+                engine.lr_scheduler.load_state_dict(mine["lr_scheduler"])
+            engine.global_steps = mine["global_steps"]
+            engine.global_samples = mine["global_samples"]
+            engine.skipped_steps = mine["skipped_steps"]
 
     @override(R3LTorchLearner)
     def set_state(self, state) -> None:
         state = dict(state)
-        state.pop(COMPONENT_OPTIMIZER, None)
-        if self._stage != 3:
-            return super().set_state(state)
+        optim = state.pop(COMPONENT_OPTIMIZER, None)
+        self._state_seq += 1
+        with self._module_writable(COMPONENT_RL_MODULE in state):
+            super().set_state(state)
+        if COMPONENT_RL_MODULE in state:
+            self._refresh_masters()
+        if optim is not None:  # after the module: the checkpoint's fp32 masters and partitions win
+            self._set_optimizer_state(optim)
+        if self._stage == 3:
+            self._gather_states()
+
+    @override(R3LTorchLearner)
+    def _restore_all_subcomponents_from_path(self, *args, **kwargs):
+        """``restore_from_path`` loads the module from its own folder before ``set_state`` (the
+        rest): under ZeRO-3 into gathered parameters, and the fp32 masters follow it (without
+        that, the next step would continue from the masters' old values)."""
+        self._state_seq += 1
+        with self._module_writable(True):
+            super()._restore_all_subcomponents_from_path(*args, **kwargs)
+        self._refresh_masters()
+        if self._stage == 3:
+            self._gather_states()
+
+    def _module_writable(self, needed: bool):
+        """ZeRO-3: the full parameters, written back into every learner's partition on exit."""
+        if self._stage != 3 or not needed:
+            return contextlib.nullcontext()
         import deepspeed
 
         params = [p for mid in self._engines for p in self.module[mid].lm.parameters()]
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
-            super().set_state(state)
-        self._gather_states()
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+
+    def _refresh_masters(self) -> None:
+        """DeepSpeed's fp32 master weights (ZeRO, bf16) copied from the module's weights."""
+        for engine in self._engines.values():
+            refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
+            if refresh is not None:
+                refresh()
+
+
+def prepare_checkpoints(learner_group: Any) -> None:
+    """Before saving an Algorithm whose remote learners are DeepSpeed learners: every learner joins
+    :meth:`R3LDeepSpeedLearner.prepare_checkpoint` (RLlib then asks only the first for the state).
+    A no-op for a local learner group (one learner holds the whole state)."""
+    if learner_group is None or learner_group.is_local:
+        return
+    learner_group.foreach_learner(lambda learner: learner.prepare_checkpoint()
+                                  if hasattr(learner, "prepare_checkpoint") else None)
+
+
+def _partitioned(optimizer: Any) -> bool:
+    """True for DeepSpeed's partitioned optimizers (ZeRO 1-3, its bf16 optimizer): their
+    ``load_state_dict`` takes every learner's state and picks its own."""
+    try:
+        return "state_dict_list" in inspect.signature(optimizer.load_state_dict).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _cpu_copy(x: Any) -> Any:
+    """A detached CPU copy of the tensors in a (nested) state dict; other values as they are."""
+    if torch.is_tensor(x):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, dict):
+        out = x.copy()  # keeps the mapping's type (OrderedDict, defaultdict)
+        for k, v in x.items():
+            out[k] = _cpu_copy(v)
+        return out
+    if isinstance(x, list):
+        return [_cpu_copy(v) for v in x]
+    return x
 
 
 def _global_max(value: int) -> float:

@@ -28,6 +28,9 @@ from rllib_r3l.batch import plan_micro_batches
 from rllib_r3l.learner.prefix_tree import computed_tokens, plan_shared_micro_batches, tokens_split_by_cuts
 from rllib_r3l.trajectory import KINDS
 
+# marks a DeepSpeed learner's optimizer state (ZeRO partitions, ``deepspeed_learner``): not plain AdamW's
+DEEPSPEED_OPTIMIZER_KEY = "__deepspeed__"
+
 
 class R3LTorchLearner(TorchLearner):
     """TorchLearner with the R3L loss (paper §4 "Objective")."""
@@ -58,6 +61,18 @@ class R3LTorchLearner(TorchLearner):
                                       fused=fused_adamw_supported(params) or None)
         self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params,
                                 lr_or_lr_schedule=self.config.lr)
+
+    @override(TorchLearner)
+    def _set_optimizer_state(self, state) -> None:
+        """RLlib's optimizer state; a DeepSpeed learner's (ZeRO partitions, its own format, see
+        ``deepspeed_learner``) cannot load into plain AdamW: the moments restart, with a warning."""
+        if isinstance(state, dict) and DEEPSPEED_OPTIMIZER_KEY in state:
+            import logging
+
+            logging.getLogger(__name__).warning("the checkpoint's optimizer state is a DeepSpeed one: not loadable "
+                                                "without deepspeed=...; the AdamW moments restart")
+            return
+        super()._set_optimizer_state(state)
 
     # ------------------------------------------------------------------------------------------------
     def _ref_logprobs(self, batch: Dict[str, torch.Tensor], share_prefixes: bool = False) -> torch.Tensor:

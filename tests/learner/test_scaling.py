@@ -356,7 +356,7 @@ def test_gpu_runbook_dry_run_config():
         rb.main(argv + ["--dry-run"])
 
 
-def _deepspeed_zero3_check() -> None:
+def _deepspeed_zero3_check(tmp: str) -> None:
     """Body of the DeepSpeed test; runs in its own process (it leaves a one-process
     torch.distributed group behind, which must not leak into the test session)."""
     import ray
@@ -368,10 +368,11 @@ def _deepspeed_zero3_check() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = _config(deepspeed={"stage": 3}).build_algo()
+    restored = None
     try:
         _train_until_update(algo)
         full = algo.learner_group.get_state()["learner"]
-        assert "optimizer" not in full
+        assert "__deepspeed__" in full["optimizer"]  # complete checkpoints (issue 38)
         state = full["rl_module"]["default_policy"]
         assert all(v.numel() > 0 for v in state.values())  # gathered, not ZeRO-3 partitions
         prompt = tiny_tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
@@ -381,20 +382,36 @@ def _deepspeed_zero3_check() -> None:
         assert max(abs(a - b) for a, b in zip(ref, init)) > 1e-4
         got = algo.env_runner_group.local_env_runner.backend.score(prompt, cont)
         assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-3
+        # resume through the Algorithm (R3L.from_checkpoint): the next iteration is the same, bit for bit
+        from rllib_r3l import R3L
+
+        path = algo.save_to_path(os.path.join(tmp, "ckpt"))
+        n = algo._num_updates
+        algo.train()
+        assert algo._num_updates == n + 1  # the iteration after the checkpoint trained
+        restored = R3L.from_checkpoint(path)
+        restored.train()
+        assert restored._num_updates == n + 1
+        after, again = (a.learner_group.get_state()["learner"]["rl_module"]["default_policy"] for a in (algo, restored))
+        assert after.keys() == again.keys() and all(torch.equal(after[k], again[k]) for k in after)
     finally:
         algo.stop()
+        if restored is not None:
+            restored.stop()
         ray.shutdown()
 
 
-def test_deepspeed_zero3_learner_syncs_gathered_weights(tiny_model_dir):
+def test_deepspeed_zero3_learner_syncs_gathered_weights(tiny_model_dir, tmp_path):
     """deepspeed={'stage': 3} (one local learner, gloo): the update moves the weights, the engine
-    receives the gathered full weights, the checkpointed state has no (partitioned) optimizer.
+    receives the gathered full weights; the checkpoint holds DeepSpeed's optimizer state, and
+    ``R3L.from_checkpoint`` continues bit for bit.
     In a subprocess, so that it may run in any order with the other tests."""
     import subprocess
     import sys
 
     pytest.importorskip("deepspeed")
     root = str(REPO_ROOT)
-    code = "from tests.learner.test_scaling import _deepspeed_zero3_check; _deepspeed_zero3_check(); print('deepspeed-ok')"
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    code = ("import sys; from tests.learner.test_scaling import _deepspeed_zero3_check; "
+            "_deepspeed_zero3_check(sys.argv[1]); print('deepspeed-ok')")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().endswith("deepspeed-ok"), (out.stdout[-2000:], out.stderr[-4000:])
