@@ -323,13 +323,15 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
     return {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in keep.items()}
 
 
-def keep_training(samples: float, budget: float, last_iteration_samples: float) -> bool:
+def keep_training(samples: float, budget: float, iteration_samples: float) -> bool:
     """Another iteration while it brings the run's samples nearer the budget: stop at the budget, or
-    when less than half an iteration (the last one's samples) is left, so that a variant whose
-    iterations yield 15 samples stops at 63 rather than 78 of a 64 budget (the samples actually
-    used are reported per run)."""
+    when less than half a nominal iteration (``group_size x tasks_per_iteration``) is left, so that a
+    variant whose iterations yield 15 samples stops at 63 rather than 78 of a 64 budget (the samples
+    actually used are reported per run). Nominal, not the last iteration's: with dynamic sampling one
+    iteration may draw three rounds, and measuring the gap against it stopped an R3L run after one
+    update with 18 of 64 trajectories left."""
     gap = budget - samples
-    return gap > 0 and gap > 0.5 * last_iteration_samples
+    return gap > 0 and gap > 0.5 * iteration_samples
 
 
 def _samples_of(num: Dict[str, Any]) -> float:
@@ -389,14 +391,13 @@ def _train_and_evaluate(d: Path, out: Path, setting: Dict[str, Any], variant: st
             recs = []
             _write_curve(d, header, recs)
         samples = recs[-1]["samples_cumulative"] if recs else 0.0
-        last = _samples_of(recs[-1]) if recs else 0.0
-        while (variant != BASE and keep_training(samples, setting["budget"], last)
+        nominal = float(algo.config.group_size * algo.config.tasks_per_iteration)
+        while (variant != BASE and keep_training(samples, setting["budget"], nominal)
                and algo.iteration < setting["max_iterations"]):
             w0, c0 = time.perf_counter(), time.process_time()
             result = algo.train()
             num = iteration_numbers(result)
-            last = _samples_of(num)
-            samples += last
+            samples += _samples_of(num)
             rec = {"iteration": algo.iteration, **num, "samples_cumulative": samples,
                    "wall_s": round(time.perf_counter() - w0, 2), "cpu_s": round(time.process_time() - c0, 2),
                    "loadavg_1m": round(os.getloadavg()[0], 2),

@@ -33,6 +33,7 @@ def test_a_run_stops_at_the_budget_or_when_the_next_iteration_would_overshoot_it
     assert not lc.keep_training(64, 64, 16) and not lc.keep_training(70, 64, 16)
     assert not lc.keep_training(63, 64, 15)  # 1 short: one more iteration would end 14 over
     assert lc.keep_training(56, 64, 15)  # 8 short: nearer the budget with it (71) than without (56)
+    assert lc.keep_training(46, 64, 16)  # a first iteration of three dynamic-sampling rounds: 18 left
 
 
 def test_interpolate_curve_is_linear_inside_and_nan_outside():
