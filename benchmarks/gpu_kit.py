@@ -34,14 +34,12 @@ import contextlib  # noqa: E402
 import copy  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402
-import importlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-import types  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple  # noqa: E402
@@ -56,9 +54,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from rllib_r3l import core_algos  # noqa: E402
-from rllib_r3l.batch import build_train_batch, plan_micro_batches  # noqa: E402
+from rllib_r3l.batch import build_train_batch  # noqa: E402
 from rllib_r3l.learner import cascade_attention, precision  # noqa: E402
-from rllib_r3l.learner.prefix_tree import computed_tokens, plan_shared_micro_batches, trie_tokens  # noqa: E402
+from rllib_r3l.learner.forward import split_micro_batches, token_logprobs  # noqa: E402
+from rllib_r3l.learner.prefix_tree import computed_tokens, trie_tokens  # noqa: E402
 from rllib_r3l.options import default  # noqa: E402
 from rllib_r3l.trajectory import Kind, Segment, Trajectory  # noqa: E402
 
@@ -266,58 +265,6 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 # The learner's forward and loss, without Ray
 
 
-def load_rl_module():
-    """``rllib_r3l.learner.rl_module``, whose train forward (``token_logprobs``, ``shared_prefix_hidden``)
-    the kit runs. The module subclasses Ray's ``TorchRLModule`` at import; those functions never touch
-    Ray. Where Ray is not loaded, the import sees ``torch.nn.Module`` in its place for its duration,
-    and the module so imported is kept out of ``sys.modules`` (nothing else can pick it up)."""
-    name = "rllib_r3l.learner.rl_module"
-    if name in sys.modules:
-        return sys.modules[name]
-    if sys.modules.get("ray") is not None:
-        return importlib.import_module(name)
-    chain = ("ray", "ray.rllib", "ray.rllib.core", "ray.rllib.core.rl_module", "ray.rllib.core.rl_module.torch",
-             "ray.rllib.core.rl_module.torch.torch_rl_module")
-    saved = {n: sys.modules[n] for n in chain if n in sys.modules}
-    for n in chain:
-        sys.modules[n] = types.ModuleType(n)
-    sys.modules[chain[-1]].TorchRLModule = torch.nn.Module
-    try:
-        module = importlib.import_module(name)
-    finally:
-        for n in chain:
-            if n in saved:
-                sys.modules[n] = saved[n]
-            else:
-                sys.modules.pop(n, None)
-        sys.modules.pop(name, None)
-        pkg = sys.modules.get("rllib_r3l.learner")
-        if pkg is not None and "rl_module" in vars(pkg):
-            delattr(pkg, "rl_module")
-    return module
-
-
-def micro_batches(b: Dict[str, torch.Tensor], share: bool, max_sequences: int,
-                  max_tokens: Optional[int]) -> List[Tuple[List[int], Dict[str, torch.Tensor]]]:
-    """``R3LTorchLearner.micro_batches``: the planned rows of each micro-batch and its tensors, right
-    padding trimmed (``prefix_tree.plan_shared_micro_batches`` with shared prefixes, else
-    ``batch.plan_micro_batches``)."""
-    B = int(b["input_ids"].shape[0])
-    lengths = b["attention_mask"].sum(dim=1).tolist()
-    if share:
-        seqs = [b["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)]
-        plan = plan_shared_micro_batches(seqs, max_sequences=max_sequences, max_tokens=max_tokens)
-    else:
-        plan = plan_micro_batches(lengths, max_sequences=max_sequences, max_tokens=max_tokens)
-    out = []
-    for idx in plan:
-        rows = torch.as_tensor(idx, dtype=torch.long, device=b["input_ids"].device)
-        T = int(max(lengths[i] for i in idx))
-        sub = {k: v[rows] for k, v in b.items() if isinstance(v, torch.Tensor) and v.shape[:1] == (B,)}
-        out.append((idx, {k: (v[:, :T] if v.dim() == 2 else v) for k, v in sub.items()}))
-    return out
-
-
 def r3l_loss(batch: Dict[str, torch.Tensor], fwd_out: Dict[str, torch.Tensor], loss_scale: float = 1.0) -> torch.Tensor:
     """``R3LTorchLearner.compute_loss_for_module`` at R3L's defaults (no importance ratio, no KL):
     the per-trajectory advantages and weights broadcast to the selected tokens, then
@@ -341,21 +288,20 @@ class Pass:
     micro_batches: int
 
 
-def forward_backward(rl, lm: torch.nn.Module, batch: Dict[str, torch.Tensor], *, share: bool, mixed_precision: str,
+def forward_backward(lm: torch.nn.Module, batch: Dict[str, torch.Tensor], *, share: bool, mixed_precision: str,
                      micro_batch_size: int = 64, micro_batch_tokens: Optional[int] = None,
                      keep_logprobs: bool = True) -> Pass:
     """One update's forward and backward as ``R3LTorchLearner._update`` runs it (gradients accumulate
     in ``lm``; no optimizer step): micro-batches, each under ``precision.autocast(mixed_precision)``,
-    the learner's own forward (``token_logprobs``, ``rl`` = ``load_rl_module()``) and ``r3l_loss``.
+    the learner's own forward (``learner.forward.token_logprobs``) and ``r3l_loss``.
     ``keep_logprobs``: gather each credited token's log-prob on the CPU (the comparisons; not timed)."""
     device = batch["input_ids"].device
     normalizer = max(float(batch["num_loss_tokens"].sum()), 1.0)
-    shim = types.SimpleNamespace(lm=lm, share_prefixes=share)  # what the learner's RefShim is
     B, T = batch["input_ids"].shape
     logprobs = torch.zeros(B, max(T - 1, 0))
     acc = torch.zeros((), dtype=torch.float32, device=device)
     fwd_tokens = n = 0
-    for idx, sub in micro_batches(batch, share, micro_batch_size, micro_batch_tokens):
+    for idx, sub in split_micro_batches(batch, share, micro_batch_size, micro_batch_tokens):
         if float(sub["num_loss_tokens"].sum()) == 0:
             continue
         sub["normalizer"] = normalizer
@@ -364,7 +310,7 @@ def forward_backward(rl, lm: torch.nn.Module, batch: Dict[str, torch.Tensor], *,
                        if share else int(sub["input_ids"].numel()))
         n += 1
         with precision.autocast(mixed_precision, device.type):
-            out = rl.R3LCausalLMModule.token_logprobs(shim, sub)
+            out = token_logprobs(lm, sub, share_prefixes=share)
             loss = r3l_loss(sub, out)
         loss.backward()
         acc = acc + loss.detach().float()
@@ -579,7 +525,7 @@ def layout_row(plan: Plan, vocab: int) -> Row:
                "FAIL" if problems else "PASS", {**info, "problems": problems})
 
 
-def shared_vs_plain_row(rl, lm, shape: str, plan: Plan, device: torch.device) -> Row:
+def shared_vs_plain_row(lm, shape: str, plan: Plan, device: torch.device) -> Row:
     """The learner's shared-prefix forward (a group's prompt and each pivot's prefix once; CPU:
     cascade attention) against every row on its own through plain SDPA, both under bf16 autocast;
     and, for scale, the plain path in fp32 against bf16."""
@@ -589,7 +535,7 @@ def shared_vs_plain_row(rl, lm, shape: str, plan: Plan, device: torch.device) ->
     for name, share, mp in (("plain", False, "bfloat16"), ("shared", True, "bfloat16"), ("fp32", False, "none")):
         lm.zero_grad(set_to_none=True)
         with cascade_everywhere(device), no_tf32():
-            p = forward_backward(rl, lm, batch, share=share, mixed_precision=mp,
+            p = forward_backward(lm, batch, share=share, mixed_precision=mp,
                                  micro_batch_tokens=plan.check_micro_batch_tokens)
         runs[name] = (p, grads_of(lm))
     lm.zero_grad(set_to_none=True)
@@ -605,7 +551,7 @@ def shared_vs_plain_row(rl, lm, shape: str, plan: Plan, device: torch.device) ->
                 "forward_tokens_plain": runs["plain"][0].forward_tokens})
 
 
-def device_vs_cpu_rows(rl, lm, shape: str, plan: Plan, device: torch.device) -> List[Row]:
+def device_vs_cpu_rows(lm, shape: str, plan: Plan, device: torch.device) -> List[Row]:
     """The loss, log-probs and gradient of one small batch on the device against the same weights on
     the CPU in fp32 (the learner's default path: shared prefixes): fp32 on the device (no TF32), and
     the device under bf16 autocast (the learner's default on CUDA)."""
@@ -614,7 +560,7 @@ def device_vs_cpu_rows(rl, lm, shape: str, plan: Plan, device: torch.device) -> 
     cpu_batch = {k: v.to(cpu) for k, v in batch.items()}
     cpu_lm = copy.deepcopy(lm).to(cpu)
     cpu_lm.zero_grad(set_to_none=True)
-    want = forward_backward(rl, cpu_lm, cpu_batch, share=True, mixed_precision="none")
+    want = forward_backward(cpu_lm, cpu_batch, share=True, mixed_precision="none")
     want_grads = grads_of(cpu_lm)
     del cpu_lm
     mask = cpu_batch["loss_mask"][:, 1:]
@@ -623,7 +569,7 @@ def device_vs_cpu_rows(rl, lm, shape: str, plan: Plan, device: torch.device) -> 
     for tag, mp, tol in (("fp32", "none", TOL_FP32), ("bf16", "bfloat16", TOL_BF16)):
         lm.zero_grad(set_to_none=True)
         with no_tf32():
-            got = forward_backward(rl, lm, batch, share=True, mixed_precision=mp)
+            got = forward_backward(lm, batch, share=True, mixed_precision=mp)
         v = compare(got, grads_of(lm), want, want_grads, mask)
         lm.zero_grad(set_to_none=True)
         ok = within(v, tol)
@@ -633,7 +579,7 @@ def device_vs_cpu_rows(rl, lm, shape: str, plan: Plan, device: torch.device) -> 
     return rows
 
 
-def throughput_row(rl, lm, shape: str, spec: Throughput, plan: Plan, device: torch.device, guard: TimeGuard,
+def throughput_row(lm, shape: str, spec: Throughput, plan: Plan, device: torch.device, guard: TimeGuard,
                    batch=None, info=None) -> Row:
     """Forward + backward of a ``plan.groups``-group batch as the learner runs it (fp32 master weights
     under bf16 autocast, or bf16 weights), ``plan.reps`` times after a warm-up, then a fused AdamW
@@ -652,13 +598,13 @@ def throughput_row(rl, lm, shape: str, spec: Throughput, plan: Plan, device: tor
     if spec.bf16_weights:
         lm.to(torch.bfloat16)
     try:
-        return _timed(rl, lm, shape, spec, plan, device, guard, batch, info, rid, check, label)
+        return _timed(lm, shape, spec, plan, device, guard, batch, info, rid, check, label)
     finally:
         if spec.bf16_weights:
             lm.to(torch.float32)  # the next rows train fp32 master weights again (bf16-rounded: speed only)
 
 
-def _timed(rl, lm, shape, spec, plan, device, guard, batch, info, rid, check, label) -> Row:
+def _timed(lm, shape, spec, plan, device, guard, batch, info, rid, check, label) -> Row:
     mp = "none" if spec.bf16_weights else "bfloat16"
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -668,7 +614,7 @@ def _timed(rl, lm, shape, spec, plan, device, guard, batch, info, rid, check, la
         lm.zero_grad(set_to_none=True)
         synchronize(device)
         t0 = time.perf_counter()
-        last = forward_backward(rl, lm, batch, share=spec.share, mixed_precision=mp, micro_batch_size=64,
+        last = forward_backward(lm, batch, share=spec.share, mixed_precision=mp, micro_batch_size=64,
                                 micro_batch_tokens=spec.micro_batch_tokens, keep_logprobs=False)
         synchronize(device)
         if rep:
@@ -752,27 +698,21 @@ def run(plan: Plan, device: torch.device, out: Path, dry_run: bool) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
-    rl = None
-    try:
-        rl = load_rl_module()
-    except Exception as exc:
-        emit(failed_row("imports", "-", exc))
-    if rl is not None:
-        emit(imports_row())
+    emit(imports_row())
     vocab0 = model_config(plan.shapes[0]).vocab_size
     attempt("layout", "-", layout_row, plan, vocab0)
-    for i, shape in enumerate(plan.shapes if rl is not None else ()):
+    for i, shape in enumerate(plan.shapes):
         try:
             lm = build_model(shape, device)
         except Exception as exc:
             emit(failed_row(f"build/{shape}", shape, exc))
             continue
-        attempt(f"shared_vs_plain/{shape}", shape, shared_vs_plain_row, rl, lm, shape, plan, device)
+        attempt(f"shared_vs_plain/{shape}", shape, shared_vs_plain_row, lm, shape, plan, device)
         if i == 0:
-            attempt(f"device_vs_cpu/{shape}", shape, device_vs_cpu_rows, rl, lm, shape, plan, device)
+            attempt(f"device_vs_cpu/{shape}", shape, device_vs_cpu_rows, lm, shape, plan, device)
         batch, info, _, _ = make_batch(plan.groups, plan.layout, lm.config.vocab_size, seed=3, device=str(device))
         for spec in plan.throughput:
-            attempt(f"throughput/{shape}/{spec.key}", shape, throughput_row, rl, lm, shape, spec, plan, device, guard,
+            attempt(f"throughput/{shape}/{spec.key}", shape, throughput_row, lm, shape, spec, plan, device, guard,
                     batch, info)
         del lm, batch
         if device.type == "cuda":

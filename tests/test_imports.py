@@ -14,7 +14,7 @@ from tests import REPO_ROOT
 ROOT = REPO_ROOT
 PKG = ROOT / "rllib_r3l"
 PURE = ("rllib_r3l.core_algos", "rllib_r3l.batch", "rllib_r3l.trajectory", "rllib_r3l.options",
-        "rllib_r3l.learner.prefix_tree")
+        "rllib_r3l.learner.prefix_tree", "rllib_r3l.learner.forward")
 
 
 def _module_name(path: Path) -> str:

@@ -50,15 +50,12 @@ def test_dry_run_cpu_stands_in_for_the_gpu_with_ray_and_vllm_unimportable_every_
     assert "Traceback" not in r.stderr
 
 
-def test_load_rl_module_without_ray_leaves_no_stand_in_behind():
+def test_the_learners_forward_imports_without_ray():
     code = ("import sys\n"
             + "".join(f"sys.modules[{b!r}] = None\n" for b in BLOCK)
-            + "from benchmarks import gpu_kit as kit\n"
-            + "rl = kit.load_rl_module()\n"
-            + "assert callable(rl.R3LCausalLMModule.token_logprobs) and callable(rl.shared_prefix_hidden)\n"
-            + "assert sys.modules['ray'] is None and 'ray.rllib' not in sys.modules\n"
-            + "assert 'rllib_r3l.learner.rl_module' not in sys.modules\n"
-            + "import rllib_r3l.learner as pkg; assert 'rl_module' not in vars(pkg)\n"
+            + "from rllib_r3l.learner import forward\n"
+            + "assert callable(forward.token_logprobs) and callable(forward.shared_prefix_hidden)\n"
+            + "assert sys.modules['ray'] is None\n"
             + "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
@@ -141,7 +138,7 @@ def test_a_throughput_row_past_the_budget_is_a_skip_row_not_a_failure():
     batch, info, _, _ = kit.make_batch(1, kit.DRY_LAYOUT, 4096)
     guard = kit.TimeGuard(0.0)
     # no model: the row is skipped before one is touched
-    row = kit.throughput_row(None, None, "qwen2.5-1.5b", kit.Throughput(16384), kit.GPU_PLAN, torch.device("cpu"),
+    row = kit.throughput_row(None, "qwen2.5-1.5b", kit.Throughput(16384), kit.GPU_PLAN, torch.device("cpu"),
                              guard, batch, info)
     assert row.result == "SKIP" and row.id == "throughput/qwen2.5-1.5b/mbt16384" and "time guard" in row.measured
     assert "| SKIP |" in row.markdown()
@@ -183,9 +180,8 @@ def test_the_kits_loss_and_gradient_equal_the_learners_on_an_r3l_group(tiny_mode
     learner = make_learner(micro_batch_size=3, micro_batch_tokens=None)
     lm = learner.module[MID].lm
     batch, _, _, _ = kit.make_batch(1, kit.DRY_LAYOUT, lm.config.vocab_size, seed=4)
-    rl = kit.load_rl_module()
     lm.zero_grad(set_to_none=True)
-    mine = kit.forward_backward(rl, lm, batch, share=True, mixed_precision="none", micro_batch_size=3)
+    mine = kit.forward_backward(lm, batch, share=True, mixed_precision="none", micro_batch_size=3)
     kit_grads = {id(p): p.grad.detach().clone() for p in lm.parameters()}
     lm.zero_grad(set_to_none=True)
     _, losses, _ = learner._update({MID: {k: v.clone() for k, v in batch.items()}})

@@ -24,8 +24,8 @@ from rllib_r3l import core_algos
 from rllib_r3l.learner import distributed
 from rllib_r3l.reliability import faults
 from rllib_r3l.learner import precision
-from rllib_r3l.batch import plan_micro_batches
-from rllib_r3l.learner.prefix_tree import computed_tokens, plan_shared_micro_batches, tokens_split_by_cuts
+from rllib_r3l.learner.forward import split_micro_batches
+from rllib_r3l.learner.prefix_tree import computed_tokens, tokens_split_by_cuts
 from rllib_r3l.trajectory import KINDS
 
 # marks a DeepSpeed learner's optimizer state (ZeRO partitions, ``deepspeed_learner``): not plain AdamW's
@@ -152,26 +152,10 @@ class R3LTorchLearner(TorchLearner):
         return bool(getattr(mod, "share_prefixes", False))
 
     def micro_batches(self, b: Dict[str, Any], share_prefixes: bool = False) -> List[Dict[str, Any]]:
-        """The batch cut into micro-batches, right padding trimmed: at most ``micro_batch_size``
-        trajectories and ``micro_batch_tokens`` tokens each. Padded tokens, longest first
-        (``batch.plan_micro_batches``); with shared-prefix training, the tokens of the micro-batch's
-        prefix trie, rows in token order so that shared prefixes meet (``prefix_tree``)."""
-        B = int(b["input_ids"].shape[0])
-        lengths = b["attention_mask"].sum(dim=1).tolist()
-        if share_prefixes:
-            seqs = [b["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)]
-            plan = plan_shared_micro_batches(seqs, max_sequences=int(self.config.micro_batch_size),
-                                             max_tokens=self.config.micro_batch_tokens)
-        else:
-            plan = plan_micro_batches(lengths, max_sequences=int(self.config.micro_batch_size),
-                                      max_tokens=self.config.micro_batch_tokens)
-        out = []
-        for idx in plan:
-            rows = torch.as_tensor(idx, dtype=torch.long)
-            T = int(max(lengths[i] for i in idx))
-            sub = {k: v[rows] for k, v in b.items() if isinstance(v, torch.Tensor) and v.shape[:1] == (B,)}
-            out.append({k: (v[:, :T] if v.dim() == 2 else v) for k, v in sub.items()})
-        return out
+        """The batch cut into micro-batches of at most ``micro_batch_size`` trajectories and
+        ``micro_batch_tokens`` tokens (``rllib_r3l.learner.forward.split_micro_batches``)."""
+        return [sub for _, sub in split_micro_batches(b, share_prefixes, int(self.config.micro_batch_size),
+                                                      self.config.micro_batch_tokens)]
 
     def autocast(self):
         """bf16 autocast per ``mixed_precision`` (fp32 master weights; ``rllib_r3l.learner.precision``)."""

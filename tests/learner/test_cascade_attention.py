@@ -66,7 +66,7 @@ def test_decoder_switch_is_restored_and_matches_sdpa_on_a_cache(tiny_model_dir, 
     if min_keys is not None:
         monkeypatch.setattr("rllib_r3l.learner.cascade_attention.CASCADE_MIN_KEYS", min_keys)
     from rllib_r3l.models import load_causal_lm
-    from rllib_r3l.learner.rl_module import _cache
+    from rllib_r3l.learner.forward import _cache
 
     lm = load_causal_lm(tiny_model_dir, dtype=torch.float32)
     dec = lm.get_decoder()
