@@ -123,8 +123,8 @@ class R3L(Algorithm):
         # 4. Sync: the new weights into every engine (every S updates), in place.
         if self._num_updates % c.weight_sync_interval == 0:
             t_sync = time.perf_counter()
-            with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-                self._sync_weights()
+            with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)), resilience.learner_lost_is_clear(self):
+                self._sync_weights()  # a learner process outlives its lost node for a moment: this may be the call that fails
             self._synced_update = self._num_updates
             # this iteration's sync, exact (RLlib's timer above is a moving average): the console's split
             self.metrics.log_value(("r3l", "timers", "weight_sync_s"), time.perf_counter() - t_sync, reduce="mean",

@@ -8,6 +8,9 @@
   ``restore_env_runners`` gives it the learner's weights and its last task-seed RNG state) and the
   lost share is sampled again (``r3l/faults/groups_resampled``). Invariant per iteration:
   ``groups received = tasks_per_iteration - groups_lost_with_runner + groups_resampled``.
+  A runner Ray restarted before the driver saw it fail (a sample call queued for the new process)
+  refuses to sample with its initial weights (``env_runners_restarted_unseen``): counted, restored and
+  re-sampled the same way.
 * ``restore_env_runners``: replaces RLlib's default, which copies the *local* runner's state into a
   restarted runner (the local runner of a multi-runner group has no model loaded and a different
   task RNG) and no weights: the restarted runner would sample with the initial weights.
@@ -56,8 +59,18 @@ def _runner_cache(algo: Any) -> Dict[int, Dict[str, Any]]:
     return cache
 
 
-def _sample_fn(n: int):
-    return lambda r: (r.sample(num_groups=n), r.get_metrics(), r.worker_index, r.get_state())
+def _sample_fn(n: int, after: Dict[str, Any]):
+    """Sample ``n`` groups, unless the runner has fewer groups behind it than the driver last saw
+    (``after``): then it is a fresh process Ray restarted unseen, with the initial weights and task RNG,
+    and it answers ``None`` instead (raising would make RLlib exit the actor and restart it again)."""
+    k = int(after.get("num_groups_sampled", 0) or 0)
+
+    def fn(r):
+        if r.get_state()["num_groups_sampled"] < k:
+            return None, None, r.worker_index, None
+        return r.sample(num_groups=n), r.get_metrics(), r.worker_index, r.get_state()
+
+    return fn
 
 
 def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
@@ -83,13 +96,17 @@ def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
         ids = sorted(pending)
         killer = faults.maybe_kill_runner(algo, ids) if attempt == 0 else None
         try:
-            out = group.foreach_env_runner([_sample_fn(pending[i]) for i in ids], remote_worker_ids=ids,
+            out = group.foreach_env_runner([_sample_fn(pending[i], cache.get(i, {})) for i in ids], remote_worker_ids=ids,
                                            local_env_runner=False)
         finally:
             if killer is not None and killer.finish():
                 m.log_value(("r3l", "faults", "injected_runner_kill"), 1, reduce="sum")
         done = set()
         for sample, runner_metrics, idx, state in out:
+            if sample is None:  # restarted unseen: out of service until restored with weights and RNG
+                m.log_value(("r3l", "faults", "env_runners_restarted_unseen"), 1, reduce="sum")
+                group._worker_manager.set_actor_state(idx, healthy=False)
+                continue
             groups.extend(sample)
             metrics.append(runner_metrics)
             cache[idx] = state
@@ -269,7 +286,7 @@ def learner_lost_is_clear(algo: Any) -> Iterator[None]:
         yield
     except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
         n = algo.config.num_learners
-        raise LearnerLost(f"the learner actor ({n} remote learner(s)) died during the update of iteration "
+        raise LearnerLost(f"the learner actor ({n} remote learner(s)) died during the update or weight sync of iteration "
                           f"{algo.iteration + 1} ({type(e).__name__}: its node was lost or its process killed); "
                           "resume from the last checkpoint (rllib-r3l train ... --resume, or "
                           "R3L.from_checkpoint(path)) once the cluster can place the learner again") from e

@@ -401,3 +401,51 @@ def test_driver_killed_after_checkpoint_resumes_exactly(ray_session, tmp_path):
         assert _same(_weights(algo), ref)
     finally:
         algo.stop()
+
+
+def test_a_runner_ray_restarted_unseen_refuses_its_initial_weights_and_the_iteration_repeats_exactly(ray_session):
+    """A runner whose node dies between iterations is restarted by Ray (max_restarts); a sample call sent
+    after that goes to the new process, which holds the initial weights and task RNG, with no error for
+    RLlib to see. It must refuse, be counted, restored and re-sampled: iteration 2
+    then equals an uninterrupted run's, bit for bit."""
+    import ray
+
+    def config():
+        return resume_config().fault_tolerance(restart_failed_env_runners=True)
+
+    reference = config().build_algo()
+    try:
+        reference.train()
+        reference.train()
+        expected = _weights(reference)
+    finally:
+        reference.stop()
+
+    algo = config().build_algo()
+    try:
+        algo.train()
+        [rid] = algo.env_runner_group.healthy_worker_ids()
+        actor = algo.env_runner_group._worker_manager._actors[rid]
+        ray.kill(actor, no_restart=False)  # the process dies; Ray restarts it, RLlib is not told
+        started = time.monotonic()
+        while True:  # until the new process answers (calls to a restarting actor fail fast)
+            assert time.monotonic() - started < HANG_GUARD_S, "hang guard: the runner was not restarted"
+            try:
+                state = ray.get(actor.get_state.remote(), timeout=HANG_GUARD_S)
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+                time.sleep(0.2)
+                continue
+            if state["num_groups_sampled"] == 0:
+                break  # the fresh process (the old one, before the kill landed, has sampled)
+            time.sleep(0.2)
+        assert rid in algo.env_runner_group.healthy_worker_ids()  # RLlib never saw the failure
+        r = algo.train()
+        f = r["r3l"]["faults"]
+        tasks = algo.config.tasks_per_iteration
+        assert f["env_runner_failures"] == 1 and f["groups_lost_with_runner"] == tasks
+        assert f["groups_resampled"] == tasks and f["env_runners_restored"] == 1
+        assert f["env_runners_restarted_unseen"] == 1
+        assert r["env_runners"]["num_groups"] == tasks
+        assert _same(_weights(algo), expected)  # restored weights and RNG: the same samples, the same update
+    finally:
+        algo.stop()
