@@ -150,12 +150,17 @@ class R3L(Algorithm):
     def _sync_weights(self) -> None:
         """The learner's weights into every engine, in place.
 
-        With remote runners, RLlib's ``sync_weights``: one ``ray.put`` shared by every runner.
+        Through vLLM's weight-transfer engines where the engines have them (learner/weight_sync.py: in
+        the engine's dtype, packed, no driver and no object store); otherwise, with remote runners, RLlib's ``sync_weights``: one ``ray.put`` shared by every runner.
         timeout_seconds=None: first collect the previous sync's acknowledgements (long done), else
         RLlib silently drops this sync for a runner whose previous one it has not yet seen complete
         (max_requests_in_flight_per_env_runner), leaving a stale engine. With only the driver's runner
         (``num_env_runners=0``, the main job), the state goes to it directly: RLlib would still pickle
         it into the object store (the whole fp32 state, seconds on CPU) for no reader."""
+        from rllib_r3l.learner.weight_sync import sync_weights_via_transfer
+
+        if sync_weights_via_transfer(self):  # vLLM's weight-transfer engines: learner rank 0 -> engines, no driver
+            return
         group = self.env_runner_group
         if group.num_remote_workers() > 0 or group.local_env_runner is None:
             group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,

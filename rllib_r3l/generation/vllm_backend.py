@@ -29,7 +29,7 @@ import torch
 from rllib_r3l.generation.base import CHOICE_TOKENIZATIONS, GenerationBackend, GenerationRequest, GenerationResult
 from rllib_r3l.generation.vllm_choice import choice_extra_args
 from rllib_r3l.generation.vllm_engine import engine_args, register_model_classes_in_process
-from rllib_r3l.generation.vllm_weights import reload_weights_on_worker, weight_buckets
+from rllib_r3l.generation.vllm_weights import quiet_reload_logs, reload_weights_on_worker, weight_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,11 @@ class VLLMBackend(GenerationBackend):
             ``tensor_parallel_size > 1`` the executor is ``mp`` unless ``engine_kwargs`` names one).
         stop_token_ids: tokens that end a generation (default: EOS and the end-of-turn token).
         weight_bucket_bytes: max bytes per weight-update RPC (decoder layers are never split);
-            default 1 GiB.
+            default 1 GiB. Set in ``backend_options``, also the weight-transfer path's packed buffer
+            (else 1 GiB on GPU, 16 MiB on CPU).
+        weight_transfer: the learner -> engine sync: "auto" (default: vLLM's weight-transfer engines
+            where this vLLM has them, :mod:`rllib_r3l.generation.weight_transfer`), "off" (the
+            object store and ``update_weights``), or an engine name ("nccl", "ipc", "r3l_gloo").
         compact_json: JSON-schema outputs without free whitespace (engine-wide; default True).
         num_threads: ``torch.set_num_threads`` before the engine starts (the in-process CPU engine
             computes with torch's threads; None: leave the setting).
@@ -93,6 +97,7 @@ class VLLMBackend(GenerationBackend):
         enforce_eager: Optional[bool] = None,
         stop_token_ids: Optional[Sequence[int]] = None,
         weight_bucket_bytes: Optional[int] = 1 << 30,
+        weight_transfer: str = "auto",
         compact_json: bool = True,
         num_threads: Optional[int] = None,
         choice_tokenization: str = "canonical",
@@ -125,6 +130,8 @@ class VLLMBackend(GenerationBackend):
         self.on_cpu = bool(current_platform.is_cpu())
         self.enable_sleep_mode = bool(enable_sleep_mode) and not self.on_cpu
         self.weight_bucket_bytes = weight_bucket_bytes
+        self.weight_transfer = weight_transfer
+        self.transfer_session: Optional[str] = None  # the trainer's transfer group this engine is in
         self._asleep: set = set()
 
         kwargs = engine_args(model_path, on_cpu=self.on_cpu, dtype=dtype, seed=seed, max_model_len=max_model_len,
@@ -281,9 +288,51 @@ class VLLMBackend(GenerationBackend):
         buckets = weight_buckets(named_tensors, self.weight_bucket_bytes, skip=skip, dtype=cast)
         for bucket in buckets:
             self._llm.collective_rpc(reload_weights_on_worker, args=(bucket,))
+        self._reset_prefix_cache()
+        self.last_update_seconds = time.perf_counter() - t0
+
+    def _reset_prefix_cache(self) -> None:
         if not self._llm.reset_prefix_cache():
             logger.warning("vLLM did not reset its prefix cache after a weight update (requests running?)")
-        self.last_update_seconds = time.perf_counter() - t0
+
+    # -- vLLM's weight-transfer engine API (rllib_r3l.generation.weight_transfer; the trainer side is
+    # rllib_r3l.learner.weight_sync.WeightTransferSync) ------------------------------------------------
+    def weight_transfer_info(self) -> Dict[str, Any]:
+        """What the trainer needs to choose and open a transfer group with this engine."""
+        from rllib_r3l.generation.weight_transfer import engine_info
+
+        return engine_info(self, self._llm.llm_engine.vllm_config.parallel_config)
+
+    def init_weight_transfer(self, backend: str, init_info: Dict[str, Any], session: str) -> None:
+        """Join the trainer's transfer group (blocks until the trainer opens its end)."""
+        from rllib_r3l.generation.weight_transfer import install_on_worker
+
+        self.transfer_session = None
+        self._llm.collective_rpc(install_on_worker, args=(backend,))
+        self._llm.init_weight_transfer_engine({"init_info": init_info})
+        self.transfer_session = session
+
+    def start_weight_update(self) -> None:
+        self._transfer_t0 = time.perf_counter()
+        if "weights" in self._asleep:  # sleeping engine: bring the weight memory back first
+            self.wake_up(["weights"])
+        self._llm.start_weight_update()
+
+    def receive_weights(self, update_info: Dict[str, Any]) -> None:
+        """Receive one update's weights from the trainer's broadcast (vLLM's ``update_weights``)."""
+        with quiet_reload_logs():
+            self._llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self) -> None:
+        with quiet_reload_logs():
+            self._llm.finish_weight_update()
+        self._reset_prefix_cache()
+        self.last_update_seconds = time.perf_counter() - getattr(self, "_transfer_t0", time.perf_counter())
+
+    def shutdown_weight_transfer(self) -> None:
+        self.transfer_session = None
+        with contextlib.suppress(Exception):
+            self._llm.shutdown_weight_transfer_engine()
 
     # ----------------------------------------------------------------------------------------------
     def score_batch(self, pairs: Sequence[Tuple[List[int], List[int]]]) -> List[List[float]]:

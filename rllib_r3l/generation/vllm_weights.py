@@ -8,13 +8,14 @@ plans the sync; :class:`rllib_r3l.generation.vllm_backend.VLLMBackend` drives it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["group_key", "weight_buckets", "reload_weights_on_worker"]
+__all__ = ["group_key", "weight_buckets", "reload_weights_on_worker", "refresh_tied_lm_head", "quiet_reload_logs"]
 
 _LAYER_RE = re.compile(r"^(.*?\.layers\.\d+)\.")
 _RELOAD_LOGGERS = (
@@ -70,34 +71,41 @@ def weight_buckets(
     return buckets
 
 
-def reload_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) -> int:
-    """Runs on each vLLM worker (through ``collective_rpc``): reload ``weights`` in place."""
-    # vLLM warns about every layer a call does not hold (the tied lm_head, rotary buffers, the
-    # layers of other buckets; those keep their current values) and about fp32 -> bf16 casts
-    # (done by the in-place copy): noise here.
+@contextlib.contextmanager
+def quiet_reload_logs():
+    """vLLM warns about every layer a reload does not hold (the tied lm_head, rotary buffers, the
+    layers of other buckets; those keep their current values) and about fp32 -> bf16 casts (done by
+    the in-place copy): noise here."""
     saved = []
     for name in _RELOAD_LOGGERS:
         lg = logging.getLogger(name)
         saved.append((lg, lg.level))
         lg.setLevel(logging.ERROR)
     try:
+        yield
+    finally:
+        for lg, level in saved:
+            lg.setLevel(level)
+
+
+def reload_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) -> int:
+    """Runs on each vLLM worker (through ``collective_rpc``): reload ``weights`` in place."""
+    with quiet_reload_logs():
         reload = getattr(worker, "reload_weights", None)
         if reload is None:
             reload = worker.model_runner.reload_weights
         reload(weights_iterator=iter(weights))
         if any(n.endswith("embed_tokens.weight") for n, _ in weights):
-            _refresh_tied_lm_head(worker)
-    finally:
-        for lg, level in saved:
-            lg.setLevel(level)
+            refresh_tied_lm_head(worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model)
     return len(weights)
 
 
-def _refresh_tied_lm_head(worker) -> None:
-    """A tied output head shares the embedding's parameter, but the reload post-processes only the
-    embedding layer: on CPU the head keeps the packed GEMM copy of the *old* weights (the
-    log-probs are then off after an embedding update; tests/generation/test_generation.py checks them). Re-run the head's post-processing."""
-    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
+def refresh_tied_lm_head(model) -> None:
+    """A tied output head shares the embedding's parameter, but a reload post-processes only the
+    embedding layer: on CPU the head keeps the packed GEMM copy of the *old* weights (the log-probs
+    are then off after an embedding update; tests/generation/test_generation.py checks them). Re-run
+    the head's post-processing (both weight-sync paths: this module's and
+    :mod:`rllib_r3l.generation.weight_transfer`)."""
     head = getattr(model, "lm_head", None)
     embed = next((m for n, m in model.named_modules() if n.endswith("embed_tokens")), None)
     if head is None or embed is None or getattr(head, "weight", None) is not getattr(embed, "weight", False):

@@ -5,7 +5,10 @@ A failed ``generate`` call already costs only its episodes (the rollout records 
 errors, counted and lost). What this adds: after a sample round with generation errors the runner
 probes its engine with a one-token request; an engine that fails the probe is closed and built anew,
 loaded with the weights the runner last received (so it samples from the learner's current policy,
-not the checkpoint on disk), and counted under ``r3l/faults/engine_rebuilds``. An engine that fails
+not the checkpoint on disk), and counted under ``r3l/faults/engine_rebuilds``. Weights that came by
+weight transfer went into the engine only: an engine rebuilt after one holds older weights, so the
+sample stops there and the runner refuses the next until the driver restores its weights
+(``r3l/faults/engine_rebuilt_behind``). An engine that fails
 again within the same ``sample()`` ends that sample's exploration (no further dynamic-sampling
 rounds), counted under ``r3l/faults/engine_failures_after_rebuild`` with one error line, instead of
 spending the iteration on an engine that keeps failing. docs/reliability.md lists the fault paths.
@@ -42,9 +45,16 @@ class EngineKeeper:
         self.probe_token_id = int(probe_token_id)
         self.weights: Optional[Dict[str, Any]] = None
         self.rebuilt_this_sample = False
+        self.behind = False  # the engine got newer weights than ``weights`` (a weight-transfer sync)
+        self.needs_weights = False  # rebuilt while behind: it holds older weights than the learner's
 
     def remember(self, module_state: Dict[str, Any]) -> None:
         self.weights = module_state
+        self.behind = self.needs_weights = False
+
+    def engine_moved_on(self) -> None:
+        """A weight-transfer sync went straight into the engine: ``weights`` is older than what it holds."""
+        self.behind = True
 
     def begin_sample(self) -> None:
         self.rebuilt_this_sample = False
@@ -82,4 +92,10 @@ class EngineKeeper:
         self.counters["engine_rebuilds"] += 1
         self.rebuilt_this_sample = True
         logger.warning("the generation engine was rebuilt (counted under r3l/faults/engine_rebuilds)")
+        if self.behind:  # it would sample from older weights than the learner's until the next sync
+            self.needs_weights = True
+            self.counters["engine_rebuilt_behind"] += 1
+            logger.warning("the rebuilt engine holds older weights than the learner's (they came by weight "
+                           "transfer): exploration stops for this sample, and the runner asks the driver for "
+                           "the weights before the next (counted under r3l/faults/engine_rebuilt_behind)")
         return fresh

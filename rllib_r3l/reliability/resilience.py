@@ -9,8 +9,9 @@
   lost share is sampled again (``r3l/faults/groups_resampled``). Invariant per iteration:
   ``groups received = tasks_per_iteration - groups_lost_with_runner + groups_resampled``.
   A runner Ray restarted before the driver saw it fail (a sample call queued for the new process)
-  refuses to sample with its initial weights (``env_runners_restarted_unseen``): counted, restored and
-  re-sampled the same way.
+  refuses to sample with its initial weights (``env_runners_restarted_unseen``), and so does a runner
+  whose engine was rebuilt after a weight transfer (``env_runners_behind_weights``): counted, restored
+  and re-sampled the same way.
 * ``restore_env_runners``: replaces RLlib's default, which copies the *local* runner's state into a
   restarted runner (the local runner of a multi-runner group has no model loaded and a different
   task RNG) and no weights: the restarted runner would sample with the initial weights.
@@ -60,14 +61,18 @@ def _runner_cache(algo: Any) -> Dict[int, Dict[str, Any]]:
 
 
 def _sample_fn(n: int, after: Dict[str, Any]):
-    """Sample ``n`` groups, unless the runner has fewer groups behind it than the driver last saw
-    (``after``): then it is a fresh process Ray restarted unseen, with the initial weights and task RNG,
-    and it answers ``None`` instead (raising would make RLlib exit the actor and restart it again)."""
+    """Sample ``n`` groups, unless the runner cannot sample from the learner's weights: it has fewer
+    groups behind it than the driver last saw (``after``: a fresh process Ray restarted unseen, with
+    the initial weights and task RNG), or its engine was rebuilt with older weights than the last
+    weight transfer's. Then it answers ``None`` and the reason (raising would make RLlib exit the actor
+    and restart it again); the driver restores it like a failed runner."""
     k = int(after.get("num_groups_sampled", 0) or 0)
 
     def fn(r):
         if r.get_state()["num_groups_sampled"] < k:
-            return None, None, r.worker_index, None
+            return None, "env_runners_restarted_unseen", r.worker_index, None
+        if r.needs_weights():
+            return None, "env_runners_behind_weights", r.worker_index, None
         return r.sample(num_groups=n), r.get_metrics(), r.worker_index, r.get_state()
 
     return fn
@@ -103,8 +108,8 @@ def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
                 m.log_value(("r3l", "faults", "injected_runner_kill"), 1, reduce="sum")
         done = set()
         for sample, runner_metrics, idx, state in out:
-            if sample is None:  # restarted unseen: out of service until restored with weights and RNG
-                m.log_value(("r3l", "faults", "env_runners_restarted_unseen"), 1, reduce="sum")
+            if sample is None:  # out of service until restored with the learner's weights (and its RNG)
+                m.log_value(("r3l", "faults", runner_metrics), 1, reduce="sum")
                 group._worker_manager.set_actor_state(idx, healthy=False)
                 continue
             groups.extend(sample)

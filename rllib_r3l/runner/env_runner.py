@@ -140,6 +140,11 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             self._backend = self._episodes.backend = new
             if self._explorer.reflector is old:
                 self._explorer.reflector = new
+            self._stop_sampling = self._stop_sampling or self._keeper.needs_weights
+
+    def needs_weights(self) -> bool:
+        """Its engine was rebuilt with older weights than the learner's: the driver restores them first."""
+        return self._keeper is not None and self._keeper.needs_weights
 
     @property
     def backend(self):

@@ -15,7 +15,7 @@ FAULT_COUNTERS = ("env_errors", "generation_errors", "replay_mismatch", "context
                   "invalid_actions", "retries_skipped", "reflection_generation_errors", "env_close_errors",
                   "reflection_contradicts_reward", "env_create_errors", "retries_empty",
                   "reflection_sft_items_too_long", "retry_sft_items_too_long", "oracle_errors", "oracle_no_pivot",
-                  "engine_rebuilds", "engine_failures_after_rebuild")
+                  "engine_rebuilds", "engine_failures_after_rebuild", "engine_rebuilt_behind")
 
 
 def log_sample_metrics(runner: Any, groups: List[Any], seconds: float, before: Counter,

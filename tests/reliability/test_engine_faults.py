@@ -109,3 +109,39 @@ def test_a_transient_generation_error_keeps_the_engine_that_still_answers(monkey
 def test_engine_fault_plans_are_validated(plan, needle):
     with pytest.raises(ValueError, match=needle):
         faults.inject(R3LConfig(), plan)
+
+
+def test_an_engine_rebuilt_after_a_weight_transfer_stops_the_sample_and_the_runner_waits_for_the_weights():
+    """Weights that came by weight transfer went into the engine only: the runner's keeper holds the
+    older state it last loaded. A rebuild then loads that older state; rather than sample from it, the
+    runner ends the sample (counted) and refuses the next until the driver restores its weights."""
+    from types import SimpleNamespace
+
+    from rllib_r3l.learner.weight_sync import _on_runner
+    from rllib_r3l.reliability.resilience import _sample_fn
+
+    runner = _runner({"engine_death_at_calls": [2]}, dynamic_sampling_rounds=2)
+    try:
+        runner.backend
+        runner.set_state({COMPONENT_RL_MODULE: _shifted_state(runner)})
+        # a transfer lands: the weight-sync control plane's last call on the runner marks the keeper behind
+        engine = SimpleNamespace(finish_weight_update=lambda: None)
+        real_backend, runner._backend = runner._backend, engine
+        assert _on_runner(runner, "finish_weight_update", ()) == {"value": None}
+        runner._backend = real_backend
+        assert runner._keeper.behind and not runner.needs_weights()
+        runner.sample()
+        m = runner.get_metrics()
+        f = _faults(m)
+        assert f["engine_rebuilds"] == 1 and f["engine_rebuilt_behind"] == 1
+        assert m["r3l"]["dynamic_sampling"]["extra_rounds"] == 0  # exploration stopped at the rebuild
+        assert runner.needs_weights()
+        before = runner.get_state()["num_groups_sampled"]
+        assert _sample_fn(2, {})(runner) == (None, "env_runners_behind_weights", runner.worker_index, None)
+        assert runner.get_state()["num_groups_sampled"] == before  # it refused: nothing sampled
+        runner.set_state({COMPONENT_RL_MODULE: _shifted_state(runner)})  # the driver's restore
+        assert not runner.needs_weights() and not runner._keeper.behind
+        groups, metrics, *_ = _sample_fn(2, {})(runner)
+        assert len(groups) == 2 and _faults(metrics)["engine_rebuilds"] == 0 and all(g.complete for g in groups)
+    finally:
+        runner.stop()
