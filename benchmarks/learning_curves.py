@@ -55,6 +55,7 @@ this script in ``benchmarks/tests/test_learning_curves.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -65,7 +66,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -224,11 +225,11 @@ def git_commit() -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # which runs
-def held_by(d: Path) -> Optional[int]:
+def held_by(d: Path, script: str = __file__) -> Optional[int]:
     """The pid of a live sweep child running the run in ``d`` (its ``running.pid``), else None.
 
-    A pid whose process is gone, or is not a ``--child`` of this script (the pid was reused), does
-    not hold the run."""
+    A pid whose process is gone, or is not a ``--child`` of ``script`` (this one unless another
+    sweep script reuses the lock: the pid was reused), does not hold the run."""
     try:
         pid = int((d / LOCK).read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -245,7 +246,7 @@ def held_by(d: Path) -> Optional[int]:
             args = cmdline.read_bytes().split(b"\0")
         except OSError:
             return None
-        if b"--child" not in args or not any(a.endswith(os.path.basename(__file__).encode()) for a in args):
+        if b"--child" not in args or not any(a.endswith(os.path.basename(script).encode()) for a in args):
             return None
     return pid
 
@@ -271,9 +272,11 @@ def next_runs(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> List[
 
 # ---------------------------------------------------------------------------------------------------
 # one run (a child process)
-def evaluate_heldout(algo, episodes: int) -> Dict[str, Any]:
+def evaluate_heldout(algo, episodes: int, batch: Optional[int] = None) -> Dict[str, Any]:
     """``episodes`` games of the test fold (seeds 0..E-1) with the runner's engine at the evaluation
-    temperature: base episodes, no reflection. Lost episodes (errors) are counted, not dropped."""
+    temperature: base episodes, no reflection. Lost episodes (errors) are counted, not dropped.
+    ``batch``: at most that many games at a time (long games of many at once outgrow the CPU
+    engine's KV cache; the same games, in turn)."""
     import environments
     from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
@@ -287,7 +290,9 @@ def evaluate_heldout(algo, episodes: int) -> Dict[str, Any]:
     er = EpisodeRunner(runner.backend, runner._chat, lambda: environments.make(c.env, env_config), opts, counters)
     t0, c0 = time.perf_counter(), time.process_time()
     try:
-        trajs = er.run([EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in range(episodes)])
+        specs = [EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in range(episodes)]
+        step = batch or max(episodes, 1)
+        trajs = [t for i in range(0, episodes, step) for t in er.run(specs[i:i + step])]
     finally:
         er.close()
     ok = [t for t in trajs if t is not None]
@@ -342,31 +347,49 @@ def run_one(out: Path, setting: Dict[str, Any], variant: str, seed: int) -> Dict
     """Train ``variant`` at ``seed`` until the sample budget, checkpointing after every iteration,
     then evaluate on the held-out fold; resumes from the checkpoint; returns ``final.json``'s dict.
     While it runs, ``running.pid`` in the run's folder holds this process's pid (``held_by``)."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     d = run_dir(out, variant, seed)
     if (d / "final.json").exists():
         return json.loads((d / "final.json").read_text())
+    with holding(d):
+        return _train_and_evaluate(d, out, setting, variant, seed)
+
+
+@contextlib.contextmanager
+def holding(d: Path) -> Iterator[None]:
+    """``running.pid`` in ``d`` holds this process's pid while the body runs (``held_by``)."""
     d.mkdir(parents=True, exist_ok=True)
     (d / LOCK).write_text(f"{os.getpid()}\n")
     try:
-        return _train_and_evaluate(d, out, setting, variant, seed)
+        yield
     finally:
         (d / LOCK).unlink(missing_ok=True)
 
 
-def _train_and_evaluate(d: Path, out: Path, setting: Dict[str, Any], variant: str, seed: int) -> Dict[str, Any]:
+@contextlib.contextmanager
+def opened_run(d: Path, out: Path, setting: Dict[str, Any], variant: str,
+               seed: int) -> Iterator[Tuple[Any, Dict[str, Any], List[dict]]]:
+    """The run's algorithm with its curve, ``(algo, header, records)``: resumed from ``d/checkpoint``
+    (the records cut back to its iteration, the resume noted in the header) or built fresh (a new
+    header, no records); Ray is started for it unless it runs, and both are stopped afterwards."""
     import ray
 
     import rllib_r3l  # noqa: F401
     from rllib_r3l.algorithm import R3L
 
-    ckpt, tmp = d / "checkpoint", d / "checkpoint.tmp"
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    ckpt, tmp, old = d / "checkpoint", d / "checkpoint.tmp", d / "checkpoint.old"
+    header, recs = read_curve(d)
+    if not ckpt.exists() and tmp.exists() and recs:
+        tmp.rename(ckpt)  # a swap cut short: the save had finished, its record is written (``save_and_record``)
     shutil.rmtree(tmp, ignore_errors=True)  # a save that was cut short
+    shutil.rmtree(old, ignore_errors=True)
+    if header is not None and recs and not ckpt.exists():
+        raise SystemExit(f"{d}: the curve records {len(recs)} iteration(s) but there is no checkpoint to resume "
+                         f"them from; delete the folder to rerun it")
     own_ray = not ray.is_initialized()
     if own_ray:
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    header, recs = read_curve(d)
     algo = None
     try:
         if header is not None and ckpt.exists():
@@ -390,41 +413,70 @@ def _train_and_evaluate(d: Path, out: Path, setting: Dict[str, Any], variant: st
                       "cpu_model": cpu_model(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
             recs = []
             _write_curve(d, header, recs)
-        samples = recs[-1]["samples_cumulative"] if recs else 0.0
-        nominal = float(algo.config.group_size * algo.config.tasks_per_iteration)
-        while (variant != BASE and keep_training(samples, setting["budget"], nominal)
-               and algo.iteration < setting["max_iterations"]):
-            w0, c0 = time.perf_counter(), time.process_time()
-            result = algo.train()
-            num = iteration_numbers(result)
-            samples += _samples_of(num)
-            rec = {"iteration": algo.iteration, **num, "samples_cumulative": samples,
-                   "wall_s": round(time.perf_counter() - w0, 2), "cpu_s": round(time.process_time() - c0, 2),
-                   "loadavg_1m": round(os.getloadavg()[0], 2),
-                   "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
-            algo.save_to_path(str(tmp))  # save, record, then swap: a kill at any point resumes cleanly
-            recs.append(rec)
-            _write_curve(d, header, recs)
-            shutil.rmtree(ckpt, ignore_errors=True)
-            tmp.rename(ckpt)
-            print(f"[{variant} seed {seed}] iteration {algo.iteration}: samples {samples:.0f}/{setting['budget']} "
-                  f"success {_fmt(num['success_rate'])} retries {num.get('num_retries') or 0:.0f} "
-                  f"retry success {_fmt(num.get('retry_success_rate'))} update {_fmt(num.get('trained_tokens'))} tok "
-                  f"reflection {_fmt(num.get('reflection_generated_tokens'))} tok {_fmt(num.get('reflect_s'))} s "
-                  f"{rec['wall_s']:.0f} s (cpu {rec['cpu_s']:.0f})", flush=True)
-        final = {"variant": variant, "seed": seed, "iterations": algo.iteration, "samples": samples,
-                 **evaluate_heldout(algo, setting["eval_episodes"]),
-                 "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
-        (d / "final.json").write_text(json.dumps(final, indent=1))
-        shutil.rmtree(ckpt, ignore_errors=True)
-        print(f"[{variant} seed {seed}] held-out {final['eval_successes']}/{final['eval_episodes']} "
-              f"({final['eval_seconds']:.0f} s)", flush=True)
-        return final
+        yield algo, header, recs
     finally:
         if algo is not None:
             algo.stop()
         if own_ray:
             ray.shutdown()
+
+
+def train_iteration(d: Path, algo, header: Dict[str, Any], recs: List[dict]) -> Dict[str, Any]:
+    """One ``algo.train()``; its record (``iteration_numbers``, cumulative samples, wall and CPU
+    seconds, load, peak memory) is appended to ``recs`` and the curve with ``save_and_record``."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    result = algo.train()
+    num = iteration_numbers(result)
+    samples = (recs[-1]["samples_cumulative"] if recs else 0.0) + _samples_of(num)
+    rec = {"iteration": algo.iteration, **num, "samples_cumulative": samples,
+           "wall_s": round(time.perf_counter() - w0, 2), "cpu_s": round(time.process_time() - c0, 2),
+           "loadavg_1m": round(os.getloadavg()[0], 2),
+           "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+    save_and_record(d, algo, header, recs, rec)
+    return rec
+
+
+def save_and_record(d: Path, algo, header: Dict[str, Any], recs: List[dict], rec: Dict[str, Any]) -> None:
+    """Save to ``checkpoint.tmp``, append ``rec`` to the curve, then swap the save in by two renames
+    (``checkpoint`` -> ``checkpoint.old``, ``checkpoint.tmp`` -> ``checkpoint``): a kill at any point
+    resumes cleanly (``opened_run``: a record without its save is dropped; a swap cut between its
+    renames is finished)."""
+    ckpt, tmp, old = d / "checkpoint", d / "checkpoint.tmp", d / "checkpoint.old"
+    algo.save_to_path(str(tmp))
+    recs.append(rec)
+    _write_curve(d, header, recs)
+    if ckpt.exists():
+        ckpt.rename(old)
+    tmp.rename(ckpt)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def iteration_line(variant: str, seed: int, rec: Dict[str, Any], progress: str) -> str:
+    """The console's line for one iteration's record (``progress``: e.g. the samples against the budget)."""
+    return (f"[{variant} seed {seed}] iteration {rec['iteration']}: {progress} "
+            f"success {_fmt(rec.get('success_rate'))} retries {rec.get('num_retries') or 0:.0f} "
+            f"retry success {_fmt(rec.get('retry_success_rate'))} update {_fmt(rec.get('trained_tokens'))} tok "
+            f"reflection {_fmt(rec.get('reflection_generated_tokens'))} tok {_fmt(rec.get('reflect_s'))} s "
+            f"{rec['wall_s']:.0f} s (cpu {rec['cpu_s']:.0f})")
+
+
+def _train_and_evaluate(d: Path, out: Path, setting: Dict[str, Any], variant: str, seed: int) -> Dict[str, Any]:
+    with opened_run(d, out, setting, variant, seed) as (algo, header, recs):
+        samples = recs[-1]["samples_cumulative"] if recs else 0.0
+        nominal = float(algo.config.group_size * algo.config.tasks_per_iteration)
+        while (variant != BASE and keep_training(samples, setting["budget"], nominal)
+               and algo.iteration < setting["max_iterations"]):
+            rec = train_iteration(d, algo, header, recs)
+            samples = rec["samples_cumulative"]
+            print(iteration_line(variant, seed, rec, f"samples {samples:.0f}/{setting['budget']}"), flush=True)
+        final = {"variant": variant, "seed": seed, "iterations": algo.iteration, "samples": samples,
+                 **evaluate_heldout(algo, setting["eval_episodes"]),
+                 "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        (d / "final.json").write_text(json.dumps(final, indent=1))
+        shutil.rmtree(d / "checkpoint", ignore_errors=True)
+        print(f"[{variant} seed {seed}] held-out {final['eval_successes']}/{final['eval_episodes']} "
+              f"({final['eval_seconds']:.0f} s)", flush=True)
+        return final
 
 
 def _write_curve(d: Path, header: dict, recs: List[dict]) -> None:
@@ -439,28 +491,41 @@ def _fmt(x) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Sequence[int], parallel: int) -> None:
-    """Run what is left, ``parallel`` child processes at a time (one thread each); report after each.
-
-    Runs a live child already holds (``held_by``: another sweep's, or a killed sweep's orphan) are not
-    started again: they count against ``parallel`` until they end, then are reported if they
-    finished, or resumed from their checkpoint if they were cut."""
+    """Run what is left (``next_runs``), ``parallel`` child processes at a time (``run_children``); report after each."""
     todo = next_runs(out, variants, seeds)
     print(f"{len(todo)} run(s) to do in {out}: {', '.join(f'{v}/seed{s}' for v, s in todo)}", flush=True)
-    running: List[Tuple[subprocess.Popen, str, int, float]] = []
-    held: Dict[Tuple[str, int], int] = {}
-    failed: Counter = Counter()
-    env = harness.child_env(OMP_NUM_THREADS=str(setting["num_threads"]))
 
     def finished(v: str, s: int, took: Optional[float]) -> None:
         print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} done" + (f" in {took:.1f} min" if took else ""), flush=True)
         print(report(out, variants, seeds), flush=True)
 
+    run_children(out, todo, parallel, setting["num_threads"], finished)
+
+
+def run_children(out: Path, todo: List[Tuple[str, int]], parallel: int, threads: Optional[int],
+                 finished: Callable[[str, int, Optional[float]], None], script: str = __file__,
+                 child_args: Sequence[str] = (), done: Optional[Callable[[Path], bool]] = None,
+                 poll: Optional[Callable[[], None]] = None) -> None:
+    """Run ``todo``'s (variant, seed) runs as ``script --out OUT --child V:S CHILD_ARGS``, ``parallel``
+    at a time (``threads`` threads each; output in the run folder's ``run.log``); ``finished`` is called
+    after each run that ends ``done`` (default: its ``final.json`` exists); a failed run is retried once
+    (from its checkpoint); ``poll``, if given, every 5 s.
+
+    Runs a live child already holds (``held_by``: another sweep's, or a killed sweep's orphan) are not
+    started again: they count against ``parallel`` until they end, then are reported if they
+    finished, or resumed from their checkpoint if they were cut."""
+    done = done or (lambda d: (d / "final.json").exists())
+    todo = list(todo)
+    running: List[Tuple[subprocess.Popen, str, int, float]] = []
+    held: Dict[Tuple[str, int], int] = {}
+    failed: Counter = Counter()
+    env = harness.child_env(**({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     while todo or running or held:
         for (v, s), pid in list(held.items()):
-            if held_by(run_dir(out, v, s)) == pid:
+            if held_by(run_dir(out, v, s), script) == pid:
                 continue
             del held[(v, s)]
-            if (run_dir(out, v, s) / "final.json").exists():
+            if done(run_dir(out, v, s)):
                 finished(v, s, None)
             else:
                 print(f"{time.strftime('%H:%M:%S')} {v}/seed{s}: its process (pid {pid}) ended before the run "
@@ -469,20 +534,22 @@ def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Se
         while todo and len(running) + len(held) < parallel:
             v, s = todo.pop(0)
             d = run_dir(out, v, s)
-            pid = held_by(d)
+            pid = held_by(d, script)
             if pid:
                 held[(v, s)] = pid
                 print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} is running in process {pid}; waiting for it", flush=True)
                 continue
-            if (d / "final.json").exists():
+            if done(d):
                 continue
             d.mkdir(parents=True, exist_ok=True)
             log = open(d / "run.log", "a")
-            cmd = [sys.executable, __file__, "--out", str(out), "--child", f"{v}:{s}"]
+            cmd = [sys.executable, script, "--out", str(out), "--child", f"{v}:{s}", *child_args]
             running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env),
                             v, s, time.time()))
             print(f"{time.strftime('%H:%M:%S')} started {v}/seed{s}", flush=True)
         time.sleep(5)
+        if poll is not None:
+            poll()
         for item in list(running):
             p, v, s, t0 = item
             if p.poll() is None:

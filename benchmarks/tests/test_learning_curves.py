@@ -11,7 +11,6 @@ import math
 import re
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
