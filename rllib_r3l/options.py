@@ -196,7 +196,10 @@ RANGES: Dict[str, Range] = {
     "runner_restart_wait_s": Range(low=0),
     # RLlib options R3L uses (a negative grad_clip would scale every gradient by grad_clip/||g|| < 0:
     # gradient ascent)
-    "lr": Range(low=0, low_open=True, text="> 0 (a number, or a schedule [[timestep, lr], ...])"),
+    # an LLM's learning rate lives around 1e-7..1e-4; 1 and above wreck the weights in one update (the
+    # re-probe's lr=1e9 trained, then every episode failed on nan probabilities, and the run ended "TERMINATED")
+    "lr": Range(low=0, low_open=True, high=1, high_open=True,
+                text="> 0 and < 1 (a number, or a schedule [[timestep, lr], ...])"),
     "grad_clip": Range(low=0, low_open=True, none="no clipping"),
     "seed": Range(low=0, integer=True, none="unseeded"),
     "num_env_runners": Range(low=0, integer=True),

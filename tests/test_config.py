@@ -79,8 +79,9 @@ def test_model_must_be_string():
 @pytest.mark.parametrize("field,value,needle", [
     ("grad_clip", -1.001, "grad_clip: must be None (no clipping) or a number > 0, got -1.001"),  # gradient ascent
     ("grad_clip", 0, "grad_clip: must be None (no clipping) or a number > 0"),
-    ("lr", float("nan"), "lr: must be > 0 (a number, or a schedule [[timestep, lr], ...]) (finite), got nan"),
-    ("lr", float("inf"), "lr: must be > 0"),
+    ("lr", float("nan"), "lr: must be > 0 and < 1 (a number, or a schedule [[timestep, lr], ...]) (finite), got nan"),
+    ("lr", float("inf"), "lr: must be > 0 and < 1"),
+    ("lr", 1e9, "lr: must be > 0 and < 1"),  # trained, wrecked the weights, and ended TERMINATED (re-probe)
     ("temperature", float("nan"), "temperature: must be a number >= 0 (finite)"),
     ("weight_decay", float("inf"), "weight_decay: must be a number >= 0 (finite)"),
     ("kl_coef", float("nan"), "kl_coef: must be a number >= 0"),

@@ -251,7 +251,7 @@ def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
             if c != "start s" or any(_num(r.get("time", {}).get("start")) >= 0.5 for r in rows)]
     header = [SUMMARY_COLUMNS[i] for i in keep]
     body = [[b[i] for i in keep] for b in body]
-    widths = [max(len(c), *(len(b[j]) for b in body)) for j, c in enumerate(header)]
+    widths = [max([len(c), *(len(b[j]) for b in body)]) for j, c in enumerate(header)]  # body may be empty
 
     def line(cs: Sequence[str]) -> str:
         return "  ".join(c.rjust(w) for c, w in zip(cs, widths))

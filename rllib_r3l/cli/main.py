@@ -101,7 +101,7 @@ FINISHED_MARKERS = ("summary.json", "checkpoint", "run.png")
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rllib_r3l.cli.main", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--iterations", type=_at_least_one, default=3, help="iterations in all (>= 1)")
     ap.add_argument("--reflect", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--out", default=None,
                     help="results directory (default results/main, with --no-reflect results/main-no-reflect)")
@@ -115,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="show engine and library logs (vLLM, Ray, transformers, warnings) on the console "
                          "instead of OUT/main.log")
     return ap
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"an integer >= 1, got {n} (a run of no iteration trains nothing)")
+    return n
 
 
 def out_dir(args) -> str:
@@ -224,8 +234,6 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
         con.line(f"resuming from {resume_from[0]} (iteration {algo.iteration})")
     else:
         algo = config.build_algo()
-    con.line(f"learner built in {time.time() - t0:.0f} s ({time.time() - started:.0f} s after start); "
-             "the engine starts with the first iteration")
     live = console.LiveProgress(con, live_dir, expected=run_info.expected_episodes(info), reflect=info["reflect"])
     last: Dict[str, Any] = {}
     first = algo.iteration + 1
@@ -235,6 +243,8 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     interrupted = False
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # preemption (Slurm, Kubernetes) like Ctrl-C
     try:
+        con.line(f"learner built in {time.time() - t0:.0f} s ({time.time() - started:.0f} s after start); "
+                 "the engine starts with the first iteration")
         for it in range(first, args.iterations + 1):
             live.begin()
             last = algo.train()
@@ -242,12 +252,20 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
             rows.append(console.iteration_row(it, last))
             per_iteration.append({**iteration_record(it, last), "time_split": rows[-1]["time"]})
             con.line(console.iteration_line(rows[-1], args.iterations))
+            if _STOP_REQUESTED and it < args.iterations:  # its KeyboardInterrupt was lost on the way
+                raise KeyboardInterrupt
     except KeyboardInterrupt:  # stop at once; what ran is saved below (a second signal ends the process)
         interrupted = True
         con.line(f"interrupted after {algo.iteration} of {args.iterations} iteration(s): saving the checkpoint and "
                  "summary of what ran")
     finally:
         live.stop()
+    if interrupted and not rows:  # nothing ran: no checkpoint or summary that a rerun would call a finished run
+        algo.stop()
+        ray.shutdown()
+        con.line("nothing to save: no iteration finished, so no checkpoint or summary was written; "
+                 "run the same command again")
+        return 130
     os.makedirs(out, exist_ok=True)
     wrap_up: Dict[str, float] = {}  # where the time after the last iteration goes
     t = time.time()
@@ -319,9 +337,15 @@ def _kept(out: str) -> str:
     return f"the previous complete checkpoint stays at {chosen}" if chosen else "no earlier checkpoint to keep"
 
 
+_STOP_REQUESTED = []  # a SIGTERM arrived (also when its KeyboardInterrupt was swallowed, e.g. inside a __del__)
+
+
 def _sigterm_as_interrupt(signum, frame) -> None:
-    """The first SIGTERM stops the main job like Ctrl-C; a second one ends the process at once."""
+    """The first SIGTERM stops the main job like Ctrl-C; a second one ends the process at once. The
+    KeyboardInterrupt raised here can land in a finalizer, which Python ignores: the loop also checks
+    ``_STOP_REQUESTED`` after every iteration."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _STOP_REQUESTED.append(signum)
     raise KeyboardInterrupt
 
 

@@ -121,6 +121,9 @@ def test_summary_table_rows_and_totals():
     assert len({len(line) for line in table}) == 1  # aligned
     # no engine start in these iterations: no start column
     assert "start s" not in console.summary_table([console.iteration_row(2, FLAT_NO_UPDATE)])[0]
+    # no iteration at all (a run interrupted in its first): the header alone, not a TypeError
+    header, rule = console.summary_table([])
+    assert header.split()[0] == "iter" and set(rule.replace(" ", "")) == {"-"}
 
 
 def test_plot_run_writes_a_png(tmp_path):

@@ -102,3 +102,47 @@ def test_sigterm_stops_the_main_job_like_ctrl_c_and_keeps_what_ran(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True and 2 <= summary["iterations_completed"] < 200
     assert (out / "checkpoint").is_dir()
+
+
+def test_a_signal_before_the_first_iteration_ends_leaves_no_finished_run_behind(tmp_path):
+    """Re-probe (issue 37): Ctrl-C during iteration 1 ended in a TypeError from the empty summary table,
+    exit 1, and left a checkpoint and summary.json that a rerun called "a finished run". Now: exit 130,
+    one line, nothing written that a rerun would refuse."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests import REPO_ROOT
+    from tests.hang_guard import HANG_GUARD_S
+
+    out = tmp_path / "run"
+    argv = ["--iterations", "3", "--out", str(out), "--num-cpus", "2", "--set", "model=tiny", "backend=transformers",
+            "env=r3l/ToyWord", "group_size=4", "tasks_per_iteration=1", "max_response_tokens=8", "seed=0"]
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    log = tmp_path / "console.txt"
+    with open(log, "w") as console:
+        proc = subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.main", *argv], cwd=str(REPO_ROOT), env=env,
+                                stdout=console, stderr=subprocess.STDOUT, text=True)
+        started = time.monotonic()
+        while proc.poll() is None and "learner built" not in log.read_text():
+            assert time.monotonic() - started < HANG_GUARD_S, "hang guard\n" + log.read_text()[-3000:]
+            time.sleep(0.1)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)  # iteration 1 has just begun
+        rc = proc.wait(timeout=HANG_GUARD_S)
+    text = log.read_text()
+    assert rc == 130 and "Traceback" not in text, text[-3000:]
+    if "iter 1/3" in text:  # the machine finished iteration 1 before the signal: the other path, tested above
+        return
+    assert "nothing to save" in text, text[-3000:]
+    assert not (out / "summary.json").exists() and not (out / "checkpoint").exists()
+
+
+def test_a_run_of_no_iteration_is_refused():
+    from rllib_r3l.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--iterations", "0"])
+    assert e.value.code == 2
