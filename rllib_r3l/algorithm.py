@@ -67,6 +67,11 @@ class R3L(Algorithm):
 
     @override(Algorithm)
     def setup(self, config) -> None:
+        from rllib_r3l.learner.precision import bound_kernel_caches
+
+        # a bf16 matmul on a CPU caches a JIT kernel per shape, 1,024 by default: bounded before anything in
+        # this process runs one (learner/precision.py; the driver's memory grew with every iteration)
+        bound_kernel_caches()
         preflight.check_config(self.config)  # the env builds with its env_config, the model exists: fail now
         super().setup(config)
         self._num_updates = 0

@@ -37,6 +37,7 @@ class R3LTorchLearner(TorchLearner):
 
     @override(TorchLearner)
     def build(self) -> None:
+        precision.bound_kernel_caches()  # before this process's first bf16 matmul (precision.py)
         super().build()
         self._ref_model: Optional[torch.nn.Module] = None
         self._updates = 0
