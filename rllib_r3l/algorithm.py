@@ -73,6 +73,7 @@ class R3L(Algorithm):
         # this process runs one (learner/precision.py; the driver's memory grew with every iteration)
         bound_kernel_caches()
         preflight.check_config(self.config)  # the env builds with its env_config, the model exists: fail now
+        preflight.check_local_learner_gpu(self.config)
         super().setup(config)
         self._num_updates = 0
         self._pad_token_id = None

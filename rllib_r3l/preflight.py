@@ -343,6 +343,15 @@ def check_resources(config: Any, cpus: Optional[float] = None, gpus: Optional[fl
                          f"{source} gives {cpus:g}; use --num-cpus {need_cpu:g} or more, or lower {option}")
 
 
+def check_local_learner_gpu(config: Any) -> None:
+    """A local learner (``num_learners=0``) runs in this process: a GPU it asks for must be one this process
+    sees (RLlib would fail later with a raw ``local_gpu_idx`` assertion)."""
+    if not config.num_learners and (config.num_gpus_per_learner or 0) > 0 and machine_gpus() == 0:
+        raise ValueError(f"R3LConfig.num_gpus_per_learner: {config.num_gpus_per_learner!r} GPU(s) for the local "
+                         "learner (num_learners=0), which runs in this process, and this process sees no GPU; set "
+                         "num_gpus_per_learner=0 to train on CPU, or run on a machine with GPUs")
+
+
 def _cpu_split(config: Any, count_driver: bool) -> str:
     parts = [f"{config.num_cpus_for_main_process:g} for the trial's driver and local learner"] if count_driver else []
     if config.num_env_runners:

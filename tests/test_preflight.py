@@ -112,3 +112,25 @@ def test_build_algo_refuses_a_gpu_learner_the_ray_cluster_lacks(monkeypatch):
             config.build_algo()
     finally:
         ray.shutdown()
+
+
+@pytest.mark.integration
+def test_build_algo_without_ray_refuses_a_gpu_local_learner_this_process_cannot_see():
+    """Re-probe 83a: ``build_algo()`` with no Ray started gave RLlib's raw ``local_gpu_idx`` assertion;
+    the local learner runs in this process, which sees no GPU: the one-line refusal instead."""
+    import ray
+
+    from rllib_r3l import R3LConfig
+
+    if ray.is_initialized():
+        pytest.skip("needs no Ray runtime started")
+    if preflight.machine_gpus():
+        pytest.skip("this machine has a GPU")
+    config = (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
+              .training(model="tiny", backend="transformers").learners(num_gpus_per_learner=1))
+    try:
+        with pytest.raises(ValueError, match=r"R3LConfig.num_gpus_per_learner: 1 GPU\(s\) for the local learner"):
+            config.build_algo()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
