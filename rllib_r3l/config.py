@@ -123,6 +123,7 @@ class R3LConfig(AlgorithmConfig):
         return not (self.reflect or self.pivotal_credit or self.positive_amplification)
 
     def validate(self) -> None:
+        validation.check_not_strings(self)  # before RLlib's checks, whose messages would not say so
         super().validate()
         self.validate_r3l()
         check_no_dropped_values(self)

@@ -32,6 +32,16 @@ def check_ranges(cfg: Any) -> None:
             _err(name, f"must be {rng.describe()}{finite}, got {value!r}")
 
 
+def check_not_strings(cfg: Any) -> None:
+    """Numbers given as strings, before RLlib's own checks (which call a string ``lr`` a bad schedule):
+    YAML reads ``1e-6`` without a dot as the string '1e-6'."""
+    for name in RANGES:
+        value = getattr(cfg, name, None)
+        if isinstance(value, str) and not (name == "num_cpus_per_learner" and value == "auto"):
+            hint = " (YAML reads 1e-6 without a dot as a string: write 1.0e-6)" if "e" in value.lower() else ""
+            _err(name, f"must be a number, got the string {value!r}{hint}")
+
+
 def _check_lr_schedule(schedule) -> None:
     """An lr schedule ``[[timestep, lr], ...]`` (RLlib checks its shape): every lr must be > 0."""
     rng = RANGES["lr"]

@@ -132,6 +132,14 @@ def _suggestion(msg):
     return None if m is None else float(m.group(1))
 
 
+@pytest.mark.parametrize("field", ["lr", "grad_clip", "temperature"])
+def test_a_number_given_as_a_string_is_named_before_rllibs_schedule_message_re_probe_83b(field):
+    c = R3LConfig()
+    setattr(c, field, "1e-6")
+    with pytest.raises(ValueError, match=rf"R3LConfig\.{field}: must be a number, got the string '1e-6' \(YAML"):
+        c.validate()
+
+
 @pytest.mark.parametrize("field", ["grad_clip", "success_reward", "seed", "lr", "temperature", "num_learners"])
 def test_the_minus_one_advice_never_suggests_an_invalid_value(field):
     """-1 is RLlib's DEPRECATED_VALUE (dropped by get_state); the advice used to be '-1.001' for every field,
