@@ -166,7 +166,8 @@ def check_first_prompt(config: Any, tokens: Optional[int]) -> None:
                          f"{config.env} ({tokens} tokens: system prompt and first observation of task seed 0 in the "
                          f"chat template of {config.model_id}) plus max_response_tokens ({config.max_response_tokens})"
                          f" = {need}: every episode would overflow at turn 0 and nothing would be trained; set "
-                         f"max_context_tokens to {need} or more (default 4096), or lower max_response_tokens")
+                         f"max_context_tokens to {need} or more (that fits the first turn alone: every further turn "
+                         f"adds its response and observation; default 4096), or lower max_response_tokens")
 
 
 # --------------------------------------------------------------------------------------------------
