@@ -375,8 +375,9 @@ class LiveProgress:
         self._t0 = self._last = time.time()  # the first line one interval in, not an empty one at 0:00
         self._active = True
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="r3l-console", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._loop, name="r3l-console", daemon=True)
+            thread.start()  # a signal landing inside start() leaves no half-started thread for stop() to join
+            self._thread = thread
 
     def pause(self) -> None:
         self._active = False
@@ -384,9 +385,9 @@ class LiveProgress:
     def stop(self) -> None:
         self._active = False
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread.ident is not None:  # started (a signal can cut start short)
             self._thread.join(timeout=2)
-            self._thread = None
+        self._thread = None
 
     def _loop(self) -> None:
         while not self._stop.wait(0.5):

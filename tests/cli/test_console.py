@@ -10,6 +10,8 @@ import textwrap
 import time
 from collections import Counter
 
+import pytest
+
 from rllib_r3l.cli import console
 from rllib_r3l.runner import progress
 from tests.hang_guard import HANG_GUARD_S
@@ -332,3 +334,21 @@ def test_a_runner_publishes_its_last_counts_before_sample_returns(tmp_path, monk
         assert counts[progress.RETRIES] == retries and counts[progress.TURNS] > 0
     finally:
         runner.stop()
+
+
+def test_a_signal_inside_the_live_threads_start_leaves_stop_working(tmp_path, monkeypatch):
+    """CI (stop 41): SIGTERM landed inside ``Thread.start()`` at iteration 1; ``stop()`` then joined a
+    thread that never started and the main job died with a RuntimeError (exit 1, not 130)."""
+    import threading
+
+    def interrupted_start(self):
+        raise KeyboardInterrupt  # the signal arrives before the thread is up
+
+    live = console.LiveProgress(console.Console(io.StringIO(), live_interval=3600), str(tmp_path), expected=8)
+    with monkeypatch.context() as m:
+        m.setattr(threading.Thread, "start", interrupted_start)
+        with pytest.raises(KeyboardInterrupt):
+            live.begin()
+    assert live._thread is None  # no half-started thread kept
+    live.stop()  # raised "cannot join thread before it is started"
+    assert live._thread is None
