@@ -55,14 +55,19 @@ class R3LConfig(AlgorithmConfig):
 
     @property
     def algo_class(self):
-        """The Algorithm this config builds: ``R3L`` unless another class was given. Looked up by its Tune
-        name (as RLlib resolves a string ``algo_class``), so that this module does not import
-        ``rllib_r3l.algorithm``, which imports it."""
+        """The Algorithm this config builds: ``R3L`` unless another class was given. Looked up in RLlib's
+        table of algorithms, where ``import rllib_r3l`` put it, so that this module does not import
+        ``rllib_r3l.algorithm``, which imports it. (Not through Tune's registry: for a name it has not
+        seen, Tune imports every RLlib algorithm, and their import-time gymnasium warnings preceded the
+        CLI's own error lines.)"""
         cls = self.__dict__.get("algo_class")
         if cls is None:
-            from ray.tune.registry import get_trainable_cls
+            from ray.rllib.algorithms.registry import ALGORITHMS
 
-            cls = get_trainable_cls("R3L")
+            import rllib_r3l
+
+            rllib_r3l.register()  # idempotent: the table entry, were it removed
+            cls = ALGORITHMS["R3L"]()[0]
         return cls
 
     @algo_class.setter

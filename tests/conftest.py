@@ -41,6 +41,10 @@ def tokenizer(tiny_tokenizer):
     return tiny_tokenizer
 
 
+RAY_SESSION_KWARGS = dict(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+                          ignore_reinit_error=True)
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -48,6 +52,6 @@ def ray_session():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import ray
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(**RAY_SESSION_KWARGS)
     yield ray
     ray.shutdown()

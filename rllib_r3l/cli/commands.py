@@ -68,7 +68,7 @@ def make_callbacks(args) -> list:
 
 def cmd_train(args) -> int:
     from rllib_r3l.cli import launch
-    from rllib_r3l.cli import resume
+    from rllib_r3l.cli import resume, resume_from
     from rllib_r3l.cli.experiments import check_resources
     from rllib_r3l.cli.storage import check_experiment_storages
 
@@ -85,7 +85,7 @@ def cmd_train(args) -> int:
     storages = {name: storage or spec.get("storage_path") for name, spec in experiments.items()}
     plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new)
     check_experiment_storages(experiments, plan, "--storage-path" if storage else "storage_path")
-    for line in resume.resume_notes(plan):  # which checkpoint each resumed trial continues from
+    for line in resume_from.resume_notes(plan):  # which checkpoint each resumed trial continues from
         print(f"# {line}" if args.dry_run else line)
     if args.dry_run:
         import yaml

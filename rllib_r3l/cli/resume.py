@@ -16,13 +16,9 @@ no checkpoint was saved yet, the one that starts it anew (``--resume`` then refu
 restart at iteration 1 over the rows kept so far). ``--set``/``--stop`` are refused with
 ``--resume`` (Tune keeps the saved ones) and left out of the printed resume command.
 
-Which checkpoint a resumed trial continues from is Tune's choice: the latest one its saved experiment
-state records (Tune records a checkpoint only after copying it completely; the copy itself is not
-atomic, so a crash mid-copy leaves an incomplete ``checkpoint_*`` folder that is not recorded).
-``resume_choices`` reads that state with Ray's own decoders, checks the recorded checkpoint
-(``checkpoint_integrity.problem``) and names it, and every incomplete folder it skips; where the
-recorded one is itself incomplete (damaged after it was written), ``rewind`` points the trial's state
-at the newest complete recorded one before Tune resumes (the original state file is kept beside it).
+Which checkpoint a resumed trial continues from, and the rows of the iterations it runs again:
+:mod:`rllib_r3l.cli.resume_from` (the newest complete checkpoint, whether or not Tune's saved state
+records it).
 """
 
 from __future__ import annotations
@@ -34,9 +30,9 @@ import shlex
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from rllib_r3l.cli.resume_from import STATE_GLOB, checkpoint_dirs, resume_choices
 from rllib_r3l.errors import UsageError
 
-STATE_GLOB = "experiment_state-*.json"
 START, RESUME = "start", "resume"
 
 
@@ -56,18 +52,17 @@ def has_state(exp_dir: str) -> bool:
 
 
 def _trials(exp_dir: str) -> List[str]:
-    return [d for d in glob.glob(os.path.join(exp_dir, "*")) if os.path.isfile(os.path.join(d, "params.json"))]
-
-
-def _checkpoint_dirs(trial_dir: str) -> List[str]:
-    return sorted(c for c in glob.glob(os.path.join(trial_dir, "checkpoint_*")) if os.path.isdir(c))
+    """Trial folders: with Tune's ``params.json``, or with a checkpoint (a driver killed before Tune copied
+    the rest of the folder to the storage)."""
+    return [d for d in glob.glob(os.path.join(exp_dir, "*"))
+            if os.path.isfile(os.path.join(d, "params.json")) or checkpoint_dirs(d)]
 
 
 def checkpoints(exp_dir: str) -> List[str]:
     """The complete ``checkpoint_*`` names of every trial of an experiment directory, sorted."""
     from rllib_r3l.cli.checkpoint_integrity import is_complete
 
-    return sorted(os.path.basename(c) for t in _trials(exp_dir) for c in _checkpoint_dirs(t) if is_complete(c))
+    return sorted(os.path.basename(c) for t in _trials(exp_dir) for c in checkpoint_dirs(t) if is_complete(c))
 
 
 def _last_row_done(trial_dir: str) -> bool:
@@ -90,119 +85,7 @@ def restarts_from_scratch(exp_dir: str) -> List[str]:
     from rllib_r3l.cli.checkpoint_integrity import is_complete
 
     return [os.path.basename(t) for t in _trials(exp_dir)
-            if not any(is_complete(c) for c in _checkpoint_dirs(t)) and has_rows(t) and not _last_row_done(t)]
-
-
-# --------------------------------------------------------------------------------------------------
-# Which checkpoint Tune resumes a trial from (its saved experiment state), complete or rewound
-# --------------------------------------------------------------------------------------------------
-def _state_file(exp_dir: str) -> Optional[str]:
-    files = sorted(glob.glob(os.path.join(exp_dir, STATE_GLOB)))  # Tune reads the newest: max(name)
-    return files[-1] if files else None
-
-
-def _recorded_trials(exp_dir: str) -> List[tuple]:
-    """``(index, trial dir, status, run metadata)`` per trial of Tune's newest state; [] when unreadable."""
-    try:
-        from ray.tune.trainable.metadata import _TrainingRunMetadata
-        from ray.tune.utils.serialization import _loads_with_cloudpickle
-
-        with open(_state_file(exp_dir) or "") as f:
-            raw = json.load(f)
-        out = []
-        for i, (trial_json, meta_json) in enumerate(raw.get("trial_data", [])):
-            trial = _loads_with_cloudpickle(trial_json)
-            tdir = os.path.join(exp_dir, trial["storage"].trial_dir_name)
-            out.append((i, tdir, trial.get("status"), _TrainingRunMetadata.from_json_state(meta_json)))
-        return out
-    except Exception:  # noqa: BLE001 - no or another state format: Tune resumes as it sees fit, unnamed
-        return []
-
-
-def _recorded(tdir: str, md) -> List[tuple]:
-    """``(local path, result)`` of the checkpoints Tune recorded for a trial, oldest first."""
-    cm = md.checkpoint_manager
-    results = list(getattr(cm, "_checkpoint_results", None) or []) if cm else []
-    results.sort(key=lambda r: (r.metrics or {}).get("training_iteration", 0))
-    return [(os.path.join(tdir, os.path.basename(r.checkpoint.path.rstrip("/"))), r) for r in results]
-
-
-def resume_choices(exp_dir: str) -> List[Dict[str, Any]]:
-    """Per trial a resume continues (not finished): ``trial``, ``from`` (the checkpoint, None: none
-    recorded), ``iteration``, ``skipped`` ([(path, why)] of its incomplete folders), ``rewind`` (the
-    recorded latest is incomplete: ``from`` is an older complete one), ``unrecorded`` (complete folders
-    newer than ``from`` that Tune's state does not know), ``index`` (in the state's trial_data).
-    :class:`UsageError` when a trial has recorded checkpoints and none of them is complete."""
-    from rllib_r3l.cli.checkpoint_integrity import problem
-
-    choices = []
-    for index, tdir, status, md in _recorded_trials(exp_dir):
-        if status == "TERMINATED":  # finished trials are left as they are
-            continue
-        recorded = _recorded(tdir, md)
-        complete = [(p, r) for p, r in recorded if problem(p) is None]
-        skipped = [(c, problem(c)) for c in _checkpoint_dirs(tdir) if problem(c)]
-        name = os.path.basename(tdir)
-        if recorded and not complete:
-            raise UsageError(f"--resume: trial {name}: every checkpoint Tune recorded is incomplete ("
-                             + "; ".join(f"{os.path.basename(p)}: {why}" for p, why in skipped)
-                             + f"); start anew beside it with --new (the rows stay in {tdir})")
-        path, result = complete[-1] if complete else (None, None)
-        newer = [c for c in _checkpoint_dirs(tdir) if path and c > path and problem(c) is None
-                 and c not in [p for p, _ in recorded]]
-        choices.append({"trial": name, "index": index, "from": path, "skipped": skipped, "unrecorded": newer,
-                        "iteration": (result.metrics or {}).get("training_iteration") if result else None,
-                        "rewind": bool(recorded) and recorded[-1][0] != path})
-    return choices
-
-
-def resume_notes(plan: Dict[str, Dict[str, Any]]) -> List[str]:
-    """One line per skipped incomplete checkpoint and per resumed trial: the checkpoint it continues from."""
-    lines = []
-    for name, p in plan.items():
-        for c in p.get("choices", []):
-            at = f"{name} / {c['trial']}"
-            lines += [f"{at}: skipping incomplete {os.path.basename(q)} ({why})" for q, why in c["skipped"]]
-            lines += [f"{at}: {os.path.basename(q)} is complete but Tune's saved state does not list it (the run "
-                      "ended before Tune saved its state); Tune cannot resume from it" for q in c["unrecorded"]]
-            if c["from"]:
-                rewound = " (Tune's state pointed at an incomplete one: rewound)" if c["rewind"] else ""
-                lines.append(f"{at}: resuming from {c['from']} (iteration {c['iteration']}){rewound}")
-    return lines
-
-
-def rewind(exp_dir: str, choices: Sequence[Dict[str, Any]]) -> None:
-    """Point Tune's saved state of every trial whose recorded latest checkpoint is incomplete at the
-    newest complete recorded one (``choices`` from :func:`resume_choices`); the state file before the
-    change is kept as ``.r3l-before-rewind-<name>`` (a name Tune does not read)."""
-    todo = [c for c in choices if c["rewind"]]
-    if not todo:
-        return
-    from ray.tune.trainable.metadata import _TrainingRunMetadata
-
-    from rllib_r3l.cli.checkpoint_integrity import problem
-
-    state = _state_file(exp_dir)
-    with open(state) as f:
-        raw = json.load(f)
-    for c in todo:
-        tdir = os.path.join(exp_dir, c["trial"])
-        md = _TrainingRunMetadata.from_json_state(raw["trial_data"][c["index"]][1])
-        keep = [(p, r) for p, r in _recorded(tdir, md) if problem(p) is None]
-        cm = md.checkpoint_manager
-        cm._checkpoint_results = [r for _, r in keep]
-        cm._latest_checkpoint_result = next(r for p, r in keep if p == c["from"])
-        md.invalidate_cache()
-        raw["trial_data"][c["index"]][1] = md.get_json_state()
-    import shutil
-
-    shutil.copy2(state, os.path.join(exp_dir, ".r3l-before-rewind-" + os.path.basename(state)))
-    tmp = state + ".r3l-tmp"
-    with open(tmp, "w") as f:
-        json.dump(raw, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, state)
+            if not any(is_complete(c) for c in checkpoint_dirs(t)) and has_rows(t) and not _last_row_done(t)]
 
 
 def describe(exp_dir: str) -> str:
@@ -227,9 +110,12 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
             plan[name] = {"mode": START, "name": name, "dir": d}
         elif resume:
             if not checkpoints(d):  # Tune would restart at iteration 1 and write over the rows kept so far
-                raise UsageError(f"--resume: experiment {name!r} in {d} has no checkpoint yet (it stopped before the "
-                                 "first one), so there is nothing to continue; start it anew beside the old one "
-                                 f"with --new instead of --resume (the rows so far stay in {d})")
+                folders = sorted(os.path.basename(c) for t in _trials(d) for c in checkpoint_dirs(t))
+                why = (f"only incomplete checkpoint folders ({', '.join(folders)})" if folders else
+                       "no checkpoint yet (it stopped before the first one)")
+                raise UsageError(f"--resume: experiment {name!r} in {d} has {why}, so there is nothing to continue; "
+                                 "start it anew beside the old one with --new instead of --resume (the rows so far "
+                                 f"stay in {d})")
             lost = restarts_from_scratch(d)
             if lost:
                 raise UsageError(f"--resume: trial {lost[0]} of experiment {name!r} has results but no checkpoint; "

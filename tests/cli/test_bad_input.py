@@ -278,3 +278,19 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
     f.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "2+2?", "answer": \n')
     with pytest.raises(ValueError, match=rf"data_files: {f}:2: not valid JSON"):
         environments.make("r3l/Math", {"data_files": str(f), "preset": "gsm8k", "partition": False})
+
+
+def test_a_refused_option_is_the_only_line_on_stderr():
+    """Re-probe (issue 37): the train CLI's error came after 8 gymnasium warnings, printed when Tune's
+    registry imported every RLlib algorithm (DreamerV3 builds a debug env at import) to resolve "R3L"."""
+    import subprocess
+    import sys
+
+    toy = os.path.join(str(REPO_ROOT), "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
+    proc = subprocess.run([sys.executable, "-m", "rllib_r3l.cli.commands", "train", toy, "--dry-run", "--set",
+                           "env=r3l/ALFWorld", "--set", "env_config={}"], cwd=str(REPO_ROOT), capture_output=True,
+                          env={k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"} | {"RAY_AUTH_MODE": "disabled"},
+                          text=True, timeout=300)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()  # checked after RLlib's own validation, which resolves the algorithm
+    assert line.startswith("rllib-r3l train: error:") and "ALFWORLD_DATA" in line, proc.stderr[-3000:]

@@ -17,6 +17,7 @@ import shutil
 import pytest
 
 from rllib_r3l import R3L
+from tests.cli.test_resume import _progress_iterations
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +40,19 @@ def _iterations(trial_dir):
         return [json.loads(line)["training_iteration"] for line in f if line.strip()]
 
 
+def _new_ray_session():
+    import ray
+
+    from tests.conftest import RAY_SESSION_KWARGS
+
+    ray.shutdown()
+    ray.init(**RAY_SESSION_KWARGS)
+
+
 def test_resume_skips_incomplete_checkpoints_and_continues_from_the_newest_complete(ray_session, tmp_path):
     from ray import tune
 
-    from rllib_r3l.cli import resume
+    from rllib_r3l.cli import resume, resume_from
     from rllib_r3l.cli.checkpoint_integrity import problem
     from tests.scripted_rllib import tiny_config
 
@@ -70,22 +80,29 @@ def test_resume_skips_incomplete_checkpoints_and_continues_from_the_newest_compl
 
     exp_dir = str(tmp_path / "exp")
     plan = resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
-    notes = resume.resume_notes(plan)
+    notes = resume_from.resume_notes(plan)
     name = os.path.basename(tdir)
     assert f"exp / {name}: skipping incomplete checkpoint_000001 (learner_group/learner/state.pkl: truncated " \
            "(no pickle end))" in notes, notes
     assert f"exp / {name}: skipping incomplete checkpoint_000002 (algorithm_state.pkl: missing)" in notes, notes
-    assert notes[-1] == f"exp / {name}: resuming from {first} (iteration 1) (Tune's state pointed at an incomplete " \
+    assert notes[-2] == f"exp / {name}: resuming from {first} (iteration 1) (Tune's state pointed at an incomplete " \
                         "one: rewound)", notes
+    assert notes[-1] == f"exp / {name}: iteration(s) 2 ran after that checkpoint and run again; their first rows " \
+                        "are set aside in result.json.r3l-redone and progress.csv.r3l-redone", notes
     assert resume.describe(exp_dir).endswith("last checkpoint checkpoint_000000")
 
-    resume.rewind(exp_dir, plan["exp"]["choices"])
-    assert glob.glob(os.path.join(exp_dir, ".r3l-before-rewind-experiment_state-*.json"))
+    resume_from.point_tune_at(exp_dir, plan["exp"]["choices"])
+    assert glob.glob(os.path.join(exp_dir, ".r3l-before-resume-experiment_state-*.json"))
+    assert _iterations(tdir) == [1]  # iteration 2's row set aside: it runs again
+    _new_ray_session()  # as `rllib-r3l train --resume` runs: a new driver (Tune would re-upload this one's staging)
     analysis = tune.run(experiment(), resume_config=resume.tune_resume_config(), raise_on_failed_trial=False,
                         verbose=0)
     (trial,) = analysis.trials
     assert trial.status == "TERMINATED", trial.error_file
-    assert _iterations(tdir) == [1, 2, 2, 3]  # restored at iteration 1: iteration 2 ran again, then 3
+    assert _iterations(tdir) == [1, 2, 3]  # restored at iteration 1: iteration 2 ran again (once in the file), then 3
+    assert _progress_iterations(tdir) == [1, 2, 3]
+    with open(os.path.join(tdir, "result.json.r3l-redone")) as f:
+        assert [json.loads(line)["training_iteration"] for line in f] == [2]  # the first run of it, kept
     assert trial.checkpoint.path.endswith("checkpoint_000003") and problem(trial.checkpoint.path) is None
     assert problem(cut) is None  # Tune wrote its next checkpoint over the cut copy, completely
 
@@ -98,6 +115,83 @@ def test_an_experiment_whose_only_checkpoint_is_incomplete_cannot_be_resumed(tmp
 
     exp = _saved_experiment(tmp_path, "exp", checkpoint=True)
     (exp / "R3L_x_00000" / "checkpoint_000000" / "algorithm_state.pkl").write_bytes(b"")
-    with pytest.raises(UsageError, match=r"no checkpoint yet .*--new"):
+    with pytest.raises(UsageError, match=r"only incomplete checkpoint folders \(checkpoint_000000\).*--new"):
         resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
     assert resume.describe(str(exp)) == "1 trial(s), last checkpoint (none)"
+
+
+def _drop_latest_record(exp_dir):
+    """Tune's saved state as a driver killed right after writing its latest checkpoint folder leaves it:
+    the folder is on disk, the state (saved before) does not list it. Edited with Ray's own decoders."""
+    from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+    (state,) = glob.glob(os.path.join(exp_dir, "experiment_state-*.json"))
+    with open(state) as f:
+        raw = json.load(f)
+    md = _TrainingRunMetadata.from_json_state(raw["trial_data"][0][1])
+    cm = md.checkpoint_manager
+    cm._checkpoint_results = cm._checkpoint_results[:-1]
+    cm._latest_checkpoint_result = cm._checkpoint_results[-1]
+    md.invalidate_cache()
+    raw["trial_data"][0][1] = md.get_json_state()
+    with open(state, "w") as f:
+        json.dump(raw, f)
+
+
+def test_resume_adopts_a_complete_checkpoint_tunes_state_missed(ray_session, tmp_path):
+    """Re-probe (issue 37): after a double Ctrl-C or kill -9, Tune's state lagged its newest checkpoint,
+    so ``--resume`` continued from an older one and the iterations after it appeared twice in
+    result.json/progress.csv. Now the newest complete checkpoint is added to the state and used."""
+    from ray import tune
+
+    from rllib_r3l.cli import resume, resume_from
+    from tests.scripted_rllib import tiny_config
+
+    cfg = tiny_config(sampling_seed=0, tasks_per_iteration=1)
+
+    def experiment():
+        return tune.Experiment("exp", FlakyR3L, config=cfg.to_dict(), stop={"training_iteration": 3},
+                               storage_path=str(tmp_path), checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1))
+
+    (trial,) = tune.run(experiment(), raise_on_failed_trial=False, verbose=0).trials
+    tdir, exp_dir = trial.path, str(tmp_path / "exp")
+    assert _iterations(tdir) == [1, 2]
+    _drop_latest_record(exp_dir)
+    second = os.path.join(tdir, "checkpoint_000001")
+
+    plan = resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
+    (choice,) = plan["exp"]["choices"]
+    assert choice["from"] == second and choice["iteration"] == 2 and choice["adopt"] and not choice["redone"]
+    assert resume_from.resume_notes(plan)[-1].endswith(
+        f"resuming from {second} (iteration 2) (complete, but Tune's saved state does not list it: the run ended "
+        "before Tune saved its state; added to it)")
+    resume_from.point_tune_at(exp_dir, plan["exp"]["choices"])
+    (trial,) = tune.run(experiment(), resume_config=resume.tune_resume_config(), raise_on_failed_trial=False,
+                        verbose=0).trials
+    assert trial.status == "TERMINATED", trial.error_file
+    assert _iterations(tdir) == [1, 2, 3] and _progress_iterations(tdir) == [1, 2, 3]  # was [1, 2, 2, 3]
+
+
+def test_rows_after_the_checkpoint_are_set_aside_not_deleted(tmp_path):
+    """Hand-made trial folder: rows of iterations 1-5, resumed at 3; a second resume at 2 adds to the
+    set-aside files (one header), and the kept files stay readable by Tune's loggers (csv header kept)."""
+    import csv
+
+    from rllib_r3l.cli import resume_from
+
+    rows = [{"training_iteration": i, "reward": i / 10} for i in range(1, 6)]
+    (tmp_path / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with open(tmp_path / "progress.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["reward", "training_iteration"])
+        w.writeheader()
+        w.writerows(rows)
+    assert resume_from.set_aside_rows(str(tmp_path), 3) == {"result.json": 2, "progress.csv": 2}
+    assert _iterations(tmp_path) == [1, 2, 3] and _progress_iterations(tmp_path) == [1, 2, 3]
+    assert resume_from.set_aside_rows(str(tmp_path), 2) == {"result.json": 1, "progress.csv": 1}
+    assert _iterations(tmp_path) == [1, 2]
+    with open(tmp_path / "result.json.r3l-redone") as f:
+        assert [json.loads(line)["training_iteration"] for line in f] == [4, 5, 3]
+    with open(tmp_path / "progress.csv.r3l-redone", newline="") as f:
+        assert [(r["training_iteration"], r["reward"]) for r in csv.DictReader(f)] == [("4", "0.4"), ("5", "0.5"),
+                                                                                       ("3", "0.3")]
+    assert resume_from.set_aside_rows(str(tmp_path), 2) == {}  # nothing after 2 any more

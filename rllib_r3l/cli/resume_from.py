@@ -1,0 +1,327 @@
+"""Which checkpoint a resumed Tune trial continues from, and the rows it will run again.
+
+Tune resumes a trial from the latest checkpoint its saved experiment state records. That state lags
+the disk in two ways, and either way Tune's own choice loses work or repeats it:
+
+* **recorded but incomplete**: Tune records a checkpoint after copying it, but the copy is not atomic;
+  damaged later, the recorded latest cannot be restored. We *rewind* the state to the newest complete
+  recorded one.
+* **complete but unrecorded**: a second Ctrl-C or a ``kill -9`` ends the driver after the checkpoint
+  folder is written but before Tune saves its state again, so Tune resumes from an older checkpoint
+  (or from iteration 1). We *adopt* the newest complete folder into the state, but only up to the
+  last iteration whose row reached the storage folder: Tune copies the rows there from a staging
+  folder now and then, so a killed driver can leave the newest checkpoint ahead of the rows, and
+  resuming from it would leave a gap; the iterations after the chosen checkpoint run again. Where the
+  killed driver's staging folder is still on this machine (``<ray temp>/session_*/artifacts/...``),
+  its rows are *recovered* first (copied into the storage folder, the storage's own files kept as
+  ``<file>.r3l-before-recovery``), and the gap does not arise.
+
+Either way the trial's ``result.json``/``progress.csv`` already hold rows of iterations after the
+checkpoint; Tune appends the re-run iterations after them, so an iteration appears twice.
+:func:`set_aside_rows` moves those rows into ``<file>.r3l-redone`` beside the file before Tune resumes:
+the files read in order again, and nothing is deleted. (TensorBoard's event files keep both runs of
+an iteration: TensorBoard shows the later one.)
+
+``resume_choices`` reads the state with Ray's own decoders (Ray 2.60's ``_TrainingRunMetadata``);
+where it cannot, Tune resumes as it sees fit and nothing is changed.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import shutil
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from rllib_r3l.errors import UsageError
+
+STATE_GLOB = "experiment_state-*.json"
+REDONE = ".r3l-redone"  # suffix of the rows set aside: iterations a resume runs again
+ROW_FILES = ("result.json", "progress.csv")
+
+
+def checkpoint_dirs(trial_dir: str) -> List[str]:
+    return sorted(c for c in glob.glob(os.path.join(trial_dir, "checkpoint_*")) if os.path.isdir(c))
+
+
+def _state_file(exp_dir: str) -> Optional[str]:
+    files = sorted(glob.glob(os.path.join(exp_dir, STATE_GLOB)))  # Tune reads the newest: max(name)
+    return files[-1] if files else None
+
+
+def _recorded_trials(exp_dir: str) -> List[tuple]:
+    """``(index, trial dir, status, run metadata)`` per trial of Tune's newest state; [] when unreadable."""
+    try:
+        from ray.tune.trainable.metadata import _TrainingRunMetadata
+        from ray.tune.utils.serialization import _loads_with_cloudpickle
+
+        with open(_state_file(exp_dir) or "") as f:
+            raw = json.load(f)
+        out = []
+        for i, (trial_json, meta_json) in enumerate(raw.get("trial_data", [])):
+            trial = _loads_with_cloudpickle(trial_json)
+            tdir = os.path.join(exp_dir, trial["storage"].trial_dir_name)
+            out.append((i, tdir, trial.get("status"), _TrainingRunMetadata.from_json_state(meta_json)))
+        return out
+    except Exception:  # noqa: BLE001 - no or another state format: Tune resumes as it sees fit, unnamed
+        return []
+
+
+def _recorded(tdir: str, md) -> List[tuple]:
+    """``(local path, result)`` of the checkpoints Tune recorded for a trial, oldest first."""
+    cm = md.checkpoint_manager
+    results = list(getattr(cm, "_checkpoint_results", None) or []) if cm else []
+    results.sort(key=lambda r: (r.metrics or {}).get("training_iteration", 0))
+    return [(os.path.join(tdir, os.path.basename(r.checkpoint.path.rstrip("/"))), r) for r in results]
+
+
+def _iteration_of(path: str, recorded: Sequence[tuple]) -> Optional[int]:
+    """The training iteration a checkpoint folder holds: Tune's record of it, else its own state file."""
+    for p, r in recorded:
+        if p == path:
+            return (r.metrics or {}).get("training_iteration")
+    from rllib_r3l.cli.export import checkpoint_iteration
+
+    return checkpoint_iteration(path)
+
+
+def resume_choices(exp_dir: str) -> List[Dict[str, Any]]:
+    """Per trial a resume continues (not finished): ``trial``, ``from`` (the newest complete checkpoint,
+    recorded or not; None: none), ``iteration``, ``skipped`` ([(path, why)] of its incomplete folders),
+    ``rewind`` (Tune's recorded latest is incomplete), ``adopt`` (``from`` is complete but not in Tune's
+    state), ``recover`` (a killed driver's staging folder with more rows than the storage's; None),
+    ``redone`` (iterations after ``from`` that have rows), ``index`` (in the state's trial_data).
+    :class:`UsageError` when a trial has checkpoint folders and none of them is complete."""
+    from rllib_r3l.cli.checkpoint_integrity import problem
+
+    choices = []
+    for index, tdir, status, md in _recorded_trials(exp_dir):
+        if status == "TERMINATED":  # finished trials are left as they are
+            continue
+        recorded, name = _recorded(tdir, md), os.path.basename(tdir)
+        on_disk = checkpoint_dirs(tdir)
+        skipped = [(c, problem(c)) for c in on_disk if problem(c)]
+        complete = [c for c in on_disk if problem(c) is None]
+        with_it = [(it, c) for c in complete if (it := _iteration_of(c, recorded)) is not None]
+        if (recorded or on_disk) and not with_it:
+            raise UsageError(f"--resume: trial {name}: no checkpoint of it is complete ("
+                             + "; ".join(f"{os.path.basename(p)}: {why}" for p, why in skipped)
+                             + f"); start anew beside it with --new (the rows stay in {tdir})")
+        staged = staged_trial_dir(exp_dir, name)
+        rows = [it for _, it in _json_rows(staged or tdir) if it is not None]
+        # a checkpoint past the last row the storage holds (its rows were still in the dead driver's staging
+        # folder) would leave a gap in the rows: take the newest one the rows reach, and run the rest again
+        in_rows = [(it, c) for it, c in with_it if rows and it <= max(rows)]
+        iteration, path = max(in_rows or with_it) if with_it else (None, None)
+        recorded_paths = [p for p, _ in recorded]
+        choices.append({"trial": name, "index": index, "from": path, "iteration": iteration, "skipped": skipped,
+                        "rewind": bool(recorded) and path in recorded_paths and recorded_paths[-1] != path,
+                        "adopt": path is not None and path not in recorded_paths,
+                        "recover": staged,
+                        "redone": _iterations_after(staged or tdir, iteration) if iteration is not None else []})
+    return choices
+
+
+def resume_notes(plan: Dict[str, Dict[str, Any]]) -> List[str]:
+    """Per resumed trial: each incomplete checkpoint skipped, the checkpoint it continues from and why
+    (where Tune's state did not point at it), and the iterations that run again."""
+    lines = []
+    for name, p in plan.items():
+        for c in p.get("choices", []):
+            at = f"{name} / {c['trial']}"
+            lines += [f"{at}: skipping incomplete {os.path.basename(q)} ({why})" for q, why in c["skipped"]]
+            if c.get("recover"):
+                lines.append(f"{at}: rows the killed driver had not copied to the storage folder are recovered from "
+                             f"its staging folder {c['recover']}")
+            if not c["from"]:
+                continue
+            why = (" (Tune's state pointed at an incomplete one: rewound)" if c["rewind"] else
+                   " (complete, but Tune's saved state does not list it: the run ended before Tune saved its "
+                   "state; added to it)" if c["adopt"] else "")
+            lines.append(f"{at}: resuming from {c['from']} (iteration {c['iteration']}){why}")
+            if c["redone"]:
+                lines.append(f"{at}: iteration(s) {_span(c['redone'])} ran after that checkpoint and run again; "
+                             f"their first rows are set aside in result.json{REDONE} and progress.csv{REDONE}")
+    return lines
+
+
+def _span(its: Sequence[int]) -> str:
+    return f"{its[0]}-{its[-1]}" if len(its) > 1 else str(its[0])
+
+
+# --------------------------------------------------------------------------------------------------
+# Pointing Tune's state at the chosen checkpoint; setting aside the rows that will be redone
+# --------------------------------------------------------------------------------------------------
+def point_tune_at(exp_dir: str, choices: Sequence[Dict[str, Any]]) -> None:
+    """Make Tune's saved state of every trial that is ``rewind`` or ``adopt`` record ``from`` as its
+    latest checkpoint (the complete recorded ones up to it stay recorded); the state file before the
+    change is kept as ``.r3l-before-resume-<name>`` (a name Tune does not read). Rows a killed driver
+    left in its staging folder are recovered first; then the rows of the iterations each trial runs
+    again are set aside."""
+    for c in choices:
+        if c.get("recover"):
+            recover_rows(c["recover"], os.path.join(exp_dir, c["trial"]))
+    todo = [c for c in choices if c["rewind"] or c["adopt"]]
+    if todo:
+        _rewrite_state(exp_dir, todo)
+    for c in choices:
+        if c["from"] and c["redone"]:
+            set_aside_rows(os.path.join(exp_dir, c["trial"]), c["iteration"])
+
+
+def _rewrite_state(exp_dir: str, todo: Sequence[Dict[str, Any]]) -> None:
+    from ray.train import Checkpoint
+    from ray.train._internal.session import _TrainingResult
+    from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+    from rllib_r3l.cli.checkpoint_integrity import problem
+
+    state = _state_file(exp_dir)
+    with open(state) as f:
+        raw = json.load(f)
+    for c in todo:
+        tdir = os.path.join(exp_dir, c["trial"])
+        md = _TrainingRunMetadata.from_json_state(raw["trial_data"][c["index"]][1])
+        keep = [(p, r) for p, r in _recorded(tdir, md) if problem(p) is None
+                and (r.metrics or {}).get("training_iteration", 0) <= c["iteration"]]
+        chosen = next((r for p, r in keep if p == c["from"]), None)
+        if chosen is None:  # adopt: a result Tune would have recorded, with the row of that iteration
+            chosen = _TrainingResult(checkpoint=Checkpoint(path=c["from"]),
+                                     metrics=_row(tdir, c["iteration"]) or {"training_iteration": c["iteration"]})
+            keep.append((c["from"], chosen))
+        if md.checkpoint_manager is None:
+            from ray.train._internal.checkpoint_manager import _CheckpointManager
+
+            md.checkpoint_manager = _CheckpointManager(checkpoint_config=None)
+        cm = md.checkpoint_manager
+        cm._checkpoint_results = [r for _, r in keep]
+        cm._latest_checkpoint_result = chosen
+        md.invalidate_cache()
+        raw["trial_data"][c["index"]][1] = md.get_json_state()
+    shutil.copy2(state, os.path.join(exp_dir, ".r3l-before-resume-" + os.path.basename(state)))
+    _write_atomically(state, json.dumps(raw))
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = path + ".r3l-tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _json_rows(tdir: str) -> List[Tuple[str, Optional[int]]]:
+    """``(line, training_iteration)`` of ``result.json``; a line that does not parse has iteration None."""
+    try:
+        with open(os.path.join(tdir, "result.json")) as f:
+            lines = [line for line in f if line.strip()]
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            it = json.loads(line).get("training_iteration")
+        except (ValueError, AttributeError):
+            it = None
+        out.append((line, it if isinstance(it, int) else None))
+    return out
+
+
+def _row(tdir: str, iteration: int) -> Optional[Dict[str, Any]]:
+    rows = [json.loads(line) for line, it in _json_rows(tdir) if it == iteration]
+    return rows[-1] if rows else None
+
+
+def _iterations_after(tdir: str, iteration: int) -> List[int]:
+    return sorted({it for _, it in _json_rows(tdir) if it is not None and it > iteration})
+
+
+def set_aside_rows(tdir: str, iteration: int) -> Dict[str, int]:
+    """Move the rows of iterations after ``iteration`` out of ``result.json`` and ``progress.csv`` into
+    ``<file>.r3l-redone`` (appended: a second resume adds to them). Returns rows moved per file."""
+    moved = {}
+    rows = _json_rows(tdir)
+    if rows:
+        keep = [line for line, it in rows if it is None or it <= iteration]
+        moved["result.json"] = _split(os.path.join(tdir, "result.json"), "".join(keep),
+                                      "".join(line for line, it in rows if it is not None and it > iteration))
+    path = os.path.join(tdir, "progress.csv")
+    if os.path.isfile(path):
+        with open(path, newline="") as f:
+            table = list(csv.reader(f))
+        if table and "training_iteration" in table[0]:
+            col = table[0].index("training_iteration")
+
+            def later(r: List[str]) -> bool:
+                try:
+                    return int(float(r[col])) > iteration
+                except (IndexError, ValueError):
+                    return False
+            moved["progress.csv"] = _split(path, _csv([table[0]] + [r for r in table[1:] if not later(r)]),
+                                           _csv([table[0]] + [r for r in table[1:] if later(r)]), header=True)
+    return {k: n for k, n in moved.items() if n}
+
+
+def _csv(rows: List[List[str]]) -> str:
+    import io
+
+    buf = io.StringIO()
+    csv.writer(buf).writerows(rows)
+    return buf.getvalue()
+
+
+def _split(path: str, keep: str, redone: str, header: bool = False) -> int:
+    """Append ``redone`` to ``path + REDONE`` (fsynced), then replace ``path`` by ``keep``; the rows moved."""
+    n = redone.count("\n") - (1 if header else 0)
+    if n <= 0:
+        return 0
+    aside = path + REDONE
+    if header and os.path.isfile(aside) and os.path.getsize(aside) > 0:
+        redone = redone.split("\n", 1)[1]  # the file has the header already
+    with open(aside, "a") as f:
+        f.write(redone)
+        f.flush()
+        os.fsync(f.fileno())
+    _write_atomically(path, keep)
+    return n
+
+
+# --------------------------------------------------------------------------------------------------
+# Rows a killed driver left in its staging folder
+# --------------------------------------------------------------------------------------------------
+def staged_trial_dir(exp_dir: str, trial: str) -> Optional[str]:
+    """The staging folder of ``trial`` (Tune writes rows there, then copies them to the storage folder
+    now and then) whose ``result.json`` holds more iterations than the storage's and starts with them;
+    None when there is none on this machine (another node, a cleaned ``/tmp``)."""
+    try:
+        from ray._common.utils import get_default_ray_temp_dir
+
+        root = get_default_ray_temp_dir()
+    except Exception:  # noqa: BLE001 - another Ray layout: nothing to recover from
+        return None
+    exp = os.path.basename(os.path.normpath(exp_dir))
+    stored = [it for _, it in _json_rows(os.path.join(exp_dir, trial))]
+    best, most = None, len(stored)
+    for f in glob.glob(os.path.join(root, "session_*", "artifacts", "*", exp, "driver_artifacts", trial, "result.json")):
+        d = os.path.realpath(os.path.dirname(f))  # not via session_latest: it moves to the resuming session
+        its = [it for _, it in _json_rows(d)]
+        if len(its) > most and its[:len(stored)] == stored:
+            best, most = d, len(its)
+    return best
+
+
+def recover_rows(staged: str, tdir: str) -> None:
+    """Copy the row files (and ``params.*`` where missing) of a staging folder into the storage's trial
+    folder; the storage's own row files are kept as ``<file>.r3l-before-recovery``."""
+    os.makedirs(tdir, exist_ok=True)
+    for name in ROW_FILES + ("params.json", "params.pkl"):
+        src, dst = os.path.join(staged, name), os.path.join(tdir, name)
+        if not os.path.isfile(src) or (name.startswith("params") and os.path.isfile(dst)):
+            continue
+        if os.path.isfile(dst):
+            shutil.copy2(dst, dst + ".r3l-before-recovery")
+        shutil.copy2(src, dst + ".r3l-tmp")
+        os.replace(dst + ".r3l-tmp", dst)
