@@ -16,6 +16,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from rllib_r3l.cli import driver_mark
 from rllib_r3l.errors import UsageError
 
 SUMMARY_FILE = "summary.csv"
@@ -64,7 +65,8 @@ _IGNORED_PARAMS = ("__trial_info__", "seed", "callbacks", "callbacks_class")
 
 
 def find_trial_dirs(root: str) -> List[str]:
-    """Directories (``root`` itself or below, up to 3 levels) holding a Tune result file."""
+    """Directories (``root`` itself or below, up to 3 levels) holding a Tune result file, an
+    ``error.txt`` (a trial that failed before its first result) or a checkpoint."""
     root = os.path.abspath(os.path.expanduser(root))
     if not os.path.isdir(root):
         raise UsageError(f"{root}: no such directory (pass a Tune experiment directory, e.g. ~/ray_results/NAME)")
@@ -73,12 +75,14 @@ def find_trial_dirs(root: str) -> List[str]:
     for d, dirs, files in os.walk(root):
         if d.count(os.sep) - base_depth >= 3:
             dirs[:] = []
+        checkpointed = any(x.startswith("checkpoint_") for x in dirs)  # a killed driver's trial: nothing else yet
         dirs[:] = [x for x in dirs if not x.startswith("checkpoint_") and x != "report"]
-        if "result.json" in files or "progress.csv" in files:
+        if "result.json" in files or "progress.csv" in files or "error.txt" in files or checkpointed:
             found.append(d)
             dirs[:] = []
     if not found:
-        raise UsageError(f"{root}: no Tune trials found (no result.json or progress.csv up to 3 levels down)")
+        raise UsageError(f"{root}: no Tune trials found (no result.json, progress.csv or error.txt up to 3 levels "
+                         "down)")
     return sorted(found)
 
 
@@ -190,13 +194,17 @@ def error_text(trial_dir: str) -> Optional[str]:
 
 def trial_status(trial_dir: str, iterations: int, empty_batches: Optional[int]) -> str:
     """What ``rllib-r3l train`` would call the trial: Tune's status (``error.txt`` = ERROR), TERMINATED
-    without ``done`` = INTERRUPTED (Ctrl-C), and a finished trial whose every batch was empty
-    TRAINED ON NOTHING (rllib_r3l.cli.outcome)."""
+    without ``done`` = INTERRUPTED (Ctrl-C), RUNNING from a driver that is gone (``driver_mark``) =
+    INTERRUPTED, and a finished trial whose every batch was empty TRAINED ON NOTHING
+    (rllib_r3l.cli.outcome)."""
     from rllib_r3l.cli.outcome import INTERRUPTED, TRAINED_ON_NOTHING
 
-    status = _tune_statuses(os.path.dirname(trial_dir)).get(os.path.basename(trial_dir))
+    exp_dir = os.path.dirname(trial_dir)
+    status = _tune_statuses(exp_dir).get(os.path.basename(trial_dir))
     if error_text(trial_dir) is not None:
         status = "ERROR"
+    elif status in ("RUNNING", "PENDING", "PAUSED") and driver_mark.driver_alive(exp_dir) is False:
+        status = None  # Tune's last saved state, from a driver that was killed: interrupted unless it finished
     if status in (None, "TERMINATED"):
         status = "TERMINATED" if _last_result(trial_dir).get("done") else INTERRUPTED
     if status == "TERMINATED" and iterations and empty_batches is not None and empty_batches >= iterations:

@@ -25,6 +25,7 @@ from rllib_r3l.cli import outcome
 from rllib_r3l.cli import run_info
 from rllib_r3l.errors import UsageError
 from rllib_r3l.cli.resume import RESUME, tune_resume_config
+from rllib_r3l.cli import driver_mark
 from rllib_r3l.cli.resume_from import point_tune_at
 
 PROGRESS_COLUMNS = {
@@ -213,8 +214,10 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
         resume = {"resume_config": tune_resume_config()} if p["mode"] == RESUME else {}
         if resume:  # every trial continues from its newest complete checkpoint, the rows after it set aside
             point_tune_at(p["dir"], p.get("choices", []))
-        analysis = tune.run(exp, callbacks=[*callbacks, tracker], raise_on_failed_trial=False, verbose=verbose,
-                            max_concurrent_trials=max_concurrent, progress_reporter=progress_reporter(spec), **resume)
+        with driver_mark.marked(p["dir"]):  # `report` tells a running experiment from one whose driver died
+            analysis = tune.run(exp, callbacks=[*callbacks, tracker], raise_on_failed_trial=False, verbose=verbose,
+                                max_concurrent_trials=max_concurrent, progress_reporter=progress_reporter(spec),
+                                **resume)
         new_rows = outcome.trial_rows(analysis.trials, tracker)
         rows += new_rows
         echo(f"\nexperiment {name!r}: results in {analysis.experiment_path}")

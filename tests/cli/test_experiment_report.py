@@ -69,3 +69,48 @@ def test_a_trial_trained_before_a_resume_is_not_marked(tmp_path):
     _trial(root, "R3L_x_00000_0_2026-01-01", [_result(3, **empty), _result(4, done=True, **empty)])
     table, _pngs, _out = make_report(str(root))
     assert list(table["status"]) == ["TERMINATED"]
+
+
+def test_a_running_trial_whose_driver_died_is_interrupted(tmp_path):
+    """Re-probe (issue 37): after kill -9 or a second Ctrl-C, Tune's saved state keeps saying RUNNING, and
+    `report` showed RUNNING for good. `rllib-r3l train` marks the experiment folder with its process;
+    a mark whose process is gone (pid not running, or reused by a process started at another time) makes
+    the trial INTERRUPTED; a live driver's trial stays RUNNING."""
+    import subprocess
+    import sys
+
+    from rllib_r3l.cli import driver_mark
+
+    root = tmp_path / "exp"
+    _trial(root, "R3L_x_00000_0_2026-01-01", [_result(1)])
+    _tune_state(root, {"R3L_x_00000_0_2026-01-01": "RUNNING"})
+    with driver_mark.marked(str(root)):  # this process is the (live) driver
+        assert driver_mark.driver_alive(str(root)) is True
+        table, _pngs, _out = make_report(str(root))
+        assert list(table["status"]) == ["RUNNING"]
+    assert not (root / driver_mark.MARK).exists()  # removed when the run ends
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (root / driver_mark.MARK).write_text(json.dumps({"host": __import__("socket").gethostname(), "pid": dead.pid,
+                                                     "started": 0.0}))
+    assert driver_mark.driver_alive(str(root)) is False
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["status"]) == ["INTERRUPTED"]
+    import os
+
+    (root / driver_mark.MARK).write_text(json.dumps({"host": __import__("socket").gethostname(), "pid": os.getpid(),
+                                                     "started": 1.0}))  # this pid, but another process's start
+    assert driver_mark.driver_alive(str(root)) is False
+
+
+def test_a_trial_that_failed_before_its_first_result_is_listed(tmp_path, capsys):
+    """Re-probe (issue 37): a trial whose actor died before its first result (only error.txt in its
+    folder) was missing from `report`, so an experiment of one such trial was "no Tune trials found"."""
+    root = tmp_path / "exp"
+    d = root / "R3L_x_00000_0_2026-01-01"
+    d.mkdir(parents=True)
+    (d / "error.txt").write_text("Failure # 1\n1 worker(s) were killed due to the node running low on memory.\n")
+    code = cli.main(["report", str(root)])
+    out, err = capsys.readouterr()
+    assert code == 0 and "ERROR" in out
+    assert "R3L_x_00000 ended in ERROR: 1 worker(s) were killed due to the node running low on memory." in err, err

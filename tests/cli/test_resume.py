@@ -106,26 +106,31 @@ def _progress_iterations(trial_dir):
         return [int(r["training_iteration"]) for r in csv.DictReader(f)]
 
 
-def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(tmp_path):
+def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(tmp_path, capsys):
     """Re-probe (issue 37): ``kill -9`` of ``rllib-r3l train`` right after its first checkpoint folder was
     written left the storage folder with that checkpoint and nothing else (Tune copies params and rows
-    there now and then), and ``--resume`` said "no checkpoint yet". Now it resumes from that checkpoint,
+    there now and then), ``report`` called its trial RUNNING, and ``--resume`` said "no checkpoint yet".
+    Now ``report`` says INTERRUPTED, and the resume continues from that checkpoint,
     the killed driver's rows come back from its staging folder, and every iteration has one row. The
     moment of the kill varies with the machine; the outcome asserted holds at every moment."""
     argv = ["train", TOY, *[a for a in SMALL if not a.startswith(("--set", "tasks_", "env_config"))],
             "--checkpoint-freq", "1", "--storage-path", str(tmp_path)]
     exp = tmp_path / "toy-corridor-tiny-no-reflect"
+    from rllib_r3l.cli.checkpoint_integrity import is_complete
+
     proc = _cli([*argv, *SMALL[2:6], "--stop", "training_iteration=5"])
-    while proc.poll() is None and not glob.glob(str(exp / "*" / "checkpoint_000000" / "rllib_checkpoint.json")):
+    while proc.poll() is None and not any(is_complete(c) for c in glob.glob(str(exp / "*" / "checkpoint_000000"))):
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.communicate()[1][-3000:]
     proc.kill()  # SIGKILL: no handler, no state saved, no rows copied
     proc.communicate()
+    assert cli.main(["report", str(exp)]) == 0  # Tune's state says RUNNING; its driver is gone
+    assert "INTERRUPTED" in capsys.readouterr().out
     proc = _cli([*argv, "--resume"])
     out, err = proc.communicate()
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
     assert "resuming from" in out + err, out[-2000:] + err[-3000:]
-    (trial,) = [d for d in glob.glob(str(exp / "*")) if os.path.isdir(d)]
+    (trial,) = [d for d in glob.glob(str(exp / "R3L_*")) if os.path.isdir(d)]  # (report/ is the report's)
     assert _iterations(trial) == [1, 2, 3, 4, 5] and _progress_iterations(trial) == [1, 2, 3, 4, 5]
 
 

@@ -1,0 +1,56 @@
+"""Is the driver of an experiment still running? A mark in the experiment folder says who runs it.
+
+Tune saves a trial's status in its experiment state only now and then; a driver that is killed (or
+stopped by a second Ctrl-C) leaves its trials ``RUNNING`` there for good, and ``rllib-r3l report``
+called them running. ``rllib-r3l train`` therefore writes :data:`MARK` (host, pid, the process's start
+time) into each experiment folder while it runs it and removes it when it ends; :func:`driver_alive`
+tells a live driver from a dead one (a reused pid has another start time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from typing import Iterator, Optional
+
+MARK = ".r3l-driver.json"
+
+
+def _start_time(pid: int) -> Optional[float]:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001 - no such process (or no psutil): not running
+        return None
+
+
+@contextlib.contextmanager
+def marked(exp_dir: str) -> Iterator[None]:
+    """Mark ``exp_dir`` as run by this process for the duration of the block."""
+    os.makedirs(exp_dir, exist_ok=True)
+    path = os.path.join(exp_dir, MARK)
+    with open(path, "w") as f:
+        json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": _start_time(os.getpid())}, f)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def driver_alive(exp_dir: str) -> Optional[bool]:
+    """True: a live process on this host runs the experiment; False: its driver is gone (killed, or on
+    this host no more); None: no mark (not run by ``rllib-r3l train``, or another host's driver)."""
+    try:
+        with open(os.path.join(exp_dir, MARK)) as f:
+            mark = json.load(f)
+        host, pid, started = mark["host"], int(mark["pid"]), mark.get("started")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host != socket.gethostname():
+        return None
+    now = _start_time(pid)
+    return now is not None and (started is None or abs(now - float(started)) < 1.0)
