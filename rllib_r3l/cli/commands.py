@@ -153,12 +153,14 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
 
 
 def _print_train_summary(rows: List[Dict[str, Any]]) -> None:
-    from rllib_r3l.cli.trial_errors import trial_reason
+    from rllib_r3l.cli.trial_errors import disk_full_advice, trial_reason
 
     print("\n=== rllib-r3l train: summary ===")
     for r in rows:
         if r["error"]:  # the project's own one-line message, read from Ray's error.txt
             r["reason"] = trial_reason(r["error"], r["dir"])
+            advice = disk_full_advice(r["reason"], r["dir"])
+            r["reason"] = f"{r['reason']}; {advice}" if advice else r["reason"]
         print(f"{r['experiment']} / {r['trial']}: {r['status']}, {r['iterations']} iteration(s), "
               f"reward {_fmt(r['reward'])}, success rate {_fmt(r['success_rate'])}")
         print(f"  results:    {r['dir']}")

@@ -296,9 +296,15 @@ def plot_run(rows: Sequence[Mapping[str, Any]], path: str, title: str = "R3L run
         ax.set_xticks(its)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fig.savefig(path, dpi=100)
+    except OSError:  # a full disk: no half-written PNG left behind; the caller says what happened
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        raise
+    finally:
+        plt.close(fig)
     return path
 
 

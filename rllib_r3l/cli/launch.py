@@ -176,7 +176,12 @@ class ConsoleCallback(Callback):
         self.con.lines(console.summary_table(rows))
         folder = trial.path if trial.path and os.path.isdir(trial.path) else trial.local_path
         if folder and os.path.isdir(folder):
-            png = console.plot_run(rows, os.path.join(folder, console.PLOT_FILE), title=f"R3L {trial}")
+            path = os.path.join(folder, console.PLOT_FILE)
+            try:
+                png = console.plot_run(rows, path, title=f"R3L {trial}")
+            except OSError as e:  # a full disk must not turn the trial's own outcome into Tune's traceback
+                self.con.line(f"plot not written ({e.strerror or e}): {path}")
+                return
             if png:
                 self.con.line(f"plot: {png}")
 

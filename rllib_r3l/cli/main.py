@@ -15,6 +15,7 @@ OUT/summary.json; ``--resume`` continues a run in OUT from its newest complete c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -277,8 +278,12 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
                  f"{_kept(out)}")
     wrap_up["checkpoint"], t = time.time() - t, time.time()
     final = per_iteration[-1] if per_iteration else iteration_record(0, last)
-    plot = console.plot_run(rows, os.path.join(out, console.PLOT_FILE),
-                            title=f"R3L main job: {config.model_id} on {config.env}") if rows else None
+    plot = None
+    try:
+        plot = console.plot_run(rows, os.path.join(out, console.PLOT_FILE),
+                                title=f"R3L main job: {config.model_id} on {config.env}") if rows else None
+    except OSError as e:  # a full disk: the run's outcome is still reported below
+        con.line(f"plot NOT written ({e.strerror or e}): {os.path.join(out, console.PLOT_FILE)}")
     wrap_up["plot"], t = time.time() - t, time.time()
     completed = algo.iteration
     algo.stop()
@@ -304,8 +309,16 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
         "plot": plot,
         "log": log_path,
     }
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=float)
+    summary_path = os.path.join(out, "summary.json")
+    try:
+        with open(summary_path + ".partial", "w") as f:  # a full disk leaves the previous summary whole
+            json.dump(summary, f, indent=2, default=float)
+        os.replace(summary_path + ".partial", summary_path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(summary_path + ".partial")
+        con.line(f"summary NOT written ({e.strerror or e}): {summary_path}")
+        summary_path = None  # not a finished run: exit 1 below
     con.line()
     con.lines(console.summary_table(rows))
     con.line()
@@ -313,14 +326,15 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
              f"iterations), peak driver RSS {peak_gb:.1f} GB")
     if ckpt:
         con.line(f"checkpoint: {ckpt}  (saved in {wrap_up['checkpoint']:.0f} s, {_size_gb(ckpt):.1f} GB)")
-    con.line(f"summary:    {os.path.join(out, 'summary.json')}")
+    if summary_path:
+        con.line(f"summary:    {summary_path}")
     if plot:
         con.line(f"plot:       {plot}")
     if not args.verbose:
         con.line(f"log:        {log_path}")
     if interrupted and ckpt:
         con.line(f"to continue: python -m rllib_r3l.cli.main --out {out} --iterations {args.iterations} --resume")
-    return 130 if interrupted else (0 if ckpt else 1)
+    return 130 if interrupted else (0 if ckpt and summary_path else 1)
 
 
 def _earlier_iterations(out: str, first: int) -> List[Dict[str, Any]]:

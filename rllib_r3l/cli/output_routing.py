@@ -72,6 +72,44 @@ class _ConsoleErrors(logging.Handler):
         self.console.line(f"  ! {record.name}: {first[0] if first else ''} (details: {self.log})")
 
 
+class _LogStream:
+    """The log file as the process's stdout/stderr, surviving a full disk: the first write that fails
+    is one console line (the path and why), and later output is dropped instead of raising inside
+    whatever library was printing (Tune's progress table turned a full disk into a traceback)."""
+
+    def __init__(self, f: TextIO, path: str) -> None:
+        self._f, self.path = f, path
+        self.failed: Optional[OSError] = None
+        self.console: Optional[Console] = None
+
+    def write(self, s: str) -> int:
+        if self.failed is None:
+            try:
+                return self._f.write(s)
+            except OSError as e:
+                self._fail(e)
+        return len(s)
+
+    def flush(self) -> None:
+        if self.failed is None:
+            try:
+                self._f.flush()
+            except OSError as e:
+                self._fail(e)
+
+    def _fail(self, e: OSError) -> None:
+        self.failed = e
+        if self.console is not None:
+            self.console.line(f"  ! the log is not written any more ({e.strerror or e}): {self.path}")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._f.close()
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, closed, ...
+        return getattr(self._f, name)
+
+
 QUIET_ENV = {
     "TQDM_DISABLE": "1",  # progress bars (transformers, huggingface_hub, vLLM) would fill the log with \r
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -92,7 +130,7 @@ def routed_output(log_path: str, verbose: bool = False) -> Iterator[Console]:
         yield Console(sys.stdout)
         return
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-    log = open(log_path, "a", buffering=1)
+    log = _LogStream(open(log_path, "a", buffering=1), log_path)
     log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n")
     log.flush()
     for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
@@ -109,6 +147,7 @@ def routed_output(log_path: str, verbose: bool = False) -> Iterator[Console]:
     # and logging handlers made earlier on a stream that is not fd 1/2 (pytest, notebooks)
     moved = _retarget_handlers(lambda st: any(st is x for x in saved_streams), log)
     con = Console(terminal)
+    log.console = con
     root = logging.getLogger()
     handlers: List[logging.Handler] = [_ConsoleErrors(con, log_path)]
     if not root.handlers:  # what logging's last resort would print (the console handler disables it)

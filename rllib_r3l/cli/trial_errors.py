@@ -34,6 +34,25 @@ def reason_from_text(text: str) -> Optional[str]:
     return reason if len(reason) <= MAX_CHARS else reason[:MAX_CHARS - 3] + "..."
 
 
+def disk_full_advice(reason: Optional[str], folder: Optional[str]) -> Optional[str]:
+    """What to do when ``reason`` is a full disk (errno 28): the folder, its free bytes, and the resume."""
+    if not reason or not ("No space left on device" in reason or "Errno 28" in reason):
+        return None
+    free = ""
+    if folder:
+        import shutil
+
+        d = folder
+        while d and not os.path.isdir(d):
+            d = os.path.dirname(d)
+        try:
+            free = f" ({shutil.disk_usage(d).free / 1e6:.0f} MB free on its disk now)"
+        except OSError:
+            pass
+    return (f"the disk of {folder}{free} is full; free space (or move the experiment), then continue with "
+            "--resume: it takes the newest complete checkpoint and skips the one cut short")
+
+
 def trial_reason(error_file: Optional[str], trial_dir: Optional[str] = None) -> Optional[str]:
     """The reason from ``error_file`` (Ray's copy) or ``trial_dir/error.txt``; None when neither reads."""
     for path in (error_file, os.path.join(trial_dir, "error.txt") if trial_dir else None):

@@ -62,3 +62,32 @@ def test_train_refuses_a_storage_path_before_ray_starts(small_fs, capsys, which,
     code = cli.main(["train", TOY, "--storage-path", str(small_fs[which]), "--dry-run"])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "--storage-path" in err, err
+
+
+def test_a_disk_that_fills_mid_run_ends_train_with_one_line_and_the_resume_advice(tmp_path, tiny_model_dir):
+    """Re-probe (issue 37): a storage disk that fills up during `rllib-r3l train` printed 355 lines of
+    tracebacks (the trial's failed checkpoint copy, then the run plot and Tune's progress table failing on
+    the same full disk inside Tune's callbacks). An 80 MB tmpfs: room for the first checkpoint of the tiny
+    model (~50 MB), not for the second."""
+    import subprocess
+    import sys
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(disk)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()}); needs root")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rllib_r3l.cli.commands", "train", TOY, "--experiment", "toy-corridor-tiny-no-reflect",
+             "--set", "tasks_per_iteration=1", "--num-cpus", "4", "--checkpoint-freq", "1", "--storage-path", str(disk),
+             "--stop", "training_iteration=4"], cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=600,
+            env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_CHDIR_TO_TRIAL_DIR="0"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert "No space left on device" in line and "is full" in line and "--resume" in line, line
+    assert "plot not written (No space left on device)" in proc.stdout
+    assert "the log is not written any more (No space left on device)" in proc.stdout
