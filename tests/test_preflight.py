@@ -46,6 +46,39 @@ def test_a_directory_without_weights_is_not_a_model(tmp_path, tiny_dir):
         preflight.check_model(d)
 
 
+def test_a_truncated_weights_file_is_refused_up_front(tmp_path, tiny_dir, capsys):
+    """Re-probe (issue 37): `--dry-run` passed a model folder whose model.safetensors was cut short (an
+    interrupted copy); the run then died inside the trial. The header says how long the file must be."""
+    d = _copy(tiny_dir, tmp_path / "m")
+    weights = os.path.join(d, "model.safetensors")
+    whole = os.path.getsize(weights)
+    with open(weights, "r+b") as f:
+        f.truncate(whole - 1000)
+    with pytest.raises(ValueError, match=rf"R3LConfig.model_id: .*model.safetensors: truncated: {whole - 1000} bytes, "
+                                         rf"its header says {whole}; copy or download the model again"):
+        preflight.check_model(d)
+    from rllib_r3l.cli import commands as cli
+    from tests.cli.test_bad_input import TOY
+
+    code = cli.main(["train", TOY, "--dry-run", "--storage-path", str(tmp_path / "s"), "--set", f"model={d}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "truncated" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_sharded_model_needs_every_shard_its_index_names(tmp_path, tiny_dir):
+    from rllib_r3l.model_check import weights_problem
+
+    d = _copy(tiny_dir, tmp_path / "m")
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}, f)
+    with pytest.raises(ValueError, match=r"index.json: names shard\(s\) that are not there: model-00002-of-00002"):
+        preflight.check_model(d)
+    assert weights_problem(os.path.join(d, "model.safetensors")) is None  # the whole file passes
+    cut = tmp_path / "pytorch_model.bin"
+    cut.write_bytes(b"PK\x03\x04" + b"\0" * 100)  # a zip's first bytes, its end missing
+    assert weights_problem(str(cut)) == "truncated (a PyTorch zip without its central directory)"
+
+
 def test_a_tokenizer_without_chat_template_is_refused_up_front(tmp_path, tiny_dir):
     d = _copy(tiny_dir, tmp_path / "m", drop=("chat_template.jinja",))
     with open(os.path.join(d, "tokenizer_config.json")) as f:
