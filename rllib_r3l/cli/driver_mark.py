@@ -1,10 +1,10 @@
 """Is the driver of an experiment still running? A mark in the experiment folder says who runs it.
 
-Tune saves a trial's status in its experiment state only now and then; a driver that is killed (or
-stopped by a second Ctrl-C) leaves its trials ``RUNNING`` there for good, and ``rllib-r3l report``
-called them running. ``rllib-r3l train`` therefore writes :data:`MARK` (host, pid, the process's start
-time) into each experiment folder while it runs it and removes it when it ends; :func:`driver_alive`
-tells a live driver from a dead one (a reused pid has another start time).
+Tune saves a trial's status in its experiment state only now and then; a driver that is killed, or
+stopped by Ctrl-C, can leave its trials ``RUNNING`` there for good, and ``rllib-r3l report`` called
+them running. ``rllib-r3l train`` therefore writes :data:`MARK` (host, pid, the process's start time)
+into each experiment folder while it runs it and marks it ended when it returns; :func:`driver_alive`
+tells a live driver from an ended or dead one (a reused pid has another start time).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import socket
+import time
 from typing import Iterator, Optional
 
 MARK = ".r3l-driver.json"
@@ -36,9 +37,12 @@ def marked(exp_dir: str) -> Iterator[None]:
         json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": _start_time(os.getpid())}, f)
     try:
         yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(path)
+    finally:  # kept, marked ended: Tune's state can say RUNNING after a Ctrl-C too
+        with contextlib.suppress(OSError, ValueError):
+            with open(path) as f:
+                mark = json.load(f)
+            with open(path, "w") as f:
+                json.dump({**mark, "ended": time.time()}, f)
 
 
 def driver_alive(exp_dir: str) -> Optional[bool]:
@@ -50,6 +54,8 @@ def driver_alive(exp_dir: str) -> Optional[bool]:
         host, pid, started = mark["host"], int(mark["pid"]), mark.get("started")
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if mark.get("ended"):
+        return False
     if host != socket.gethostname():
         return None
     now = _start_time(pid)

@@ -66,7 +66,8 @@ def check_cluster_fits(experiments: Dict[str, Dict[str, Any]], path: str, num_cp
     from rllib_r3l.cli.experiments import expand_variants
     from rllib_r3l.config import R3LConfig
 
-    if address:  # a cluster of its own, possibly with an autoscaler: its business
+    if address:  # a cluster of its own, possibly with an autoscaler: its business, once it answers
+        check_address(address)
         return
     cpus, gpus = preflight.ray_capacity()  # Ray already running in this process: its cluster
     source = "the running Ray cluster"
@@ -80,6 +81,23 @@ def check_cluster_fits(experiments: Dict[str, Dict[str, Any]], path: str, num_cp
                                           source=source)
             except ValueError as e:
                 raise UsageError(f"{path}: {name}: {e}") from None
+
+
+def check_address(address: str, timeout_s: float = 5.0) -> None:
+    """A :class:`UsageError` when nothing listens at a ``HOST:PORT`` ``--address`` (``ray.init`` would
+    retry for minutes on a blank console); ``auto``, ``local`` and ``ray://`` client addresses are left
+    to Ray."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if address in ("auto", "local") or "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise UsageError(f"--address {address}: no Ray cluster answers there ({e.strerror or e}); start one there "
+                         "(`ray start --head --port PORT`), give the address `ray status` shows, or drop --address "
+                         "to run on this machine") from None
 
 
 @contextlib.contextmanager

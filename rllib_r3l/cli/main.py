@@ -22,7 +22,7 @@ import resource
 import signal
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from rllib_r3l.cli import checkpoint_integrity as ckpt_io
 from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of
@@ -267,74 +267,94 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
         con.line("nothing to save: no iteration finished, so no checkpoint or summary was written; "
                  "run the same command again")
         return 130
-    os.makedirs(out, exist_ok=True)
-    wrap_up: Dict[str, float] = {}  # where the time after the last iteration goes
-    t = time.time()
-    try:  # written aside, renamed into place: a crash or a full disk keeps the previous complete one
-        ckpt = ckpt_io.save_atomically(algo.save_to_path, os.path.join(out, CHECKPOINT), iteration=algo.iteration)
-    except Exception as e:  # noqa: BLE001 - the summary of what ran is still written
-        ckpt = None
-        con.line(f"checkpoint NOT saved ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-                 f"{_kept(out)}")
-    wrap_up["checkpoint"], t = time.time() - t, time.time()
-    final = per_iteration[-1] if per_iteration else iteration_record(0, last)
-    plot = None
+    try:  # a second signal while saving ends the wrap-up, not the records already on disk
+        os.makedirs(out, exist_ok=True)
+        wrap_up: Dict[str, float] = {}  # where the time after the last iteration goes
+        # the records of what ran first: a second signal during the wrap-up loses none of them (a resume
+        # reads the records before its checkpoint's iteration)
+        _write_json_aside(os.path.join(out, "summary.json"), {
+            "iterations": args.iterations, "iterations_completed": algo.iteration, "interrupted": True,
+            "wrap_up_unfinished": True, "per_iteration": per_iteration, "log": log_path})
+        t = time.time()
+        try:  # written aside, renamed into place: a crash or a full disk keeps the previous complete one
+            ckpt = ckpt_io.save_atomically(algo.save_to_path, os.path.join(out, CHECKPOINT), iteration=algo.iteration)
+        except Exception as e:  # noqa: BLE001 - the summary of what ran is still written
+            ckpt = None
+            con.line(f"checkpoint NOT saved ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                     f"{_kept(out)}")
+        wrap_up["checkpoint"], t = time.time() - t, time.time()
+        final = per_iteration[-1] if per_iteration else iteration_record(0, last)
+        plot = None
+        try:
+            plot = console.plot_run(rows, os.path.join(out, console.PLOT_FILE),
+                                    title=f"R3L main job: {config.model_id} on {config.env}") if rows else None
+        except OSError as e:  # a full disk: the run's outcome is still reported below
+            con.line(f"plot NOT written ({e.strerror or e}): {os.path.join(out, console.PLOT_FILE)}")
+        wrap_up["plot"], t = time.time() - t, time.time()
+        completed = algo.iteration
+        algo.stop()
+        ray.shutdown()
+        wrap_up["stop_and_shutdown"] = time.time() - t
+        peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
+        summary = {
+            "iterations": args.iterations,
+            "iterations_completed": completed,
+            "interrupted": interrupted,
+            "resumed_from": resume_from[0] if resume_from else None,
+            "base_episodes_per_iteration": run_info.expected_episodes(info),
+            # from the start of main() to Ray's shutdown: everything after set-up but the interpreter's start and exit
+            "seconds_total": round(time.time() - started, 1),
+            "seconds_iterations": round(sum(r["seconds"] for r in per_iteration[len(earlier):]), 1),  # this run's
+            "seconds_wrap_up": {k: round(v, 3) for k, v in wrap_up.items()},
+            "peak_rss_gb_driver": round(peak_gb, 2),
+            "seconds_per_iteration": [round(r["seconds"], 1) for r in per_iteration],
+            "per_iteration": per_iteration,
+            # the last iteration's metrics, at the top level
+            **{k: final[k] for k in ("r3l", "learner", "credit", "batch")},
+            "checkpoint": ckpt,
+            "plot": plot,
+            "log": log_path,
+        }
+        summary_path = os.path.join(out, "summary.json")
+        failed = _write_json_aside(summary_path, summary)
+        if failed:
+            con.line(f"summary NOT written ({failed}): {summary_path}")
+            summary_path = None  # not a finished run: exit 1 below
+        con.line()
+        con.lines(console.summary_table(rows))
+        con.line()
+        con.line(f"total {summary['seconds_total']:.0f} s after set-up ({summary['seconds_iterations']:.0f} s in the "
+                 f"iterations), peak driver RSS {peak_gb:.1f} GB")
+        if ckpt:
+            con.line(f"checkpoint: {ckpt}  (saved in {wrap_up['checkpoint']:.0f} s, {_size_gb(ckpt):.1f} GB)")
+        if summary_path:
+            con.line(f"summary:    {summary_path}")
+        if plot:
+            con.line(f"plot:       {plot}")
+        if not args.verbose:
+            con.line(f"log:        {log_path}")
+        if interrupted and ckpt:
+            con.line(f"to continue: python -m rllib_r3l.cli.main --out {out} --iterations {args.iterations} --resume")
+        return 130 if interrupted else (0 if ckpt and summary_path else 1)
+    except KeyboardInterrupt:
+        con.line("interrupted again while saving; what was written stays (the checkpoint, then summary.json "
+                 f"with every iteration's record): continue with python -m rllib_r3l.cli.main --out {out} "
+                 f"--iterations {args.iterations} --resume")
+        return 130
+
+
+def _write_json_aside(path: str, data: Dict[str, Any]) -> Optional[str]:
+    """Write ``data`` to ``path + ".partial"``, then rename it into place (a full disk or a signal leaves
+    the previous file whole); the error in a few words, or None."""
     try:
-        plot = console.plot_run(rows, os.path.join(out, console.PLOT_FILE),
-                                title=f"R3L main job: {config.model_id} on {config.env}") if rows else None
-    except OSError as e:  # a full disk: the run's outcome is still reported below
-        con.line(f"plot NOT written ({e.strerror or e}): {os.path.join(out, console.PLOT_FILE)}")
-    wrap_up["plot"], t = time.time() - t, time.time()
-    completed = algo.iteration
-    algo.stop()
-    ray.shutdown()
-    wrap_up["stop_and_shutdown"] = time.time() - t
-    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
-    summary = {
-        "iterations": args.iterations,
-        "iterations_completed": completed,
-        "interrupted": interrupted,
-        "resumed_from": resume_from[0] if resume_from else None,
-        "base_episodes_per_iteration": run_info.expected_episodes(info),
-        # from the start of main() to Ray's shutdown: everything after set-up but the interpreter's start and exit
-        "seconds_total": round(time.time() - started, 1),
-        "seconds_iterations": round(sum(r["seconds"] for r in per_iteration[len(earlier):]), 1),  # this run's
-        "seconds_wrap_up": {k: round(v, 3) for k, v in wrap_up.items()},
-        "peak_rss_gb_driver": round(peak_gb, 2),
-        "seconds_per_iteration": [round(r["seconds"], 1) for r in per_iteration],
-        "per_iteration": per_iteration,
-        # the last iteration's metrics, at the top level
-        **{k: final[k] for k in ("r3l", "learner", "credit", "batch")},
-        "checkpoint": ckpt,
-        "plot": plot,
-        "log": log_path,
-    }
-    summary_path = os.path.join(out, "summary.json")
-    try:
-        with open(summary_path + ".partial", "w") as f:  # a full disk leaves the previous summary whole
-            json.dump(summary, f, indent=2, default=float)
-        os.replace(summary_path + ".partial", summary_path)
+        with open(path + ".partial", "w") as f:
+            json.dump(data, f, indent=2, default=float)
+        os.replace(path + ".partial", path)
+        return None
     except OSError as e:
         with contextlib.suppress(OSError):
-            os.remove(summary_path + ".partial")
-        con.line(f"summary NOT written ({e.strerror or e}): {summary_path}")
-        summary_path = None  # not a finished run: exit 1 below
-    con.line()
-    con.lines(console.summary_table(rows))
-    con.line()
-    con.line(f"total {summary['seconds_total']:.0f} s after set-up ({summary['seconds_iterations']:.0f} s in the "
-             f"iterations), peak driver RSS {peak_gb:.1f} GB")
-    if ckpt:
-        con.line(f"checkpoint: {ckpt}  (saved in {wrap_up['checkpoint']:.0f} s, {_size_gb(ckpt):.1f} GB)")
-    if summary_path:
-        con.line(f"summary:    {summary_path}")
-    if plot:
-        con.line(f"plot:       {plot}")
-    if not args.verbose:
-        con.line(f"log:        {log_path}")
-    if interrupted and ckpt:
-        con.line(f"to continue: python -m rllib_r3l.cli.main --out {out} --iterations {args.iterations} --resume")
-    return 130 if interrupted else (0 if ckpt and summary_path else 1)
+            os.remove(path + ".partial")
+        return str(e.strerror or e)
 
 
 def _earlier_iterations(out: str, first: int) -> List[Dict[str, Any]]:

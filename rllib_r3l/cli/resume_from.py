@@ -156,14 +156,15 @@ def _span(its: Sequence[int]) -> str:
 # --------------------------------------------------------------------------------------------------
 def point_tune_at(exp_dir: str, choices: Sequence[Dict[str, Any]]) -> None:
     """Make Tune's saved state of every trial that is ``rewind`` or ``adopt`` record ``from`` as its
-    latest checkpoint (the complete recorded ones up to it stay recorded); the state file before the
+    latest checkpoint (the complete recorded ones up to it stay recorded), and number each trial's next
+    checkpoint past the folders on disk (:func:`_stale_index`); the state file before the
     change is kept as ``.r3l-before-resume-<name>`` (a name Tune does not read). Rows a killed driver
     left in its staging folder are recovered first; then the rows of the iterations each trial runs
     again are set aside."""
     for c in choices:
         if c.get("recover"):
             recover_rows(c["recover"], os.path.join(exp_dir, c["trial"]))
-    todo = [c for c in choices if c["rewind"] or c["adopt"]]
+    todo = [c for c in choices if c["rewind"] or c["adopt"] or _stale_index(exp_dir, c)]
     if todo:
         _rewrite_state(exp_dir, todo)
     for c in choices:
@@ -183,6 +184,9 @@ def _rewrite_state(exp_dir: str, todo: Sequence[Dict[str, Any]]) -> None:
         raw = json.load(f)
     for c in todo:
         tdir = os.path.join(exp_dir, c["trial"])
+        raw["trial_data"][c["index"]][0] = _with_next_index(raw["trial_data"][c["index"]][0], tdir)
+        if not (c["rewind"] or c["adopt"]):
+            continue
         md = _TrainingRunMetadata.from_json_state(raw["trial_data"][c["index"]][1])
         keep = [(p, r) for p, r in _recorded(tdir, md) if problem(p) is None
                 and (r.metrics or {}).get("training_iteration", 0) <= c["iteration"]]
@@ -202,6 +206,43 @@ def _rewrite_state(exp_dir: str, todo: Sequence[Dict[str, Any]]) -> None:
         raw["trial_data"][c["index"]][1] = md.get_json_state()
     shutil.copy2(state, os.path.join(exp_dir, ".r3l-before-resume-" + os.path.basename(state)))
     _write_atomically(state, json.dumps(raw))
+
+
+def _folder_index(path: str) -> int:
+    try:
+        return int(os.path.basename(path).split("_")[-1])
+    except ValueError:
+        return -1
+
+
+def _last_index(tdir: str) -> int:
+    """The highest ``checkpoint_<index>`` on disk (-1: none). Tune counts the index up *before* each save
+    (``Trainable.save``, Ray 2.60), so a saved index at least this high puts the next one past them all."""
+    return max((_folder_index(c) for c in checkpoint_dirs(tdir)), default=-1)
+
+
+def _stale_index(exp_dir: str, c: Dict[str, Any]) -> bool:
+    """Whether Tune's saved state would number the trial's next checkpoint as a folder that exists.
+    Tune saves into ``checkpoint_<index>`` and counts the index in the trial's saved state; a state that
+    lags the disk (a killed driver) makes the resumed trial write over a newer checkpoint, which
+    ``num_to_keep`` then deletes as if it were old: a finished run could end with none."""
+    try:
+        from ray.tune.utils.serialization import _loads_with_cloudpickle
+
+        with open(_state_file(exp_dir) or "") as f:
+            trial = _loads_with_cloudpickle(json.load(f)["trial_data"][c["index"]][0])
+        return trial["storage"].current_checkpoint_index < _last_index(os.path.join(exp_dir, c["trial"]))
+    except Exception:  # noqa: BLE001 - another state format: left as Tune wrote it
+        return False
+
+
+def _with_next_index(trial_json: str, tdir: str) -> str:
+    from ray.tune.utils.serialization import TuneFunctionEncoder, _loads_with_cloudpickle
+
+    trial = _loads_with_cloudpickle(trial_json)
+    storage = trial["storage"]
+    storage.current_checkpoint_index = max(storage.current_checkpoint_index, _last_index(tdir))
+    return json.dumps(trial, indent=2, cls=TuneFunctionEncoder)
 
 
 def _write_atomically(path: str, text: str) -> None:

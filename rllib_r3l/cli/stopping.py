@@ -51,6 +51,11 @@ def known_stop_keys() -> frozenset:
     return frozenset(TUNE_KEYS) | frozenset(RESULT_KEYS)
 
 
+# counters that start at 0 and only grow: a stop value below 1 is met by the first result
+COUNTERS = ("training_iteration", "time_total_s", "timesteps_total", "episodes_total",
+            "num_env_steps_sampled_lifetime", "num_episodes_lifetime")
+
+
 def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[str] = ()) -> None:
     """Raise :class:`UsageError` for a stop key no R3L result has, or a value that is not a number."""
     overridden = set(overridden)
@@ -64,6 +69,9 @@ def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[s
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UsageError(f"{src}: a stop value must be a number (the trial stops when the metric reaches it), "
                              f"got {value!r}")
+        if key in COUNTERS and value < 1:  # reached before the first result: one iteration, then "done"
+            raise UsageError(f"{src}: must be >= 1 (a count that is reached from the start stops the trial after "
+                             f"one iteration), got {value!r}")
         if key in known:
             continue
         if isinstance(key, str) and key.startswith(OPEN_NAMESPACES):

@@ -125,6 +125,8 @@ def test_dry_run_refuses_values_a_run_cannot_train_with(tmp_path, capsys, flag, 
     ("env_runners/sucess_rate=0.9", ["did you mean 'env_runners/success_rate'"]),
     ("success_rate=0.9", ["not a metric", "env_runners/success_rate"]),
     ("training_iteration=soon", ["must be a number"]),
+    ("training_iteration=-1", ["--stop training_iteration", "must be >= 1"]),  # re-probe: ran 1 iteration, exit 0
+    ("time_total_s=0", ["must be >= 1"]),
 ])
 def test_misspelt_stop_key_is_an_error(tmp_path, capsys, flag, needles):
     code, _out, err = dry_run(capsys, tmp_path, "--stop", flag)
@@ -294,3 +296,9 @@ def test_a_refused_option_is_the_only_line_on_stderr():
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()  # checked after RLlib's own validation, which resolves the algorithm
     assert line.startswith("rllib-r3l train: error:") and "ALFWORLD_DATA" in line, proc.stderr[-3000:]
+
+
+def test_an_address_where_no_cluster_answers_is_refused_at_once(tmp_path, capsys):
+    """Re-probe (issue 37): `--address 127.0.0.1:1` printed nothing for 5 minutes (ray.init retrying)."""
+    code, _out, err = dry_run(capsys, tmp_path, "--address", "127.0.0.1:1")
+    usage_error(code, err, "--address 127.0.0.1:1: no Ray cluster answers there", "ray start --head")

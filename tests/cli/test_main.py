@@ -146,3 +146,46 @@ def test_a_run_of_no_iteration_is_refused():
     with pytest.raises(SystemExit) as e:
         main(["--iterations", "0"])
     assert e.value.code == 2
+
+
+def test_a_second_signal_while_saving_loses_no_iteration_record(tmp_path):
+    """Re-probe (issue 37): a second Ctrl-C during the main job's wrap-up (after the checkpoint, before
+    summary.json) ended the process; the checkpoint resumed, but summary.json then lacked iteration 1.
+    Now the records are written before the checkpoint."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests import REPO_ROOT
+    from tests.hang_guard import HANG_GUARD_S
+
+    out = tmp_path / "run"
+    argv = ["--num-cpus", "2", "--out", str(out)]
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    log = tmp_path / "console.txt"
+
+    def wait_for(cond, proc):
+        started = time.monotonic()
+        while not cond() and proc.poll() is None:
+            assert time.monotonic() - started < HANG_GUARD_S, "hang guard\n" + log.read_text()[-3000:]
+            time.sleep(0.02)
+
+    with open(log, "w") as console:
+        proc = subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.main", *argv, "--iterations", "4", "--set",
+                                 "model=tiny", "backend=transformers", "env=r3l/ToyCorridor", "group_size=4",
+                                 "tasks_per_iteration=1", "max_response_tokens=8", "seed=0"],
+                                cwd=str(REPO_ROOT), env=env, stdout=console, stderr=subprocess.STDOUT, text=True)
+        wait_for(lambda: "iter 1/4" in log.read_text(), proc)
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: (out / "checkpoint").is_dir(), proc)  # the wrap-up is under way
+        proc.send_signal(signal.SIGTERM)  # the second signal ends the process at once
+        proc.wait(timeout=HANG_GUARD_S)
+    resumed = subprocess.run([sys.executable, "-m", "rllib_r3l.cli.main", *argv, "--iterations", "3", "--resume"],
+                             cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    done = summary["iterations_completed"]
+    assert [r["iteration"] for r in summary["per_iteration"]] == list(range(1, done + 1)) and done == 3, summary

@@ -132,6 +132,14 @@ def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(
     assert "resuming from" in out + err, out[-2000:] + err[-3000:]
     (trial,) = [d for d in glob.glob(str(exp / "R3L_*")) if os.path.isdir(d)]  # (report/ is the report's)
     assert _iterations(trial) == [1, 2, 3, 4, 5] and _progress_iterations(trial) == [1, 2, 3, 4, 5]
+    # the file keeps 2 checkpoints: the last two iterations', each in its own folder (the re-probe saw the
+    # resumed trial write over existing folders, then delete them, and finish with none)
+    from rllib_r3l.cli.checkpoint_integrity import newest_complete
+    from rllib_r3l.cli.export import checkpoint_iteration
+
+    kept = sorted(glob.glob(os.path.join(trial, "checkpoint_*")))
+    assert [checkpoint_iteration(c) for c in kept] == [4, 5], kept
+    assert newest_complete(kept)[0] == kept[-1] and kept[-1] in out
 
 
 # ==================================================================================================

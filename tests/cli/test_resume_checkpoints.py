@@ -124,10 +124,14 @@ def _drop_latest_record(exp_dir):
     """Tune's saved state as a driver killed right after writing its latest checkpoint folder leaves it:
     the folder is on disk, the state (saved before) does not list it. Edited with Ray's own decoders."""
     from ray.tune.trainable.metadata import _TrainingRunMetadata
+    from ray.tune.utils.serialization import TuneFunctionEncoder, _loads_with_cloudpickle
 
     (state,) = glob.glob(os.path.join(exp_dir, "experiment_state-*.json"))
     with open(state) as f:
         raw = json.load(f)
+    trial = _loads_with_cloudpickle(raw["trial_data"][0][0])
+    trial["storage"].current_checkpoint_index = 0  # as saved before checkpoint_000001: the next save goes there
+    raw["trial_data"][0][0] = json.dumps(trial, indent=2, cls=TuneFunctionEncoder)
     md = _TrainingRunMetadata.from_json_state(raw["trial_data"][0][1])
     cm = md.checkpoint_manager
     cm._checkpoint_results = cm._checkpoint_results[:-1]
@@ -170,6 +174,12 @@ def test_resume_adopts_a_complete_checkpoint_tunes_state_missed(ray_session, tmp
                         verbose=0).trials
     assert trial.status == "TERMINATED", trial.error_file
     assert _iterations(tdir) == [1, 2, 3] and _progress_iterations(tdir) == [1, 2, 3]  # was [1, 2, 2, 3]
+    # re-probe: Tune numbered the next checkpoint from its lagging state, wrote iteration 3 over the
+    # adopted checkpoint_000001, and num_to_keep then deleted it as an old one
+    from rllib_r3l.cli.export import checkpoint_iteration
+
+    assert checkpoint_iteration(second) == 2
+    assert trial.checkpoint.path.endswith("checkpoint_000002") and checkpoint_iteration(trial.checkpoint.path) == 3
 
 
 def test_rows_after_the_checkpoint_are_set_aside_not_deleted(tmp_path):
