@@ -216,9 +216,12 @@ def _folder_index(path: str) -> int:
 
 
 def _last_index(tdir: str) -> int:
-    """The highest ``checkpoint_<index>`` on disk (-1: none). Tune counts the index up *before* each save
-    (``Trainable.save``, Ray 2.60), so a saved index at least this high puts the next one past them all."""
-    return max((_folder_index(c) for c in checkpoint_dirs(tdir)), default=-1)
+    """The highest ``checkpoint_<index>`` on disk that is complete (-1: none). Tune counts the index up
+    *before* each save (``Trainable.save``, Ray 2.60), so a saved index at least this high puts the next
+    one past every complete checkpoint (an incomplete folder may be written over, as Tune does)."""
+    from rllib_r3l.cli.checkpoint_integrity import is_complete
+
+    return max((_folder_index(c) for c in checkpoint_dirs(tdir) if is_complete(c)), default=-1)
 
 
 def _stale_index(exp_dir: str, c: Dict[str, Any]) -> bool:
