@@ -155,6 +155,10 @@ def main(argv: List[str] | None = None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
+        if args.num_cpus < 1:
+            raise UsageError(f"--num-cpus {args.num_cpus}: must be >= 1 (the logical CPUs of the local Ray runtime)")
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise UsageError(f"--out {out}: is a file, not a folder; give a folder for the run's results")
         check_out(out, args.overwrite, args.resume)
         if args.resume:
             config, args.resume_from = resume_point(args, out)

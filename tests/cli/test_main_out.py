@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from rllib_r3l.cli import main
 
 
@@ -36,3 +38,16 @@ def test_no_reflect_comparison_defaults_to_its_own_out(tmp_path, monkeypatch):
     assert main.out_dir(base) == os.path.join(str(tmp_path), "results", "main-no-reflect")
     given = main.build_parser().parse_args(["--no-reflect", "--out", "x"])
     assert main.out_dir(given) == os.path.join(str(tmp_path), "x")
+
+
+@pytest.mark.parametrize("flags,needle", [(["--num-cpus", "0"], "--num-cpus 0: must be >= 1"),
+                                          (["--out", "FILE"], "is a file, not a folder")])
+def test_main_job_refuses_cpus_below_one_and_an_out_that_is_a_file(tmp_path, capsys, flags, needle):
+    """Re-probe 2 (issue 37): both were raw tracebacks (ValueError from ray.init, FileExistsError)."""
+    f = tmp_path / "results.txt"
+    f.write_text("not a folder")
+    flags = [str(f) if a == "FILE" else a for a in flags]
+    out = [] if "--out" in flags else ["--out", str(tmp_path / "run")]
+    code = main.main([*flags, *out, "--set", "model=tiny", "--iterations", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
