@@ -215,6 +215,9 @@ def cmd_evaluate(args) -> int:
         raise UsageError(f"--episodes {args.episodes}: must be >= 1")
     if args.temperature is not None and args.temperature < 0:
         raise UsageError(f"--temperature {args.temperature}: must be >= 0")
+    if args.greedy and args.temperature not in (None, 0):  # greedy would win without a word
+        raise UsageError(f"--greedy and --temperature {args.temperature} exclude each other: --greedy decodes at "
+                         "temperature 0; drop one of them")
     for flag, value in (("--max-turns", args.max_turns), ("--max-response-tokens", args.max_response_tokens)):
         if value is not None and value < 1:  # 0 would fall back to the training value without a word
             raise UsageError(f"{flag} {value}: must be >= 1 (leave the flag out for the training setting)")

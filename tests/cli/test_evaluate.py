@@ -21,6 +21,13 @@ def test_evaluate_refuses_non_positive_limits(tmp_path, capsys, flag, value):
     assert code == 2 and f"{flag} {value}: must be >= 1" in err and "Traceback" not in err
 
 
+def test_evaluate_refuses_greedy_with_a_temperature(tmp_path, capsys):
+    # re-probe 2: --greedy --temperature 0.5 evaluated at temperature 0, exit 0, no word about 0.5
+    code = cli.main(["evaluate", str(tmp_path), "--greedy", "--temperature", "0.5"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--greedy and --temperature 0.5 exclude each other" in err and "Traceback" not in err
+
+
 # ==================================================================================================
 # Checkpoint/model mismatches (item 9): hand-written checkpoints around the tiny model
 # ==================================================================================================
