@@ -92,6 +92,9 @@ def resume_choices(exp_dir: str) -> List[Dict[str, Any]]:
     recorded or not; None: none), ``iteration``, ``skipped`` ([(path, why)] of its incomplete folders),
     ``rewind`` (Tune's recorded latest is incomplete), ``adopt`` (``from`` is complete but not in Tune's
     state), ``recover`` (a killed driver's staging folder with more rows than the storage's; None),
+    ``last_index`` (the highest complete ``checkpoint_<index>``: Tune counts the index up *before* each
+    save, Ray 2.60 ``Trainable.save``, so a saved index this high puts the next one past every complete
+    checkpoint; an incomplete folder may be written over, as Tune does),
     ``redone`` (iterations after ``from`` that have rows), ``index`` (in the state's trial_data).
     :class:`UsageError` when a trial has checkpoint folders and none of them is complete."""
     from rllib_r3l.cli.checkpoint_integrity import problem
@@ -102,8 +105,9 @@ def resume_choices(exp_dir: str) -> List[Dict[str, Any]]:
             continue
         recorded, name = _recorded(tdir, md), os.path.basename(tdir)
         on_disk = checkpoint_dirs(tdir)
-        skipped = [(c, problem(c)) for c in on_disk if problem(c)]
-        complete = [c for c in on_disk if problem(c) is None]
+        why = {c: problem(c) for c in on_disk}  # one walk per folder (every file is read for its size/end)
+        skipped = [(c, w) for c, w in why.items() if w]
+        complete = [c for c, w in why.items() if w is None]
         with_it = [(it, c) for c in complete if (it := _iteration_of(c, recorded)) is not None]
         if (recorded or on_disk) and not with_it:
             raise UsageError(f"--resume: trial {name}: no checkpoint of it is complete ("
@@ -120,6 +124,7 @@ def resume_choices(exp_dir: str) -> List[Dict[str, Any]]:
                         "rewind": bool(recorded) and path in recorded_paths and recorded_paths[-1] != path,
                         "adopt": path is not None and path not in recorded_paths,
                         "recover": staged,
+                        "last_index": max((_folder_index(c) for c in complete), default=-1),
                         "redone": _iterations_after(staged or tdir, iteration) if iteration is not None else []})
     return choices
 
@@ -184,7 +189,7 @@ def _rewrite_state(exp_dir: str, todo: Sequence[Dict[str, Any]]) -> None:
         raw = json.load(f)
     for c in todo:
         tdir = os.path.join(exp_dir, c["trial"])
-        raw["trial_data"][c["index"]][0] = _with_next_index(raw["trial_data"][c["index"]][0], tdir)
+        raw["trial_data"][c["index"]][0] = _with_next_index(raw["trial_data"][c["index"]][0], c["last_index"])
         if not (c["rewind"] or c["adopt"]):
             continue
         md = _TrainingRunMetadata.from_json_state(raw["trial_data"][c["index"]][1])
@@ -215,15 +220,6 @@ def _folder_index(path: str) -> int:
         return -1
 
 
-def _last_index(tdir: str) -> int:
-    """The highest ``checkpoint_<index>`` on disk that is complete (-1: none). Tune counts the index up
-    *before* each save (``Trainable.save``, Ray 2.60), so a saved index at least this high puts the next
-    one past every complete checkpoint (an incomplete folder may be written over, as Tune does)."""
-    from rllib_r3l.cli.checkpoint_integrity import is_complete
-
-    return max((_folder_index(c) for c in checkpoint_dirs(tdir) if is_complete(c)), default=-1)
-
-
 def _stale_index(exp_dir: str, c: Dict[str, Any]) -> bool:
     """Whether Tune's saved state would number the trial's next checkpoint as a folder that exists.
     Tune saves into ``checkpoint_<index>`` and counts the index in the trial's saved state; a state that
@@ -234,17 +230,17 @@ def _stale_index(exp_dir: str, c: Dict[str, Any]) -> bool:
 
         with open(_state_file(exp_dir) or "") as f:
             trial = _loads_with_cloudpickle(json.load(f)["trial_data"][c["index"]][0])
-        return trial["storage"].current_checkpoint_index < _last_index(os.path.join(exp_dir, c["trial"]))
+        return trial["storage"].current_checkpoint_index < c["last_index"]
     except Exception:  # noqa: BLE001 - another state format: left as Tune wrote it
         return False
 
 
-def _with_next_index(trial_json: str, tdir: str) -> str:
+def _with_next_index(trial_json: str, last_index: int) -> str:
     from ray.tune.utils.serialization import TuneFunctionEncoder, _loads_with_cloudpickle
 
     trial = _loads_with_cloudpickle(trial_json)
     storage = trial["storage"]
-    storage.current_checkpoint_index = max(storage.current_checkpoint_index, _last_index(tdir))
+    storage.current_checkpoint_index = max(storage.current_checkpoint_index, last_index)
     return json.dumps(trial, indent=2, cls=TuneFunctionEncoder)
 
 
