@@ -96,7 +96,7 @@ def cmd_train(args) -> int:
         print(f"# {len(experiments)} experiment(s) valid; not started (--dry-run)")
         return EXIT_OK
 
-    from rllib_r3l.cli import console
+    from rllib_r3l.cli import console, live_progress
 
     # quiet by default: R3L's console here, Tune's own output and the library logs in the log file;
     # --verbose N: those on the console too (Tune at verbosity N)
@@ -105,7 +105,7 @@ def cmd_train(args) -> int:
     log_path = os.path.join(plan[first]["dir"], TRAIN_LOG)
     try:
         with console.routed_output(log_path, verbose=not quiet) as con, \
-                console.progress_folder(enabled=not args.address) as live_dir:
+                live_progress.progress_folder(enabled=not args.address) as live_dir:
             rows, interrupted = _run_tune(args, experiments, plan, storage, callbacks, con, live_dir,
                                           log_path if quiet else None)
     except KeyboardInterrupt:  # a second signal: Tune skipped its last state save

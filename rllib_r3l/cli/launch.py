@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ray.tune import Callback
 
-from rllib_r3l.cli import console
+from rllib_r3l.cli import console, live_progress
 from rllib_r3l.cli import outcome
 from rllib_r3l.cli import run_info
 from rllib_r3l.errors import UsageError
@@ -145,7 +145,7 @@ class ConsoleCallback(Callback):
                  verbose: bool = False) -> None:
         self.con, self.live_dir, self.log, self.verbose = con, live_dir, log, verbose
         self.rows: Dict[str, List[Dict[str, Any]]] = {}
-        self.live: Optional[console.LiveProgress] = None
+        self.live: Optional[live_progress.LiveProgress] = None
 
     def _info(self, trial) -> Dict[str, Any]:
         title = f"R3L trial {trial}: stop {trial.stopping_criterion or '(none)'}, results in {trial.path}"
@@ -165,7 +165,7 @@ class ConsoleCallback(Callback):
         self.con.lines(console.header_lines(head))
         self.rows.setdefault(trial.trial_id, [])
         if self.live is None:
-            self.live = console.LiveProgress(self.con, self.live_dir, expected=run_info.expected_episodes(head),
+            self.live = live_progress.LiveProgress(self.con, self.live_dir, expected=run_info.expected_episodes(head),
                                              reflect=bool(head.get("reflect", True)))
         self.live.begin()
 

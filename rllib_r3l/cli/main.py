@@ -169,9 +169,9 @@ def main(argv: List[str] | None = None) -> int:
         print(f"python -m rllib_r3l.cli.main: error: {e}", file=sys.stderr)
         return 2
     log_path = os.path.join(out, LOG_FILE)
-    from rllib_r3l.cli import console
+    from rllib_r3l.cli import console, live_progress
 
-    with console.routed_output(log_path, verbose=args.verbose) as con, console.progress_folder() as live_dir:
+    with console.routed_output(log_path, verbose=args.verbose) as con, live_progress.progress_folder() as live_dir:
         return _run(args, config, out, log_path, con, live_dir, started)
 
 
@@ -220,7 +220,7 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     import ray
 
     import rllib_r3l  # noqa: F401  (registers "R3L")
-    from rllib_r3l.cli import console
+    from rllib_r3l.cli import console, live_progress
     from rllib_r3l.cli import run_info
 
     info = run_info.run_info(config, title=f"R3L main job: {args.iterations} iteration(s), results in {out}",
@@ -239,7 +239,7 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
         con.line(f"resuming from {resume_from[0]} (iteration {algo.iteration})")
     else:
         algo = config.build_algo()
-    live = console.LiveProgress(con, live_dir, expected=run_info.expected_episodes(info), reflect=info["reflect"])
+    live = live_progress.LiveProgress(con, live_dir, expected=run_info.expected_episodes(info), reflect=info["reflect"])
     last: Dict[str, Any] = {}
     first = algo.iteration + 1
     earlier = _earlier_iterations(out, first) if resume_from else []

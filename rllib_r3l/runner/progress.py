@@ -8,7 +8,7 @@ new tasks that dynamic sampling started; and ``reflections_skipped_successes``, 
 ``R3L_PROGRESS_DIR`` names a folder (the console of ``python -m rllib_r3l.cli.main`` and ``rllib-r3l
 train`` set it before Ray starts, so runner processes inherit it), each runner writes those
 counters there about once a second (one small JSON file per runner, replaced atomically), and the
-console (``rllib_r3l.cli.console.LiveProgress``) sums them into its live line. Without the variable
+console (``rllib_r3l.cli.live_progress.LiveProgress``) sums them into its live line. Without the variable
 nothing is written. Counts are cumulative per runner: the console shows differences from the
 start of an iteration.
 """

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from rllib_r3l.cli import console
+from rllib_r3l.cli import console, live_progress
 from rllib_r3l.runner import progress
 from tests.hang_guard import HANG_GUARD_S
 from tests import REPO_ROOT
@@ -137,12 +137,12 @@ def test_plot_run_writes_a_png(tmp_path):
 
 def test_live_progress_counts_this_iteration_from_the_runners_files(tmp_path):
     c1, c2 = Counter({progress.EPISODES: 5, progress.TURNS: 50}), Counter()
-    waiting = console.LiveProgress(console.Console(io.StringIO()), str(tmp_path), expected=8)
+    waiting = live_progress.LiveProgress(console.Console(io.StringIO()), str(tmp_path), expected=8)
     assert waiting.line().startswith("  starting   episodes 0/8 | turns 0")  # no engine up yet
     p1 = progress.Publisher(c1, str(tmp_path / "runner-1-1.json"), interval=3600)
     p1.write()
     out = io.StringIO()
-    live = console.LiveProgress(console.Console(out, live_interval=3600), str(tmp_path), expected=8)
+    live = live_progress.LiveProgress(console.Console(out, live_interval=3600), str(tmp_path), expected=8)
     live.begin()  # baseline: runner 1 had done 5 episodes before this iteration
     c1.update({progress.EPISODES: 2, progress.TURNS: 7, progress.TOKENS: 30})
     p1.write()
@@ -160,7 +160,7 @@ def test_an_iterations_first_live_line_comes_one_interval_in(tmp_path):
     """Not a line of zeros at 0:00: the interval restarts with each iteration, however long the last
     line is past (here: none yet, 2.5 s of a 2-s interval ago)."""
     out = io.StringIO()
-    live = console.LiveProgress(console.Console(out, live_interval=2.0), str(tmp_path), expected=8)
+    live = live_progress.LiveProgress(console.Console(out, live_interval=2.0), str(tmp_path), expected=8)
     live.begin()
     live.pause()
     time.sleep(2.5)
@@ -171,7 +171,7 @@ def test_an_iterations_first_live_line_comes_one_interval_in(tmp_path):
 
 
 def test_live_phase_follows_the_counts():
-    live = console.LiveProgress(console.Console(io.StringIO()), "/nonexistent", expected=8, reflect=True)
+    live = live_progress.LiveProgress(console.Console(io.StringIO()), "/nonexistent", expected=8, reflect=True)
     E, R, S, T = progress.EPISODES, progress.REFLECTIONS, progress.SAMPLES, progress.RETRIES
     assert live.phase({}, 0) == "starting"
     assert live.phase({E: 5}, 1) == "exploring"
@@ -187,7 +187,7 @@ def test_live_phase_follows_the_counts():
 
 
 def test_dynamic_sampling_rounds_in_the_live_line_and_the_iteration_line():
-    live = console.LiveProgress(console.Console(io.StringIO()), "/nonexistent", expected=8, reflect=True)
+    live = live_progress.LiveProgress(console.Console(io.StringIO()), "/nonexistent", expected=8, reflect=True)
     E, R, RD = progress.EPISODES, progress.REFLECTIONS, progress.ROUNDS
     # one runner, one extra round of new tasks: 8 more base episodes expected, exploring again
     assert live.expected_now({RD: 1}, 1) == 16
@@ -344,7 +344,7 @@ def test_a_signal_inside_the_live_threads_start_leaves_stop_working(tmp_path, mo
     def interrupted_start(self):
         raise KeyboardInterrupt  # the signal arrives before the thread is up
 
-    live = console.LiveProgress(console.Console(io.StringIO(), live_interval=3600), str(tmp_path), expected=8)
+    live = live_progress.LiveProgress(console.Console(io.StringIO(), live_interval=3600), str(tmp_path), expected=8)
     with monkeypatch.context() as m:
         m.setattr(threading.Thread, "start", interrupted_start)
         with pytest.raises(KeyboardInterrupt):
