@@ -32,6 +32,9 @@ def register() -> bool:
         return False
     rllib_registry.ALGORITHMS["R3L"] = _algorithm_and_default_config
     rllib_registry.ALGORITHMS_CLASS_TO_NAME["R3L"] = "R3L"
+    from rllib_r3l.stopping import install_env_callback
+
+    install_env_callback()  # tune.run("R3L", stop={misspelt key}) is refused, not run forever
     return True
 
 

@@ -211,6 +211,13 @@ class R3LConfig(AlgorithmConfig):
         elif self.backend_options.get("choice_tokenization", "canonical") not in CHOICE_TOKENIZATIONS:
             err("backend_options", "choice_tokenization must be 'canonical' (the tokenizer's own tokens of an "
                 f"action) or 'any' (vLLM's character grammar), got {self.backend_options['choice_tokenization']!r}")
+        else:
+            from rllib_r3l.generation import unknown_backend_option
+
+            # an unknown key would be a TypeError inside every runner, after the model has loaded
+            problem = unknown_backend_option(self.backend, self.backend_options)
+            if problem:
+                err("backend_options", problem)
         if self.system_prompt is not None and "{task}" not in str(self.system_prompt):
             err("system_prompt", "must contain the placeholder {task} (and may contain {rules})")
         validation.validate_scaling(self, err)

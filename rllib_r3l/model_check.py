@@ -66,6 +66,9 @@ def check_model(model_id: Any, field: str = "model_id") -> None:
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".index.json")
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
+# what a tokenizer loads from: fast (tokenizer.json), BPE (vocab.json + merges), sentencepiece, WordPiece
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+                   "vocab.txt")
 
 
 def _read_json(path: str) -> Any:
@@ -95,6 +98,9 @@ def local_model_problem(path: str) -> Optional[str]:
         damaged = weights_problem(os.path.join(path, n))
         if damaged:
             return f"{os.path.join(path, n)}: {damaged}; copy or download the model again"
+    if not any(n in names for n in TOKENIZER_FILES):
+        return (f"{path}: no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...) beside the weights; copy the "
+                "tokenizer files of the model it was trained from into the folder")
     tokenizer_config = _read_json(os.path.join(path, "tokenizer_config.json"))
     has_template = bool(isinstance(tokenizer_config, dict) and tokenizer_config.get("chat_template")) or any(
         n in names for n in CHAT_TEMPLATE_FILES)

@@ -220,7 +220,15 @@ def check_resources(config: Any, cpus: Optional[float] = None, gpus: Optional[fl
     if need_cpu > cpus:
         option = _cpu_option(config)
         raise ValueError(f"R3LConfig.{option}: the run needs {need_cpu:g} CPUs ({_cpu_split(config, count_driver)}), "
-                         f"{source} gives {cpus:g}; use --num-cpus {need_cpu:g} or more, or lower {option}")
+                         f"{source} gives {cpus:g}; {_more_cpus(source, need_cpu)}, or lower {option}")
+
+
+def _more_cpus(source: str, need: float) -> str:
+    """How to give the run more logical CPUs, for where the count came from (a flag, or a running cluster)."""
+    if "Ray cluster" in source:  # the Python door (build_algo, tune.run) or --address: Ray was started by the user
+        return (f"start Ray with {need:g} logical CPUs or more (ray.init(num_cpus={need:g}), or "
+                f"`ray start --num-cpus {need:g}`; logical CPUs may exceed the cores)")
+    return f"use --num-cpus {need:g} or more"
 
 
 def check_local_learner_gpu(config: Any) -> None:

@@ -55,3 +55,25 @@ def ray_session():
     ray.init(**RAY_SESSION_KWARGS)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(name, "size=1m[,ro]")``: a real small (or read-only) filesystem under tmp_path, unmounted after
+    the test; the test is skipped where mounting is not allowed (needs root)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(name: str, opts: str):
+        path = tmp_path / name
+        path.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()}); needs root")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", str(path)], capture_output=True)

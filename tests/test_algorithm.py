@@ -107,3 +107,32 @@ def test_tune_run_refuses_a_gpu_learner_the_cluster_lacks_instead_of_waiting(ray
     cfg = tiny_config().learners(num_learners=0, num_gpus_per_learner=1)
     with pytest.raises(Exception, match=r"num_gpus_per_learner.*(GPU|gpu)"):
         tune.run("R3L", config=cfg, stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0)
+
+
+@pytest.mark.parametrize("door", ["tune.run", "Tuner"])
+def test_a_misspelt_stop_key_is_refused_at_trial_start_not_trained_on_forever(ray_session, tmp_path, door):
+    """Tune only warns once about a stop key no result holds, and the trial trains until killed;
+    ``import rllib_r3l`` installs a Tune callback (RAY_TUNE_CALLBACKS) that refuses it with the near key."""
+    import os
+
+    from ray import tune
+
+    assert "rllib_r3l.stopping.StopCriteriaCheck" in os.environ["RAY_TUNE_CALLBACKS"].split(",")
+    cfg = tiny_config()
+    stop = {"training_iteraton": 2, "training_iteration": 1}  # before the fix: one iteration, no error
+    with pytest.raises(Exception, match=r"stop\['training_iteraton'\].*did you mean 'training_iteration'"):
+        if door == "tune.run":
+            tune.run("R3L", config=cfg, stop=stop, storage_path=str(tmp_path), verbose=0)
+        else:
+            tune.Tuner("R3L", param_space=cfg, run_config=tune.RunConfig(stop=stop, storage_path=str(tmp_path),
+                                                                        verbose=0)).fit()
+    assert not list(tmp_path.rglob("result.json")) or all(p.stat().st_size == 0 for p in tmp_path.rglob("result.json"))
+
+
+def test_the_stop_check_callback_is_named_once_beside_the_users_own():
+    from rllib_r3l.stopping import ENV_CALLBACK, install_env_callback
+
+    env = {"RAY_TUNE_CALLBACKS": "my.mod.Cb"}
+    install_env_callback(env)
+    install_env_callback(env)
+    assert env["RAY_TUNE_CALLBACKS"] == f"my.mod.Cb,{ENV_CALLBACK}"

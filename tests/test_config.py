@@ -214,3 +214,20 @@ def test_env_config_max_turns_below_one_is_refused(value):
     with pytest.raises(ValueError, match=r"R3LConfig\.env_config: max_turns must be an integer >= 1"):
         R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3, "max_turns": value}).validate()
     R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3, "max_turns": 2}).validate()
+
+
+def test_an_unknown_backend_option_names_the_near_one_and_the_backend():
+    """Before: the key reached the backend's constructor inside every runner (a TypeError after the model
+    loaded, shown by Tune as ERROR and a path to error.txt)."""
+    from rllib_r3l import R3LConfig
+    from rllib_r3l.generation import backend_option_names
+
+    cfg = R3LConfig().training(model="tiny", backend="vllm", backend_options={"gpu_mem_util": 0.5})
+    with pytest.raises(ValueError, match=r"R3LConfig.backend_options: 'gpu_mem_util' is not an option of the vllm "
+                                         r"backend \(did you mean 'gpu_memory_utilization'\?\)"):
+        cfg.validate()
+    hf = R3LConfig().training(model="tiny", backend="transformers", backend_options={"kv_cache_gib": 1})
+    with pytest.raises(ValueError, match="'kv_cache_gib' is not an option of the transformers backend"):
+        hf.validate()
+    assert "kv_cache_gib" in backend_option_names("vllm") and "max_batch_size" in backend_option_names("transformers")
+    R3LConfig().training(model="tiny", backend="transformers", backend_options={"max_batch_size": 4}).validate()

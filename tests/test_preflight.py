@@ -115,6 +115,16 @@ def test_more_cpus_than_ray_has_are_refused():
     preflight.check_resources(_config(num_env_runners=1), cpus=1, gpus=0, count_driver=False)
 
 
+def test_the_python_doors_cpu_advice_is_for_ray_not_a_cli_flag():
+    # re-probe 2: build_algo()/tune.run on a small Ray cluster were told to "use --num-cpus", a flag they lack
+    with pytest.raises(ValueError, match=r"the Ray cluster gives 1; start Ray with 2 logical CPUs or more "
+                                         r"\(ray.init\(num_cpus=2\)") as e:
+        preflight.check_resources(_config(num_env_runners=1), cpus=1, gpus=0, source="the Ray cluster")
+    assert "--num-cpus 2 or more" not in str(e.value)
+    with pytest.raises(ValueError, match=r"use --num-cpus 2 or more"):
+        preflight.check_resources(_config(num_env_runners=1), cpus=1, gpus=0, source="--num-cpus 1")
+
+
 def test_check_config_refuses_gpus_the_ray_cluster_lacks(monkeypatch):
     # what R3L.setup meets in build_algo() after ray.init() on a CPU machine
     monkeypatch.setattr(preflight, "ray_capacity", lambda: (4.0, 0.0))
@@ -167,3 +177,28 @@ def test_build_algo_without_ray_refuses_a_gpu_local_learner_this_process_cannot_
     finally:
         if ray.is_initialized():
             ray.shutdown()
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused_up_front(tmp_path, tiny_dir):
+    """Re-probe 2: a folder with weights and config but no tokenizer passed `--dry-run`; the trial then
+    failed loading the tokenizer (the console showed only ERROR)."""
+    d = _copy(tiny_dir, tmp_path / "m", drop=("tokenizer.json",))
+    with pytest.raises(ValueError, match=r"R3LConfig.model_id: .*no tokenizer \(tokenizer.json, vocab.json, "):
+        preflight.check_model(d)
+
+
+def test_evaluate_of_an_exported_folder_with_damaged_or_missing_weights_is_one_line(tmp_path, tiny_dir, capsys):
+    """Re-probe 2: `evaluate EXPORTED_DIR` with a cut weights file was a safetensors traceback."""
+    from rllib_r3l.cli import commands as cli
+
+    d = _copy(tiny_dir, tmp_path / "m")
+    weights = os.path.join(d, "model.safetensors")
+    with open(weights, "r+b") as f:
+        f.truncate(os.path.getsize(weights) // 2)
+    code = cli.main(["evaluate", d, "--env", "r3l/ToyCorridor", "--episodes", "1", "--backend", "transformers"])
+    err = capsys.readouterr().err
+    assert code == 2 and "model.safetensors: truncated" in err and len(err.strip().splitlines()) == 1, err
+    os.remove(weights)
+    code = cli.main(["evaluate", d, "--env", "r3l/ToyCorridor", "--episodes", "1", "--backend", "transformers"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no weights" in err and len(err.strip().splitlines()) == 1, err

@@ -16,6 +16,7 @@ without a traceback. See docs/cli.md.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import json
 import os
@@ -37,6 +38,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+# a write that storage refused (full, quota, read-only, no permission): one line, never a traceback
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 TRAIN_LOG = "rllib-r3l-train.log"  # in the (first) experiment's directory: Tune's and the libraries' output
 
 
@@ -225,6 +228,13 @@ def cmd_evaluate(args) -> int:
     backend_options = _parse_json_flag(args.backend_options, "--backend-options")
     if args.env is not None:
         validate_env_only(args.env, env_config or {})
+    if args.out:  # a CSV that cannot be written is said before the evaluation, not after it
+        from rllib_r3l.cli.storage import check_storage
+
+        out = os.path.abspath(os.path.expanduser(args.out))
+        if os.path.isdir(out):
+            raise UsageError(f"--out {out}: is a folder; give a file name, e.g. {os.path.join(out, 'episodes.csv')}")
+        check_storage(os.path.dirname(out), None, "--out")
     summary, episodes = ev.evaluate(
         args.checkpoint, env=args.env, episodes=args.episodes, env_config=env_config, split=args.split,
         temperature=0.0 if args.greedy else args.temperature, backend=args.backend,
@@ -233,14 +243,30 @@ def cmd_evaluate(args) -> int:
     )
     print(ev.format_summary(summary))
     if args.out:
-        episodes.to_csv(args.out, index=False)
-        print(f"per-episode results: {os.path.abspath(args.out)}")
+        try:
+            _write_aside(out, lambda tmp: episodes.to_csv(tmp, index=False))
+            print(f"per-episode results: {out}")
+        except OSError as e:  # the table above is printed; only the CSV is missing
+            print(f"rllib-r3l evaluate: error: --out {out}: the per-episode CSV could not be written "
+                  f"({e.strerror or e}); the summary above is complete", file=sys.stderr)
+            return EXIT_FAILED
     if summary["errors"] == summary["episodes"]:
         print(f"rllib-r3l evaluate: error: all {summary['episodes']} episodes failed (environment or generation "
               "errors, logged above); the table measures nothing", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 
+
+
+def _write_aside(path: str, write) -> None:
+    """``write(tmp)`` next to ``path``, then renamed onto it: a failed write leaves no half file."""
+    tmp = f"{path}.partial-{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def cmd_export(args) -> int:
@@ -393,6 +419,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        if e.errno not in _STORAGE_ERRNOS:
+            raise
+        print(f"rllib-r3l {args.command}: error: cannot write {e.filename or 'a file'}: {e.strerror}; "
+              "free space or choose a writable folder", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

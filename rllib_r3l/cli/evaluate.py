@@ -48,8 +48,9 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     from environments import registry
     from rllib_r3l.cli import export as ex
     from rllib_r3l.runner.chat import ChatFormat
-    from rllib_r3l.generation import make_backend, resolve_backend_name
+    from rllib_r3l.generation import make_backend, resolve_backend_name, unknown_backend_option
     from rllib_r3l.generation.hf_backend import HFBackend
+    from rllib_r3l.model_check import local_model_problem
     from rllib_r3l.models import load_tokenizer
     from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
@@ -57,6 +58,9 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     tmp = None
     model = None
     if os.path.isdir(path) and ex.is_hf_model_dir(path):
+        problem = local_model_problem(path)  # damaged or missing weights, no tokenizer: one line, not a traceback
+        if problem:
+            raise UsageError(problem)
         cfg = dict(ex.read_export_meta(path).get("rollout", {}))
         model_dir = path
         what = f"exported model {path}"
@@ -70,6 +74,10 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     if backend_options is None:
         backend_options = dict(cfg.get("backend_options") or {}) if (
             resolve_backend_name(train_backend) == name) else {}
+    else:
+        problem = unknown_backend_option(name, backend_options)
+        if problem:
+            raise UsageError(f"--backend-options: {problem}")
 
     # Environment: the training env and env_config unless told otherwise.
     train_env = cfg.get("env")
@@ -85,13 +93,16 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
         factory = registry.resolve(env_id)
     except ValueError as e:
         raise UsageError(f"--env: {e}") from None
+    split_flag = split is not None and "split" not in env_config  # --split is what goes in
     split = split or eval_split or "test"
     if "split" not in env_config and accepts(factory, "split"):
         env_config["split"] = split
     try:  # one environment built now: a bad option is one error, not a traceback per episode
         check_env(env_id, env_config)
     except ValueError as e:
-        flag = "--env-config" if env_config_given else f"the env_config of {what}"
+        # the source of the bad value: --split when it went in and the environment names the split
+        flag = ("--split" if split_flag and "split" in str(e) else "--env-config" if env_config_given
+                else f"the env_config of {what}")
         raise UsageError(f"{flag}: {str(e).split(': ', 1)[1]}") from None
 
     if model_dir is None:  # the weights, once the environment is known to work

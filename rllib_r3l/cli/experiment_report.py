@@ -341,6 +341,12 @@ def make_report(experiment_dir: str, out: Optional[str] = None):
     trials = find_trial_dirs(root)
     table, loaded, varied = summarize(trials, root)
     out_dir = os.path.abspath(os.path.expanduser(out)) if out else os.path.join(root, "report")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"--out {out_dir}: exists and is not a folder; give a folder for summary.csv and the PNGs")
+    from rllib_r3l.cli.storage import check_storage
+
+    # a read-only experiment folder (shared results) needs its own --out; said before any file is half-written
+    check_storage(out_dir, None, "--out" if out else "--out (default EXPERIMENT_DIR/report)")
     os.makedirs(out_dir, exist_ok=True)
     table.to_csv(os.path.join(out_dir, SUMMARY_FILE), index=False)
     pngs = plot(loaded, varied, out_dir, root)

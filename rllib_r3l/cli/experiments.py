@@ -17,7 +17,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from rllib_r3l.errors import UsageError, did_you_mean
-from rllib_r3l.cli.stopping import check_stop_criteria
+from rllib_r3l.stopping import check_stop_criteria
 
 # Keys of one experiment spec (Tune's ``Experiment`` arguments that make sense in a file).
 SPEC_KEYS = ("run", "stop", "config", "num_samples", "storage_path", "checkpoint_config", "time_budget_s",

@@ -15,6 +15,8 @@ import json
 import os
 import pickle
 import re
+import shutil
+import tempfile
 from typing import Any, Dict, Optional, Tuple
 
 from rllib_r3l.errors import UsageError
@@ -253,13 +255,15 @@ def export_checkpoint(checkpoint: str, out: str, dtype: Optional[str] = None, fo
         raise UsageError(f"--out {out}: directory is not empty; choose a new one or pass --force")
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--out {out}: exists and is not a directory")
+    from rllib_r3l.cli.storage import check_storage, write_failure
+
+    check_storage(out, None, "--out")  # before the checkpoint is loaded: a read-only --out fails in a second
     ckpt = find_checkpoint(checkpoint)
     model, tokenizer, model_config = load_policy(ckpt, base_model=base_model, dtype=dtype)
     if getattr(tokenizer, "chat_template", None) is None:
         raise UsageError(f"base model {model_config.get('model_id')!r} has no chat template; R3L policies need one")
-    os.makedirs(out, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    check_storage(out, weights, "--out", what="the exported weights")
     cfg = load_checkpoint_config(ckpt)
     meta = {
         "source_checkpoint": ckpt,
@@ -268,8 +272,27 @@ def export_checkpoint(checkpoint: str, out: str, dtype: Optional[str] = None, fo
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
         "rollout": {k: cfg[k] for k in ROLLOUT_KEYS if k in cfg and _jsonable(cfg[k])},
     }
-    with open(os.path.join(out, EXPORT_META), "w") as f:
-        json.dump(meta, f, indent=1)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    # written aside, then moved in file by file: a full disk mid-write leaves --out as it was (never a
+    # folder that looks like a model and holds half its weights)
+    aside = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.export-", dir=parent)
+    try:
+        model.save_pretrained(aside, safe_serialization=True)
+        tokenizer.save_pretrained(aside)
+        with open(os.path.join(aside, EXPORT_META), "w") as f:
+            json.dump(meta, f, indent=1)
+        os.makedirs(out, exist_ok=True)
+        for name in sorted(os.listdir(aside)):
+            os.replace(os.path.join(aside, name), os.path.join(out, name))
+    except Exception as e:
+        reason = write_failure(e)
+        if reason is None:
+            raise
+        raise UsageError(f"--out {out}: the model could not be written ({reason}); nothing was left half-written "
+                         "there; free space or give another --out") from None
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
     return out
 
 

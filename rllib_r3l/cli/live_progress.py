@@ -17,6 +17,23 @@ from rllib_r3l.cli.output_routing import Console
 from rllib_r3l.runner import progress
 
 
+PREFIX = "r3l-progress-"
+
+
+def _sweep_orphans(tmp: str) -> None:
+    """Remove the progress folders of processes that are gone (a driver killed with ``kill -9`` cannot)."""
+    for name in os.listdir(tmp):
+        pid = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        except OSError:  # alive, another user's
+            pass
+
+
 @contextlib.contextmanager
 def progress_folder(enabled: bool = True) -> Iterator[Optional[str]]:
     """A temporary folder the runners publish their progress into (``$R3L_PROGRESS_DIR`` while open).
@@ -25,7 +42,8 @@ def progress_folder(enabled: bool = True) -> Iterator[Optional[str]]:
     if not enabled:
         yield None
         return
-    folder = tempfile.mkdtemp(prefix="r3l-progress-")
+    _sweep_orphans(tempfile.gettempdir())
+    folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
     old = os.environ.get(progress.ENV_VAR)
     os.environ[progress.ENV_VAR] = folder
     try:

@@ -86,6 +86,17 @@ class TrainingTracker(Callback):
                 "episode solves or none does) and success_reward, or run more iterations")
 
 
+def _complete_on_disk(trial_dir: Optional[str]) -> Optional[str]:
+    """The newest complete checkpoint folder of a trial, for a trial whose checkpoint Tune had not yet recorded
+    when it stopped (a signal right after the copy): the one ``--resume`` continues from."""
+    from rllib_r3l.cli.checkpoint_integrity import problem
+    from rllib_r3l.cli.resume_from import checkpoint_dirs
+
+    if not trial_dir:
+        return None
+    return next((c for c in reversed(checkpoint_dirs(trial_dir)) if problem(c) is None), None)
+
+
 def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[str, Any]]:
     rows = []
     for trial in trials:
@@ -105,7 +116,7 @@ def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[s
             "reward": get_metric(res, "env_runners/episode_return_mean"),
             "success_rate": get_metric(res, "env_runners/success_rate"),
             "dir": trial.path,
-            "checkpoint": trial.checkpoint.path if trial.checkpoint is not None else None,
+            "checkpoint": trial.checkpoint.path if trial.checkpoint is not None else _complete_on_disk(trial.path),
             "error": trial.error_file if trial.status == "ERROR" else None,
             "problem": problem,
         })

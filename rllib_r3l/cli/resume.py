@@ -94,6 +94,15 @@ def describe(exp_dir: str) -> str:
     return f"{len(_trials(exp_dir))} trial(s), last checkpoint {ckpts[-1] if ckpts else '(none)'}"
 
 
+def _recovered_note(exp_dir: str) -> str:
+    """Rows a killed driver left only in Ray's staging folder are copied into ``exp_dir`` first (they would
+    be lost with /tmp); ``"; rows of <trial> recovered there from Ray's staging folder"`` or ``""``."""
+    from rllib_r3l.cli.resume_from import recover_staged_rows
+
+    found = recover_staged_rows(exp_dir)
+    return f"; rows of {', '.join(found)} recovered there from Ray's staging folder" if found else ""
+
+
 def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: bool, new: bool) -> Dict[str, Dict[str, Any]]:
     """Per experiment ``{"mode": "start"|"resume", "name": run name, "dir": experiment directory}``.
 
@@ -115,7 +124,7 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
                        "no checkpoint yet (it stopped before the first one)")
                 raise UsageError(f"--resume: experiment {name!r} in {d} has {why}, so there is nothing to continue; "
                                  "start it anew beside the old one with --new instead of --resume (the rows so far "
-                                 f"stay in {d})")
+                                 f"stay in {d}{_recovered_note(d)})")
             lost = restarts_from_scratch(d)
             if lost:
                 raise UsageError(f"--resume: trial {lost[0]} of experiment {name!r} has results but no checkpoint; "
@@ -125,6 +134,10 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
         elif new:
             fresh = f"{name}_{time.strftime('%Y%m%d-%H%M%S')}"
             plan[name] = {"mode": START, "name": fresh, "dir": experiment_dir(storages.get(name), fresh)}
+        elif not checkpoints(d):  # --resume would be refused: only --new is advice
+            note = _recovered_note(d)
+            raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}{note}) and has no checkpoint to "
+                             "continue from; pass --new to start a fresh run beside it")
         else:
             raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}); pass --resume to continue "
                              "it from its last checkpoint, or --new to start a fresh run beside it")

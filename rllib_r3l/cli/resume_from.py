@@ -365,3 +365,15 @@ def recover_rows(staged: str, tdir: str) -> None:
             shutil.copy2(dst, dst + ".r3l-before-recovery")
         shutil.copy2(src, dst + ".r3l-tmp")
         os.replace(dst + ".r3l-tmp", dst)
+
+
+def recover_staged_rows(exp_dir: str) -> List[str]:
+    """Rows a killed driver left only in Ray's staging folder, copied into the storage's trial folders (before
+    a refusal that says "the rows stay in <exp_dir>", so that they do); the trials they were found for."""
+    found = []
+    for _i, tdir, _status, _md in _recorded_trials(exp_dir):
+        staged = staged_trial_dir(exp_dir, os.path.basename(tdir))
+        if staged:
+            recover_rows(staged, tdir)
+            found.append(os.path.basename(tdir))
+    return found

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from typing import Optional
@@ -46,7 +47,8 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def check_storage(path: str, need_bytes: Optional[int], flag: str) -> None:
+def check_storage(path: str, need_bytes: Optional[int], flag: str,
+                  what: str = "one checkpoint of this model needs about {need} (weights and optimizer state)") -> None:
     """``UsageError`` naming ``flag`` and ``path`` when the folder cannot be created or written, or has
     less free space than ``need_bytes`` (None: the space is not checked)."""
     path = os.path.abspath(os.path.expanduser(path))
@@ -62,8 +64,8 @@ def check_storage(path: str, need_bytes: Optional[int], flag: str) -> None:
         return
     free = shutil.disk_usage(existing).free
     if free < need_bytes:
-        raise UsageError(f"{flag} {path}: {_gb(free)} free, one checkpoint of this model needs about "
-                         f"{_gb(need_bytes)} (weights and optimizer state); free space there or give another {flag}")
+        needs = what.format(need=_gb(need_bytes)) if "{need}" in what else f"{what} need {_gb(need_bytes)}"
+        raise UsageError(f"{flag} {path}: {_gb(free)} free, {needs}; free space there or give another {flag}")
 
 
 def checkpoint_bytes_of(model_id: str) -> Optional[int]:
@@ -87,3 +89,16 @@ def check_experiment_storages(experiments, plan, flag: str) -> None:
         models = models["grid_search"] if isinstance(models, dict) and "grid_search" in models else [models]
         sizes = [b for b in (checkpoint_bytes_of(m) for m in models if isinstance(m, str)) if b]
         check_storage(plan[name]["dir"], max(sizes) if sizes else None, flag)
+
+
+_RUST_IO_ERROR = re.compile(r"^(?P<msg>.+?) \(os error (?P<errno>\d+)\)$")
+
+
+def write_failure(e: BaseException) -> Optional[str]:
+    """Why a write failed, when ``e`` is the storage refusing it (an ``OSError``, or the same error raised by
+    the Rust side of tokenizers/safetensors as ``Exception("No space left on device (os error 28)")``);
+    None for anything else."""
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    m = _RUST_IO_ERROR.match(str(e).strip())
+    return m.group("msg") if m else None

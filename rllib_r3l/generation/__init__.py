@@ -17,6 +17,7 @@ __all__ = [
     "GenerationBackend",
     "GenerationRequest",
     "GenerationResult",
+    "backend_option_names",
     "make_backend",
     "resolve_backend_name",
     "vllm_available",
@@ -41,6 +42,30 @@ def resolve_backend_name(name: str) -> str:
     if key == "auto":
         return "vllm" if vllm_available() else "transformers"
     return key
+
+
+def backend_option_names(name: str) -> tuple:
+    """The ``backend_options`` keys the backend ``name`` takes (its constructor's keyword options)."""
+    import inspect
+
+    if resolve_backend_name(name) == "vllm":
+        from rllib_r3l.generation.vllm_backend import VLLMBackend as cls
+    else:
+        from rllib_r3l.generation.hf_backend import HFBackend as cls
+    params = inspect.signature(cls.__init__).parameters.values()
+    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in ("model", "tokenizer"))
+
+
+def unknown_backend_option(name: str, options: dict) -> str:
+    """``""``, or why ``options`` does not suit backend ``name``: the first unknown key, the near one, the keys."""
+    from rllib_r3l.errors import did_you_mean
+
+    known = backend_option_names(name)
+    for key in options:
+        if key not in known:
+            return (f"{key!r} is not an option of the {resolve_backend_name(name)} backend"
+                    f"{did_you_mean(key, known)}; its options: {', '.join(known)}")
+    return ""
 
 
 def make_backend(name: str, model_path: str, **options: Any) -> GenerationBackend:

@@ -138,7 +138,7 @@ def test_misspelt_stop_key_in_the_file(tmp_path, capsys):
     f.write_text("exp:\n  run: R3L\n  stop: {training_iteraton: 20}\n  config: {model: tiny, env: r3l/ToyCorridor, group_size: 4}\n")
     code, _out, err = run_cli(capsys, "train", f, "--dry-run")
     usage_error(code, err, "exp.stop.training_iteraton", "did you mean 'training_iteration'")
-    from rllib_r3l.cli.stopping import check_stop_criteria
+    from rllib_r3l.stopping import check_stop_criteria
 
     check_stop_criteria({"learners/default_policy/entropy": 1.0, "evaluation/env_runners/success_rate": 0.5}, "x")
 

@@ -352,3 +352,25 @@ def test_a_signal_inside_the_live_threads_start_leaves_stop_working(tmp_path, mo
     assert live._thread is None  # no half-started thread kept
     live.stop()  # raised "cannot join thread before it is started"
     assert live._thread is None
+
+
+def test_progress_folders_of_dead_processes_are_swept_live_ones_kept(tmp_path, monkeypatch):
+    """A driver killed with kill -9 cannot remove its progress folder; the next run removes it (43 had
+    piled up in /tmp on the development machine)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from rllib_r3l.cli import live_progress
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"r3l-progress-{gone.stdout.strip()}-abc"
+    alive = tmp_path / f"r3l-progress-{os.getpid()}-def"
+    other = tmp_path / "r3l-progress-notapid"
+    for d in (dead, alive, other):
+        d.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with live_progress.progress_folder() as folder:
+        assert os.path.basename(folder).startswith(f"r3l-progress-{os.getpid()}-")
+        assert not dead.exists() and alive.exists() and other.exists()
+    assert not os.path.exists(folder)

@@ -91,3 +91,21 @@ def test_config_json_without_model_type_is_not_called_an_exported_model(tmp_path
         code = cli.main(argv)
         err = capsys.readouterr().err
         assert code == 2 and "model_type" in err and "Traceback" not in err, err
+
+
+def test_an_unknown_backend_option_is_one_line_before_the_model_loads(tmp_path, capsys):
+    # re-probe 2: `evaluate --backend-options '{"gpu_mem_util": 0.5}'` was a TypeError traceback from the
+    # backend's constructor, after the weights had loaded
+    ckpt = _fake_checkpoint(tmp_path, {})  # no weights at all: the option must be refused before they are read
+    code = cli.main(["evaluate", ckpt, "--backend", "transformers", "--backend-options", '{"max_batch_sise": 4}'])
+    err = capsys.readouterr().err
+    assert code == 2 and "--backend-options: 'max_batch_sise' is not an option of the transformers backend" in err
+    assert "did you mean 'max_batch_size'" in err and "Traceback" not in err, err
+
+
+def test_a_bad_split_is_blamed_on_the_split_flag_not_the_checkpoint(tmp_path, capsys):
+    # re-probe 2 (M-6): "--split bogus" was reported as "the env_config of checkpoint ...: ... split"
+    ckpt = _fake_checkpoint(tmp_path, {})
+    code = cli.main(["evaluate", ckpt, "--env", "r3l/Countdown", "--split", "bogus", "--backend", "transformers"])
+    err = capsys.readouterr().err
+    assert code == 2 and "error: --split: " in err and "bogus" in err and "the env_config of" not in err, err

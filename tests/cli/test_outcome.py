@@ -76,6 +76,26 @@ def test_an_interrupted_or_failed_trial_keeps_its_status():
     assert _row(EMPTY, status="ERROR", done=False)["status"] == "ERROR"
 
 
+def _checkpoint_folder(path, complete=True):
+    """A checkpoint folder in RLlib's layout (what checkpoint_integrity checks), with an empty state if not complete."""
+    (path / "learner_group").mkdir(parents=True)
+    (path / "rllib_checkpoint.json").write_text("{}")
+    (path / "learner_group" / "metadata.json").write_text("{}" if complete else "")
+    return str(path)
+
+
+def test_an_interrupted_trial_names_the_complete_checkpoint_on_disk_that_tune_had_not_recorded(tmp_path):
+    # re-probe 2 (M-1): SIGTERM after iteration 2 with --checkpoint-freq 2 printed "checkpoint: (none)" while
+    # checkpoint_000000 was complete on disk, and the next line advised --resume (which used it)
+    t = _Trial(status="TERMINATED", done=False)
+    t.path = str(tmp_path)
+    assert trial_rows([t])[0]["checkpoint"] is None  # nothing on disk: none
+    first = _checkpoint_folder(tmp_path / "checkpoint_000000")
+    _checkpoint_folder(tmp_path / "checkpoint_000001", complete=False)  # a copy cut short: not named
+    row = trial_rows([t])[0]
+    assert row["status"] == INTERRUPTED and row["checkpoint"] == first
+
+
 @pytest.fixture
 def tune_trains_on_nothing(monkeypatch):
     """Tune without Ray: one trial whose two results had empty batches, reported to the callbacks."""

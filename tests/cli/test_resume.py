@@ -142,6 +142,38 @@ def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(
     assert newest_complete(kept)[0] == kept[-1] and kept[-1] in out
 
 
+def test_a_driver_killed_before_its_first_checkpoint_keeps_its_rows_and_advises_only_new(tmp_path, capsys):
+    """Re-probe 2 (M-2, M-3): ``kill -9`` after iteration 1, before any checkpoint: the only row was in Ray's
+    staging folder (/tmp/ray/session_*/...), yet ``--resume`` said "the rows so far stay in <experiment>"
+    (an empty trial folder there), and the same command without flags advised ``--resume``, which is refused.
+    Now both refusals first copy the staged rows into the experiment, and the plain one advises only --new."""
+    import ray._common.utils as ray_utils
+
+    argv = ["train", TOY, *SMALL, "--checkpoint-freq", "100000", "--stop", "training_iteration=500",
+            "--storage-path", str(tmp_path)]
+    exp = tmp_path / "toy-corridor-tiny-no-reflect"
+    proc = _cli(argv)
+    staged = os.path.join(ray_utils.get_default_ray_temp_dir(), "session_*", "artifacts", "*", exp.name,
+                          "driver_artifacts", "*", "result.json")
+    before = set(glob.glob(staged))
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline and not any(
+            os.path.getsize(f) > 0 for f in set(glob.glob(staged)) - before):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.communicate()[1][-3000:]
+    proc.kill()
+    proc.communicate()
+    assert not glob.glob(str(exp / "*" / "checkpoint_*"))
+    code = cli.main(["train", TOY, *SMALL[:2], "--storage-path", str(tmp_path), "--resume", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "nothing to continue" in err and "recovered there from Ray's staging folder" in err, err
+    (trial,) = [d for d in glob.glob(str(exp / "R3L_*")) if os.path.isdir(d)]
+    assert _iterations(trial)[0] == 1  # the row is in the experiment now, as the message says
+    code = cli.main([*argv, "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "has no checkpoint to continue from; pass --new" in err and "--resume" not in err, err
+
+
 # ==================================================================================================
 # Resume traps (issue 37, item 5): no resume without a checkpoint, no flags that resume would ignore
 # ==================================================================================================

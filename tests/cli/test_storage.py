@@ -5,7 +5,6 @@ checkpoint, is refused before Ray starts, with the path and the numbers. Real sm
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
@@ -18,21 +17,9 @@ TOY = os.path.join(str(REPO_ROOT), "tuned_examples", "cpu", "toy_corridor_tiny.y
 
 
 @pytest.fixture
-def small_fs(tmp_path):
-    """A 1 MB tmpfs and a read-only tmpfs, unmounted after the test."""
-    mounts = {"small": tmp_path / "small", "readonly": tmp_path / "readonly"}
-    done = []
-    try:
-        for name, opts in (("small", "size=1m"), ("readonly", "size=1m,ro")):
-            mounts[name].mkdir()
-            r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mounts[name])], capture_output=True)
-            if r.returncode != 0:
-                pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()}); needs root")
-            done.append(mounts[name])
-        yield mounts
-    finally:
-        for m in done:
-            subprocess.run(["umount", str(m)], capture_output=True)
+def small_fs(tmpfs):
+    """A 1 MB tmpfs and a read-only tmpfs."""
+    return {"small": tmpfs("small", "size=1m"), "readonly": tmpfs("readonly", "size=1m,ro")}
 
 
 def test_checkpoint_size_is_weights_and_adam_moments_in_fp32(tiny_model_dir, tmp_path):

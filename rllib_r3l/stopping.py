@@ -8,6 +8,11 @@ below, as Tune flattens them with ``/``), with "did you mean", before anything s
 Metrics whose names depend on the run (per-module learner stats, evaluation results, fault
 counters) live under ``OPEN_NAMESPACES``: a key there passes unless it is close to a known name
 (then it is taken for a typo).
+
+The same check guards the Python doors: ``import rllib_r3l`` names :class:`StopCriteriaCheck` in
+Tune's ``RAY_TUNE_CALLBACKS`` (Tune's own hook for callbacks from the environment), so
+``tune.run("R3L", stop={...})`` and ``tune.Tuner("R3L", run_config=RunConfig(stop=...))`` refuse a
+misspelt key when the trial starts instead of training until killed.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[s
     overridden = set(overridden)
     known = known_stop_keys()
     for key, value in (stop or {}).items():
-        src = f"--stop {key}=..." if key in overridden else f"{where}.stop.{key}"
+        src = f"--stop {key}=..." if key in overridden else f"{where}.stop.{key}" if where else f"stop[{key!r}]"
         if isinstance(value, dict):
             inner = next(iter(value), "KEY")
             raise UsageError(f"{src}: nested stop criteria are not read; write the flattened key, e.g. "
@@ -84,3 +89,57 @@ def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[s
             hint = did_you_mean(key, known)
         raise UsageError(f"{src}: {key!r} is not a metric of R3L's results{hint}, so the trial would never stop "
                          f"on it; e.g. {EXAMPLES} (nested metrics are joined with '/')")
+
+
+ENV_CALLBACK = "rllib_r3l.stopping.StopCriteriaCheck"
+
+
+def install_env_callback(environ=None) -> None:
+    """Name :class:`StopCriteriaCheck` in Tune's ``RAY_TUNE_CALLBACKS`` (kept beside any already named)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    named = [c.strip() for c in environ.get("RAY_TUNE_CALLBACKS", "").split(",") if c.strip()]
+    if ENV_CALLBACK not in named:
+        environ["RAY_TUNE_CALLBACKS"] = ",".join(named + [ENV_CALLBACK])
+
+
+def _is_r3l(trial) -> bool:
+    try:
+        from rllib_r3l.algorithm import R3L
+
+        cls = trial.get_trainable_cls()
+        return isinstance(cls, type) and issubclass(cls, R3L)
+    except Exception:  # an unregistered trainable is Tune's error to report, not ours
+        return False
+
+
+try:
+    from ray.tune import Callback as _TuneCallback
+except ImportError:  # Ray not installed: the pure modules import this file without it
+    _TuneCallback = object
+
+
+class StopCriteriaCheck(_TuneCallback):
+    """Tune callback: an R3L trial whose ``stop`` names a metric R3L never reports is refused, when
+    Tune first lists the trial (before its actor loads a model) or at the latest when it starts."""
+
+    def __init__(self):
+        self._checked = set()
+
+    def _check(self, trial) -> None:
+        if trial.trial_id in self._checked:
+            return
+        self._checked.add(trial.trial_id)
+        if trial.stopping_criterion and _is_r3l(trial):
+            try:
+                check_stop_criteria(dict(trial.stopping_criterion), where="")
+            except UsageError as e:
+                raise ValueError(f"{trial}: {e}") from None
+
+    def on_step_begin(self, iteration, trials, **info):
+        for trial in trials:
+            self._check(trial)
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._check(trial)
