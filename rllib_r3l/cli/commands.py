@@ -21,7 +21,7 @@ import importlib.util
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from rllib_r3l.errors import UsageError
 from rllib_r3l.cli.experiments import (  # noqa: F401 - the CLI's file handling, also used as cli.<name>
@@ -99,7 +99,7 @@ def cmd_train(args) -> int:
         print(f"# {len(experiments)} experiment(s) valid; not started (--dry-run)")
         return EXIT_OK
 
-    from rllib_r3l.cli import console, live_progress
+    from rllib_r3l.cli import console, live_progress, outcome
 
     # quiet by default: R3L's console here, Tune's own output and the library logs in the log file;
     # --verbose N: those on the console too (Tune at verbosity N)
@@ -114,7 +114,7 @@ def cmd_train(args) -> int:
     except KeyboardInterrupt:  # a second signal: Tune skipped its last state save
         print(f"interrupted; {resume.interrupted_advice(args.argv, plan)}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    _print_train_summary(rows)
+    outcome.print_train_summary(rows)
     if quiet:
         print(f"log: {log_path}")
     if interrupted:
@@ -153,37 +153,6 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
         finally:
             if started:
                 ray.shutdown()
-
-
-def _print_train_summary(rows: List[Dict[str, Any]]) -> None:
-    from rllib_r3l.cli.trial_errors import disk_full_advice, trial_reason
-
-    print("\n=== rllib-r3l train: summary ===")
-    for r in rows:
-        if r["error"]:  # the project's own one-line message, read from Ray's error.txt
-            r["reason"] = trial_reason(r["error"], r["dir"])
-            advice = disk_full_advice(r["reason"], r["dir"])
-            r["reason"] = f"{r['reason']}; {advice}" if advice else r["reason"]
-        print(f"{r['experiment']} / {r['trial']}: {r['status']}, {r['iterations']} iteration(s), "
-              f"reward {_fmt(r['reward'])}, success rate {_fmt(r['success_rate'])}")
-        print(f"  results:    {r['dir']}")
-        print(f"  checkpoint: {r['checkpoint'] or '(none)'}")
-        if r.get("reason"):
-            print(f"  reason:     {r['reason']}")
-        if r["error"]:
-            print(f"  error:      {r['error']}")
-        if r["problem"]:
-            print(f"  problem:    {r['problem']}")
-    for e in sorted({r["experiment_path"] for r in rows if r["experiment_path"]}):
-        print(f"next: rllib-r3l report {e}    |    tensorboard --logdir {e}")
-    ckpts = [r["checkpoint"] for r in rows if r["checkpoint"] and r["status"] == "TERMINATED" and not r["problem"]]
-    if ckpts:
-        print(f"      rllib-r3l evaluate {ckpts[0]} --episodes 20")
-        print(f"      rllib-r3l export {ckpts[0]} --out exported_model")
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.3f}" if isinstance(v, (int, float)) else "n/a"
 
 
 # ==================================================================================================

@@ -121,3 +121,34 @@ def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[s
             "problem": problem,
         })
     return rows
+
+
+def print_train_summary(rows: List[Dict[str, Any]]) -> None:
+    from rllib_r3l.cli.trial_errors import disk_full_advice, trial_reason
+
+    print("\n=== rllib-r3l train: summary ===")
+    for r in rows:
+        if r["error"]:  # the project's own one-line message, read from Ray's error.txt
+            r["reason"] = trial_reason(r["error"], r["dir"])
+            advice = disk_full_advice(r["reason"], r["dir"])
+            r["reason"] = f"{r['reason']}; {advice}" if advice else r["reason"]
+        print(f"{r['experiment']} / {r['trial']}: {r['status']}, {r['iterations']} iteration(s), "
+              f"reward {_fmt(r['reward'])}, success rate {_fmt(r['success_rate'])}")
+        print(f"  results:    {r['dir']}")
+        print(f"  checkpoint: {r['checkpoint'] or '(none)'}")
+        if r.get("reason"):
+            print(f"  reason:     {r['reason']}")
+        if r["error"]:
+            print(f"  error:      {r['error']}")
+        if r["problem"]:
+            print(f"  problem:    {r['problem']}")
+    for e in sorted({r["experiment_path"] for r in rows if r["experiment_path"]}):
+        print(f"next: rllib-r3l report {e}    |    tensorboard --logdir {e}")
+    ckpts = [r["checkpoint"] for r in rows if r["checkpoint"] and r["status"] == "TERMINATED" and not r["problem"]]
+    if ckpts:
+        print(f"      rllib-r3l evaluate {ckpts[0]} --episodes 20")
+        print(f"      rllib-r3l export {ckpts[0]} --out exported_model")
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "n/a"

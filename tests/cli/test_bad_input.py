@@ -266,9 +266,9 @@ def test_progress_table_shows_reward_not_placeholder_counters():
 
 
 def test_summary_points_tensorboard_at_the_experiment_folder(capsys):
-    from rllib_r3l.cli.outcome import trial_rows
+    from rllib_r3l.cli.outcome import print_train_summary, trial_rows
 
-    cli._print_train_summary(trial_rows([_Trial("t1", "TERMINATED", {"done": True})]))
+    print_train_summary(trial_rows([_Trial("t1", "TERMINATED", {"done": True})]))
     assert "tensorboard --logdir /storage/exp" in capsys.readouterr().out
 
 
