@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any, Dict, List, Optional, Tuple
 
+from environments._common import check_split
 from environments.base import TextEnv, check_action
 
 
@@ -34,7 +35,7 @@ class ToyCorridorEnv(TextEnv):
             raise ValueError(f"num_rooms must be >= 1, got {num_rooms}")
         self.num_rooms = num_rooms
         self.max_turns = max_turns
-        self.split = split
+        self.split = check_split(split)  # one random task family: every split is the same, but a typo is a typo
         self._pos = 0
         self._coin = 0
         self._done = True
@@ -128,6 +129,7 @@ class ToyWordEnv(TextEnv):
                  fixed_target: Optional[str] = None) -> None:
         super().__init__()
         self.vocabulary = list(vocabulary or ["apple", "river", "stone", "cloud"])
+        self.split = check_split(split)
         self.max_turns = max_turns
         self.fixed_target = fixed_target
         self._target = self.vocabulary[0]

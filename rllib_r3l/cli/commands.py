@@ -99,7 +99,7 @@ def cmd_train(args) -> int:
         print(f"# {len(experiments)} experiment(s) valid; not started (--dry-run)")
         return EXIT_OK
 
-    from rllib_r3l.cli import console, live_progress, outcome
+    from rllib_r3l.cli import console, live_progress
 
     # quiet by default: R3L's console here, Tune's own output and the library logs in the log file;
     # --verbose N: those on the console too (Tune at verbosity N)
@@ -113,9 +113,26 @@ def cmd_train(args) -> int:
                                           log_path if quiet else None)
     except KeyboardInterrupt:  # a second signal: Tune skipped its last state save
         print(f"interrupted; {resume.interrupted_advice(args.argv, plan)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _exit_now_if_ray_lost(args, EXIT_INTERRUPTED)
+    return _exit_now_if_ray_lost(args, _report_train(args, plan, rows, interrupted, log_path if quiet else None))
+
+
+def _exit_now_if_ray_lost(args, code: int) -> int:
+    """After a signal to the whole process group, Ray's runtime is gone: Python's exit would run Ray's
+    shutdown, which waits a minute for the dead GCS and then exits 1; this exits with ``code`` now."""
+    if getattr(args, "ray_runtime_lost", False):
+        print("(the signal reached Ray's own processes too; exiting without Ray's shutdown)", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _report_train(args, plan, rows, interrupted: bool, log_path) -> int:
+    from rllib_r3l.cli import outcome, resume
+
     outcome.print_train_summary(rows)
-    if quiet:
+    if log_path:
         print(f"log: {log_path}")
     if interrupted:
         print(f"\ninterrupted before the stop criterion; {resume.interrupted_advice(args.argv, plan)}",
@@ -131,7 +148,7 @@ def cmd_train(args) -> int:
 def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_path):
     import ray
 
-    from rllib_r3l.cli import launch
+    from rllib_r3l.cli import launch, resume
 
     started = False
     if not ray.is_initialized():
@@ -145,13 +162,22 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
     display = launch.ConsoleCallback(con, live_dir, log=log_path, verbose=log_path is None)
     # after ray.init, which installs Ray's own SIGTERM handler; over the shutdown too, so that a second
     # signal that arrives once the run has stopped still ends it like a second Ctrl-C
-    with launch.sigterm_as_sigint():
+    def runtime_lost():  # a signal to the whole process group stopped Ray's GCS too
+        con.line()
+        print("interrupted: the signal reached Ray's own processes too, so the trials stopped where they were "
+              f"(rows not yet copied to the experiment come back with --resume); "
+              f"{resume.interrupted_advice(args.argv, plan)}", file=sys.stderr, flush=True)
+
+    with launch.sigterm_as_sigint(runtime_lost if started else None) as finished:
         try:
             return launch.run(experiments, plan, storage=storage, checkpoint_freq=args.checkpoint_freq,
                               callbacks=[*callbacks, display], verbose=1 if args.verbose is None else args.verbose,
                               max_concurrent=args.max_concurrent, echo=con.line)
         finally:
-            if started:
+            finished.set()
+            if started and launch.local_gcs_alive() is False:  # stopped by a group signal after the run
+                args.ray_runtime_lost = True  # its shutdown would wait a minute, then exit 1: skipped
+            elif started:
                 ray.shutdown()
 
 
@@ -164,7 +190,8 @@ def _parse_json_flag(text: Optional[str], flag: str) -> Optional[Dict[str, Any]]
     try:
         value = json.loads(text)
     except ValueError as e:
-        raise UsageError(f"{flag}: not valid JSON ({e}); e.g. {flag} '{{\"num_rooms\": 3}}'") from None
+        example = '{"num_threads": 2}' if flag == "--backend-options" else '{"num_rooms": 3}'
+        raise UsageError(f"{flag}: not valid JSON ({e}); e.g. {flag} '{example}'") from None
     if not isinstance(value, dict):
         raise UsageError(f"{flag}: expected a JSON object, got {value!r}")
     return value
@@ -183,27 +210,11 @@ def cmd_evaluate(args) -> int:
     from rllib_r3l.cli import evaluate as ev
 
     _quiet_transformers()
-    if args.episodes < 1:
-        raise UsageError(f"--episodes {args.episodes}: must be >= 1")
-    if args.temperature is not None and args.temperature < 0:
-        raise UsageError(f"--temperature {args.temperature}: must be >= 0")
-    if args.greedy and args.temperature not in (None, 0):  # greedy would win without a word
-        raise UsageError(f"--greedy and --temperature {args.temperature} exclude each other: --greedy decodes at "
-                         "temperature 0; drop one of them")
-    for flag, value in (("--max-turns", args.max_turns), ("--max-response-tokens", args.max_response_tokens)):
-        if value is not None and value < 1:  # 0 would fall back to the training value without a word
-            raise UsageError(f"{flag} {value}: must be >= 1 (leave the flag out for the training setting)")
     env_config = _parse_json_flag(args.env_config, "--env-config")
     backend_options = _parse_json_flag(args.backend_options, "--backend-options")
     if args.env is not None:
         validate_env_only(args.env, env_config or {})
-    if args.out:  # a CSV that cannot be written is said before the evaluation, not after it
-        from rllib_r3l.cli.storage import check_storage
-
-        out = os.path.abspath(os.path.expanduser(args.out))
-        if os.path.isdir(out):
-            raise UsageError(f"--out {out}: is a folder; give a file name, e.g. {os.path.join(out, 'episodes.csv')}")
-        check_storage(os.path.dirname(out), None, "--out")
+    out = ev.check_flags(args)  # numbers and --out, before anything loads
     summary, episodes = ev.evaluate(
         args.checkpoint, env=args.env, episodes=args.episodes, env_config=env_config, split=args.split,
         temperature=0.0 if args.greedy else args.temperature, backend=args.backend,
@@ -213,7 +224,7 @@ def cmd_evaluate(args) -> int:
     print(ev.format_summary(summary))
     if args.out:
         try:
-            _write_aside(out, lambda tmp: episodes.to_csv(tmp, index=False))
+            ev.write_aside(out, lambda tmp: episodes.to_csv(tmp, index=False))
             print(f"per-episode results: {out}")
         except OSError as e:  # the table above is printed; only the CSV is missing
             print(f"rllib-r3l evaluate: error: --out {out}: the per-episode CSV could not be written "
@@ -225,17 +236,6 @@ def cmd_evaluate(args) -> int:
         return EXIT_FAILED
     return EXIT_OK
 
-
-
-def _write_aside(path: str, write) -> None:
-    """``write(tmp)`` next to ``path``, then renamed onto it: a failed write leaves no half file."""
-    tmp = f"{path}.partial-{os.getpid()}"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def cmd_export(args) -> int:

@@ -60,3 +60,14 @@ def driver_alive(exp_dir: str) -> Optional[bool]:
         return None
     now = _start_time(pid)
     return now is not None and (started is None or abs(now - float(started)) < 1.0)
+
+
+def running_pid(exp_dir: str) -> Optional[int]:
+    """The pid of the live driver on this host that runs ``exp_dir`` now, or None."""
+    if not driver_alive(exp_dir):
+        return None
+    try:
+        with open(os.path.join(exp_dir, MARK)) as f:
+            return int(json.load(f)["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

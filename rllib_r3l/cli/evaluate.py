@@ -193,3 +193,40 @@ def format_summary(summary: Dict[str, Any]) -> str:
         body = table.to_string(index=False)
     return (f"evaluated {summary['source']} ({summary['backend']} backend, {summary['seconds']} s)\n{body}")
 
+
+def check_flags(args) -> Optional[str]:
+    """``rllib-r3l evaluate``'s numbers and ``--out``, refused before anything loads; ``--out`` made absolute."""
+    if args.episodes < 1:
+        raise UsageError(f"--episodes {args.episodes}: must be >= 1")
+    if args.temperature is not None and args.temperature < 0:
+        raise UsageError(f"--temperature {args.temperature}: must be >= 0")
+    if args.greedy and args.temperature not in (None, 0):  # greedy would win without a word
+        raise UsageError(f"--greedy and --temperature {args.temperature} exclude each other: --greedy decodes at "
+                         "temperature 0; drop one of them")
+    if args.batch_size < 1:  # a negative one cut or repeated the task seeds, 0 was a KeyError
+        raise UsageError(f"--batch-size {args.batch_size}: must be >= 1 (episodes run together)")
+    if args.seed < 0:  # environments take seeds >= 0 (gymnasium raises per episode)
+        raise UsageError(f"--seed {args.seed}: must be >= 0 (the first task seed)")
+    for flag, value in (("--max-turns", args.max_turns), ("--max-response-tokens", args.max_response_tokens)):
+        if value is not None and value < 1:  # 0 would fall back to the training value without a word
+            raise UsageError(f"{flag} {value}: must be >= 1 (leave the flag out for the training setting)")
+    if not args.out:
+        return None
+    from rllib_r3l.cli.storage import check_storage
+
+    out = os.path.abspath(os.path.expanduser(args.out))
+    if os.path.isdir(out):
+        raise UsageError(f"--out {out}: is a folder; give a file name, e.g. {os.path.join(out, 'episodes.csv')}")
+    check_storage(os.path.dirname(out), None, "--out")
+    return out
+
+
+def write_aside(path: str, write) -> None:
+    """``write(tmp)`` next to ``path``, then renamed onto it: a failed write leaves no half file."""
+    tmp = f"{path}.partial-{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

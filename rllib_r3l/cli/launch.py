@@ -16,6 +16,7 @@ import copy
 import os
 import signal
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ray.tune import Callback
@@ -25,7 +26,7 @@ from rllib_r3l.cli import outcome
 from rllib_r3l.cli import run_info
 from rllib_r3l.errors import UsageError
 from rllib_r3l.cli.resume import RESUME, tune_resume_config
-from rllib_r3l.cli import driver_mark
+from rllib_r3l.cli import driver_mark, state_backup
 from rllib_r3l.cli.resume_from import point_tune_at
 
 PROGRESS_COLUMNS = {
@@ -101,10 +102,30 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def sigterm_as_sigint():
+def sigterm_as_sigint(on_runtime_lost: Optional[Callable[[], None]] = None):
     """SIGTERM (what Slurm and Kubernetes send to preempt) does what Ctrl-C does: Tune's SIGINT handler
-    stops the run at a safe point and keeps the last checkpoint; a second signal ends it at once."""
+    stops the run at a safe point and keeps the last checkpoint; a second signal ends it at once.
+
+    With ``on_runtime_lost`` (Ray started by this process): a SIGTERM sent to the whole process group
+    (``timeout``, Slurm's ``scancel``) also stops Ray's GCS (see :func:`local_gcs_alive`), and Tune's
+    stop would wait on it for a minute before Ray's core worker ends this process with exit 1. A thread
+    started by the signal asks the GCS for a few seconds; when it no longer answers and the run is not
+    over, ``on_runtime_lost()`` says what to do next and the process exits 130 at once. Yields an Event
+    to set when the run is over (Ray's own shutdown then stops the GCS: no loss)."""
+    finished = threading.Event()
+
+    def watch_runtime():
+        deadline = time.time() + RUNTIME_WATCH_S
+        while time.time() < deadline and not finished.is_set():
+            if local_gcs_alive(timeout_s=1.0) is False and not finished.is_set():
+                with contextlib.suppress(Exception):
+                    on_runtime_lost()
+                os._exit(130)
+            time.sleep(0.2)
+
     def forward(signum, frame):
+        if on_runtime_lost is not None and not finished.is_set():
+            threading.Thread(target=watch_runtime, name="r3l-runtime-watch", daemon=True).start()
         handler = signal.getsignal(signal.SIGINT)  # Tune's while it runs; Python's (KeyboardInterrupt) after
         if callable(handler):
             handler(signal.SIGINT, frame)
@@ -112,13 +133,39 @@ def sigterm_as_sigint():
             raise KeyboardInterrupt
 
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield finished
         return
     previous = signal.signal(signal.SIGTERM, forward)
     try:
-        yield
+        yield finished
     finally:
+        finished.set()
         signal.signal(signal.SIGTERM, previous)
+
+
+RUNTIME_WATCH_S = 6.0  # a group signal stops the GCS within a second; a plain stop never does
+
+
+def local_gcs_alive(timeout_s: float = 2.0) -> Optional[bool]:
+    """Whether the GCS of this process's Ray session still answers (None: no Ray session here).
+
+    A SIGTERM sent to the whole process group (``timeout``, Slurm's ``scancel``) reaches the GCS this
+    process started too (Ray's processes block SIGINT, not SIGTERM): it stops answering though its
+    process lives on; ``ray.shutdown()`` then waits a minute and Ray's core worker ends the process
+    with exit 1. One key lookup with a short timeout tells."""
+    try:
+        import ray._private.worker as ray_worker
+
+        client = ray_worker.global_worker.gcs_client if ray_worker.global_worker.connected else None
+    except Exception:  # noqa: BLE001 - another Ray's internals: unknown
+        return None
+    if client is None:
+        return None
+    try:
+        client.internal_kv_exists(b"__r3l_alive", b"r3l", timeout=timeout_s)
+        return True
+    except Exception:  # noqa: BLE001 - RpcError: "Timed out while waiting for GCS to become available"
+        return False
 
 
 def _varied_params(config: Dict[str, Any], prefix: str = "") -> List[str]:
@@ -238,7 +285,8 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
         if resume:  # every trial continues from its newest complete checkpoint, the rows after it set aside
             point_tune_at(p["dir"], p.get("choices", []))
         with driver_mark.marked(p["dir"]):  # `report` tells a running experiment from one whose driver died
-            analysis = tune.run(exp, callbacks=[*callbacks, tracker], raise_on_failed_trial=False, verbose=verbose,
+            analysis = tune.run(exp, callbacks=[*callbacks, tracker, state_backup.StateBackup(p["dir"])],
+                                raise_on_failed_trial=False, verbose=verbose,
                                 max_concurrent_trials=max_concurrent, progress_reporter=progress_reporter(spec),
                                 **resume)
         new_rows = outcome.trial_rows(analysis.trials, tracker)

@@ -30,6 +30,7 @@ import shlex
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from rllib_r3l.cli import driver_mark, state_backup
 from rllib_r3l.cli.resume_from import STATE_GLOB, checkpoint_dirs, resume_choices
 from rllib_r3l.errors import UsageError
 
@@ -115,9 +116,24 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
     plan: Dict[str, Dict[str, Any]] = {}
     for name in names:
         d = experiment_dir(storages.get(name), name)
+        pid = driver_mark.running_pid(d) if not new else None
+        if pid is not None:  # a second driver would rewrite the live run's state, rows and checkpoints
+            raise UsageError(f"experiment {name!r} in {d} is running now (process {pid} on this host); wait for it "
+                             f"to end, or stop it first (Ctrl-C in its terminal, or kill -TERM {pid}), then --resume; "
+                             "or pass --new to start another run beside it")
         if not has_state(d):
             plan[name] = {"mode": START, "name": name, "dir": d}
         elif resume:
+            restored = state_backup.restore(d)  # a cut experiment_state (full disk): the last whole one back
+            damaged = state_backup.problem(d)
+            if damaged:  # Tune would take it for a new experiment: a new trial from iteration 1
+                ckpts = checkpoints(d)
+                raise UsageError(f"--resume: experiment {name!r} in {d}: Tune's saved state {damaged} and there is "
+                                 "no whole copy of it, so Tune cannot continue its trials"
+                                 f"{_recovered_note(d)}; "
+                                 + (f"its newest complete checkpoint is {ckpts[-1]}: evaluate or export it, or "
+                                    if ckpts else "")
+                                 + "start anew beside it with --new")
             if not checkpoints(d):  # Tune would restart at iteration 1 and write over the rows kept so far
                 folders = sorted(os.path.basename(c) for t in _trials(d) for c in checkpoint_dirs(t))
                 why = (f"only incomplete checkpoint folders ({', '.join(folders)})" if folders else
@@ -130,7 +146,7 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
                 raise UsageError(f"--resume: trial {lost[0]} of experiment {name!r} has results but no checkpoint; "
                                  "resuming would run it from iteration 1 over its result.json/progress.csv; start "
                                  f"anew beside it with --new (the rows stay in {d})")
-            plan[name] = {"mode": RESUME, "name": name, "dir": d, "choices": resume_choices(d)}
+            plan[name] = {"mode": RESUME, "name": name, "dir": d, "choices": resume_choices(d), "restored": restored}
         elif new:
             fresh = f"{name}_{time.strftime('%Y%m%d-%H%M%S')}"
             plan[name] = {"mode": START, "name": fresh, "dir": experiment_dir(storages.get(name), fresh)}

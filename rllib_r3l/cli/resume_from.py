@@ -134,6 +134,8 @@ def resume_notes(plan: Dict[str, Dict[str, Any]]) -> List[str]:
     (where Tune's state did not point at it), and the iterations that run again."""
     lines = []
     for name, p in plan.items():
+        if p.get("restored"):
+            lines.append(f"{name}: {p['restored']}")
         for c in p.get("choices", []):
             at = f"{name} / {c['trial']}"
             lines += [f"{at}: skipping incomplete {os.path.basename(q)} ({why})" for q, why in c["skipped"]]
@@ -344,6 +346,8 @@ def staged_trial_dir(exp_dir: str, trial: str) -> Optional[str]:
         return None
     exp = os.path.basename(os.path.normpath(exp_dir))
     stored = [it for _, it in _json_rows(os.path.join(exp_dir, trial))]
+    while stored and stored[-1] is None:  # a last row cut short (a full disk): the staged copy is whole
+        stored.pop()
     best, most = None, len(stored)
     for f in glob.glob(os.path.join(root, "session_*", "artifacts", "*", exp, "driver_artifacts", trial, "result.json")):
         d = os.path.realpath(os.path.dirname(f))  # not via session_latest: it moves to the resuming session
@@ -371,7 +375,9 @@ def recover_staged_rows(exp_dir: str) -> List[str]:
     """Rows a killed driver left only in Ray's staging folder, copied into the storage's trial folders (before
     a refusal that says "the rows stay in <exp_dir>", so that they do); the trials they were found for."""
     found = []
-    for _i, tdir, _status, _md in _recorded_trials(exp_dir):
+    recorded = [tdir for _i, tdir, _status, _md in _recorded_trials(exp_dir)] or [  # no readable state: every folder
+        d for d in sorted(glob.glob(os.path.join(exp_dir, "*"))) if os.path.isdir(d)]
+    for tdir in recorded:
         staged = staged_trial_dir(exp_dir, os.path.basename(tdir))
         if staged:
             recover_rows(staged, tdir)

@@ -144,6 +144,29 @@ def test_misspelt_stop_key_in_the_file(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------- 3. existing experiment
+def test_an_experiment_that_is_running_now_is_not_resumed_by_a_second_driver(tmp_path, capsys):
+    """Re-probe 3 (S2): `--resume` from a second shell while the run was live rewrote its state, set its
+    rows aside, failed, and left the finished run reported ERROR (a later --resume trained past the stop);
+    the plain rerun advised that --resume."""
+    from rllib_r3l.cli import driver_mark
+    from tests.cli.test_resume import fake_checkpoint
+
+    exp = tmp_path / "toy-corridor-tiny-r3l"
+    trial = exp / "R3L_x"
+    trial.mkdir(parents=True)
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
+    (trial / "params.json").write_text("{}")
+    fake_checkpoint(trial / "checkpoint_000000")
+    with driver_mark.marked(str(exp)):  # this process is the live driver
+        for flags in (("--resume",), ()):
+            code, _out, err = dry_run(capsys, tmp_path, *flags)
+            usage_error(code, err, f"is running now (process {os.getpid()} on this host)", "kill -TERM")
+        code, out, _err = dry_run(capsys, tmp_path, "--new")
+        assert code == 0 and f"would start {exp}_" in out
+    code, out, _err = dry_run(capsys, tmp_path, "--resume")  # the driver has ended: resumable
+    assert code == 0 and f"would resume {exp}" in out
+
+
 def test_existing_experiment_asks_for_resume_or_new(tmp_path, capsys):
     exp = tmp_path / "toy-corridor-tiny-r3l"
     exp.mkdir()

@@ -109,3 +109,22 @@ def test_a_bad_split_is_blamed_on_the_split_flag_not_the_checkpoint(tmp_path, ca
     code = cli.main(["evaluate", ckpt, "--env", "r3l/Countdown", "--split", "bogus", "--backend", "transformers"])
     err = capsys.readouterr().err
     assert code == 2 and "error: --split: " in err and "bogus" in err and "the env_config of" not in err, err
+
+
+@pytest.mark.parametrize("flag,value", [("--batch-size", "-1"), ("--batch-size", "0"), ("--seed", "-1")])
+def test_evaluate_refuses_batch_sizes_and_seeds_that_would_change_the_episodes(tmp_path, capsys, flag, value):
+    # re-probe 3 (S4, R1, R2): --batch-size -1 ran 1 of 2 episodes and -2 repeated seeds (exit 0); 0 was a
+    # KeyError; --seed -1 was a gymnasium traceback per episode, counted in the table, exit 0
+    code = cli.main(["evaluate", str(tmp_path), flag, value])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{flag} {value}: must be >= " in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("env_id", ["r3l/ToyCorridor", "r3l/ToyWord"])
+def test_the_toy_environments_refuse_a_split_that_is_not_one(env_id):
+    # re-probe 3 (S3): `evaluate --split bogus` ran the toy environments and labelled the table "bogus"
+    import environments
+
+    with pytest.raises(ValueError, match="split must be one of train, dev, test; got 'tset'"):
+        environments.make(env_id, {"split": "tset"})
+    assert environments.make(env_id, {"split": "valid"}).split == "dev"

@@ -63,18 +63,24 @@ def _iterations(trial_dir):
         return [json.loads(line)["training_iteration"] for line in f if line.strip()]
 
 
-def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_path, capsys):
+def _interrupted_after(tmp_path, checkpoint):
+    """A 4-iteration run of the toy file stopped by Ctrl-C once ``checkpoint`` is written: exit 130."""
     argv = ["train", TOY, *SMALL, "--stop", "training_iteration=4", "--checkpoint-freq", "1",
             "--storage-path", str(tmp_path)]
     exp = tmp_path / "toy-corridor-tiny-no-reflect"
     proc = _cli(argv)
-    # poll often: on a fast CPU the tiny run's remaining three iterations take about a second
-    while proc.poll() is None and not glob.glob(str(exp / "*" / "checkpoint_000000" / "rllib_checkpoint.json")):
+    # poll often: on a fast CPU the tiny run's remaining iterations take about a second
+    while proc.poll() is None and not glob.glob(str(exp / "*" / checkpoint / "rllib_checkpoint.json")):
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be interrupted:\n" + proc.communicate()[1][-3000:]
     proc.send_signal(signal.SIGINT)  # Ctrl-C
     out, err = proc.communicate()
     assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    return argv, exp, out, err
+
+
+def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_path, capsys):
+    argv, exp, out, err = _interrupted_after(tmp_path, "checkpoint_000000")
     assert "INTERRUPTED" in out and "--resume" in err
     (trial,) = [d for d in glob.glob(str(exp / "*")) if os.path.isdir(d)]
     assert max(_iterations(trial)) < 4
@@ -172,6 +178,40 @@ def test_a_driver_killed_before_its_first_checkpoint_keeps_its_rows_and_advises_
     code = cli.main([*argv, "--dry-run"])
     err = capsys.readouterr().err
     assert code == 2 and "has no checkpoint to continue from; pass --new" in err and "--resume" not in err, err
+
+
+def test_a_cut_tune_state_is_resumed_from_r3ls_copy_with_every_row(tmp_path, capsys):
+    """Re-probe 3 (S1, D1): a full disk cut Tune's experiment_state-*.json (8192 bytes) and the trial's
+    result.json; the advised --resume then started a NEW trial from iteration 1 with the file's own stop
+    and settings, exit 0, and the cut trial's rows stayed in Ray's staging folder. Now R3L keeps a copy
+    of the last whole state; --resume puts it back and the trial continues with every row once. Without
+    a copy, --resume refuses in one line."""
+    _argv, exp, _out, _err = _interrupted_after(tmp_path, "checkpoint_000001")
+    (trial,) = [d for d in glob.glob(str(exp / "R3L_*")) if os.path.isdir(d)]
+    (state,) = glob.glob(str(exp / "experiment_state-*.json"))
+    assert glob.glob(str(exp / ".r3l-backup-experiment_state-*.json"))
+    # what the full disk left: the state cut mid-file, the trial's rows gone from the storage folder
+    with open(state, "r+b") as f:
+        f.truncate(os.path.getsize(state) // 2)
+    for name in ("result.json", "progress.csv"):
+        open(os.path.join(trial, name), "w").close()
+    resume_argv = ["train", TOY, *SMALL[:2], "--num-cpus", "4", "--quiet-workers", "--verbose", "0",
+                   "--storage-path", str(tmp_path), "--resume"]
+    proc = _cli(resume_argv)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert "resuming from R3L's copy of the last whole one" in out + err, out[-3000:]
+    assert [d for d in glob.glob(str(exp / "R3L_*")) if os.path.isdir(d)] == [trial]  # no new trial
+    assert _iterations(trial) == [1, 2, 3, 4], _iterations(trial)
+    # no copy left: a cut state is refused, naming the checkpoint to use
+    state = max(glob.glob(str(exp / "experiment_state-*.json")))  # Tune reads the newest name
+    with open(state, "r+b") as f:
+        f.truncate(10)
+    for copy in glob.glob(str(exp / ".r3l-backup-*")):
+        os.remove(copy)
+    code = cli.main([*resume_argv, "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is cut short" in err and "no whole copy" in err and "checkpoint_00000" in err, err
 
 
 # ==================================================================================================

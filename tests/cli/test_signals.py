@@ -28,11 +28,11 @@ SMALL = ["--experiment", EXP, "--set", "tasks_per_iteration=1", "--set", "env_co
 WAIT_S = 300
 
 
-def _start(tmp_path, *extra):
+def _start(tmp_path, *extra, own_group=False):
     argv = ["train", TOY, *SMALL, "--storage-path", str(tmp_path), *extra]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_CHDIR_TO_TRIAL_DIR="0")
     proc = subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.commands", *argv], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=own_group)
     return proc, argv
 
 
@@ -92,3 +92,22 @@ def test_a_second_sigterm_ends_the_run_at_once(tmp_path):
     code, out, err = _finish(proc, timeout=120)
     assert code == 130, out[-2000:] + err[-3000:]
     assert "--resume" in err and "Traceback" not in err[-3000:], err[-3000:]
+
+
+def test_sigterm_to_the_whole_process_group_ends_at_once_with_the_resume_command(tmp_path):
+    """Re-probe 3 (S5): `timeout` and Slurm's scancel signal the whole process group, so Ray's GCS and
+    raylet (started by the driver, in its group) die too; the driver then showed the live line for ~60 s
+    and Ray's core worker ended it with exit 1: no INTERRUPTED, no resume command."""
+    proc, argv = _start(tmp_path, "--checkpoint-freq", "1", own_group=True)
+    _wait_for(proc, str(tmp_path / EXP / "*" / "checkpoint_000000" / "rllib_checkpoint.json"))
+    t0 = time.time()
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, out, err = _finish(proc, timeout=120)
+    took = time.time() - t0
+    assert code == 130, out[-2000:] + err[-3000:]
+    assert "interrupted" in err and "--resume" in err, err[-3000:]
+    assert took < 45, f"{took:.0f} s after the signal"  # before: about 60 s, then exit 1
+    from rllib_r3l.cli import commands as cli_commands
+
+    resume_argv = ["train", TOY, "--experiment", EXP, "--storage-path", str(tmp_path), "--resume", "--dry-run"]
+    assert cli_commands.main(resume_argv) == 0  # the advice works: the experiment resumes

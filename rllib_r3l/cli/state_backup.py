@@ -1,0 +1,97 @@
+"""Tune's experiment state, kept whole: a full disk can cut ``experiment_state-*.json`` mid-write.
+
+Tune copies its experiment state into the storage folder now and then, not atomically; a disk that
+fills up can leave the file cut short, and Tune then takes the experiment for one that never started
+(``--resume`` began a new trial from iteration 1 with the file's own stop and settings, and the cut
+trial's rows stayed in Ray's staging folder). :class:`StateBackup` keeps a copy of the last state that
+parsed (written aside, renamed into place: a full disk keeps the previous copy); ``--resume`` puts it
+back in place of a cut one (:func:`restore`), or refuses in one line where there is none.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Optional
+
+from ray.tune import Callback
+
+from rllib_r3l.cli.resume_from import STATE_GLOB
+
+PREFIX = ".r3l-backup-"  # not matched by Tune's experiment_state-*.json
+DAMAGED = ".r3l-damaged"
+
+
+def _newest_state(exp_dir: str) -> Optional[str]:
+    files = sorted(glob.glob(os.path.join(exp_dir, STATE_GLOB)))  # Tune reads the newest: max(name)
+    return files[-1] if files else None
+
+
+def _parses(path: str) -> bool:
+    try:
+        with open(path) as f:
+            json.load(f)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def problem(exp_dir: str) -> Optional[str]:
+    """Why Tune's newest saved state in ``exp_dir`` cannot be read, or None (also when there is none)."""
+    state = _newest_state(exp_dir)
+    if state is None or _parses(state):
+        return None
+    return f"{os.path.basename(state)} is cut short ({os.path.getsize(state)} bytes, not valid JSON: a full disk?)"
+
+
+def save(exp_dir: str) -> None:
+    """Copy Tune's newest state to ``PREFIX<name>`` when it parses (aside, then renamed)."""
+    state = _newest_state(exp_dir)
+    if state is None:
+        return
+    try:
+        with open(state) as f:
+            text = f.read()
+        json.loads(text)
+        dst = os.path.join(exp_dir, PREFIX + os.path.basename(state))
+        with open(dst + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(dst + ".tmp", dst)
+        for old in glob.glob(os.path.join(exp_dir, PREFIX + "*.json")):  # one copy: the newest state's
+            if old != dst:
+                os.remove(old)
+    except (OSError, ValueError):  # a full disk or a state being written: the previous copy stays
+        pass
+
+
+def restore(exp_dir: str) -> Optional[str]:
+    """Put the kept copy in place of a cut newest state; returns a note for the console, or None when
+    there is nothing to restore (the state is whole, or no copy parses)."""
+    state = _newest_state(exp_dir)
+    if state is None or _parses(state):
+        return None
+    copies = [c for c in sorted(glob.glob(os.path.join(exp_dir, PREFIX + "*.json"))) if _parses(c)]
+    if not copies:
+        return None
+    os.replace(state, state + DAMAGED)  # kept for inspection, no longer read by Tune
+    name = os.path.basename(copies[-1])[len(PREFIX):]
+    with open(copies[-1]) as f:
+        text = f.read()
+    with open(os.path.join(exp_dir, name), "w") as f:
+        f.write(text)
+    return (f"Tune's saved state {os.path.basename(state)} was cut short (set aside as "
+            f"{os.path.basename(state)}{DAMAGED}); resuming from R3L's copy of the last whole one ({name})")
+
+
+class StateBackup(Callback):
+    """After every result: keep a copy of the experiment's last whole Tune state."""
+
+    def __init__(self, exp_dir: str) -> None:
+        self.exp_dir = exp_dir
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        save(self.exp_dir)
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:
+        save(self.exp_dir)
