@@ -11,6 +11,7 @@ ends non-zero with the reason.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any, Dict, List, Optional
 
@@ -97,6 +98,16 @@ def _complete_on_disk(trial_dir: Optional[str]) -> Optional[str]:
     return next((c for c in reversed(checkpoint_dirs(trial_dir)) if problem(c) is None), None)
 
 
+def _newest_checkpoint(trial) -> Optional[str]:
+    """Tune's recorded checkpoint, or a newer complete one on disk that Tune had not recorded when it stopped
+    (a second Ctrl-C skips its last state save): the one ``--resume`` continues from."""
+    recorded = trial.checkpoint.path if trial.checkpoint is not None else None
+    on_disk = _complete_on_disk(trial.path)
+    if on_disk and (recorded is None or os.path.basename(on_disk.rstrip("/")) > os.path.basename(recorded.rstrip("/"))):
+        return on_disk
+    return recorded
+
+
 def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[str, Any]]:
     rows = []
     for trial in trials:
@@ -116,7 +127,7 @@ def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[s
             "reward": get_metric(res, "env_runners/episode_return_mean"),
             "success_rate": get_metric(res, "env_runners/success_rate"),
             "dir": trial.path,
-            "checkpoint": trial.checkpoint.path if trial.checkpoint is not None else _complete_on_disk(trial.path),
+            "checkpoint": _newest_checkpoint(trial),
             "error": trial.error_file if trial.status == "ERROR" else None,
             "problem": problem,
         })

@@ -94,6 +94,10 @@ def test_an_interrupted_trial_names_the_complete_checkpoint_on_disk_that_tune_ha
     _checkpoint_folder(tmp_path / "checkpoint_000001", complete=False)  # a copy cut short: not named
     row = trial_rows([t])[0]
     assert row["status"] == INTERRUPTED and row["checkpoint"] == first
+    # re-probe 3 (M1): after a double Ctrl-C Tune's record lagged one behind the complete folder --resume uses
+    second = _checkpoint_folder(tmp_path / "checkpoint_000002")
+    t.checkpoint = types.SimpleNamespace(path=first)
+    assert trial_rows([t])[0]["checkpoint"] == second
 
 
 @pytest.fixture
