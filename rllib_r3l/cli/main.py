@@ -144,8 +144,19 @@ def check_out(out: str, overwrite: bool, resume: bool = False) -> None:
         return
     found = [m for m in FINISHED_MARKERS if os.path.exists(os.path.join(out, m))]
     if found and not overwrite:
-        raise UsageError(f"--out {out} already holds a finished run ({', '.join(found)}); give another --out "
+        interrupted = _summary_says_interrupted(out)
+        what = "an interrupted run" if interrupted else "a finished run"
+        cont = "pass --resume to continue it, " if interrupted or os.path.exists(os.path.join(out, "checkpoint")) else ""
+        raise UsageError(f"--out {out} already holds {what} ({', '.join(found)}); {cont}give another --out "
                          "to keep it, or pass --overwrite to replace it")
+
+
+def _summary_says_interrupted(out: str) -> bool:
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            return bool(json.load(f).get("interrupted"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def main(argv: List[str] | None = None) -> int:

@@ -21,6 +21,16 @@ def test_rerun_into_a_finished_out_is_refused_before_anything_starts(tmp_path, c
     assert (tmp_path / "summary.json").read_text() == "{}"  # untouched
 
 
+def test_an_interrupted_out_is_called_interrupted_and_resume_is_offered(tmp_path):
+    # re-probe 3 (M2): an interrupted run was called "a finished run", with --overwrite or another --out only
+    import json
+
+    (tmp_path / "summary.json").write_text(json.dumps({"interrupted": True, "iterations_completed": 1}))
+    (tmp_path / "checkpoint").mkdir()
+    with pytest.raises(Exception, match=r"already holds an interrupted run .*pass --resume to continue it"):
+        main.check_out(str(tmp_path), overwrite=False)
+
+
 def test_overwrite_flag_and_an_empty_out_pass_the_check(tmp_path):
     (tmp_path / "summary.json").write_text("{}")
     main.check_out(str(tmp_path), overwrite=True)  # no error
