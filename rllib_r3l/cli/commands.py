@@ -163,10 +163,10 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
     # after ray.init, which installs Ray's own SIGTERM handler; over the shutdown too, so that a second
     # signal that arrives once the run has stopped still ends it like a second Ctrl-C
     def runtime_lost():  # a signal to the whole process group stopped Ray's GCS too
-        con.line()
-        print("interrupted: the signal reached Ray's own processes too, so the trials stopped where they were "
-              f"(rows not yet copied to the experiment come back with --resume); "
-              f"{resume.interrupted_advice(args.argv, plan)}", file=sys.stderr, flush=True)
+        con.line()  # the console: stdout and stderr go to the log file while Tune runs
+        con.line("interrupted: the signal reached Ray's own processes too, so the trials stopped where they were "
+                 f"(rows not yet copied to the experiment come back with --resume); "
+                 f"{resume.interrupted_advice(args.argv, plan)}")
 
     with launch.sigterm_as_sigint(runtime_lost if started else None) as finished:
         try:

@@ -201,7 +201,8 @@ def trial_status(trial_dir: str, iterations: int, empty_batches: Optional[int]) 
 
     exp_dir = os.path.dirname(trial_dir)
     status = _tune_statuses(exp_dir).get(os.path.basename(trial_dir))
-    if error_text(trial_dir) is not None:
+    finished = status == "TERMINATED" and _last_result(trial_dir).get("done")
+    if error_text(trial_dir) is not None and not finished:  # an error a later --resume went past is history
         status = "ERROR"
     elif status in ("RUNNING", "PENDING", "PAUSED") and driver_mark.driver_alive(exp_dir) is False:
         status = None  # Tune's last saved state, from a driver that was killed: interrupted unless it finished

@@ -26,7 +26,7 @@ from rllib_r3l.cli import outcome
 from rllib_r3l.cli import run_info
 from rllib_r3l.errors import UsageError
 from rllib_r3l.cli.resume import RESUME, tune_resume_config
-from rllib_r3l.cli import driver_mark, state_backup
+from rllib_r3l.cli import driver_mark, result_rows, state_backup
 from rllib_r3l.cli.resume_from import point_tune_at
 
 PROGRESS_COLUMNS = {
@@ -289,6 +289,9 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
                                 raise_on_failed_trial=False, verbose=verbose,
                                 max_concurrent_trials=max_concurrent, progress_reporter=progress_reporter(spec),
                                 **resume)
+        for trial in analysis.trials:  # Tune's CSV logger shifts a resumed run's columns: written again
+            if trial.path and os.path.isdir(trial.path):
+                result_rows.rebuild_progress_csv(trial.path)
         new_rows = outcome.trial_rows(analysis.trials, tracker)
         rows += new_rows
         echo(f"\nexperiment {name!r}: results in {analysis.experiment_path}")

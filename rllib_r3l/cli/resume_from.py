@@ -168,9 +168,12 @@ def point_tune_at(exp_dir: str, choices: Sequence[Dict[str, Any]]) -> None:
     change is kept as ``.r3l-before-resume-<name>`` (a name Tune does not read). Rows a killed driver
     left in its staging folder are recovered first; then the rows of the iterations each trial runs
     again are set aside."""
+    from rllib_r3l.cli.result_rows import drop_cut_rows
+
     for c in choices:
         if c.get("recover"):
             recover_rows(c["recover"], os.path.join(exp_dir, c["trial"]))
+        drop_cut_rows(os.path.join(exp_dir, c["trial"]))  # a full disk's cut row: the next one would join it
     todo = [c for c in choices if c["rewind"] or c["adopt"] or _stale_index(exp_dir, c)]
     if todo:
         _rewrite_state(exp_dir, todo)

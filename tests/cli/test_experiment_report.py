@@ -116,3 +116,14 @@ def test_a_trial_that_failed_before_its_first_result_is_listed(tmp_path, capsys)
     out, err = capsys.readouterr()
     assert code == 0 and "ERROR" in out
     assert "R3L_x_00000 ended in ERROR: 1 worker(s) were killed due to the node running low on memory." in err, err
+
+
+def test_a_trial_resumed_past_its_error_is_terminated_not_error(tmp_path):
+    # re-probe 4 (SW-2): a full disk left an empty error.txt; after --resume finished the trial, report still
+    # said ERROR ("(empty error.txt) ... its metrics stop where it failed") while Tune's state said TERMINATED
+    root = tmp_path / "exp"
+    trial = _trial(root, "R3L_a", [_result(1), _result(2, done=True)], error="")
+    _tune_state(root, {trial.name: "TERMINATED"})
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["status"]) == ["TERMINATED"]
+    assert not [w for w in warnings(table) if "ERROR" in w]

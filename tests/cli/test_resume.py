@@ -203,6 +203,17 @@ def test_a_cut_tune_state_is_resumed_from_r3ls_copy_with_every_row(tmp_path, cap
     assert "resuming from R3L's copy of the last whole one" in out + err, out[-3000:]
     assert [d for d in glob.glob(str(exp / "R3L_*")) if os.path.isdir(d)] == [trial]  # no new trial
     assert _iterations(trial) == [1, 2, 3, 4], _iterations(trial)
+    # re-probe 4 (SW-1): the resumed rows carried more keys than progress.csv's header and every value
+    # after the first new key sat under the wrong name; the file is rebuilt from result.json
+    import csv
+
+    with open(os.path.join(trial, "progress.csv"), newline="") as f:
+        table = list(csv.reader(f))
+    assert all(len(r) == len(table[0]) for r in table[1:]), [len(r) for r in table]
+    with open(os.path.join(trial, "result.json")) as f:
+        want = [str(json.loads(line)["env_runners"]["success_rate"]) for line in f if line.strip()]
+    col = table[0].index("env_runners/success_rate")
+    assert [r[col] for r in table[1:]] == want
     # no copy left: a cut state is refused, naming the checkpoint to use
     state = max(glob.glob(str(exp / "experiment_state-*.json")))  # Tune reads the newest name
     with open(state, "r+b") as f:

@@ -1,0 +1,37 @@
+"""Row files across interruptions (issue 37, re-probe 4): a cut last row is set aside before a resume
+appends to the file, and a progress.csv whose resumed rows carry more keys than its header (Tune's CSV
+logger keeps the first header: values land under the wrong names) is written again from result.json."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from rllib_r3l.cli.result_rows import CUT, drop_cut_rows, rebuild_progress_csv
+
+
+def test_a_cut_last_row_is_set_aside_so_the_next_row_starts_on_its_own_line(tmp_path):
+    whole = json.dumps({"training_iteration": 1}) + "\n"
+    (tmp_path / "result.json").write_text(whole + '{"training_iteration": 2, "env_ru')
+    (tmp_path / "progress.csv").write_text("training_iteration\n1\n")  # whole: untouched
+    assert drop_cut_rows(str(tmp_path)) == ["result.json"]
+    assert (tmp_path / "result.json").read_text() == whole
+    assert (tmp_path / ("result.json" + CUT)).read_text() == '{"training_iteration": 2, "env_ru\n'
+    assert (tmp_path / "progress.csv").read_text() == "training_iteration\n1\n"
+    assert drop_cut_rows(str(tmp_path)) == []  # whole files: nothing to do
+
+
+def test_a_progress_csv_shifted_by_a_resume_is_rebuilt_from_result_json(tmp_path):
+    rows = [{"training_iteration": 1, "env_runners": {"success_rate": 0.5}, "config": {"lr": 1}},
+            {"training_iteration": 2, "env_runners": {"success_rate": 1.0}, "config": {"lr": 1},
+             "timers": {"synch_env_connectors": 0.01}}]  # RLlib's key after a restore
+    (tmp_path / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # what Tune's logger wrote: the first run's header, the resumed row with one more field
+    (tmp_path / "progress.csv").write_text("training_iteration,env_runners/success_rate\n1,0.5\n2,1.0,0.01\n")
+    assert rebuild_progress_csv(str(tmp_path))
+    with open(tmp_path / "progress.csv", newline="") as f:
+        got = list(csv.DictReader(f))
+    assert [r["env_runners/success_rate"] for r in got] == ["0.5", "1.0"]
+    assert [r["timers/synch_env_connectors"] for r in got] == ["", "0.01"]
+    assert "config/lr" not in got[0]
+    assert not rebuild_progress_csv(str(tmp_path))  # consistent now: left alone
