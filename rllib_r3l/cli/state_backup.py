@@ -89,9 +89,20 @@ class StateBackup(Callback):
 
     def __init__(self, exp_dir: str) -> None:
         self.exp_dir = exp_dir
+        self._seen = None  # (name, mtime, size) of the state last copied: a grid's results do not copy it again
+
+    def _save(self) -> None:
+        state = _newest_state(self.exp_dir)
+        try:
+            key = (state, os.path.getmtime(state), os.path.getsize(state)) if state else None
+        except OSError:
+            return
+        if key is not None and key != self._seen:
+            save(self.exp_dir)
+            self._seen = key
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        save(self.exp_dir)
+        self._save()
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:
-        save(self.exp_dir)
+        self._save()
