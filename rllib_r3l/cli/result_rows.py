@@ -16,6 +16,8 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
+from rllib_r3l.cli.resume_from import write_atomically
+
 CUT = ".r3l-cut"  # suffix of a cut last row set aside
 
 
@@ -79,7 +81,5 @@ def rebuild_progress_csv(tdir: str) -> bool:
     writer = csv.DictWriter(buf, fieldnames=list(header), restval="")
     writer.writeheader()
     writer.writerows(flat)
-    with open(path + ".tmp", "w", newline="") as f:
-        f.write(buf.getvalue())
-    os.replace(path + ".tmp", path)
+    write_atomically(path, buf.getvalue())
     return True

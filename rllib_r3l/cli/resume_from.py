@@ -215,7 +215,7 @@ def _rewrite_state(exp_dir: str, todo: Sequence[Dict[str, Any]]) -> None:
         md.invalidate_cache()
         raw["trial_data"][c["index"]][1] = md.get_json_state()
     shutil.copy2(state, os.path.join(exp_dir, ".r3l-before-resume-" + os.path.basename(state)))
-    _write_atomically(state, json.dumps(raw))
+    write_atomically(state, json.dumps(raw))
 
 
 def _folder_index(path: str) -> int:
@@ -249,7 +249,7 @@ def _with_next_index(trial_json: str, last_index: int) -> str:
     return json.dumps(trial, indent=2, cls=TuneFunctionEncoder)
 
 
-def _write_atomically(path: str, text: str) -> None:
+def write_atomically(path: str, text: str) -> None:
     tmp = path + ".r3l-tmp"
     with open(tmp, "w") as f:
         f.write(text)
@@ -330,7 +330,7 @@ def _split(path: str, keep: str, redone: str, header: bool = False) -> int:
         f.write(redone)
         f.flush()
         os.fsync(f.fileno())
-    _write_atomically(path, keep)
+    write_atomically(path, keep)
     return n
 
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 from ray.tune import Callback
 
-from rllib_r3l.cli.resume_from import STATE_GLOB
+from rllib_r3l.cli.resume_from import STATE_GLOB, write_atomically
 
 PREFIX = ".r3l-backup-"  # not matched by Tune's experiment_state-*.json
 DAMAGED = ".r3l-damaged"
@@ -55,9 +55,7 @@ def save(exp_dir: str) -> None:
             text = f.read()
         json.loads(text)
         dst = os.path.join(exp_dir, PREFIX + os.path.basename(state))
-        with open(dst + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(dst + ".tmp", dst)
+        write_atomically(dst, text)
         for old in glob.glob(os.path.join(exp_dir, PREFIX + "*.json")):  # one copy: the newest state's
             if old != dst:
                 os.remove(old)
@@ -77,9 +75,7 @@ def restore(exp_dir: str) -> Optional[str]:
     os.replace(state, state + DAMAGED)  # kept for inspection, no longer read by Tune
     name = os.path.basename(copies[-1])[len(PREFIX):]
     with open(copies[-1]) as f:
-        text = f.read()
-    with open(os.path.join(exp_dir, name), "w") as f:
-        f.write(text)
+        write_atomically(os.path.join(exp_dir, name), f.read())
     return (f"Tune's saved state {os.path.basename(state)} was cut short (set aside as "
             f"{os.path.basename(state)}{DAMAGED}); resuming from R3L's copy of the last whole one ({name})")
 
