@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
-from rllib_r3l.cli.resume_from import write_atomically
+from rllib_r3l.cli.storage import write_atomically
 
 CUT = ".r3l-cut"  # suffix of a cut last row set aside
 

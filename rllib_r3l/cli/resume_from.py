@@ -35,6 +35,7 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from rllib_r3l.cli.storage import write_atomically
 from rllib_r3l.errors import UsageError
 
 STATE_GLOB = "experiment_state-*.json"
@@ -247,15 +248,6 @@ def _with_next_index(trial_json: str, last_index: int) -> str:
     storage = trial["storage"]
     storage.current_checkpoint_index = max(storage.current_checkpoint_index, last_index)
     return json.dumps(trial, indent=2, cls=TuneFunctionEncoder)
-
-
-def write_atomically(path: str, text: str) -> None:
-    tmp = path + ".r3l-tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _json_rows(tdir: str) -> List[Tuple[str, Optional[int]]]:

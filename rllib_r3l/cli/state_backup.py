@@ -17,7 +17,8 @@ from typing import Optional
 
 from ray.tune import Callback
 
-from rllib_r3l.cli.resume_from import STATE_GLOB, write_atomically
+from rllib_r3l.cli.resume_from import STATE_GLOB
+from rllib_r3l.cli.storage import write_atomically
 
 PREFIX = ".r3l-backup-"  # not matched by Tune's experiment_state-*.json
 DAMAGED = ".r3l-damaged"

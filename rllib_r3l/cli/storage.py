@@ -115,3 +115,14 @@ def write_failure(e: BaseException) -> Optional[str]:
         return e.strerror or str(e)
     m = _RUST_IO_ERROR.match(str(e).strip())
     return m.group("msg") if m else None
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Replace ``path`` by ``text`` whole or not at all (a temporary file beside it, synced, renamed over it):
+    Tune's state and the result rows are never left half-written by a kill or a full disk."""
+    tmp = path + ".r3l-tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
