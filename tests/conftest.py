@@ -57,6 +57,16 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_ray_left_to_the_next_module():
+    """A test that lets ``build_algo()`` start Ray itself leaves a runtime of the machine's cores behind;
+    the next module's ``ray_session`` would join it (``ignore_reinit_error``) with too few CPUs."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture
 def tmpfs(tmp_path):
     """``tmpfs(name, "size=1m[,ro]")``: a real small (or read-only) filesystem under tmp_path, unmounted after

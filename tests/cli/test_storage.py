@@ -30,7 +30,7 @@ def test_checkpoint_size_is_weights_and_adam_moments_in_fp32(tiny_model_dir, tmp
     assert checkpoint_bytes(str(tmp_path)) is None and checkpoint_bytes(None) is None
 
 
-def test_the_estimate_covers_a_real_checkpoint_of_the_tiny_model(tiny_model_dir, tmp_path):
+def test_the_estimate_covers_a_real_checkpoint_of_the_tiny_model(ray_session, tiny_model_dir, tmp_path):
     """Re-probe 3 (M6): the estimate was 42.8 MB for a 50 MB checkpoint, so a 45 MB disk passed the check
     and the save failed. A real checkpoint of the tiny model (learner state: module and AdamW)."""
     from tests.scripted_rllib import tiny_config
