@@ -176,6 +176,42 @@ class R3L(Algorithm):
                                              inference_only=True)[COMPONENT_LEARNER]
         group.local_env_runner.set_state({k: v for k, v in state.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)})
 
+    @override(Algorithm)
+    def evaluate(self, parallel_train_future=None) -> Dict[str, Any]:
+        """Held-out evaluation of the learner's current weights (paper §5: success on unseen tasks):
+        ``evaluation_duration`` base episodes, no reflection, task seeds ``0..N-1`` of the evaluation split
+        (``env_config["eval_split"]``, default "dev"; the same tasks every call, so calls compare) at
+        ``evaluation_temperature``, spread over the training env runners and their engines (no second
+        engine). Engines that hold older weights (``weight_sync_interval`` > 1) are synced first.
+        Returns ``{"env_runners": {...}}``, what ``train()`` reports under ``"evaluation"`` with
+        ``evaluation_interval``; episodes of a runner that died, or that an environment or the engine lost, are counted in ``lost_episodes``."""
+        from rllib_r3l.runner.evaluation import split_seeds, summarize
+
+        c = self.config
+        if self._synced_update != self._num_updates:
+            self._sync_weights()
+            self._synced_update = self._num_updates
+        t0 = time.perf_counter()
+        seeds = list(range(int(c.evaluation_duration)))
+        group = self.env_runner_group
+        if group.num_remote_workers() <= 0:
+            rows = group.local_env_runner.evaluate_episodes(seeds)
+            lost = 0
+        else:
+            ids = list(group.healthy_worker_ids())
+            shares = dict(zip(ids, split_seeds(seeds, len(ids)))) if ids else {}
+            out = group.foreach_env_runner([(lambda r, _s=shares[i]: (r.worker_index, r.evaluate_episodes(_s)))
+                                            for i in ids], remote_worker_ids=ids, local_env_runner=False)
+            done = dict(out)
+            rows = [row for i in ids if i in done for row in done[i]]
+            lost = sum(len(s) for i, s in shares.items() if i not in done) + (len(seeds) if not ids else 0)
+        s = summarize(rows)
+        return {ENV_RUNNER_RESULTS: {
+            "num_episodes": s["episodes"], "episode_return_mean": s["mean_return"], "episode_len_mean": s["mean_turns"],
+            "success_rate": s["success_rate"], "lost_episodes": s["errors"] + lost,
+            "split": (c.env_config or {}).get("eval_split", "dev"), "temperature": c.evaluation_temperature,
+            "policy_updates": self._num_updates, "seconds": round(time.perf_counter() - t0, 2)}}
+
     def _foreach_runner(self, fn):
         local = self.env_runner_group.num_remote_workers() <= 0
         return self.env_runner_group.foreach_env_runner(fn, local_env_runner=local)

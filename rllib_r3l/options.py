@@ -209,6 +209,8 @@ RANGES: Dict[str, Range] = {
     "num_cpus_per_learner": Range(low=0),  # or "auto" (RLlib's default)
     "num_gpus_per_learner": Range(low=0),
     "env_runner_restore_timeout_s": Range(low=0),
+    "evaluation_interval": Range(low=0, integer=True, none="off", note="0 = off; every N iterations R3L.evaluate()"),
+    "evaluation_duration": Range(low=1, integer=True, note="episodes of R3L.evaluate()"),
     "env_runner_health_probe_timeout_s": Range(low=0),
 }
 
@@ -224,10 +226,8 @@ UNUSED_RLLIB: Dict[str, str] = {
                                     "each, split over the learners",
     "gamma": "R3L scores a whole episode by its reward against its task group (no discounting); "
              "success_reward sets what counts as a success",
-    "evaluation_interval": "RLlib's evaluation does not run R3L's episodes; evaluate a checkpoint with "
-                           "`rllib-r3l evaluate CHECKPOINT` (evaluation_temperature sets its temperature)",
-    "evaluation_num_env_runners": "RLlib's evaluation does not run R3L's episodes; evaluate a checkpoint "
-                                  "with `rllib-r3l evaluate CHECKPOINT`",
+    "evaluation_num_env_runners": "R3L evaluates on the training env runners' engines (no second set of "
+                                  "engines); evaluation_interval and evaluation_duration set when and how much",
 }
 
 # Options that existed once: a config that still sets one gets an error naming the replacement, so that

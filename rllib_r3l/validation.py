@@ -27,6 +27,9 @@ def check_ranges(cfg: Any) -> None:
         if name == "lr" and isinstance(value, (list, tuple)):
             _check_lr_schedule(value)
             continue
+        if name == "evaluation_duration" and getattr(cfg, "evaluation_duration_unit", "episodes") != "episodes":
+            _err("evaluation_duration_unit", f"R3L.evaluate() runs whole episodes: must be 'episodes', got "
+                                             f"{cfg.evaluation_duration_unit!r}")
         if not rng.contains(value):
             finite = "" if not isinstance(value, float) or math.isfinite(value) else " (finite)"
             _err(name, f"must be {rng.describe()}{finite}, got {value!r}")
@@ -67,8 +70,6 @@ def minus_one_advice(field: str) -> str:
 def unused_rllib_option(name: str, value: Any, default: Any) -> Optional[str]:
     """The error text for an RLlib option R3L does not read, set away from its ``default`` (else None)."""
     if name not in UNUSED_RLLIB or value == default:
-        return None
-    if name == "evaluation_interval" and value in (None, 0):  # both mean "off"
         return None
     return f"R3L does not use RLlib's {name} (got {value!r}): {UNUSED_RLLIB[name]}; remove it"
 

@@ -174,8 +174,7 @@ def test_minus_one_on_a_field_where_it_is_valid_suggests_a_valid_neighbour():
     ("train_batch_size", 64, "tasks_per_iteration"),
     ("train_batch_size_per_learner", 64, "group_size"),
     ("gamma", 0.5, "no discounting"),
-    ("evaluation_interval", 1, "rllib-r3l evaluate"),
-    ("evaluation_num_env_runners", 1, "rllib-r3l evaluate"),
+    ("evaluation_num_env_runners", 1, "training env runners"),
 ])
 def test_rllib_options_r3l_does_not_use_are_refused_with_the_r3l_option(field, value, needle):
     c = R3LConfig().training(model="tiny")
@@ -186,7 +185,7 @@ def test_rllib_options_r3l_does_not_use_are_refused_with_the_r3l_option(field, v
     assert msg.startswith(f"R3LConfig.{field}: R3L does not use RLlib's {field}") and needle in msg, msg
 
 
-@pytest.mark.parametrize("field", ["train_batch_size_per_learner", "num_epochs", "evaluation_interval"])
+@pytest.mark.parametrize("field", ["train_batch_size_per_learner", "num_epochs", "evaluation_num_env_runners"])
 def test_the_plain_dict_door_names_the_r3l_option_too(field):
     """tune.run("R3L", config={...}): not an "unknown key", the same error as R3LConfig.validate()."""
     with pytest.raises(ValueError, match=rf"R3LConfig\.{field}: R3L does not use RLlib's {field}"):

@@ -102,6 +102,9 @@ def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
         "updated": updated,
         "trained_tokens": int(_num(trained)),
         "generated_tokens": int(_num(metric(result, "env_runners/r3l/generated_tokens"))),
+        # evaluation_interval: R3L.evaluate()'s held-out episodes of this iteration (absent: NaN)
+        "eval_success_rate": _float_or_nan(metric(result, "evaluation/env_runners/success_rate")),
+        "eval_episodes": int(_num(metric(result, "evaluation/env_runners/num_episodes"))),
         "time": {
             "rollout": max(sampling - reflect, 0.0),
             "reflect": reflect,
@@ -194,6 +197,10 @@ def time_split(t: Mapping[str, float]) -> str:
     return " + ".join(f"{TIME_LABELS[k]} {_num(v):.0f}" for k, v in parts) + " s"
 
 
+def _float_or_nan(x: Any) -> float:
+    return float(x) if _finite(x) else math.nan
+
+
 def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> str:
     """``iter 1/3 | success 0.125 (1/8) | retries 6, 1 succeeded | update yes, 408 tok | 103 s: rollout ...``."""
     it = f"{row['iteration']}/{iterations}" if iterations else f"{row['iteration']}"
@@ -207,8 +214,10 @@ def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> 
     else:
         retries = "retries 0"
     update = f"update yes, {fmt_int(row.get('trained_tokens', 0))} tok" if row.get("updated") else "update no"
+    esr, en = row.get("eval_success_rate", math.nan), row.get("eval_episodes", 0)
+    held_out = f" | held-out {fmt_rate(esr)} ({round(esr * en)}/{en})" if _finite(esr) and en else ""
     t = row.get("time", {})
-    return f"iter {it} | {success} | {retries} | {update} | {_num(t.get('total')):.0f} s: {time_split(t)}"
+    return f"iter {it} | {success} | {retries} | {update}{held_out} | {_num(t.get('total')):.0f} s: {time_split(t)}"
 
 
 SUMMARY_COLUMNS = ("iter", "success", "retries", "retry ok", "update", "trained tok", "gen tok",

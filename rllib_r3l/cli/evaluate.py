@@ -16,12 +16,10 @@ import time
 from collections import Counter
 from typing import Any, Dict, Optional
 
-from rllib_r3l import core_algos
 from rllib_r3l.errors import UsageError
 from rllib_r3l.preflight import accepts, check_env
 from rllib_r3l.config import R3L_OPTIONS
-
-_LOST = ("env_error", "generation_error")
+from rllib_r3l.runner.evaluation import episode_row, summarize
 
 
 def _setting(cfg: Dict[str, Any], name: str) -> Any:
@@ -141,16 +139,7 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
             chunk = seeds[start:start + batch_size]
             trajs = runner.run([EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in chunk])
             finished.extend(trajs)
-            for s, t in zip(chunk, trajs):
-                status = t.status.value if hasattr(t.status, "value") else str(t.status)
-                rows.append({
-                    "seed": s,
-                    "return": float(t.reward),
-                    "success": core_algos.is_success(t.reward, t.success, success_reward=success_reward),
-                    "turns": int(t.num_turns),
-                    "status": status,
-                    "last_action": t.actions[-1] if t.actions else "",
-                })
+            rows.extend(episode_row(s, t, success_reward) for s, t in zip(chunk, trajs))
         if reflections:
             from rllib_r3l.runner.reflection_quality import score_reflections
 
@@ -171,11 +160,7 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
         "source": what,
         "env": env_id,
         "split": env_config.get("split", split),
-        "episodes": len(df),
-        "success_rate": float(df["success"].mean()),
-        "mean_return": float(df["return"].mean()),
-        "mean_turns": float(df["turns"].mean()),
-        "errors": int(df["status"].isin(_LOST).sum()),
+        **summarize(rows),
         "temperature": temp,
         "backend": name,
         "seconds": round(time.perf_counter() - t0, 1),

@@ -49,6 +49,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         self._keeper = None
         self._stop_sampling = False
         self._num_groups_sampled = 0
+        self._eval_episodes = None  # evaluate_episodes' own EpisodeRunner (the evaluation split and temperature)
         self._in_eval = bool(self.config.in_evaluation)
         seed = self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(4), "little")
         self._rng = np.random.default_rng([int(seed), int(self.worker_index), int(self._in_eval)])
@@ -61,12 +62,13 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             torch.set_num_threads(int(self.config.num_threads))
 
     # -- lazy set-up (the local runner of a multi-runner group never loads a model) -----------------
-    def _env_factory(self):
+    def _env_factory(self, evaluation: bool = False):
         import environments
 
         env_id = self.config.env
         env_config = dict(self.config.env_config or {})
-        split = self.config.task_split if not self._in_eval else env_config.get("eval_split", "dev")
+        evaluation = evaluation or self._in_eval
+        split = self.config.task_split if not evaluation else env_config.get("eval_split", "dev")
         env_config.pop("eval_split", None)
 
         if split and "split" not in env_config and _accepts(environments.registry.resolve(env_id), "split"):
@@ -190,6 +192,25 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         log_sample_metrics(self, groups, dt, before, reflect_s)
         self._sample_done()
         return groups
+
+    def evaluate_episodes(self, seeds: List[int]) -> List[Dict[str, Any]]:
+        """One base episode per task seed (no reflection, no retry) on the evaluation split
+        (``env_config["eval_split"]``, default "dev") at ``evaluation_temperature``, with the weights this
+        runner's engine holds: the rows of ``R3L.evaluate()`` (runner/evaluation.py). The training task
+        stream is untouched (its RNG is not drawn from); the episodes' faults count apart, in the rows."""
+        from rllib_r3l.reliability.resilience import begin_sample
+        from rllib_r3l.runner.evaluation import episode_row
+        from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+
+        self._setup()
+        if self._eval_episodes is None:
+            opts = RolloutOptions.from_config(self.config, evaluation=True)
+            self._eval_episodes = EpisodeRunner(self._backend, self._chat, self._env_factory(evaluation=True), opts,
+                                                Counter())
+        self._eval_episodes.backend = self._backend  # a rebuilt engine (engine_recovery) replaces the old one
+        begin_sample(seeds, self._backend)  # sampling_seed: the same seeds sample the same episodes
+        trajs = self._eval_episodes.run([EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in seeds])
+        return [episode_row(s, t, float(self.config.success_reward)) for s, t in zip(seeds, trajs)]
 
     def _explore_round(self, num_groups: int) -> Optional[List[GroupResult]]:
         """One round of exploration on ``num_groups`` new tasks; None when it failed (counted)."""
@@ -320,8 +341,9 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
     def stop(self) -> None:
         if self._progress is not None:
             self._progress.stop()
-        if self._episodes is not None:
-            self._episodes.close()
+        for episodes in (self._episodes, self._eval_episodes):
+            if episodes is not None:
+                episodes.close()
         for b in (self._backend, self._reflector):
             if b is not None:
                 try:

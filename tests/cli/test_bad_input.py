@@ -111,7 +111,7 @@ def test_a_run_that_trained_on_nothing_is_a_failure_with_the_reason():
     ("minibatch_size=2", ["--set minibatch_size", "micro_batch_tokens"]),
     ("train_batch_size=64", ["--set train_batch_size", "tasks_per_iteration", "group_size"]),
     ("gamma=0.5", ["--set gamma", "R3L does not use RLlib's gamma"]),
-    ("evaluation_interval=1", ["--set evaluation_interval", "rllib-r3l evaluate"]),
+    ("evaluation_num_env_runners=1", ["--set evaluation_num_env_runners", "training env runners"]),
 ])
 def test_dry_run_refuses_values_a_run_cannot_train_with(tmp_path, capsys, flag, needles):
     code, _out, err = dry_run(capsys, tmp_path, "--set", flag)

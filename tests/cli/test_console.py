@@ -374,3 +374,14 @@ def test_progress_folders_of_dead_processes_are_swept_live_ones_kept(tmp_path, m
         assert os.path.basename(folder).startswith(f"r3l-progress-{os.getpid()}-")
         assert not dead.exists() and alive.exists() and other.exists()
     assert not os.path.exists(folder)
+
+
+def test_the_iteration_line_shows_held_out_success_when_the_iteration_evaluated():
+    """evaluation_interval: R3L.evaluate()'s result under ``evaluation`` joins the iteration's line."""
+    result = {**RESULT, "evaluation": {"env_runners": {"success_rate": 0.4, "num_episodes": 10}}}
+    row = console.iteration_row(1, result)
+    assert row["eval_success_rate"] == 0.4 and row["eval_episodes"] == 10
+    assert console.iteration_line(row, 3) == (
+        "iter 1/3 | success 0.125 (2/16) | retries 6, 2 succeeded | update yes, 408 tok | held-out 0.400 (4/10)"
+        " | 110 s: start 12 + rollout 50 + reflect 20 + learn 25 + sync 2 + other 1 s")
+    assert math.isnan(console.iteration_row(1, RESULT)["eval_success_rate"])  # no evaluation: nothing shown

@@ -62,7 +62,7 @@ def test_a_set_value_with_a_repeated_key_is_refused():
     ("train_batch_size", 64, "tasks_per_iteration"),
     ("train_batch_size_per_learner", 64, "group_size"),
     ("gamma", 0.9, "no discounting"),
-    ("evaluation_interval", 1, "rllib-r3l evaluate"),
+    ("evaluation_num_env_runners", 1, "evaluation_interval"),
 ])
 def test_an_ignored_rllib_option_in_a_file_is_refused(tmp_path, key, value, needle):
     f = tmp_path / "exp.yaml"
