@@ -71,6 +71,11 @@ def find_checkpoint(path: str) -> str:
     if len(trials) > 1:
         raise UsageError(f"{path} holds {len(trials)} trials with checkpoints; pass one of them: "
                          + ", ".join(os.path.basename(t) for t in trials))
+    model_type = _config_model_type(path)
+    if model_type is not None:  # export of an exported (or any plain) model folder: it is one already
+        raise UsageError(f"{path}: is a Hugging Face model folder (model_type {model_type!r}), not an R3L "
+                         "checkpoint; it needs no export: evaluate it with `rllib-r3l evaluate "
+                         f"{path}` or train from it with --set model={path}")
     if os.path.isfile(os.path.join(path, "config.json")):  # looks like a model, but is none
         raise UsageError(f"{path}: has a config.json without model_type, so it is neither a Hugging Face model "
                          "directory nor an R3L checkpoint; pass a checkpoint printed by `rllib-r3l train` or a "

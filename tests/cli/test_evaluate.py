@@ -93,6 +93,15 @@ def test_config_json_without_model_type_is_not_called_an_exported_model(tmp_path
         assert code == 2 and "model_type" in err and "Traceback" not in err, err
 
 
+def test_export_of_a_plain_model_folder_says_it_needs_no_export(tiny_model_dir, tmp_path, capsys):
+    # re-probe 3 leftover: it said "config.json without model_type" of a folder whose config.json has one
+    code = cli.main(["export", tiny_model_dir, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is a Hugging Face model folder (model_type 'llama')" in err, err
+    assert f"rllib-r3l evaluate {tiny_model_dir}" in err and "without model_type" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_an_unknown_backend_option_is_one_line_before_the_model_loads(tmp_path, capsys):
     # re-probe 2: `evaluate --backend-options '{"gpu_mem_util": 0.5}'` was a TypeError traceback from the
     # backend's constructor, after the weights had loaded
