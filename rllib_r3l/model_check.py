@@ -10,6 +10,7 @@ with a chat template. A failure is ``ValueError("R3LConfig.<field>: <what is wro
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -107,6 +108,28 @@ def local_model_problem(path: str) -> Optional[str]:
     if not has_template:
         return (f"{path}: the tokenizer has no chat template (tokenizer_config.json has no chat_template, no "
                 "chat_template.jinja); R3L needs an instruct/chat model, or add a template to the tokenizer")
+    stamp = tuple((n, os.stat(os.path.join(path, n)).st_mtime_ns) for n in sorted(names)
+                  if n.startswith(("tokenizer", "chat_template", "special_tokens", "vocab", "merges")))
+    return _tokenizer_problem(path, stamp)
+
+
+@functools.lru_cache(maxsize=16)
+def _tokenizer_problem(path: str, stamp: tuple) -> Optional[str]:
+    """A tokenizer that does not load, or a chat template that does not render R3L's turns (``ChatFormat``:
+    a corrupt ``tokenizer.json`` or ``chat_template.jinja`` passed ``--dry-run`` and failed in every runner).
+    ``stamp``: the files' names and times, so an edited folder is checked again."""
+    from rllib_r3l.models import load_tokenizer
+    from rllib_r3l.runner.chat import ChatFormat
+
+    try:
+        tokenizer = load_tokenizer(path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure to load is the finding
+        return f"{path}: its tokenizer does not load ({one_line(e)[:300]}); copy the tokenizer files of the model again"
+    try:
+        ChatFormat(tokenizer)
+    except Exception as e:  # noqa: BLE001 - a template error (jinja) or R3L's own ValueError
+        return (f"{path}: its chat template cannot render a conversation ({one_line(e)[:300]}); fix "
+                "chat_template.jinja / tokenizer_config.json's chat_template, or copy them from the base model")
     return None
 
 

@@ -187,6 +187,27 @@ def test_a_model_folder_without_tokenizer_files_is_refused_up_front(tmp_path, ti
         preflight.check_model(d)
 
 
+def test_a_corrupt_tokenizer_or_chat_template_is_refused_up_front(tmp_path, tiny_dir, capsys):
+    """Re-probe 3 leftover: a cut tokenizer.json or a chat template that does not parse passed `--dry-run`
+    and failed in every runner; the check loads the tokenizer and renders R3L's turns with the template."""
+    from rllib_r3l.cli import commands as cli
+    from tests.cli.test_bad_input import TOY
+
+    cut = _copy(tiny_dir, tmp_path / "cut")
+    with open(os.path.join(cut, "tokenizer.json"), "r+") as f:
+        f.truncate(1000)
+    with pytest.raises(ValueError, match=r"R3LConfig.model_id: .*cut: its tokenizer does not load \(\w+"):
+        preflight.check_model(cut)
+    bad = _copy(tiny_dir, tmp_path / "bad")
+    with open(os.path.join(bad, "chat_template.jinja"), "w") as f:
+        f.write("{% for m in messages %}{{ m.content ")
+    code = cli.main(["train", TOY, "--dry-run", "--storage-path", str(tmp_path / "s"), "--set", f"model={bad}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "its chat template cannot render a conversation (TemplateSyntaxError" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    preflight.check_model(tiny_dir)  # the intact folder passes
+
+
 def test_evaluate_of_an_exported_folder_with_damaged_or_missing_weights_is_one_line(tmp_path, tiny_dir, capsys):
     """Re-probe 2: `evaluate EXPORTED_DIR` with a cut weights file was a safetensors traceback."""
     from rllib_r3l.cli import commands as cli
