@@ -99,6 +99,36 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
         raise UsageError(f"--address {address}: no Ray cluster answers there ({e.strerror or e}); start one there "
                          "(`ray start --head --port PORT`), give the address `ray status` shows, or drop --address "
                          "to run on this machine") from None
+    what = _not_a_gcs(f"{host or '127.0.0.1'}:{port}", timeout_s)
+    if what:  # something listens, but ray.init would print pages of gRPC errors after 20-40 s
+        raise UsageError(f"--address {address}: a server listens there, but not a Ray cluster's GCS ({what}); give "
+                         "the address `ray status` or `ray start --head` shows (port 6379 by default), or drop "
+                         "--address to run on this machine")
+
+
+def _not_a_gcs(address: str, timeout_s: float) -> Optional[str]:
+    """Why the server at ``address`` is not a Ray GCS (it does not speak gRPC, or has no GCS service), or
+    None when it answers as one, or when that cannot be told (no grpc, a slow or authenticating GCS):
+    then ray.init decides. One ``GetClusterId`` call, the GCS's cheapest."""
+    try:
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:
+        return None
+    channel = grpc.insecure_channel(address)
+    try:
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(gcs_service_pb2.GetClusterIdRequest(),
+                                                                           timeout=timeout_s)
+        return None
+    except grpc.RpcError as e:
+        code = e.code()
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return "a gRPC server without Ray's GCS service"
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return "it does not speak gRPC"
+        return None
+    finally:
+        channel.close()
 
 
 @contextlib.contextmanager

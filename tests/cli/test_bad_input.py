@@ -325,3 +325,32 @@ def test_an_address_where_no_cluster_answers_is_refused_at_once(tmp_path, capsys
     """Re-probe (issue 37): `--address 127.0.0.1:1` printed nothing for 5 minutes (ray.init retrying)."""
     code, _out, err = dry_run(capsys, tmp_path, "--address", "127.0.0.1:1")
     usage_error(code, err, "--address 127.0.0.1:1: no Ray cluster answers there", "ray start --head")
+
+
+def test_an_address_where_a_server_but_no_ray_answers_is_refused_at_once(tmp_path, capsys):
+    """Re-probe 3 leftover: `--address` to a port where some other server listens printed 66 lines of
+    gRPC errors after 20 s; now one line, at once."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):  # the server's log would land in the captured stderr
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        code, _out, err = dry_run(capsys, tmp_path, "--address", address)
+    finally:
+        server.shutdown()
+    usage_error(code, err, f"--address {address}: a server listens there, but not a Ray cluster's GCS "
+                           "(it does not speak gRPC)", "port 6379 by default")
+
+
+def test_a_ray_clusters_gcs_passes_the_address_check(ray_session):
+    from rllib_r3l.cli import launch
+
+    address = ray_session.get_runtime_context().gcs_address
+    assert launch._not_a_gcs(address, 5.0) is None
+    launch.check_address(address)
