@@ -216,6 +216,19 @@ class R3L(Algorithm):
         local = self.env_runner_group.num_remote_workers() <= 0
         return self.env_runner_group.foreach_env_runner(fn, local_env_runner=local)
 
+    @classmethod
+    @override(Algorithm)
+    def from_checkpoint(cls, path, filesystem=None, **kwargs):
+        if filesystem is None:
+            _refuse_incomplete_checkpoint(path)
+        return super().from_checkpoint(path, filesystem, **kwargs)
+
+    @override(Algorithm)
+    def restore_from_path(self, path, *args, **kwargs) -> None:
+        if kwargs.get("component") is None and kwargs.get("filesystem") is None:
+            _refuse_incomplete_checkpoint(path)
+        super().restore_from_path(path, *args, **kwargs)
+
     @override(Algorithm)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> Dict[str, Any]:
         if self.config.deepspeed and self.config.num_learners > 1 and self._check_component(
@@ -275,3 +288,19 @@ class R3L(Algorithm):
         for kind, share in loss_share_by_kind(batch).items():
             m.log_value(("r3l", "batch", f"credited_tokens_{kind}"), share["credited_tokens"], reduce="sum")
             m.log_value(("r3l", "batch", f"loss_share_{kind}"), share["loss_share"], reduce="mean", window=1)
+
+
+def _refuse_incomplete_checkpoint(path: Any) -> None:
+    """A ``ValueError`` naming the file when a local checkpoint folder is cut or incomplete (a full disk, a
+    kill mid-save): RLlib's unpickler error names none. Remote paths are left to RLlib."""
+    import os
+
+    from rllib_r3l.checkpoint_integrity import problem
+
+    local = str(getattr(path, "path", path))  # a ray.train.Checkpoint, or a path
+    if not os.path.isdir(local):
+        return
+    found = problem(local)
+    if found:
+        raise ValueError(f"{local}: not a complete R3L checkpoint ({found}); restore from an earlier checkpoint "
+                         "(`rllib-r3l train ... --resume` picks the newest complete one)")

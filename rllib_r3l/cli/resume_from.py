@@ -98,7 +98,7 @@ def resume_choices(exp_dir: str) -> List[Dict[str, Any]]:
     checkpoint; an incomplete folder may be written over, as Tune does),
     ``redone`` (iterations after ``from`` that have rows), ``index`` (in the state's trial_data).
     :class:`UsageError` when a trial has checkpoint folders and none of them is complete."""
-    from rllib_r3l.cli.checkpoint_integrity import problem
+    from rllib_r3l.checkpoint_integrity import problem
 
     choices = []
     for index, tdir, status, md in _recorded_trials(exp_dir):
@@ -188,7 +188,7 @@ def _rewrite_state(exp_dir: str, todo: Sequence[Dict[str, Any]]) -> None:
     from ray.train._internal.session import _TrainingResult
     from ray.tune.trainable.metadata import _TrainingRunMetadata
 
-    from rllib_r3l.cli.checkpoint_integrity import problem
+    from rllib_r3l.checkpoint_integrity import problem
 
     state = _state_file(exp_dir)
     with open(state) as f:

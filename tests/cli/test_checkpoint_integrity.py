@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_r3l.cli import checkpoint_integrity as ci
+from rllib_r3l import checkpoint_integrity as ci
 from tests.cli.test_resume import fake_checkpoint
 
 
@@ -190,3 +190,25 @@ def test_resume_without_a_complete_checkpoint_is_one_line(tmp_path, capsys):
     assert "--resume: no complete checkpoint in" in err and "algorithm_state.pkl: empty file" in err
     assert main.main(["--out", str(out), "--resume", "--overwrite"]) == 2
     assert "--resume and --overwrite exclude each other" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_from_checkpoint_and_restore_of_a_cut_checkpoint_name_the_file(ray_session, tmp_path):
+    """Re-probe 3 leftover: ``R3L.from_checkpoint`` of a checkpoint whose module_state.pkl a full disk cut
+    raised the unpickler's error, naming no file. Both doors now check the folder first."""
+    from rllib_r3l import R3L
+    from tests.scripted_rllib import tiny_config
+
+    algo = tiny_config().build_algo()
+    try:
+        path = algo.save_to_path(str(tmp_path / "ckpt"))
+        cut = os.path.join(path, "learner_group", "learner", "rl_module", "default_policy", "module_state.pkl")
+        with open(cut, "r+b") as f:
+            f.truncate(os.path.getsize(cut) // 2)
+        needle = "learner_group/learner/rl_module/default_policy/module_state.pkl: truncated"
+        with pytest.raises(ValueError, match=f"not a complete R3L checkpoint \\({needle}"):
+            R3L.from_checkpoint(path)
+        with pytest.raises(ValueError, match=f"not a complete R3L checkpoint \\({needle}"):
+            algo.restore_from_path(path)
+    finally:
+        algo.stop()

@@ -122,7 +122,7 @@ def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(
     argv = ["train", TOY, *[a for a in SMALL if not a.startswith(("--set", "tasks_", "env_config"))],
             "--checkpoint-freq", "1", "--storage-path", str(tmp_path)]
     exp = tmp_path / "toy-corridor-tiny-no-reflect"
-    from rllib_r3l.cli.checkpoint_integrity import is_complete
+    from rllib_r3l.checkpoint_integrity import is_complete
 
     proc = _cli([*argv, *SMALL[2:6], "--stop", "training_iteration=5"])
     while proc.poll() is None and not any(is_complete(c) for c in glob.glob(str(exp / "*" / "checkpoint_000000"))):
@@ -140,7 +140,7 @@ def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(
     assert _iterations(trial) == [1, 2, 3, 4, 5] and _progress_iterations(trial) == [1, 2, 3, 4, 5]
     # the file keeps 2 checkpoints: the last two iterations', each in its own folder (the re-probe saw the
     # resumed trial write over existing folders, then delete them, and finish with none)
-    from rllib_r3l.cli.checkpoint_integrity import newest_complete
+    from rllib_r3l.checkpoint_integrity import newest_complete
     from rllib_r3l.cli.export import checkpoint_iteration
 
     kept = sorted(glob.glob(os.path.join(trial, "checkpoint_*")))

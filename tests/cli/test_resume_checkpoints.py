@@ -53,7 +53,7 @@ def test_resume_skips_incomplete_checkpoints_and_continues_from_the_newest_compl
     from ray import tune
 
     from rllib_r3l.cli import resume, resume_from
-    from rllib_r3l.cli.checkpoint_integrity import problem
+    from rllib_r3l.checkpoint_integrity import problem
     from tests.scripted_rllib import tiny_config
 
     cfg = tiny_config(sampling_seed=0, tasks_per_iteration=1)

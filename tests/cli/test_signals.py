@@ -60,7 +60,7 @@ def test_sigterm_after_a_checkpoint_stops_like_ctrl_c(tmp_path):
     assert "to continue from the last checkpoint: rllib-r3l train" in err and "--resume" in err
     assert "--set" not in err.split("to continue from the last checkpoint:")[1]  # resume refuses --set
     # re-probe 2: a signal right after the copy, before Tune recorded it, printed "checkpoint: (none)"
-    from rllib_r3l.cli.checkpoint_integrity import problem
+    from rllib_r3l.checkpoint_integrity import problem
 
     complete = sorted(c for c in glob.glob(str(tmp_path / EXP / "*" / "checkpoint_*")) if problem(c) is None)
     assert complete, "no complete checkpoint on disk"
