@@ -129,6 +129,7 @@ class R3LConfig(AlgorithmConfig):
 
     def validate(self) -> None:
         validation.check_not_strings(self)  # before RLlib's checks, whose messages would not say so
+        validation.check_switches(self)
         super().validate()
         self.validate_r3l()
         check_no_dropped_values(self)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional
 
-from rllib_r3l.options import RANGES, UNUSED_RLLIB
+from rllib_r3l.options import R3L_OPTIONS, RANGES, UNUSED_RLLIB
+
+# switches whose default is None (resolved from another option) but whose value is a bool
+_OPTIONAL_BOOLS = ("reflection_structured",)
 
 
 def _err(field: str, msg: str) -> None:
@@ -33,6 +36,21 @@ def check_ranges(cfg: Any) -> None:
         if not rng.contains(value):
             finite = "" if not isinstance(value, float) or math.isfinite(value) else " (finite)"
             _err(name, f"must be {rng.describe()}{finite}, got {value!r}")
+
+
+def check_switches(cfg: Any) -> None:
+    """Every on/off option is a bool: ``reflect="false"`` is a non-empty string, which Python reads as true
+    (a Python-door run trained with reflection; the CLI and YAML parse true/false themselves)."""
+    for name, (default, _) in R3L_OPTIONS.items():
+        if not isinstance(default, bool) and name not in _OPTIONAL_BOOLS:
+            continue
+        value = getattr(cfg, name, default)
+        if value is None and name in _OPTIONAL_BOOLS:
+            continue
+        if not isinstance(value, bool) and type(value).__name__ != "bool_":  # numpy's bool passes
+            allowed = "True, False or None" if name in _OPTIONAL_BOOLS else "True or False"
+            why = f" (the string {value!r} would read as true)" if isinstance(value, str) and value else ""
+            _err(name, f"must be {allowed}, got {value!r}{why}")
 
 
 def check_not_strings(cfg: Any) -> None:

@@ -1,5 +1,7 @@
 """R3LConfig: paper defaults, the GRPO baseline switch, and validation errors that name field and fix."""
 
+import re
+
 import pytest
 
 from rllib_r3l import R3LConfig
@@ -230,3 +232,19 @@ def test_an_unknown_backend_option_names_the_near_one_and_the_backend():
         hf.validate()
     assert "kv_cache_gib" in backend_option_names("vllm") and "max_batch_size" in backend_option_names("transformers")
     R3LConfig().training(model="tiny", backend="transformers", backend_options={"max_batch_size": 4}).validate()
+
+
+# ---------------------------------------------------------------------------- switches are bools (re-probe 5)
+@pytest.mark.parametrize("field,value,needle", [
+    ("reflect", "false", "must be True or False, got 'false' (the string 'false' would read as true)"),
+    ("pivotal_credit", "no", "must be True or False, got 'no'"),
+    ("positive_amplification", 0, "must be True or False, got 0"),
+    ("reflection_structured", "yes", "must be True, False or None, got 'yes'"),
+])
+def test_a_switch_given_as_a_string_or_number_is_refused(field, value, needle):
+    """``training(reflect="false")`` validated and trained WITH reflection (a non-empty string is true)."""
+    with pytest.raises(ValueError, match=re.escape(f"R3LConfig.{field}: {needle}")):
+        R3LConfig().training(model="tiny", **{field: value}).validate()
+    with pytest.raises(ValueError, match=re.escape(f"R3LConfig.{field}: {needle}")):  # tune.run's dict door
+        R3LConfig().update_from_dict({"model": "tiny", field: value}).validate()
+    R3LConfig().training(model="tiny", reflection_structured=None, reflect=False).validate()
