@@ -10,6 +10,7 @@ in training, at the evaluation temperature (paper K.1: 0.4) or greedily. Tasks a
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -183,8 +184,8 @@ def check_flags(args) -> Optional[str]:
     """``rllib-r3l evaluate``'s numbers and ``--out``, refused before anything loads; ``--out`` made absolute."""
     if args.episodes < 1:
         raise UsageError(f"--episodes {args.episodes}: must be >= 1")
-    if args.temperature is not None and args.temperature < 0:
-        raise UsageError(f"--temperature {args.temperature}: must be >= 0")
+    if args.temperature is not None and not (0 <= args.temperature < math.inf):  # nan: a traceback per episode
+        raise UsageError(f"--temperature {args.temperature}: must be a finite number >= 0")
     if args.greedy and args.temperature not in (None, 0):  # greedy would win without a word
         raise UsageError(f"--greedy and --temperature {args.temperature} exclude each other: --greedy decodes at "
                          "temperature 0; drop one of them")

@@ -21,6 +21,15 @@ def test_evaluate_refuses_non_positive_limits(tmp_path, capsys, flag, value):
     assert code == 2 and f"{flag} {value}: must be >= 1" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.5"])
+def test_evaluate_refuses_a_temperature_that_is_not_a_finite_number_at_least_0(tmp_path, capsys, value):
+    # re-probe 5 (P80): nan and inf ran every episode into torch.multinomial's traceback, then a table of NaN
+    code = cli.main(["evaluate", str(tmp_path), "--temperature", value])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--temperature {float(value)}: must be a finite number >= 0" in err, err
+    assert "Traceback" not in err
+
+
 def test_evaluate_refuses_greedy_with_a_temperature(tmp_path, capsys):
     # re-probe 2: --greedy --temperature 0.5 evaluated at temperature 0, exit 0, no word about 0.5
     code = cli.main(["evaluate", str(tmp_path), "--greedy", "--temperature", "0.5"])
