@@ -135,7 +135,29 @@ def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
             raise UsageError(f"{where}: 'config' must be a mapping of option names to values")
         if spec.get("stop") is not None and not isinstance(spec["stop"], dict):
             raise UsageError(f"{where}: 'stop' must be a mapping like {{training_iteration: 100}}")
+        _check_spec_numbers(spec, where)
     return data
+
+
+def _check_spec_numbers(spec: Dict[str, Any], where: str) -> None:
+    """Tune's numeric experiment keys: ``num_samples: 0`` ran no trial and exited 0, ``num_samples: two`` was
+    Tune's TypeError inside the run, ``time_budget_s: -5`` stopped the run at once as "interrupted"."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    n = spec.get("num_samples")
+    if n is not None and not (is_int(n) and (n >= 1 or n == -1)):
+        raise UsageError(f"{where}: num_samples: {n!r}: must be an integer >= 1 (trials per point of the "
+                         "config's grid), or -1 (until a stop criterion ends the experiment)")
+    budget = spec.get("time_budget_s")
+    if budget is not None and not (isinstance(budget, (int, float)) and not isinstance(budget, bool)
+                                   and 0 < budget < float("inf")):
+        raise UsageError(f"{where}: time_budget_s: {budget!r}: must be a number of seconds > 0 (the whole "
+                         "experiment's budget), or left out")
+    failures = spec.get("max_failures")
+    if failures is not None and not (is_int(failures) and failures >= -1):
+        raise UsageError(f"{where}: max_failures: {failures!r}: must be an integer >= 0 (restarts of a failed "
+                         "trial from its last checkpoint), or -1 (no limit)")
 
 
 # ==================================================================================================

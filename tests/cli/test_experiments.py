@@ -79,3 +79,28 @@ def test_an_ignored_rllib_option_at_its_default_passes(tmp_path):
     f.write_text("exp:\n  run: R3L\n  config: {model: tiny, env: r3l/ToyCorridor, group_size: 4, num_epochs: 1,"
                  " gamma: 0.99, evaluation_interval: null}\n")
     prepare_experiments(str(f))
+
+
+@pytest.mark.parametrize("line,needle", [
+    ("num_samples: 0", "num_samples: 0: must be an integer >= 1"),
+    ("num_samples: two", "num_samples: 'two': must be an integer >= 1"),
+    ("num_samples: true", "num_samples: True: must be an integer >= 1"),
+    ("time_budget_s: -5", "time_budget_s: -5: must be a number of seconds > 0"),
+    ("time_budget_s: .inf", "time_budget_s: inf: must be a number of seconds > 0"),
+    ("max_failures: -2", "max_failures: -2: must be an integer >= 0"),
+])
+def test_tunes_numeric_experiment_keys_are_checked(tmp_path, line, needle):
+    """Re-probe 5 (P34, P35, P37): num_samples 0 ran no trial and exited 0; 'two' was Tune's TypeError
+    inside the run; a negative time budget stopped the run at once, called interrupted."""
+    f = tmp_path / "exp.yaml"
+    f.write_text(f"exp:\n  run: R3L\n  {line}\n  config: {{model: tiny, env: r3l/ToyCorridor, group_size: 4}}\n")
+    with pytest.raises(UsageError) as e:
+        prepare_experiments(str(f))
+    assert str(e.value).startswith(f"{f}: experiment 'exp': {needle}"), str(e.value)
+
+
+def test_valid_numeric_experiment_keys_pass(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("exp:\n  run: R3L\n  num_samples: 2\n  time_budget_s: 60\n  max_failures: -1\n"
+                 "  config: {model: tiny, env: r3l/ToyCorridor, group_size: 4}\n")
+    prepare_experiments(str(f))
