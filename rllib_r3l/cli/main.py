@@ -103,7 +103,8 @@ FINISHED_MARKERS = ("summary.json", "checkpoint", "run.png")
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rllib_r3l.cli.main", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=_at_least_one, default=3, help="iterations in all (>= 1)")
-    ap.add_argument("--reflect", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--reflect", action=argparse.BooleanOptionalAction, default=None,
+                    help="reflect-then-retry (default) or --no-reflect for the GRPO-style comparison")
     ap.add_argument("--out", default=None,
                     help="results directory (default results/main, with --no-reflect results/main-no-reflect)")
     ap.add_argument("--overwrite", action="store_true", help="replace a finished run already in --out")
@@ -132,7 +133,7 @@ def out_dir(args) -> str:
     """--out, or a default that keeps the --no-reflect comparison beside the R3L run instead of over it."""
     if args.out:
         return os.path.abspath(args.out)
-    return os.path.join(os.getcwd(), "results", "main" if args.reflect else "main-no-reflect")
+    return os.path.join(os.getcwd(), "results", "main-no-reflect" if args.reflect is False else "main")
 
 
 def check_out(out: str, overwrite: bool, resume: bool = False) -> None:
@@ -191,7 +192,10 @@ def build_config(args, overrides: Dict[str, Any]):
     the machine's GPUs): a request Ray can never grant would wait forever."""
     from rllib_r3l import R3LConfig, preflight
 
-    config = R3LConfig().training(reflect=args.reflect, **MAIN_JOB_SETTINGS)
+    if "reflect" in overrides:  # two sources for one switch: --no-reflect --set reflect=true reflected
+        raise UsageError(f"--set reflect={overrides['reflect']}: the main job sets it with --reflect / --no-reflect "
+                         "(which also picks the default --out); use the flag")
+    config = R3LConfig().training(reflect=args.reflect is not False, **MAIN_JOB_SETTINGS)
     if overrides:
         config.update_from_dict(overrides)
     config.validate_r3l()
@@ -221,6 +225,10 @@ def resume_point(args, out: str):
         raise UsageError(f"--resume: {chosen} is at iteration {it} already, --iterations {args.iterations}; pass "
                          "a larger --iterations (the iterations in all) to continue")
     config = load_checkpoint_algo_config(chosen)
+    if args.reflect is not None and bool(args.reflect) != bool(config.reflect):  # was ignored without a word
+        raise UsageError(f"--{'' if args.reflect else 'no-'}reflect: the run in {out} was trained with "
+                         f"reflect={config.reflect}, and a resumed run keeps the config saved in its checkpoint; "
+                         "drop the flag, or start a fresh run in another --out")
     from rllib_r3l import preflight
 
     preflight.check_resources(config, cpus=args.num_cpus, source=f"--num-cpus {args.num_cpus}", count_driver=False)

@@ -68,6 +68,12 @@ def test_main_job_trains_and_writes_summary(tmp_path, capfd):
     for rec in updated:
         assert rec["learner"]["forward_tokens"] >= rec["learner"]["trained_tokens"] > 0
         assert rec["learner"]["micro_batches"] >= 1
+    # re-probe 5 (P50): --no-reflect on --resume of this reflecting run continued WITH reflection, exit 0
+    capfd.readouterr()
+    rc = main.main(["--out", str(tmp_path), "--iterations", "3", "--resume", "--no-reflect"])
+    err = capfd.readouterr().err
+    assert rc == 2 and f"--no-reflect: the run in {tmp_path} was trained with reflect=True" in err, err
+    assert json.loads((tmp_path / "summary.json").read_text())["iterations"] == 2  # untouched
 
 
 def test_sigterm_stops_the_main_job_like_ctrl_c_and_keeps_what_ran(tmp_path):

@@ -61,3 +61,11 @@ def test_main_job_refuses_cpus_below_one_and_an_out_that_is_a_file(tmp_path, cap
     code = main.main([*flags, *out, "--set", "model=tiny", "--iterations", "1"])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_reflect_is_set_by_the_flag_only(tmp_path, capsys):
+    """Re-probe 5 (P49): `--no-reflect --set reflect=true` trained with reflection into main-no-reflect."""
+    code = main.main(["--no-reflect", "--out", str(tmp_path / "run"), "--set", "model=tiny", "reflect=true"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--set reflect=True: the main job sets it with --reflect / --no-reflect" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run" / "summary.json").exists()
