@@ -321,7 +321,11 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
                                 **resume)
         for trial in analysis.trials:  # Tune's CSV logger shifts a resumed run's columns: written again
             if trial.path and os.path.isdir(trial.path):
-                result_rows.rebuild_progress_csv(trial.path)
+                try:
+                    result_rows.rebuild_progress_csv(trial.path)
+                except OSError as e:  # a full disk: result.json keeps the rows, --resume rewrites the CSV
+                    echo(f"{trial.path}/progress.csv: not rewritten ({e.strerror or e}); result.json holds the "
+                         "rows, and --resume rewrites it")
         new_rows = outcome.trial_rows(analysis.trials, tracker)
         rows += new_rows
         echo(f"\nexperiment {name!r}: results in {analysis.experiment_path}")

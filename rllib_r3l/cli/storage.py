@@ -8,6 +8,7 @@ moments, in fp32, plus a margin), naming the path and both numbers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -121,8 +122,13 @@ def write_atomically(path: str, text: str) -> None:
     """Replace ``path`` by ``text`` whole or not at all (a temporary file beside it, synced, renamed over it):
     Tune's state and the result rows are never left half-written by a kill or a full disk."""
     tmp = path + ".r3l-tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temporary left beside the file
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise

@@ -35,3 +35,27 @@ def test_a_progress_csv_shifted_by_a_resume_is_rebuilt_from_result_json(tmp_path
     assert [r["timers/synch_env_connectors"] for r in got] == ["", "0.01"]
     assert "config/lr" not in got[0]
     assert not rebuild_progress_csv(str(tmp_path))  # consistent now: left alone
+
+
+def test_a_full_disk_during_the_rebuild_raises_oserror_and_leaves_no_temporary(tmpfs):
+    """Re-probe 5 (P101): the rebuild after tune.run met the full disk that had cut progress.csv; the driver
+    died with a traceback, no trial summary and a 0-byte progress.csv.r3l-tmp. The rebuild raises OSError
+    (launch.run reports it in one line and goes on) and leaves no temporary behind."""
+    import errno
+    import os
+
+    import pytest
+
+    disk = tmpfs("full", "size=64k")
+    row = {"training_iteration": 1, "env_runners": {"success_rate": 0.5, "pad": "x" * 20000}}
+    (disk / "result.json").write_text(json.dumps(row) + "\n" + json.dumps({**row, "training_iteration": 2}) + "\n")
+    (disk / "progress.csv").write_text("training_iteration,env_runners/success_rate\n1,0.5\n2")  # cut mid-row
+    with open(disk / "filler", "wb") as f:  # what is left of the disk after result.json
+        try:
+            f.write(b"\0" * (1 << 20))
+        except OSError:
+            pass
+    with pytest.raises(OSError) as e:
+        rebuild_progress_csv(str(disk))
+    assert e.value.errno == errno.ENOSPC
+    assert sorted(os.listdir(disk)) == ["filler", "progress.csv", "result.json"]
