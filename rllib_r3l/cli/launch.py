@@ -28,6 +28,7 @@ from rllib_r3l.errors import UsageError
 from rllib_r3l.cli.resume import RESUME, tune_resume_config
 from rllib_r3l.cli import driver_mark, result_rows, state_backup
 from rllib_r3l.cli.resume_from import point_tune_at
+from rllib_r3l.cli.time_budget import TimeBudget
 
 PROGRESS_COLUMNS = {
     "training_iteration": "iter",
@@ -307,15 +308,19 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
             kwargs["sync_config"] = SyncConfig(**spec["sync_config"])
         exp_storage = storage or (os.path.abspath(os.path.expanduser(spec["storage_path"]))
                                   if spec.get("storage_path") else None)
+        budget = TimeBudget(kwargs.pop("time_budget_s")) if kwargs.get("time_budget_s") else None
         exp = tune.Experiment(p["name"], spec["run"], config=spec["config"], stop=spec.get("stop"),
                               storage_path=exp_storage, checkpoint_config=checkpoint_config(spec, checkpoint_freq),
                               **kwargs)
+        if budget is not None:  # where Tune's time_budget_s puts its TimeoutStopper (no public setter)
+            exp._stopper = budget
         tracker = outcome.TrainingTracker()
         resume = {"resume_config": tune_resume_config()} if p["mode"] == RESUME else {}
         if resume:  # every trial continues from its newest complete checkpoint, the rows after it set aside
             point_tune_at(p["dir"], p.get("choices", []))
         with driver_mark.marked(p["dir"]):  # `report` tells a running experiment from one whose driver died
-            analysis = tune.run(exp, callbacks=[*callbacks, tracker, state_backup.StateBackup(p["dir"])],
+            analysis = tune.run(exp, callbacks=[*callbacks, tracker, state_backup.StateBackup(p["dir"]),
+                                                *([budget] if budget is not None else [])],
                                 raise_on_failed_trial=False, verbose=verbose,
                                 max_concurrent_trials=max_concurrent, progress_reporter=progress_reporter(spec),
                                 **resume)
@@ -326,6 +331,10 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
                 except OSError as e:  # a full disk: result.json keeps the rows, --resume rewrites the CSV
                     echo(f"{trial.path}/progress.csv: not rewritten ({e.strerror or e}); result.json holds the "
                          "rows, and --resume rewrites it")
+        if budget is not None and budget.reached():
+            unstarted = sum(1 for t in analysis.trials if not t.last_result)
+            echo(f"time_budget_s {budget.seconds:g} reached: {len(budget.stopped)} trial(s) stopped at the end of "
+                 f"an iteration, each with a checkpoint" + (f"; {unstarted} never started" if unstarted else ""))
         new_rows = outcome.trial_rows(analysis.trials, tracker)
         rows += new_rows
         echo(f"\nexperiment {name!r}: results in {analysis.experiment_path}")
