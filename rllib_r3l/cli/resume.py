@@ -121,7 +121,7 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
             raise UsageError(f"experiment {name!r} in {d} is running now (process {pid} on this host); wait for it "
                              f"to end, or stop it first (Ctrl-C in its terminal, or kill -TERM {pid}), then --resume; "
                              "or pass --new to start another run beside it")
-        if not has_state(d):
+        if not has_state(d) and not _trials(d):
             plan[name] = {"mode": START, "name": name, "dir": d}
         elif resume:
             restored = state_backup.restore(d)  # a cut experiment_state (full disk): the last whole one back
@@ -141,6 +141,11 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
                 raise UsageError(f"--resume: experiment {name!r} in {d} has {why}, so there is nothing to continue; "
                                  "start it anew beside the old one with --new instead of --resume (the rows so far "
                                  f"stay in {d}{_recovered_note(d)})")
+            if not has_state(d):  # killed before Tune first saved its state: its trials exist, Tune cannot resume them
+                raise UsageError(f"--resume: experiment {name!r} in {d}: Tune saved no state of it before its driver "
+                                 f"ended, so Tune cannot continue its trials{_recovered_note(d)}; its newest complete "
+                                 f"checkpoint is {checkpoints(d)[-1]}: evaluate or export it, or start anew beside it "
+                                 "with --new")
             lost = restarts_from_scratch(d)
             if lost:
                 raise UsageError(f"--resume: trial {lost[0]} of experiment {name!r} has results but no checkpoint; "
@@ -150,10 +155,11 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
         elif new:
             fresh = f"{name}_{time.strftime('%Y%m%d-%H%M%S')}"
             plan[name] = {"mode": START, "name": fresh, "dir": experiment_dir(storages.get(name), fresh)}
-        elif not checkpoints(d):  # --resume would be refused: only --new is advice
+        elif not checkpoints(d) or not has_state(d):  # --resume would be refused: only --new is advice
             note = _recovered_note(d)
-            raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}{note}) and has no checkpoint to "
-                             "continue from; pass --new to start a fresh run beside it")
+            why = "has no checkpoint to continue from" if not checkpoints(d) else "Tune saved no state of it to resume"
+            raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}{note}) and {why}; pass --new "
+                             "to start a fresh run beside it")
         else:
             raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}); pass --resume to continue "
                              "it from its last checkpoint, or --new to start a fresh run beside it")

@@ -270,6 +270,26 @@ def test_resume_without_a_checkpoint_is_refused_and_points_to_new(tmp_path):
     assert (exp / "R3L_x_00000" / "result.json").read_text() == '{"training_iteration": 1}\n'
 
 
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_a_driver_killed_before_tune_saved_its_state_is_not_taken_for_a_new_experiment(tmp_path, checkpoint):
+    """The suite under load (session 27): ``kill -9`` after iteration 1 but before Tune's first state save
+    left trial folders without experiment_state; --resume said "nothing to resume ... run without --resume",
+    and the plain rerun started over in the same folder. Both now treat it as the experiment it is."""
+    from rllib_r3l.cli import resume
+    from rllib_r3l.errors import UsageError
+
+    exp = _saved_experiment(tmp_path, "exp", checkpoint=checkpoint)
+    (exp / "experiment_state-2026.json").unlink()
+    why = "Tune saved no state of it" if checkpoint else "no checkpoint yet"
+    with pytest.raises(UsageError, match=rf"--resume: experiment 'exp' in {exp}.*{why}.*--new"):
+        resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
+    why = "Tune saved no state of it to resume" if checkpoint else "has no checkpoint to continue from"
+    with pytest.raises(UsageError, match=rf"experiment 'exp' already exists in {exp} .*{why}; pass --new"):
+        resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=False, new=False)
+    assert resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=False, new=True)["exp"]["mode"] == "start"
+    assert (exp / "R3L_x_00000" / "result.json").read_text() == '{"training_iteration": 1}\n'
+
+
 @pytest.mark.parametrize("flags", [["--set", "lr=0.5"], ["--stop", "training_iteration=9"], ["--set=lr=0.5"]])
 def test_resume_refuses_set_and_stop_it_would_ignore(tmp_path, capsys, flags):
     _saved_experiment(tmp_path, "toy-corridor-tiny-r3l", checkpoint=True)
