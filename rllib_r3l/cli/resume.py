@@ -226,8 +226,41 @@ def new_command(argv: Sequence[str]) -> str:
     return _command(args)
 
 
+def _only(argv: Sequence[str], name: str) -> List[str]:
+    """``argv`` for the one experiment ``name`` (any ``--experiment`` flags replaced)."""
+    out: List[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--experiment":
+            skip = True
+        elif not a.startswith("--experiment="):
+            out.append(a)
+    return out + ["--experiment", name]
+
+
+def _finished(exp_dir: str) -> bool:
+    trials = _trials(exp_dir)
+    return has_state(exp_dir) and bool(trials) and all(_last_row_done(t) for t in trials)
+
+
 def interrupted_advice(argv: Sequence[str], plan: Dict[str, Dict[str, Any]]) -> str:
-    """What to run after an interruption: resume from the last checkpoint, or, with none yet, start anew."""
+    """What to run after an interruption: resume from the last checkpoint, or, with none yet, start anew.
+    A file's experiments that need different commands (one finished, one cut before its first checkpoint,
+    one not started) get one command each (re-probe 5: --resume was advised, then refused for the one
+    without a checkpoint, and --new would have run the finished one again)."""
+    steps = []
+    for name, p in plan.items():
+        d = p["dir"]
+        if _finished(d):
+            continue
+        kind = "resume" if checkpoints(d) else "new" if has_state(d) or _trials(d) else "start"
+        steps.append((kind, name))
+    if len(plan) > 1 and len({k for k, _ in steps}) > 1:
+        commands = {"resume": resume_command, "new": new_command, "start": lambda a: _command(list(a))}
+        return "to go on, one command per experiment: " + "; ".join(
+            f"{name} ({kind}): {commands[kind](_only(argv, name))}" for kind, name in steps)
     dirs = [p["dir"] for p in plan.values()]
     if any(checkpoints(d) for d in dirs):
         return f"to continue from the last checkpoint: {resume_command(argv)}"

@@ -323,3 +323,23 @@ def test_resume_refuses_when_one_trial_of_several_would_restart_over_its_rows(tm
         resume.plan_runs(["grid"], {"grid": str(tmp_path)}, resume=True, new=False)
     (other / "result.json").write_text('{"training_iteration": 1, "done": true}\n')  # finished: Tune skips it
     assert resume.plan_runs(["grid"], {"grid": str(tmp_path)}, resume=True, new=False)["grid"]["mode"] == "resume"
+
+
+def test_interrupted_advice_gives_each_experiment_of_a_file_its_own_command(tmp_path):
+    """Re-probe 5 (P112): Ctrl-C in a file's second experiment before its first checkpoint advised
+    --resume, which was then refused for it, and --new would have run the finished first one again."""
+    from rllib_r3l.cli import resume
+
+    done = _saved_experiment(tmp_path, "a", checkpoint=True)
+    (done / "R3L_x_00000" / "result.json").write_text('{"training_iteration": 1, "done": true}\n')
+    cut = _saved_experiment(tmp_path, "b", checkpoint=False)
+    plan = {n: {"mode": "start", "name": n, "dir": str(tmp_path / n)} for n in ("a", "b", "c")}
+    argv = ["train", "f.yaml", "--storage-path", str(tmp_path), "--set", "lr=0.1"]
+    advice = resume.interrupted_advice(argv, plan)
+    assert advice == ("to go on, one command per experiment: "
+                      f"b (new): rllib-r3l train f.yaml --storage-path {tmp_path} --set lr=0.1 --experiment b --new; "
+                      f"c (start): rllib-r3l train f.yaml --storage-path {tmp_path} --set lr=0.1 --experiment c"), advice
+    assert cut.is_dir()
+    # one experiment, or every unfinished one needing the same: the one command, as before
+    one = resume.interrupted_advice(argv, {"b": plan["b"]})
+    assert one.startswith("no checkpoint was saved yet") and one.endswith("--set lr=0.1 --new"), one
