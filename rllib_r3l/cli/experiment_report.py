@@ -17,6 +17,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from rllib_r3l.cli import driver_mark
+from rllib_r3l.cli.resume_from import rows_only_staged
 from rllib_r3l.errors import UsageError
 
 SUMMARY_FILE = "summary.csv"
@@ -333,6 +334,11 @@ def warnings(table) -> List[str]:
         elif lost:
             out.append(f"warning: {row['trial']} lost {int(lost)} episode(s) (environment/generation errors; "
                        "see docs/reliability.md)")
+        staged = rows_only_staged(trial_dir) if trial_dir else 0
+        if staged > 0:  # the table counts the storage's rows only
+            out.append(f"warning: {row['trial']}: {staged} more iteration(s) are only in Ray's staging folder on this "
+                       "machine (the driver ended, or the disk filled, before Tune copied them); `rllib-r3l train "
+                       "... --resume` copies them back")
     return out
 
 

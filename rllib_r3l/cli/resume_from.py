@@ -352,6 +352,17 @@ def staged_trial_dir(exp_dir: str, trial: str) -> Optional[str]:
     return best
 
 
+def rows_only_staged(trial_dir: str) -> int:
+    """How many more result rows of the trial Ray's staging folder holds than its storage folder (a driver
+    that died before Tune copied them, a full disk): what ``--resume`` copies back; 0 when none."""
+    trial_dir = os.path.normpath(trial_dir)
+    staged = staged_trial_dir(os.path.dirname(trial_dir), os.path.basename(trial_dir))
+    if staged is None:
+        return 0
+    stored = [it for _, it in _json_rows(trial_dir) if it is not None]
+    return len([it for _, it in _json_rows(staged) if it is not None]) - len(stored)
+
+
 def recover_rows(staged: str, tdir: str) -> None:
     """Copy the row files (and ``params.*`` where missing) of a staging folder into the storage's trial
     folder; the storage's own row files are kept as ``<file>.r3l-before-recovery``."""

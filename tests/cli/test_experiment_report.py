@@ -127,3 +127,21 @@ def test_a_trial_resumed_past_its_error_is_terminated_not_error(tmp_path):
     table, _pngs, _out = make_report(str(root))
     assert list(table["status"]) == ["TERMINATED"]
     assert not [w for w in warnings(table) if "ERROR" in w]
+
+
+def test_rows_only_in_rays_staging_folder_are_named(tmp_path, monkeypatch):
+    """Re-probe 4 leftover: after a full disk (or a killed driver) `report` showed the storage's rows only
+    (0 iterations) with no word about the rows --resume would copy back from Ray's staging folder."""
+    import ray._common.utils as ray_utils
+
+    root = tmp_path / "exp"
+    name = "R3L_x_00000_0_2026-01-01"
+    _trial(root, name, [_result(1)])
+    staged = tmp_path / "ray" / "session_1" / "artifacts" / "2026" / "exp" / "driver_artifacts" / name
+    _trial(staged.parent, name, [_result(1), _result(2), _result(3)])
+    monkeypatch.setattr(ray_utils, "get_default_ray_temp_dir", lambda: str(tmp_path / "ray"))
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["iterations"]) == [1]
+    assert [w for w in warnings(table) if "staging" in w] == [
+        "warning: R3L_x_00000: 2 more iteration(s) are only in Ray's staging folder on this machine (the driver "
+        "ended, or the disk filled, before Tune copied them); `rllib-r3l train ... --resume` copies them back"]
