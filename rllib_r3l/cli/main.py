@@ -25,11 +25,11 @@ import time
 from typing import Any, Dict, List, Optional
 
 from rllib_r3l import checkpoint_integrity as ckpt_io
+from rllib_r3l.cli.run_folder import CHECKPOINT, FINISHED_MARKERS, check_out, out_dir, resume_point  # noqa: F401
 from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of
 from rllib_r3l.errors import UsageError
 
 LOG_FILE = "main.log"
-CHECKPOINT = "checkpoint"
 
 # What the main job sets on top of R3LConfig()'s defaults (the paper's), so that a newcomer's three
 # iterations each train: when no task of an iteration has a learning signal, up to 2 more rounds of
@@ -38,14 +38,20 @@ MAIN_JOB_SETTINGS: Dict[str, Any] = {"dynamic_sampling_rounds": 2}
 
 
 def _parse_set(items: List[str]) -> Dict[str, Any]:
-    from rllib_r3l.cli.experiments import parse_value  # YAML scalars, with 1e-6 read as a float
+    """``--set`` as a dict; a dotted key (``env_config.num_rooms=3``) sets one key inside a mapping option,
+    the option's other keys kept (as in ``rllib-r3l train``)."""
+    from rllib_r3l import R3LConfig
+    from rllib_r3l.cli.experiments import apply_set, parse_value  # YAML scalars, with 1e-6 read as a float
 
     out: Dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
             raise UsageError(f"--set expects key=value, got {item!r}")
-        k, v = item.split("=", 1)
-        out[k.strip()] = parse_value(v)
+        k, v = (x.strip() for x in item.split("=", 1))
+        top = k.split(".", 1)[0]
+        if "." in k and top not in out and isinstance(getattr(R3LConfig(), top, None), dict):
+            out[top] = dict(getattr(R3LConfig(), top))  # env_config's other keys stay
+        apply_set(out, k, parse_value(v))
     return out
 
 
@@ -96,10 +102,6 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-# What a finished run leaves in --out: a second run would replace it (issue 37: never silently).
-FINISHED_MARKERS = ("summary.json", "checkpoint", "run.png")
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rllib_r3l.cli.main", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=_at_least_one, default=3, help="iterations in all (>= 1)")
@@ -127,37 +129,6 @@ def _at_least_one(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"an integer >= 1, got {n} (a run of no iteration trains nothing)")
     return n
-
-
-def out_dir(args) -> str:
-    """--out, or a default that keeps the --no-reflect comparison beside the R3L run instead of over it."""
-    if args.out:
-        return os.path.abspath(args.out)
-    return os.path.join(os.getcwd(), "results", "main-no-reflect" if args.reflect is False else "main")
-
-
-def check_out(out: str, overwrite: bool, resume: bool = False) -> None:
-    """Refuse to write into an --out that holds a finished run, unless ``overwrite`` (or ``resume``: continue it)."""
-    if resume:
-        if overwrite:
-            raise UsageError("--resume and --overwrite exclude each other: --resume continues the run in --out, "
-                             "--overwrite replaces it")
-        return
-    found = [m for m in FINISHED_MARKERS if os.path.exists(os.path.join(out, m))]
-    if found and not overwrite:
-        interrupted = _summary_says_interrupted(out)
-        what = "an interrupted run" if interrupted else "a finished run"
-        cont = "pass --resume to continue it, " if interrupted or os.path.exists(os.path.join(out, "checkpoint")) else ""
-        raise UsageError(f"--out {out} already holds {what} ({', '.join(found)}); {cont}give another --out "
-                         "to keep it, or pass --overwrite to replace it")
-
-
-def _summary_says_interrupted(out: str) -> bool:
-    try:
-        with open(os.path.join(out, "summary.json")) as f:
-            return bool(json.load(f).get("interrupted"))
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def main(argv: List[str] | None = None) -> int:
@@ -203,36 +174,6 @@ def build_config(args, overrides: Dict[str, Any]):
     # no Tune: the driver holds no CPU of its own
     preflight.check_resources(config, cpus=args.num_cpus, source=f"--num-cpus {args.num_cpus}", count_driver=False)
     return config
-
-
-def resume_point(args, out: str):
-    """``(config, (checkpoint, iteration, notes))`` for ``--resume``: the newest complete checkpoint in
-    ``out`` (incomplete ones named in ``notes``) and the config saved in it."""
-    from rllib_r3l.cli.export import checkpoint_iteration, load_checkpoint_algo_config
-
-    if args.set:
-        raise UsageError(f"--resume with --set {args.set[0]}: a resumed run keeps the config saved in its checkpoint; "
-                         "drop --set, or start a fresh run in another --out")
-    chosen, skipped = ckpt_io.newest_complete(ckpt_io.candidates(os.path.join(out, CHECKPOINT)))
-    notes = [ckpt_io.skipped_note(p, why) for p, why in skipped]
-    if chosen is None:
-        found = "; ".join(notes) or "no checkpoint there"
-        raise UsageError(f"--resume: no complete checkpoint in {out} ({found}); run without --resume (with "
-                         "--overwrite to replace what is there)")
-    it = ckpt_io.marker(chosen).get("iteration")
-    it = it if isinstance(it, int) else checkpoint_iteration(chosen)
-    if it is not None and it >= args.iterations:
-        raise UsageError(f"--resume: {chosen} is at iteration {it} already, --iterations {args.iterations}; pass "
-                         "a larger --iterations (the iterations in all) to continue")
-    config = load_checkpoint_algo_config(chosen)
-    if args.reflect is not None and bool(args.reflect) != bool(config.reflect):  # was ignored without a word
-        raise UsageError(f"--{'' if args.reflect else 'no-'}reflect: the run in {out} was trained with "
-                         f"reflect={config.reflect}, and a resumed run keeps the config saved in its checkpoint; "
-                         "drop the flag, or start a fresh run in another --out")
-    from rllib_r3l import preflight
-
-    preflight.check_resources(config, cpus=args.num_cpus, source=f"--num-cpus {args.num_cpus}", count_driver=False)
-    return config, (chosen, it, notes)
 
 
 def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -> int:

@@ -143,7 +143,7 @@ def print_train_summary(rows: List[Dict[str, Any]]) -> None:
             r["reason"] = trial_reason(r["error"], r["dir"])
             advice = disk_full_advice(r["reason"], r["dir"])
             r["reason"] = f"{r['reason']}; {advice}" if advice else r["reason"]
-        print(f"{r['experiment']} / {r['trial']}: {r['status']}, {r['iterations']} iteration(s), "
+        print(f"{r['experiment']} / {r['trial']}: {r['status']}, {r['iterations'] or 0} iteration(s), "
               f"reward {_fmt(r['reward'])}, success rate {_fmt(r['success_rate'])}")
         print(f"  results:    {r['dir']}")
         print(f"  checkpoint: {r['checkpoint'] or '(none)'}")

@@ -354,3 +354,9 @@ def test_a_ray_clusters_gcs_passes_the_address_check(ray_session):
     address = ray_session.get_runtime_context().gcs_address
     assert launch._not_a_gcs(address, 5.0) is None
     launch.check_address(address)
+
+
+def test_train_of_a_folder_says_it_is_a_folder(tmp_path, capsys):
+    # re-probe 5 (M5): "no such file" of a folder that exists
+    code, _out, err = run_cli(capsys, "train", tmp_path)
+    usage_error(code, err, f"{tmp_path}: is a folder; give a YAML experiments file in it")

@@ -69,3 +69,10 @@ def test_reflect_is_set_by_the_flag_only(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--set reflect=True: the main job sets it with --reflect / --no-reflect" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_dotted_set_key_sets_one_key_of_a_mapping_option():
+    """Re-probe 5 (M4): `--set env_config.num_room=3` answered "did you mean 'env_config'" (dotted keys work in
+    `rllib-r3l train`)."""
+    assert main._parse_set(["env_config.num_rooms=3", "env_config.max_turns=4", "lr=1e-6"]) == {
+        "env_config": {"num_rooms": 3, "max_turns": 4}, "lr": 1e-6}

@@ -130,3 +130,14 @@ def test_train_exits_nonzero_with_the_reason_when_nothing_was_trained(tune_train
     assert code == cli.EXIT_FAILED, out + err
     assert f": {TRAINED_ON_NOTHING}," in out and "trained on nothing" in err
     assert "rllib-r3l evaluate" not in out and "rllib-r3l export" not in out  # nothing worth evaluating
+
+
+def test_a_trial_without_a_result_is_summarised_with_0_iterations(capsys):
+    # re-probe 5 (M6): "None iteration(s)" for a trial that never reported
+    from rllib_r3l.cli.outcome import print_train_summary
+
+    trial = _Trial(status="PENDING", done=False)
+    trial.last_result = {}
+    print_train_summary(trial_rows([trial]))
+    out = capsys.readouterr().out
+    assert "t1: INTERRUPTED, 0 iteration(s)" in out and "None iteration" not in out, out
