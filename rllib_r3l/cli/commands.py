@@ -71,7 +71,7 @@ def make_callbacks(args) -> list:
 
 def cmd_train(args) -> int:
     from rllib_r3l.cli import launch
-    from rllib_r3l.cli import resume, resume_from
+    from rllib_r3l.cli import resume, resume_from, saved_spec
     from rllib_r3l.cli.experiments import check_resources
     from rllib_r3l.cli.storage import check_experiment_storages
 
@@ -88,6 +88,13 @@ def cmd_train(args) -> int:
     storages = {name: storage or spec.get("storage_path") for name, spec in experiments.items()}
     plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new)
     check_experiment_storages(experiments, plan, "--storage-path" if storage else "storage_path")
+    as_written = load_yaml_file(args.file)  # before --set/--stop: what a resume of an edited file is held to
+    for name, p in plan.items():
+        changed = saved_spec.changes(p["dir"], as_written[name]) if p["mode"] == resume.RESUME else []
+        if changed:  # Tune would continue the saved config and stop without a word
+            raise UsageError(f"--resume: experiment {name!r} in {args.file} changed since the run started "
+                             f"({'; '.join(changed)}); a resumed experiment keeps the config and stop criteria it "
+                             "started with: put the file's values back to continue it, or start a fresh run with --new")
     for line in resume_from.resume_notes(plan):  # which checkpoint each resumed trial continues from
         print(f"# {line}" if args.dry_run else line)
     if args.dry_run:
@@ -104,6 +111,9 @@ def cmd_train(args) -> int:
     # quiet by default: R3L's console here, Tune's own output and the library logs in the log file;
     # --verbose N: those on the console too (Tune at verbosity N)
     quiet = args.verbose is None
+    for name, p in plan.items():
+        if p["mode"] != resume.RESUME:
+            saved_spec.save(p["dir"], as_written[name])
     first = next(iter(experiments))
     log_path = os.path.join(plan[first]["dir"], TRAIN_LOG)
     try:

@@ -1,0 +1,40 @@
+"""``--resume`` of an experiment whose file was edited since it started is refused, naming the changes
+(re-probe 5: `reflect: false` and a lower stop written into the file, then `--resume` trained on with
+reflection to the old stop, exit 0, and `--dry-run` showed the new values). Overrides given at the start
+(``--stop``/``--set``, which the resume command drops) are not changes of the file."""
+
+from __future__ import annotations
+
+import yaml
+
+from rllib_r3l.cli import commands as cli
+from rllib_r3l.cli.saved_spec import SPEC_FILE
+from tests.cli.test_resume import _cli
+
+
+def test_resume_of_an_edited_file_is_refused_and_of_the_same_file_planned(tmp_path, capsys):
+    spec = {"edited": {"run": "R3L", "stop": {"training_iteration": 3},
+                       "checkpoint_config": {"checkpoint_at_end": True},
+                       "config": {"model": "tiny", "env": "r3l/ToyCorridor", "env_config": {"num_rooms": 3, "max_turns": 3},
+                                  "group_size": 4, "tasks_per_iteration": 1, "reflect": True, "max_response_tokens": 8,
+                                  "max_reflection_tokens": 24, "max_context_tokens": 2048, "backend": "transformers",
+                                  "num_env_runners": 0, "num_learners": 0}}}
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    storage = str(tmp_path / "runs")
+    proc = _cli(["train", str(f), "--storage-path", storage, "--stop", "training_iteration=1", "--num-cpus", "4",
+                 "--quiet-workers", "--verbose", "0"])
+    _out, err = proc.communicate(timeout=600)
+    assert proc.returncode in (0, 1), err[-3000:]
+    assert (tmp_path / "runs" / "edited" / SPEC_FILE).is_file()
+    resume = ["train", str(f), "--storage-path", storage, "--resume", "--dry-run"]
+    assert cli.main(resume) == 0, capsys.readouterr().err  # the file as it started: --stop at the start is no change
+    assert "# edited: would resume" in capsys.readouterr().out
+    spec["edited"]["config"]["reflect"] = False
+    spec["edited"]["stop"]["training_iteration"] = 2
+    f.write_text(yaml.safe_dump(spec))
+    code = cli.main(resume)
+    err = capsys.readouterr().err
+    assert code == 2 and f"--resume: experiment 'edited' in {f} changed since the run started (config.reflect: " \
+                         "True -> False; stop.training_iteration: 3 -> 2)" in err, err
+    assert "--new" in err and len(err.strip().splitlines()) == 1, err
