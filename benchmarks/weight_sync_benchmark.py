@@ -158,6 +158,9 @@ def transfer_plan(handles, buffer_bytes, sender):
                            offsets, n, infos[0]["dtype"], infos[0]["skip"], buffer_bytes)
 
 
+_REAL_PROBE: list = []  # shm_plane.create_probe, put back after a transfer_socket path
+
+
 def run_one(model: str, backend: str, args) -> list:
     import ray
     import torch
@@ -215,8 +218,13 @@ def run_one(model: str, backend: str, args) -> list:
     baseline_err = None if synthetic else max_err()
     rows = []
     for path_name in args.paths.split(","):
-        if path_name == "transfer" and backend != "vllm":
+        if path_name.startswith("transfer") and backend != "vllm":
             continue
+        from rllib_r3l.generation import shm_plane
+
+        # transfer_socket: every buffer over the gloo socket, as for engines on other machines
+        _REAL_PROBE[:] = _REAL_PROBE or [shm_plane.create_probe]
+        shm_plane.create_probe = (lambda *a, **k: None) if path_name == "transfer_socket" else _REAL_PROBE[0]
         t = {"state_s": [], "put_s": [], "update_s": [], "e2e_s": []}
         row = dict(base, path=path_name)
         if path_name == "object_store":
@@ -276,7 +284,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tiny,default")
     ap.add_argument("--backends", default="vllm")
-    ap.add_argument("--paths", default="transfer,object_store", help="(synthetic: the object store's goes last)")
+    ap.add_argument("--paths", default="transfer,object_store",
+                    help="transfer (shared memory where the engines are on this machine), transfer_socket (the "
+                         "gloo socket only, as for other machines), object_store; synthetic: the object store last")
     ap.add_argument("--runners", type=int, default=1, help="engines (Ray actors) receiving every sync")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bucket-mib", type=int, default=1024, help="vLLM weight_bucket_bytes in MiB (object store)")

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Dict, List, Sequence
 
 import torch
 
+from rllib_r3l.generation import shm_plane
 from rllib_r3l.generation.vllm_weights import quiet_reload_logs, refresh_tied_lm_head
 
 GLOO = "r3l_gloo"
@@ -76,16 +77,27 @@ def _broadcast(group, tensor: torch.Tensor):
     return group.broadcast([tensor], opts)
 
 
-def _send_packed(group, pairs, meta, buffer_bytes: int, num_buffers: int, slots: List[torch.Tensor]):
-    """Rank 0's data plane: each buffer (``chunk_plan``) filled by one copy per tensor that also casts it
-    to the wire dtype, broadcast while the next one fills; the ``num_buffers`` buffers are kept for the
-    next round (``slots``, returned). The receivers cut the stream by the same plan."""
+def _plan(meta, buffer_bytes: int):
+    """``(sizes, chunk plan, bytes of the largest chunk)`` of one round, the same on both ends."""
     sizes = [math.prod(m.shape) * m.dtype.itemsize for m in meta]
     plan = chunk_plan(sizes, buffer_bytes)
-    need = max((sum(sizes[i:i + c]) for i, c in zip(_starts(plan), plan)), default=0)
-    if len(slots) != num_buffers or slots[0].numel() < need:
+    return sizes, plan, max((sum(sizes[i:i + c]) for i, c in zip(_starts(plan), plan)), default=0)
+
+
+def _send_packed(group, pairs, meta, buffer_bytes: int, num_buffers: int, slots: List[torch.Tensor], shm=None):
+    """Rank 0's data plane: each buffer (``chunk_plan``) filled by one copy per tensor that also casts it
+    to the wire dtype, broadcast while the next one fills; the ``num_buffers`` buffers are kept for the
+    next round (``slots``, returned). The receivers cut the stream by the same plan. With ``shm``
+    (:class:`~rllib_r3l.generation.shm_plane.ShmSlots`) the buffers are shared files: a filled buffer is
+    announced by a header broadcast and free again after an all-reduce the engines join once they have
+    copied it out."""
+    sizes, plan, need = _plan(meta, buffer_bytes)
+    if shm is not None:
+        slots = shm.ensure(need)
+    elif len(slots) != num_buffers or slots[0].numel() < need:
         slots = [torch.empty(need, dtype=torch.uint8) for _ in range(num_buffers)]
     works: List[Any] = [None] * num_buffers
+    headers: List[Any] = []  # kept until their broadcasts complete
     k = 0
     for chunk, (start, count) in enumerate(zip(_starts(plan), plan)):
         slot = chunk % num_buffers
@@ -103,13 +115,31 @@ def _send_packed(group, pairs, meta, buffer_bytes: int, num_buffers: int, slots:
             except RuntimeError:  # an offset the wire dtype cannot view
                 dst.copy_(t.to(m.dtype).reshape(-1).view(torch.uint8))
             off += sizes[i]
-        works[slot] = _broadcast(group, buf[:off])
+        if shm is None:
+            works[slot] = _broadcast(group, buf[:off])
+        else:
+            header, done = torch.tensor([chunk], dtype=torch.int64), torch.zeros(1)
+            headers.append((_broadcast(group, header), (header, done)))
+            works[slot] = group.allreduce([done])
     for w in works:
         if w is not None:
             w.wait()
+    for w, _t in headers:
+        w.wait()
     if next(pairs, None) is not None:
         raise ValueError(f"WeightSource yielded more than the {k} tensors metadata() declared")
-    return slots
+    return slots if shm is None else []
+
+
+def _agree_on_shm(group, sees: bool) -> bool:
+    """Every member of the group says whether it can use the shared-memory plane; True only if all can."""
+    from torch.distributed import AllreduceOptions, ReduceOp
+
+    flag = torch.tensor([1.0 if sees else 0.0])
+    opts = AllreduceOptions()
+    opts.reduceOp = ReduceOp.MIN
+    group.allreduce([flag], opts).wait()
+    return bool(flag.item() == 1.0)
 
 
 def _starts(plan: Sequence[int]) -> List[int]:
@@ -122,8 +152,12 @@ def _starts(plan: Sequence[int]) -> List[int]:
 
 class _OwnsGroup:
     group = None
+    shm = None
 
     def shutdown(self) -> None:
+        shm, self.shm = self.shm, None
+        if shm is not None:
+            shm.close()
         group, self.group = self.group, None
         if group is not None:
             with contextlib.suppress(Exception):
@@ -148,6 +182,7 @@ def _classes() -> Dict[str, Any]:
         buffer_bytes: int = CPU_BUFFER_BYTES
         num_buffers: int = 2
         timeout_s: float = 600.0
+        shm_token: str = ""  # the sender's shared-memory probe (shm_plane.py); "" = gloo only
 
     @dataclass
     class GlooUpdateInfo(WeightTransferUpdateInfo):  # as vLLM's NCCL update info
@@ -164,6 +199,7 @@ def _classes() -> Dict[str, Any]:
         buffer_bytes: int = CPU_BUFFER_BYTES
         num_buffers: int = 2
         timeout_s: float = 600.0
+        shared_memory: bool = True  # the shm_plane.py data plane where every engine is on this machine
 
     class GlooWeightTransferEngine(_OwnsGroup, WeightTransferEngine):
         """Engine side: receive packed buffers from rank 0, load them through the layerwise reload."""
@@ -184,6 +220,8 @@ def _classes() -> Dict[str, Any]:
             self.buffer_bytes, self.num_buffers = init_info.buffer_bytes, init_info.num_buffers
             self.group = _gloo_group(init_info.master_address, init_info.master_port, rank,
                                      init_info.world_size, init_info.timeout_s)
+            if _agree_on_shm(self.group, shm_plane.sees_probe(init_info.shm_token)):
+                self.shm = shm_plane.ShmSlots(init_info.shm_token, self.num_buffers, owner=False)
 
         def start_weight_update(self) -> None:
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -202,6 +240,8 @@ def _classes() -> Dict[str, Any]:
                 raise RuntimeError("gloo weight transfer not initialized: call init_transfer_engine() first")
             dtypes = [getattr(torch, d) for d in update_info.dtype_names]
             sizes = [math.prod(s) * d.itemsize for s, d in zip(update_info.shapes, dtypes)]
+            if self.shm is not None:
+                return self._receive_shm(update_info, dtypes, sizes)
             pending: deque = deque()
             start = 0
             with quiet_reload_logs():
@@ -215,8 +255,30 @@ def _classes() -> Dict[str, Any]:
                 while pending:
                     self._load(*pending.popleft(), update_info, dtypes, sizes)
 
+        def _receive_shm(self, info, dtypes, sizes) -> None:
+            """Per buffer: wait for its header, copy it out of the shared file, release it (the all-reduce
+            the sender waits on before filling it again), then load the copy."""
+            plan = chunk_plan(sizes, self.buffer_bytes)
+            need = max((sum(sizes[i:i + c]) for i, c in zip(_starts(plan), plan)), default=0)
+            released = []
+            with quiet_reload_logs():
+                for chunk, (start, count) in enumerate(zip(_starts(plan), plan)):
+                    header = torch.zeros(1, dtype=torch.int64)
+                    _broadcast(self.group, header).wait()
+                    if int(header.item()) != chunk:
+                        raise RuntimeError(f"shared-memory weight transfer out of step: buffer {int(header.item())} "
+                                           f"announced where {chunk} was expected")
+                    sl = slice(start, start + count)
+                    buf = self.shm.ensure(need)[chunk % self.num_buffers][:sum(sizes[sl])].clone()
+                    done = torch.zeros(1)
+                    released.append((self.group.allreduce([done]), done))
+                    self._load(None, buf, sl, info, dtypes, sizes)
+            for work, _t in released:
+                work.wait()
+
         def _load(self, work, buf, sl, info, dtypes, sizes) -> None:
-            work.wait()
+            if work is not None:
+                work.wait()
             names = info.names[sl]
             tensors = unpack_tensor(buf, names, info.shapes[sl], dtypes[sl], sizes[sl])
             self.loaded_embedding |= any(n.endswith("embed_tokens.weight") for n in names)
@@ -251,15 +313,22 @@ def _classes() -> Dict[str, Any]:
                 return engine
             # the store binds first (master_port 0: a port the OS picks, no race with other processes)
             store = _store(init_info.master_address, init_info.master_port, 0, init_info.world_size, init_info.timeout_s)
+            shm_plane.sweep()
+            token = shm_plane.create_probe() if init_info.shared_memory else None
             worker_info = GlooInitInfo(master_address=init_info.master_address, master_port=store.port,
                                        rank_offset=1, world_size=init_info.world_size,
                                        buffer_bytes=init_info.buffer_bytes, num_buffers=init_info.num_buffers,
-                                       timeout_s=init_info.timeout_s)
-            with ThreadPoolExecutor(max_workers=1) as exe:  # the workers block in the rendezvous
-                future = exe.submit(client.init_weight_transfer_engine, asdict(worker_info))
-                engine.group = _gloo_group(init_info.master_address, store.port, 0, init_info.world_size,
-                                           init_info.timeout_s, store=store)
-                future.result()
+                                       timeout_s=init_info.timeout_s, shm_token=token or "")
+            try:
+                with ThreadPoolExecutor(max_workers=1) as exe:  # the workers block in the rendezvous
+                    future = exe.submit(client.init_weight_transfer_engine, asdict(worker_info))
+                    engine.group = _gloo_group(init_info.master_address, store.port, 0, init_info.world_size,
+                                               init_info.timeout_s, store=store)
+                    if _agree_on_shm(engine.group, token is not None):  # every engine reads the probe
+                        engine.shm = shm_plane.ShmSlots(token, init_info.num_buffers, owner=True)
+                    future.result()
+            finally:
+                shm_plane.remove_probe(token)
             return engine
 
         def send_weights(self) -> None:
@@ -283,7 +352,8 @@ def _classes() -> Dict[str, Any]:
         def _broadcast(self, meta) -> None:
             raw = getattr(self.source, "raw", None)  # uncast: the cast happens in the copy into the buffer
             pairs = raw() if raw else NCCLTrainerWeightTransferEngine._checked_iter(self.source, meta)
-            self.slots = _send_packed(self.group, pairs, meta, self.buffer_bytes, self.num_buffers, self.slots)
+            self.slots = _send_packed(self.group, pairs, meta, self.buffer_bytes, self.num_buffers, self.slots,
+                                      shm=self.shm)
 
     _CLASSES.update(GlooInitInfo=GlooInitInfo, GlooUpdateInfo=GlooUpdateInfo, GlooTrainerInitInfo=GlooTrainerInitInfo,
                     GlooWeightTransferEngine=GlooWeightTransferEngine,
@@ -304,9 +374,9 @@ def register() -> None:
 
 
 def trainer_init_info(*, master_address: str, master_port: int, world_size: int, buffer_bytes=None,
-                      timeout_s: float = 600.0):
+                      timeout_s: float = 600.0, shared_memory: bool = True):
     """The trainer's init info (vLLM's ``WeightTransferTrainerFactory`` dispatches on its ``backend``)."""
     register()
     return _classes()["GlooTrainerInitInfo"](master_address=master_address, master_port=master_port,
                                              world_size=world_size, buffer_bytes=buffer_bytes or CPU_BUFFER_BYTES,
-                                             timeout_s=timeout_s, rank=0)
+                                             timeout_s=timeout_s, shared_memory=shared_memory, rank=0)

@@ -10,6 +10,8 @@ the same weights.
 
 from __future__ import annotations
 
+import glob
+import os
 import shutil
 
 import pytest
@@ -100,9 +102,17 @@ def prompts(tiny_tokenizer):
     return [tiny_tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def test_engine_holds_the_learners_weights_after_a_sync(tiny_model_dir, prompts, tmp_path, caplog):
+@pytest.mark.parametrize("plane", ["shared_memory", "socket"])
+def test_engine_holds_the_learners_weights_after_a_sync(tiny_model_dir, prompts, tmp_path, caplog, monkeypatch, plane):
+    """``plane``: the engine on the learner's machine reads the buffers from /dev/shm (shm_plane.py); an
+    engine that cannot see the sender's probe (another machine) takes every buffer over the gloo socket."""
+    from rllib_r3l.generation import shm_plane
+    from rllib_r3l.learner import weight_sync
     from rllib_r3l.learner.weight_sync import WeightTransferSync, close_sender
     from rllib_r3l.models import load_causal_lm
+
+    if plane == "socket":
+        monkeypatch.setattr(shm_plane, "sees_probe", lambda token, shm_dir=shm_plane.SHM_DIR: False)
 
     backend = make_backend("vllm", tiny_model_dir, kv_cache_gib=0.25, max_model_len=512, seed=0,
                            weight_bucket_bytes=200_000)  # several packed buffers, two in flight
@@ -120,6 +130,10 @@ def test_engine_holds_the_learners_weights_after_a_sync(tiny_model_dir, prompts,
             with caplog.at_level("INFO", logger="rllib_r3l.learner.weight_sync"):
                 assert sync.sync(learners, runners) is True
         assert sync.plan.backend == "r3l_gloo" and sync.plan.dtype == str(backend.dtype).split(".")[-1]
+        shm = weight_sync._SENDER["engine"].shm
+        assert (shm is not None) == (plane == "shared_memory")
+        if shm is not None:
+            assert all(os.path.isfile(p) for p in shm.paths)  # the buffers the engine read from
         chosen = [r for r in caplog.records if "weight-transfer engine" in r.getMessage()]
         assert len(chosen) == 1  # chosen once, said once
 
@@ -152,6 +166,7 @@ def test_engine_holds_the_learners_weights_after_a_sync(tiny_model_dir, prompts,
     finally:
         close_sender()
         backend.close()
+    assert not glob.glob(os.path.join(shm_plane.SHM_DIR, f"r3l-wt-{os.getpid()}-*"))  # the sender removed its files
 
     shutil.copytree(tiny_model_dir, tmp_path, dirs_exist_ok=True)  # tokenizer and chat template
     lm.save_pretrained(tmp_path)  # the same weights, loaded from disk by a fresh engine
