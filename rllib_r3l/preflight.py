@@ -276,6 +276,13 @@ def check_config(config: Any) -> None:
             _PROMPTS[key] = None
 
     check_env(config.env, config.env_config, split=config.task_split, on_env=None if key in _PROMPTS else measure)
+    eval_split = (config.env_config or {}).get("eval_split")
+    if eval_split is not None and eval_split != config.task_split:  # R3L.evaluate()'s tasks: every episode lost
+        try:
+            check_env(config.env, config.env_config, split=eval_split)
+        except ValueError as e:
+            raise ValueError(f"R3LConfig.env_config: eval_split={eval_split!r} (the held-out tasks of R3L.evaluate()): "
+                             f"{str(e).split(': ', 1)[-1]}") from None
     check_model(config.model_id, "model_id")
     if config.reflector_model:  # reflector names a separate model
         check_model(config.reflector_model, "reflector")

@@ -223,3 +223,13 @@ def test_evaluate_of_an_exported_folder_with_damaged_or_missing_weights_is_one_l
     code = cli.main(["evaluate", d, "--env", "r3l/ToyCorridor", "--episodes", "1", "--backend", "transformers"])
     err = capsys.readouterr().err
     assert code == 2 and "no weights" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_eval_split_the_environment_lacks_is_refused_up_front():
+    """Re-probe 6 (P4): `env_config.eval_split=bogus` passed --dry-run; every held-out episode was lost."""
+    from rllib_r3l import R3LConfig
+
+    config = R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3, "eval_split": "bogus"})
+    with pytest.raises(ValueError, match=r"R3LConfig.env_config: eval_split='bogus' \(the held-out tasks of "
+                                         r"R3L.evaluate\(\)\): .*split must be one of train, dev, test"):
+        preflight.check_config(config.training(model="tiny"))

@@ -105,6 +105,7 @@ def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
         # evaluation_interval: R3L.evaluate()'s held-out episodes of this iteration (absent: NaN)
         "eval_success_rate": _float_or_nan(metric(result, "evaluation/env_runners/success_rate")),
         "eval_episodes": int(_num(metric(result, "evaluation/env_runners/num_episodes"))),
+        "eval_lost": int(_num(metric(result, "evaluation/env_runners/lost_episodes"))),
         "time": {
             "rollout": max(sampling - reflect, 0.0),
             "reflect": reflect,
@@ -215,7 +216,9 @@ def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> 
         retries = "retries 0"
     update = f"update yes, {fmt_int(row.get('trained_tokens', 0))} tok" if row.get("updated") else "update no"
     esr, en = row.get("eval_success_rate", math.nan), row.get("eval_episodes", 0)
-    held_out = f" | held-out {fmt_rate(esr)} ({round(esr * en)}/{en})" if _finite(esr) and en else ""
+    lost = int(row.get("eval_lost", 0) or 0)  # lost episodes count as failures: say how many
+    held_out = (f" | held-out {fmt_rate(esr)} ({round(esr * en)}/{en}{f', {lost} lost' if lost else ''})"
+                if _finite(esr) and en else "")
     t = row.get("time", {})
     return f"iter {it} | {success} | {retries} | {update}{held_out} | {_num(t.get('total')):.0f} s: {time_split(t)}"
 

@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", action="store_true",
                     help="continue the run in --out from its newest complete checkpoint, up to --iterations in all "
                          "(its saved config is kept: no --set)")
-    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="R3LConfig overrides")
+    ap.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                    help="R3LConfig overrides (several after one --set, or one --set each)")
     ap.add_argument("--num-cpus", type=int, default=4)
     ap.add_argument("--verbose", action="store_true",
                     help="show engine and library logs (vLLM, Ray, transformers, warnings) on the console "

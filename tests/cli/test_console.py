@@ -385,3 +385,6 @@ def test_the_iteration_line_shows_held_out_success_when_the_iteration_evaluated(
         "iter 1/3 | success 0.125 (2/16) | retries 6, 2 succeeded | update yes, 408 tok | held-out 0.400 (4/10)"
         " | 110 s: start 12 + rollout 50 + reflect 20 + learn 25 + sync 2 + other 1 s")
     assert math.isnan(console.iteration_row(1, RESULT)["eval_success_rate"])  # no evaluation: nothing shown
+    # re-probe 6 (P4): held-out episodes the environment lost were a silent 0/2
+    lost = {**result, "evaluation": {"env_runners": {"success_rate": 0.0, "num_episodes": 2, "lost_episodes": 2}}}
+    assert "| held-out 0.000 (0/2, 2 lost) |" in console.iteration_line(console.iteration_row(1, lost))

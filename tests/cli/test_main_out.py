@@ -76,3 +76,10 @@ def test_a_dotted_set_key_sets_one_key_of_a_mapping_option():
     `rllib-r3l train`)."""
     assert main._parse_set(["env_config.num_rooms=3", "env_config.max_turns=4", "lr=1e-6"]) == {
         "env_config": {"num_rooms": 3, "max_turns": 4}, "lr": 1e-6}
+
+
+def test_every_set_flag_counts():
+    """Re-probe 6 (P13): `--set group_size=6 --set model=tiny` applied only the last --set."""
+    args = main.build_parser().parse_args(["--set", "group_size=6", "--set", "model=tiny", "lr=5e-6"])
+    assert args.set == ["group_size=6", "model=tiny", "lr=5e-6"]
+    assert main._parse_set(args.set) == {"group_size": 6, "model": "tiny", "lr": 5e-6}
