@@ -130,6 +130,7 @@ class R3LConfig(AlgorithmConfig):
     def validate(self) -> None:
         validation.check_not_strings(self)  # before RLlib's checks, whose messages would not say so
         validation.check_switches(self)
+        validation.check_unused_rllib(self, fresh_defaults())  # before RLlib's own advice for them
         super().validate()
         self.validate_r3l()
         check_no_dropped_values(self)

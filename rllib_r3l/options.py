@@ -228,6 +228,7 @@ UNUSED_RLLIB: Dict[str, str] = {
              "success_reward sets what counts as a success",
     "evaluation_num_env_runners": "R3L evaluates on the training env runners' engines (no second set of "
                                   "engines); evaluation_interval and evaluation_duration set when and how much",
+    "evaluation_parallel_to_training": "R3L.evaluate() runs between iterations, on the training env runners",
     "evaluation_config": "R3L.evaluate() runs on the training env runners with the training config; set "
                          "evaluation_temperature, evaluation_duration and env_config.eval_split instead",
 }

@@ -178,6 +178,7 @@ def test_minus_one_on_a_field_where_it_is_valid_suggests_a_valid_neighbour():
     ("gamma", 0.5, "no discounting"),
     ("evaluation_num_env_runners", 1, "training env runners"),
     ("evaluation_config", {"evaluation_temperature": 1.0}, "env_config.eval_split instead"),  # re-probe 6 (P3)
+    ("evaluation_parallel_to_training", True, "between iterations"),  # re-probe 6 (P2): RLlib's advice misled
 ])
 def test_rllib_options_r3l_does_not_use_are_refused_with_the_r3l_option(field, value, needle):
     c = R3LConfig().training(model="tiny")

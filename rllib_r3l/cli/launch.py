@@ -333,8 +333,10 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
                          "rows, and --resume rewrites it")
         if budget is not None and budget.reached():
             unstarted = sum(1 for t in analysis.trials if not t.last_result)
+            saved = ", each with a checkpoint" if exp.checkpoint_config.checkpoint_at_end else (
+                " (checkpoint_at_end is off: no final checkpoint)")
             echo(f"time_budget_s {budget.seconds:g} reached: {len(budget.stopped)} trial(s) stopped at the end of "
-                 f"an iteration, each with a checkpoint" + (f"; {unstarted} never started" if unstarted else ""))
+                 f"an iteration{saved}" + (f"; {unstarted} never started" if unstarted else ""))
         new_rows = outcome.trial_rows(analysis.trials, tracker)
         rows += new_rows
         echo(f"\nexperiment {name!r}: results in {analysis.experiment_path}")
