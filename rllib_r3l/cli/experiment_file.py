@@ -139,9 +139,9 @@ def _check_spec_numbers(spec: Dict[str, Any], where: str) -> None:
         return isinstance(v, int) and not isinstance(v, bool)
 
     n = spec.get("num_samples")
-    if n is not None and not (is_int(n) and (n >= 1 or n == -1)):
+    if n is not None and not (is_int(n) and n >= 1):  # -1 (Tune: "until stopped") started no trial here
         raise UsageError(f"{where}: num_samples: {n!r}: must be an integer >= 1 (trials per point of the "
-                         "config's grid), or -1 (until a stop criterion ends the experiment)")
+                         "config's grid)")
     budget = spec.get("time_budget_s")
     if budget is not None and not (isinstance(budget, (int, float)) and not isinstance(budget, bool)
                                    and 0 < budget < float("inf")):

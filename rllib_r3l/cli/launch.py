@@ -92,7 +92,14 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     import socket
 
     host, sep, port = address.rpartition(":")
-    if address in ("auto", "local") or "://" in address or not sep or not port.isdigit():
+    scheme = address.split("://", 1)[0] if "://" in address else None
+    if scheme is not None and scheme != "ray":  # http://...: Ray's ValueError traceback after 20 s
+        raise UsageError(f"--address {address}: not a Ray address; give HOST:PORT of the cluster's GCS (what `ray "
+                         "status` shows), ray://HOST:PORT for Ray Client, or auto")
+    if sep and not port.isdigit() and scheme is None:
+        raise UsageError(f"--address {address}: the port {port!r} is not a number; give HOST:PORT, e.g. "
+                         "127.0.0.1:6379")
+    if address in ("auto", "local") or scheme is not None or not sep:
         return
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()

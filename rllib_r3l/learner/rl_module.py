@@ -87,8 +87,15 @@ class R3LCausalLMModule(TorchRLModule):
         return to_cpu_state(self.state_dict())
 
     def set_state(self, state: Dict[str, Any]) -> None:
+        """Load a (possibly partial: an inference-only or LoRA) state; a state that holds none of the model's
+        weights is an error (a damaged checkpoint's ``{}`` loaded "fine" and left the base model's weights)."""
         state = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(v)) for k, v in state.items()}
-        self.load_state_dict(state, strict=False)
+        result = self.load_state_dict(state, strict=False)
+        own = self.state_dict()
+        if own and len(result.missing_keys) == len(own):
+            shown = ", ".join(sorted(state)[:3]) or "nothing"
+            raise ValueError(f"the module state to restore holds none of the model's {len(own)} weights (it holds "
+                             f"{len(state)} entries: {shown}); a damaged or foreign checkpoint: restore from another one")
 
     def hf_state_dict(self) -> Dict[str, torch.Tensor]:
         """Parameters under Hugging Face names (for engines and export)."""

@@ -360,3 +360,11 @@ def test_train_of_a_folder_says_it_is_a_folder(tmp_path, capsys):
     # re-probe 5 (M5): "no such file" of a folder that exists
     code, _out, err = run_cli(capsys, "train", tmp_path)
     usage_error(code, err, f"{tmp_path}: is a folder; give a YAML experiments file in it")
+
+
+@pytest.mark.parametrize("address,needle", [("http://127.0.0.1:8265", "not a Ray address"),
+                                            ("127.0.0.1:notaport", "the port 'notaport' is not a number")])
+def test_an_address_that_is_no_ray_address_is_one_line(tmp_path, capsys, address, needle):
+    # re-probe 6 (P21): Ray's ValueError traceback in the log tail, exit 1
+    code, _out, err = dry_run(capsys, tmp_path, "--address", address)
+    usage_error(code, err, f"--address {address}: {needle}")

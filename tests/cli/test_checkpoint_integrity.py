@@ -212,3 +212,24 @@ def test_from_checkpoint_and_restore_of_a_cut_checkpoint_name_the_file(ray_sessi
             algo.restore_from_path(path)
     finally:
         algo.stop()
+
+
+@pytest.mark.integration
+def test_a_module_state_without_weights_is_refused_not_loaded_as_the_base_model(ray_session, tmp_path):
+    """Re-probe 6 (P17): module_state.pkl replaced by a valid pickle of {} restored "fine", with the base
+    model's weights in place of the trained ones."""
+    import pickle
+
+    from rllib_r3l import R3L
+    from tests.scripted_rllib import tiny_config
+
+    algo = tiny_config().build_algo()
+    try:
+        path = algo.save_to_path(str(tmp_path / "ckpt"))
+    finally:
+        algo.stop()
+    with open(os.path.join(path, "learner_group", "learner", "rl_module", "default_policy", "module_state.pkl"),
+              "wb") as f:
+        pickle.dump({}, f)
+    with pytest.raises(Exception, match=r"the module state to restore holds none of the model's \d+ weights"):
+        R3L.from_checkpoint(path)

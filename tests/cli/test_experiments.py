@@ -85,6 +85,7 @@ def test_an_ignored_rllib_option_at_its_default_passes(tmp_path):
     ("num_samples: 0", "num_samples: 0: must be an integer >= 1"),
     ("num_samples: two", "num_samples: 'two': must be an integer >= 1"),
     ("num_samples: true", "num_samples: True: must be an integer >= 1"),
+    ("num_samples: -1", "num_samples: -1: must be an integer >= 1"),  # re-probe 6 (P23): no trial, exit 0
     ("time_budget_s: -5", "time_budget_s: -5: must be a number of seconds > 0"),
     ("time_budget_s: .inf", "time_budget_s: inf: must be a number of seconds > 0"),
     ("max_failures: -2", "max_failures: -2: must be an integer >= 0"),
