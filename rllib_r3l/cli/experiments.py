@@ -109,7 +109,7 @@ def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
             raise UsageError(f"{src}: {unused}")
         if key not in known and key not in UNUSED_RLLIB:
             public = [k for k in known if not k.startswith("_")]
-            hint = did_you_mean(key, list(R3L_OPTIONS) + ["model"]) or did_you_mean(key, public)
+            hint = did_you_mean(key, list(R3L_OPTIONS) + ["model"] + public)  # the closest of all
             raise UsageError(f"{src}: unknown config key {key!r}{hint}; "
                              "`rllib-r3l options` lists the R3L options (RLlib's AlgorithmConfig names work too)")
         value = config[key]

@@ -105,3 +105,14 @@ def test_valid_numeric_experiment_keys_pass(tmp_path):
     f.write_text("exp:\n  run: R3L\n  num_samples: 2\n  time_budget_s: 60\n  max_failures: -1\n"
                  "  config: {model: tiny, env: r3l/ToyCorridor, group_size: 4}\n")
     prepare_experiments(str(f))
+
+
+def test_a_misspelt_rllib_key_gets_the_closest_name_of_all(tmp_path):
+    """Re-probe 6: `evaluation_intervall` was offered `evaluation_temperature` (R3L's options were tried first)."""
+    f = tmp_path / "exp.yaml"
+    f.write_text("exp:\n  run: R3L\n  config: {model: tiny, env: r3l/ToyCorridor, evaluation_intervall: 2}\n")
+    with pytest.raises(UsageError, match=r"unknown config key 'evaluation_intervall' \(did you mean 'evaluation_interval'\?\)"):
+        prepare_experiments(str(f))
+    f.write_text("exp:\n  run: R3L\n  config: {model: tiny, env: r3l/ToyCorridor, gruop_size: 2}\n")
+    with pytest.raises(UsageError, match=r"did you mean 'group_size'"):
+        prepare_experiments(str(f))
