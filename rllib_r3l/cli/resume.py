@@ -125,7 +125,9 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
             plan[name] = {"mode": START, "name": name, "dir": d}
         elif resume:
             restored = state_backup.restore(d)  # a cut experiment_state (full disk): the last whole one back
-            damaged = state_backup.problem(d)
+            searched = state_backup.restore_search(d)  # the search state beside it, likewise
+            restored = "; ".join(x for x in (restored, searched) if x) or None
+            damaged = state_backup.problem(d) or state_backup.search_problem(d)
             if damaged:  # Tune would take it for a new experiment: a new trial from iteration 1
                 ckpts = checkpoints(d)
                 raise UsageError(f"--resume: experiment {name!r} in {d}: Tune's saved state {damaged} and there is "

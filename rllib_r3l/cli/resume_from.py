@@ -178,9 +178,34 @@ def point_tune_at(exp_dir: str, choices: Sequence[Dict[str, Any]]) -> None:
     todo = [c for c in choices if c["rewind"] or c["adopt"] or _stale_index(exp_dir, c)]
     if todo:
         _rewrite_state(exp_dir, todo)
+    drop_pending_decisions(exp_dir)
     for c in choices:
         if c["from"] and c["redone"]:
             set_aside_rows(os.path.join(exp_dir, c["trial"]), c["iteration"])
+
+
+def drop_pending_decisions(exp_dir: str) -> bool:
+    """Clear the trial decisions Tune saved but had not carried out (a trial that failed while saving
+    leaves ``{trial: STOP}`` in ``runner_data``): a resume applied that STOP after its first checkpoint,
+    ending the trial TERMINATED short of its stop criterion, and every later ``--resume`` trained nothing
+    (re-probe 6 soak, anomaly A). True when the state was changed."""
+    state = _state_file(exp_dir)
+    if state is None:
+        return False
+    try:
+        with open(state) as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return False
+    runner = raw.get("runner_data") if isinstance(raw, dict) else None
+    keys = [k for k in ("_cached_trial_decisions", "_queued_trial_decisions")
+            if isinstance(runner, dict) and runner.get(k)]
+    if not keys:
+        return False
+    for k in keys:
+        runner[k] = {}
+    write_atomically(state, json.dumps(raw))
+    return True
 
 
 def _rewrite_state(exp_dir: str, todo: Sequence[Dict[str, Any]]) -> None:

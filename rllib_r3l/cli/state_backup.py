@@ -10,6 +10,7 @@ back in place of a cut one (:func:`restore`), or refuses in one line where there
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -81,6 +82,70 @@ def restore(exp_dir: str) -> Optional[str]:
             f"{os.path.basename(state)}{DAMAGED}); resuming from R3L's copy of the last whole one ({name})")
 
 
+# Tune's search-algorithm state beside it (a pickle despite the name): a cut one made Tune print an
+# UnpicklingError, "Restarting experiment", and run a NEW trial with the file's own stop and settings
+# beside the old one, exit 0 (re-probe 6 soak, anomaly C)
+SEARCH_GLOB = "basic-variant-state-*.json"
+SEARCH_PREFIX = ".r3l-search-backup-"  # not matched by PREFIX's glob, nor by Tune's
+
+
+def _newest_search(exp_dir: str) -> Optional[str]:
+    files = sorted(glob.glob(os.path.join(exp_dir, SEARCH_GLOB)))
+    return files[-1] if files else None
+
+
+def _whole_pickle(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"."  # pickle's STOP opcode: a file cut short almost never ends on it
+    except OSError:
+        return False
+
+
+def save_search(exp_dir: str) -> None:
+    """Copy Tune's newest search-algorithm state aside when it is whole (one copy, the newest)."""
+    src = _newest_search(exp_dir)
+    if src is None or not _whole_pickle(src):
+        return
+    dst = os.path.join(exp_dir, SEARCH_PREFIX + os.path.basename(src))
+    try:
+        with open(src, "rb") as f, open(dst + ".r3l-tmp", "wb") as out:
+            out.write(f.read())
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(dst + ".r3l-tmp", dst)
+        for old in glob.glob(os.path.join(exp_dir, SEARCH_PREFIX + "*")):
+            if old != dst:
+                os.remove(old)
+    except OSError:  # a full disk: the previous copy stays
+        with contextlib.suppress(OSError):
+            os.remove(dst + ".r3l-tmp")
+
+
+def restore_search(exp_dir: str) -> Optional[str]:
+    """Put the kept copy in place of a cut search-algorithm state; a note for the console, or None."""
+    cut = _newest_search(exp_dir)
+    if cut is None or _whole_pickle(cut):
+        return None
+    copies = [c for c in sorted(glob.glob(os.path.join(exp_dir, SEARCH_PREFIX + "*"))) if _whole_pickle(c)]
+    if not copies:
+        return None
+    os.replace(cut, cut + DAMAGED)
+    name = os.path.basename(copies[-1])[len(SEARCH_PREFIX):]
+    with open(copies[-1], "rb") as f, open(os.path.join(exp_dir, name), "wb") as out:
+        out.write(f.read())
+    return f"Tune's search state {os.path.basename(cut)} was cut short; resuming from R3L's copy ({name})"
+
+
+def search_problem(exp_dir: str) -> Optional[str]:
+    """Why Tune's newest search-algorithm state cannot be read (cut, no copy to restore), or None."""
+    cut = _newest_search(exp_dir)
+    if cut is None or _whole_pickle(cut):
+        return None
+    return f"{os.path.basename(cut)} is cut short ({os.path.getsize(cut)} bytes: a full disk?)"
+
+
 class StateBackup(Callback):
     """After every result: keep a copy of the experiment's last whole Tune state."""
 
@@ -96,6 +161,7 @@ class StateBackup(Callback):
             return
         if key is not None and key != self._seen:
             save(self.exp_dir)
+            save_search(self.exp_dir)
             self._seen = key
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:

@@ -59,3 +59,19 @@ def test_a_full_disk_during_the_rebuild_raises_oserror_and_leaves_no_temporary(t
         rebuild_progress_csv(str(disk))
     assert e.value.errno == errno.ENOSPC
     assert sorted(os.listdir(disk)) == ["filler", "progress.csv", "result.json"]
+
+
+def test_a_resume_drops_the_decisions_tune_saved_but_never_carried_out(tmp_path):
+    """Re-probe 6 soak (anomaly A): a trial that failed while saving left {trial: STOP} in Tune's saved
+    runner_data; the resume applied it after its first checkpoint (TERMINATED at iteration 2 of 4, the CLI
+    saying INTERRUPTED) and every later --resume trained nothing."""
+    from rllib_r3l.cli.resume_from import drop_pending_decisions, point_tune_at
+
+    state = tmp_path / "experiment_state-2026-12-05_19-00-00.json"
+    raw = {"trial_data": [], "runner_data": {"_cached_trial_decisions": {"74a05_00000": "STOP"},
+                                             "_queued_trial_decisions": {"74a05_00000": "STOP"}, "_iteration": 9}}
+    state.write_text(json.dumps(raw))
+    point_tune_at(str(tmp_path), [])
+    got = json.loads(state.read_text())["runner_data"]
+    assert got == {"_cached_trial_decisions": {}, "_queued_trial_decisions": {}, "_iteration": 9}
+    assert drop_pending_decisions(str(tmp_path)) is False  # nothing left to drop: the file is left alone

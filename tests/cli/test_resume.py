@@ -350,3 +350,29 @@ def test_interrupted_advice_gives_each_experiment_of_a_file_its_own_command(tmp_
     # one experiment, or every unfinished one needing the same: the one command, as before
     one = resume.interrupted_advice(argv, {"b": plan["b"]})
     assert one.startswith("no checkpoint was saved yet") and one.endswith("--set lr=0.1 --new"), one
+
+
+def test_a_cut_search_state_is_restored_from_r3ls_copy_or_refused(tmp_path):
+    """Re-probe 6 soak (anomaly C): a full disk cut Tune's basic-variant-state-*.json (a pickle); --resume
+    printed Tune's UnpicklingError, "Restarting experiment", and ran a NEW trial with the file's own stop
+    and settings beside the old one, exit 0. R3L keeps a copy of the last whole one; without a copy the
+    resume is refused."""
+    import pickle
+
+    from rllib_r3l.cli import resume, state_backup
+    from rllib_r3l.errors import UsageError
+
+    exp = _saved_experiment(tmp_path, "exp", checkpoint=True)
+    search = exp / "basic-variant-state-2026-12-05_19-18-11.json"
+    whole = pickle.dumps({"_total_samples": 1, "_finished": True})
+    search.write_bytes(whole)
+    state_backup.save_search(str(exp))
+    assert (exp / (state_backup.SEARCH_PREFIX + search.name)).read_bytes() == whole
+    search.write_bytes(whole[: len(whole) // 2])  # the full disk's cut
+    plan = resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
+    assert plan["exp"]["mode"] == "resume" and "search state" in plan["exp"]["restored"]
+    assert search.read_bytes() == whole
+    (exp / (state_backup.SEARCH_PREFIX + search.name)).unlink()
+    search.write_bytes(whole[:5])
+    with pytest.raises(UsageError, match=rf"Tune's saved state {search.name} is cut short .* no whole copy"):
+        resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
