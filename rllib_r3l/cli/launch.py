@@ -338,8 +338,8 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
                 except OSError as e:  # a full disk: result.json keeps the rows, --resume rewrites the CSV
                     echo(f"{trial.path}/progress.csv: not rewritten ({e.strerror or e}); result.json holds the "
                          "rows, and --resume rewrites it")
-        if budget is not None and budget.reached():
-            unstarted = sum(1 for t in analysis.trials if not t.last_result)
+        unstarted = sum(1 for t in analysis.trials if not t.last_result) if budget is not None else 0
+        if budget is not None and budget.reached() and (budget.stopped or unstarted):
             saved = ", each with a checkpoint" if exp.checkpoint_config.checkpoint_at_end else (
                 " (checkpoint_at_end is off: no final checkpoint)")
             echo(f"time_budget_s {budget.seconds:g} reached: {len(budget.stopped)} trial(s) stopped at the end of "

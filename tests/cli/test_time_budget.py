@@ -13,7 +13,7 @@ from tests.cli.test_resume import _cli
 
 
 def test_a_time_budget_ends_the_trial_terminated_with_a_final_checkpoint(tmp_path):
-    spec = {"budget": {"run": "R3L", "time_budget_s": 15, "stop": {"training_iteration": 50},
+    spec = {"budget": {"run": "R3L", "time_budget_s": 15, "stop": {"training_iteration": 100000},
                        "checkpoint_config": {"checkpoint_frequency": 0, "checkpoint_at_end": True},
                        "config": {"model": "tiny", "env": "r3l/ToyCorridor", "env_config": {"num_rooms": 3, "max_turns": 3},
                                   "group_size": 4, "tasks_per_iteration": 1, "reflect": False, "max_response_tokens": 8,
