@@ -71,13 +71,9 @@ def restore(exp_dir: str) -> Optional[str]:
     state = _newest_state(exp_dir)
     if state is None or _parses(state):
         return None
-    copies = [c for c in sorted(glob.glob(os.path.join(exp_dir, PREFIX + "*.json"))) if _parses(c)]
-    if not copies:
+    name = _put_back(exp_dir, state, PREFIX, STATE_GLOB, _parses)
+    if name is None:
         return None
-    os.replace(state, state + DAMAGED)  # kept for inspection, no longer read by Tune
-    name = os.path.basename(copies[-1])[len(PREFIX):]
-    with open(copies[-1]) as f:
-        write_atomically(os.path.join(exp_dir, name), f.read())
     return (f"Tune's saved state {os.path.basename(state)} was cut short (set aside as "
             f"{os.path.basename(state)}{DAMAGED}); resuming from R3L's copy of the last whole one ({name})")
 
@@ -92,6 +88,26 @@ SEARCH_PREFIX = ".r3l-search-backup-"  # not matched by PREFIX's glob, nor by Tu
 def _newest_search(exp_dir: str) -> Optional[str]:
     files = sorted(glob.glob(os.path.join(exp_dir, SEARCH_GLOB)))
     return files[-1] if files else None
+
+
+def _copy_atomically(src: str, dst: str) -> None:
+    with open(src, "rb") as f, open(dst + ".r3l-tmp", "wb") as out:
+        out.write(f.read())
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(dst + ".r3l-tmp", dst)
+
+
+def _put_back(exp_dir: str, cut: str, prefix: str, pattern: str, whole) -> Optional[str]:
+    """Set the cut file aside (``DAMAGED``, kept for inspection, no longer read by Tune) and put the newest
+    whole copy (``prefix + pattern``) in its place under the copy's name without ``prefix``; that name, or None."""
+    copies = [c for c in sorted(glob.glob(os.path.join(exp_dir, prefix + pattern))) if whole(c)]
+    if not copies:
+        return None
+    os.replace(cut, cut + DAMAGED)
+    name = os.path.basename(copies[-1])[len(prefix):]
+    _copy_atomically(copies[-1], os.path.join(exp_dir, name))
+    return name
 
 
 def _whole_pickle(path: str) -> bool:
@@ -110,11 +126,7 @@ def save_search(exp_dir: str) -> None:
         return
     dst = os.path.join(exp_dir, SEARCH_PREFIX + os.path.basename(src))
     try:
-        with open(src, "rb") as f, open(dst + ".r3l-tmp", "wb") as out:
-            out.write(f.read())
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(dst + ".r3l-tmp", dst)
+        _copy_atomically(src, dst)
         for old in glob.glob(os.path.join(exp_dir, SEARCH_PREFIX + "*")):
             if old != dst:
                 os.remove(old)
@@ -128,13 +140,9 @@ def restore_search(exp_dir: str) -> Optional[str]:
     cut = _newest_search(exp_dir)
     if cut is None or _whole_pickle(cut):
         return None
-    copies = [c for c in sorted(glob.glob(os.path.join(exp_dir, SEARCH_PREFIX + "*"))) if _whole_pickle(c)]
-    if not copies:
+    name = _put_back(exp_dir, cut, SEARCH_PREFIX, SEARCH_GLOB, _whole_pickle)
+    if name is None:
         return None
-    os.replace(cut, cut + DAMAGED)
-    name = os.path.basename(copies[-1])[len(SEARCH_PREFIX):]
-    with open(copies[-1], "rb") as f, open(os.path.join(exp_dir, name), "wb") as out:
-        out.write(f.read())
     return f"Tune's search state {os.path.basename(cut)} was cut short; resuming from R3L's copy ({name})"
 
 
