@@ -108,9 +108,52 @@ def local_model_problem(path: str) -> Optional[str]:
     if not has_template:
         return (f"{path}: the tokenizer has no chat template (tokenizer_config.json has no chat_template, no "
                 "chat_template.jinja); R3L needs an instruct/chat model, or add a template to the tokenizer")
-    stamp = tuple((n, os.stat(os.path.join(path, n)).st_mtime_ns) for n in sorted(names)
-                  if n.startswith(("tokenizer", "chat_template", "special_tokens", "vocab", "merges")))
-    return _tokenizer_problem(path, stamp)
+    def stamp(*prefixes: str) -> tuple:
+        return tuple((n, os.stat(os.path.join(path, n)).st_mtime_ns) for n in sorted(names) if n.startswith(prefixes))
+
+    weights = tuple(n for n in names if n.endswith(".safetensors"))
+    return (_shapes_problem(path, stamp("config.json", *weights))
+            or _tokenizer_problem(path, stamp("tokenizer", "chat_template", "special_tokens", "vocab", "merges")))
+
+
+@functools.lru_cache(maxsize=16)
+def _shapes_problem(path: str, stamp: tuple) -> Optional[str]:
+    """config.json and the weights disagree (e.g. a ``vocab_size`` that is not the embedding's rows): the
+    model built from config.json on the meta device (no memory) against the shapes in the safetensors
+    headers. Such a folder passed ``--dry-run`` and the trial allocated the config's model, or died for
+    memory. Tensors only one side names are left to transformers (tied heads, renamed prefixes)."""
+    files = [n for n, _ in stamp if n.endswith(".safetensors")]
+    if not files:
+        return None  # PyTorch .bin: shapes are inside the pickle; transformers names a mismatch itself
+    saved: dict = {}
+    for n in files:
+        saved.update(_safetensors_shapes(os.path.join(path, n)))
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # noqa: BLE001 - a config transformers cannot build is the finding
+        return (f"{path}: transformers cannot build a causal LM from its config.json ({one_line(e)[:300]}); "
+                "copy config.json of the model the weights belong to")
+    built = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for name, shape in saved.items():
+        want = built.get(name, built.get(name.split(".", 1)[-1]))
+        if want is not None and want != shape:
+            return (f"{path}: config.json does not fit the weights: {name} is {list(shape)} in the weights, "
+                    f"config.json makes it {list(want)}; copy config.json of the model the weights belong to")
+    return None
+
+
+def _safetensors_shapes(path: str) -> dict:
+    """``{tensor name: shape}`` from a safetensors header (whole files only: ``weights_problem`` ran first)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {k: tuple(v["shape"]) for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("shape"), list)}
 
 
 @functools.lru_cache(maxsize=16)

@@ -79,6 +79,30 @@ def test_a_sharded_model_needs_every_shard_its_index_names(tmp_path, tiny_dir):
     assert weights_problem(str(cut)) == "truncated (a PyTorch zip without its central directory)"
 
 
+def test_a_config_json_that_contradicts_the_weights_is_refused_up_front(tmp_path, tiny_dir, capsys):
+    """Re-probe 6 (issue 37): a config.json whose vocab_size is not the embedding's rows passed --dry-run,
+    and the trial built the config's model until it was killed for memory."""
+    with open(os.path.join(tiny_dir, "config.json")) as f:
+        config = json.load(f)
+    rows, width = config["vocab_size"], config["hidden_size"]
+    d = _copy(tiny_dir, tmp_path / "m", config={**config, "vocab_size": 10**9})
+    with pytest.raises(ValueError, match=rf"R3LConfig.model_id: .*config.json does not fit the weights: "
+                                         rf"model.embed_tokens.weight is \[{rows}, {width}\] in the weights, "
+                                         rf"config.json makes it \[1000000000, {width}\]"):
+        preflight.check_model(d)
+    from rllib_r3l.cli import commands as cli
+    from tests.cli.test_bad_input import TOY
+
+    code = cli.main(["train", TOY, "--dry-run", "--storage-path", str(tmp_path / "s"), "--set", f"model={d}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not fit the weights" in err and len(err.strip().splitlines()) == 1, err
+    # a config transformers cannot build at all is named too; a whole folder, copied, passes
+    d2 = _copy(tiny_dir, tmp_path / "m2", config={**config, "hidden_act": "no-such-activation"})
+    with pytest.raises(ValueError, match=r"transformers cannot build a causal LM from its config.json"):
+        preflight.check_model(d2)
+    preflight.check_model(_copy(tiny_dir, tmp_path / "m3"))
+
+
 def test_a_tokenizer_without_chat_template_is_refused_up_front(tmp_path, tiny_dir):
     d = _copy(tiny_dir, tmp_path / "m", drop=("chat_template.jinja",))
     with open(os.path.join(d, "tokenizer_config.json")) as f:

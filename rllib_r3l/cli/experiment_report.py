@@ -17,7 +17,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from rllib_r3l.cli import driver_mark
-from rllib_r3l.cli.resume_from import rows_only_staged
+from rllib_r3l.cli.result_rows import rows_only_staged
 from rllib_r3l.errors import UsageError
 
 SUMMARY_FILE = "summary.csv"

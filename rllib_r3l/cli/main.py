@@ -15,6 +15,7 @@ OUT/summary.json; ``--resume`` continues a run in OUT from its newest complete c
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
@@ -187,19 +188,32 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     info = run_info.run_info(config, title=f"R3L main job: {args.iterations} iteration(s), results in {out}",
                             log=log_path, verbose=args.verbose)
     con.lines(console.header_lines(info))
-    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=args.verbose,
-             configure_logging=True, logging_level="INFO" if args.verbose else "WARNING")
-    t0 = time.time()
     resume_from = getattr(args, "resume_from", None)
-    if resume_from:
-        from rllib_r3l import R3L
+    t0 = time.time()
+    try:  # preemption while Ray starts or the model loads: nothing ran, nothing to save (a second signal: at once)
+        _on_sigterm(con)
+        try:
+            ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=args.verbose,
+                     configure_logging=True, logging_level="INFO" if args.verbose else "WARNING")
+        except SystemExit as e:  # ray.init's own SIGTERM handler (installed first thing inside it)
+            if e.code != signal.SIGTERM:
+                raise
+            raise KeyboardInterrupt from None
+        _on_sigterm(con)  # ray.init replaced it
+        if resume_from:
+            from rllib_r3l import R3L
 
-        con.lines(resume_from[2])
-        algo = R3L.from_checkpoint(resume_from[0])
-        ckpt_io.adopt(os.path.join(out, CHECKPOINT), resume_from[0])  # a crash's survivor back in place
-        con.line(f"resuming from {resume_from[0]} (iteration {algo.iteration})")
-    else:
-        algo = config.build_algo()
+            con.lines(resume_from[2])
+            algo = R3L.from_checkpoint(resume_from[0])
+            ckpt_io.adopt(os.path.join(out, CHECKPOINT), resume_from[0])  # a crash's survivor back in place
+            con.line(f"resuming from {resume_from[0]} (iteration {algo.iteration})")
+        else:
+            algo = config.build_algo()
+    except KeyboardInterrupt:
+        con.line("interrupted while starting: no iteration ran, nothing was written"
+                 + (f"; the checkpoint in {out} is untouched" if resume_from else "") + "; run the same command again")
+        ray.shutdown()
+        return 130
     live = live_progress.LiveProgress(con, live_dir, expected=run_info.expected_episodes(info), reflect=info["reflect"])
     last: Dict[str, Any] = {}
     first = algo.iteration + 1
@@ -207,7 +221,6 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     per_iteration: List[Dict[str, Any]] = list(earlier)
     rows: List[Dict[str, Any]] = []
     interrupted = False
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # preemption (Slurm, Kubernetes) like Ctrl-C
     try:
         con.line(f"learner built in {time.time() - t0:.0f} s ({time.time() - started:.0f} s after start); "
                  "the engine starts with the first iteration")
@@ -339,13 +352,22 @@ def _kept(out: str) -> str:
 _STOP_REQUESTED = []  # a SIGTERM arrived (also when its KeyboardInterrupt was swallowed, e.g. inside a __del__)
 
 
-def _sigterm_as_interrupt(signum, frame) -> None:
-    """The first SIGTERM stops the main job like Ctrl-C; a second one ends the process at once. The
-    KeyboardInterrupt raised here can land in a finalizer, which Python ignores: the loop also checks
+def _on_sigterm(con) -> None:
+    """Preemption (Slurm, Kubernetes) like Ctrl-C: the first SIGTERM stops the main job at a safe point;
+    a second one ends the process at once with exit 130, as interrupted runs do (not 143: killed).
+    The KeyboardInterrupt raised here can land in a finalizer, which Python ignores: the loop also checks
     ``_STOP_REQUESTED`` after every iteration."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _STOP_REQUESTED.append(signum)
-    raise KeyboardInterrupt
+    def handler(signum, frame) -> None:
+        if _STOP_REQUESTED:
+            try:
+                con.line("second signal: ending at once (what is already written stays)")
+            except Exception:  # noqa: BLE001 - the console may be mid-write; the exit matters
+                pass
+            os._exit(130)
+        _STOP_REQUESTED.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _size_gb(path: str) -> float:
@@ -354,4 +376,11 @@ def _size_gb(path: str) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # a signal while the interpreter exits keeps the exit code (Python's teardown of torch's modules runs
+    # with SIGTERM back at its default: 143). The exit hooks (Ray's, logging's) run; the teardown is skipped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

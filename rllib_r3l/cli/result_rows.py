@@ -6,19 +6,27 @@ the first run even when the results now carry more keys (RLlib's ``timers/synch_
 after a restore), which shifts every value after the first new key. :func:`drop_cut_rows` sets the cut
 tail aside before a resume; :func:`rebuild_progress_csv` writes ``progress.csv`` again from
 ``result.json`` (the union of the keys as its header) when its rows do not fit its header.
+
+A resume that runs iterations again moves their first rows into ``<file>.r3l-redone``
+(:func:`set_aside_rows`); rows a killed driver left only in Ray's staging folder are found
+(:func:`staged_trial_dir`) and copied back (:func:`recover_rows`).
 """
 
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
 import os
-from typing import Any, Dict, List, Optional
+import shutil
+from typing import Any, Dict, List, Optional, Tuple
 
 from rllib_r3l.cli.storage import write_atomically
 
 CUT = ".r3l-cut"  # suffix of a cut last row set aside
+REDONE = ".r3l-redone"  # suffix of the rows set aside: iterations a resume runs again
+ROW_FILES = ("result.json", "progress.csv")
 
 
 def drop_cut_rows(tdir: str) -> List[str]:
@@ -83,3 +91,133 @@ def rebuild_progress_csv(tdir: str) -> bool:
     writer.writerows(flat)
     write_atomically(path, buf.getvalue())
     return True
+
+
+# --------------------------------------------------------------------------------------------------
+# The rows of a trial, by iteration; the rows a resume runs again, set aside
+# --------------------------------------------------------------------------------------------------
+def _json_rows(tdir: str) -> List[Tuple[str, Optional[int]]]:
+    """``(line, training_iteration)`` of ``result.json``; a line that does not parse has iteration None."""
+    try:
+        with open(os.path.join(tdir, "result.json")) as f:
+            lines = [line for line in f if line.strip()]
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            it = json.loads(line).get("training_iteration")
+        except (ValueError, AttributeError):
+            it = None
+        out.append((line, it if isinstance(it, int) else None))
+    return out
+
+
+def _row(tdir: str, iteration: int) -> Optional[Dict[str, Any]]:
+    rows = [json.loads(line) for line, it in _json_rows(tdir) if it == iteration]
+    return rows[-1] if rows else None
+
+
+def _iterations_after(tdir: str, iteration: int) -> List[int]:
+    return sorted({it for _, it in _json_rows(tdir) if it is not None and it > iteration})
+
+
+def set_aside_rows(tdir: str, iteration: int) -> Dict[str, int]:
+    """Move the rows of iterations after ``iteration`` out of ``result.json`` and ``progress.csv`` into
+    ``<file>.r3l-redone`` (appended: a second resume adds to them). Returns rows moved per file."""
+    moved = {}
+    rows = _json_rows(tdir)
+    if rows:
+        keep = [line for line, it in rows if it is None or it <= iteration]
+        moved["result.json"] = _split(os.path.join(tdir, "result.json"), "".join(keep),
+                                      "".join(line for line, it in rows if it is not None and it > iteration))
+    path = os.path.join(tdir, "progress.csv")
+    if os.path.isfile(path):
+        with open(path, newline="") as f:
+            table = list(csv.reader(f))
+        if table and "training_iteration" in table[0]:
+            col = table[0].index("training_iteration")
+
+            def later(r: List[str]) -> bool:
+                try:
+                    return int(float(r[col])) > iteration
+                except (IndexError, ValueError):
+                    return False
+            moved["progress.csv"] = _split(path, _csv([table[0]] + [r for r in table[1:] if not later(r)]),
+                                           _csv([table[0]] + [r for r in table[1:] if later(r)]), header=True)
+    return {k: n for k, n in moved.items() if n}
+
+
+def _csv(rows: List[List[str]]) -> str:
+    import io
+
+    buf = io.StringIO()
+    csv.writer(buf).writerows(rows)
+    return buf.getvalue()
+
+
+def _split(path: str, keep: str, redone: str, header: bool = False) -> int:
+    """Append ``redone`` to ``path + REDONE`` (fsynced), then replace ``path`` by ``keep``; the rows moved."""
+    n = redone.count("\n") - (1 if header else 0)
+    if n <= 0:
+        return 0
+    aside = path + REDONE
+    if header and os.path.isfile(aside) and os.path.getsize(aside) > 0:
+        redone = redone.split("\n", 1)[1]  # the file has the header already
+    with open(aside, "a") as f:
+        f.write(redone)
+        f.flush()
+        os.fsync(f.fileno())
+    write_atomically(path, keep)
+    return n
+
+
+# --------------------------------------------------------------------------------------------------
+# Rows a killed driver left in its staging folder
+# --------------------------------------------------------------------------------------------------
+def staged_trial_dir(exp_dir: str, trial: str) -> Optional[str]:
+    """The staging folder of ``trial`` (Tune writes rows there, then copies them to the storage folder
+    now and then) whose ``result.json`` holds more iterations than the storage's and starts with them;
+    None when there is none on this machine (another node, a cleaned ``/tmp``)."""
+    try:
+        from ray._common.utils import get_default_ray_temp_dir
+
+        root = get_default_ray_temp_dir()
+    except Exception:  # noqa: BLE001 - another Ray layout: nothing to recover from
+        return None
+    exp = os.path.basename(os.path.normpath(exp_dir))
+    stored = [it for _, it in _json_rows(os.path.join(exp_dir, trial))]
+    while stored and stored[-1] is None:  # a last row cut short (a full disk): the staged copy is whole
+        stored.pop()
+    best, most = None, len(stored)
+    for f in glob.glob(os.path.join(root, "session_*", "artifacts", "*", exp, "driver_artifacts", trial, "result.json")):
+        d = os.path.realpath(os.path.dirname(f))  # not via session_latest: it moves to the resuming session
+        its = [it for _, it in _json_rows(d)]
+        if len(its) > most and its[:len(stored)] == stored:
+            best, most = d, len(its)
+    return best
+
+
+def rows_only_staged(trial_dir: str) -> int:
+    """How many more result rows of the trial Ray's staging folder holds than its storage folder (a driver
+    that died before Tune copied them, a full disk): what ``--resume`` copies back; 0 when none."""
+    trial_dir = os.path.normpath(trial_dir)
+    staged = staged_trial_dir(os.path.dirname(trial_dir), os.path.basename(trial_dir))
+    if staged is None:
+        return 0
+    stored = [it for _, it in _json_rows(trial_dir) if it is not None]
+    return len([it for _, it in _json_rows(staged) if it is not None]) - len(stored)
+
+
+def recover_rows(staged: str, tdir: str) -> None:
+    """Copy the row files (and ``params.*`` where missing) of a staging folder into the storage's trial
+    folder; the storage's own row files are kept as ``<file>.r3l-before-recovery``."""
+    os.makedirs(tdir, exist_ok=True)
+    for name in ROW_FILES + ("params.json", "params.pkl"):
+        src, dst = os.path.join(staged, name), os.path.join(tdir, name)
+        if not os.path.isfile(src) or (name.startswith("params") and os.path.isfile(dst)):
+            continue
+        if os.path.isfile(dst):
+            shutil.copy2(dst, dst + ".r3l-before-recovery")
+        shutil.copy2(src, dst + ".r3l-tmp")
+        os.replace(dst + ".r3l-tmp", dst)

@@ -28,19 +28,18 @@ where it cannot, Tune resumes as it sees fit and nothing is changed.
 
 from __future__ import annotations
 
-import csv
 import glob
 import json
 import os
 import shutil
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
+from rllib_r3l.cli.result_rows import (REDONE, _iterations_after, _json_rows, _row, recover_rows, set_aside_rows,
+                                       staged_trial_dir)
 from rllib_r3l.cli.storage import write_atomically
 from rllib_r3l.errors import UsageError
 
 STATE_GLOB = "experiment_state-*.json"
-REDONE = ".r3l-redone"  # suffix of the rows set aside: iterations a resume runs again
-ROW_FILES = ("result.json", "progress.csv")
 
 
 def checkpoint_dirs(trial_dir: str) -> List[str]:
@@ -126,7 +125,9 @@ def resume_choices(exp_dir: str) -> List[Dict[str, Any]]:
                         "adopt": path is not None and path not in recorded_paths,
                         "recover": staged,
                         "last_index": max((_folder_index(c) for c in complete), default=-1),
-                        "redone": _iterations_after(staged or tdir, iteration) if iteration is not None else []})
+                        "redone": _iterations_after(staged or tdir, iteration) if iteration is not None else [],
+                        # no row anywhere (a full disk before Tune wrote it, the staging folder gone)
+                        "rowless": sorted(set(range(1, (iteration or 0) + 1)) - set(rows))})
     return choices
 
 
@@ -149,6 +150,10 @@ def resume_notes(plan: Dict[str, Dict[str, Any]]) -> List[str]:
                    " (complete, but Tune's saved state does not list it: the run ended before Tune saved its "
                    "state; added to it)" if c["adopt"] else "")
             lines.append(f"{at}: resuming from {c['from']} (iteration {c['iteration']}){why}")
+            if c.get("rowless"):
+                lines.append(f"{at}: iteration(s) {_span(c['rowless'])} have no row in result.json or progress.csv "
+                             "(the disk filled before they were written): their training is in the checkpoint, "
+                             "their metrics are lost")
             if c["redone"]:
                 lines.append(f"{at}: iteration(s) {_span(c['redone'])} ran after that checkpoint and run again; "
                              f"their first rows are set aside in result.json{REDONE} and progress.csv{REDONE}")
@@ -156,7 +161,14 @@ def resume_notes(plan: Dict[str, Dict[str, Any]]) -> List[str]:
 
 
 def _span(its: Sequence[int]) -> str:
-    return f"{its[0]}-{its[-1]}" if len(its) > 1 else str(its[0])
+    """``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
+    runs: List[List[int]] = []
+    for it in sorted(its):
+        if runs and it == runs[-1][-1] + 1:
+            runs[-1].append(it)
+        else:
+            runs.append([it])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -275,133 +287,9 @@ def _with_next_index(trial_json: str, last_index: int) -> str:
     return json.dumps(trial, indent=2, cls=TuneFunctionEncoder)
 
 
-def _json_rows(tdir: str) -> List[Tuple[str, Optional[int]]]:
-    """``(line, training_iteration)`` of ``result.json``; a line that does not parse has iteration None."""
-    try:
-        with open(os.path.join(tdir, "result.json")) as f:
-            lines = [line for line in f if line.strip()]
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            it = json.loads(line).get("training_iteration")
-        except (ValueError, AttributeError):
-            it = None
-        out.append((line, it if isinstance(it, int) else None))
-    return out
-
-
-def _row(tdir: str, iteration: int) -> Optional[Dict[str, Any]]:
-    rows = [json.loads(line) for line, it in _json_rows(tdir) if it == iteration]
-    return rows[-1] if rows else None
-
-
-def _iterations_after(tdir: str, iteration: int) -> List[int]:
-    return sorted({it for _, it in _json_rows(tdir) if it is not None and it > iteration})
-
-
-def set_aside_rows(tdir: str, iteration: int) -> Dict[str, int]:
-    """Move the rows of iterations after ``iteration`` out of ``result.json`` and ``progress.csv`` into
-    ``<file>.r3l-redone`` (appended: a second resume adds to them). Returns rows moved per file."""
-    moved = {}
-    rows = _json_rows(tdir)
-    if rows:
-        keep = [line for line, it in rows if it is None or it <= iteration]
-        moved["result.json"] = _split(os.path.join(tdir, "result.json"), "".join(keep),
-                                      "".join(line for line, it in rows if it is not None and it > iteration))
-    path = os.path.join(tdir, "progress.csv")
-    if os.path.isfile(path):
-        with open(path, newline="") as f:
-            table = list(csv.reader(f))
-        if table and "training_iteration" in table[0]:
-            col = table[0].index("training_iteration")
-
-            def later(r: List[str]) -> bool:
-                try:
-                    return int(float(r[col])) > iteration
-                except (IndexError, ValueError):
-                    return False
-            moved["progress.csv"] = _split(path, _csv([table[0]] + [r for r in table[1:] if not later(r)]),
-                                           _csv([table[0]] + [r for r in table[1:] if later(r)]), header=True)
-    return {k: n for k, n in moved.items() if n}
-
-
-def _csv(rows: List[List[str]]) -> str:
-    import io
-
-    buf = io.StringIO()
-    csv.writer(buf).writerows(rows)
-    return buf.getvalue()
-
-
-def _split(path: str, keep: str, redone: str, header: bool = False) -> int:
-    """Append ``redone`` to ``path + REDONE`` (fsynced), then replace ``path`` by ``keep``; the rows moved."""
-    n = redone.count("\n") - (1 if header else 0)
-    if n <= 0:
-        return 0
-    aside = path + REDONE
-    if header and os.path.isfile(aside) and os.path.getsize(aside) > 0:
-        redone = redone.split("\n", 1)[1]  # the file has the header already
-    with open(aside, "a") as f:
-        f.write(redone)
-        f.flush()
-        os.fsync(f.fileno())
-    write_atomically(path, keep)
-    return n
-
-
 # --------------------------------------------------------------------------------------------------
-# Rows a killed driver left in its staging folder
+# Rows a killed driver left in its staging folder (the row files themselves: ``result_rows``)
 # --------------------------------------------------------------------------------------------------
-def staged_trial_dir(exp_dir: str, trial: str) -> Optional[str]:
-    """The staging folder of ``trial`` (Tune writes rows there, then copies them to the storage folder
-    now and then) whose ``result.json`` holds more iterations than the storage's and starts with them;
-    None when there is none on this machine (another node, a cleaned ``/tmp``)."""
-    try:
-        from ray._common.utils import get_default_ray_temp_dir
-
-        root = get_default_ray_temp_dir()
-    except Exception:  # noqa: BLE001 - another Ray layout: nothing to recover from
-        return None
-    exp = os.path.basename(os.path.normpath(exp_dir))
-    stored = [it for _, it in _json_rows(os.path.join(exp_dir, trial))]
-    while stored and stored[-1] is None:  # a last row cut short (a full disk): the staged copy is whole
-        stored.pop()
-    best, most = None, len(stored)
-    for f in glob.glob(os.path.join(root, "session_*", "artifacts", "*", exp, "driver_artifacts", trial, "result.json")):
-        d = os.path.realpath(os.path.dirname(f))  # not via session_latest: it moves to the resuming session
-        its = [it for _, it in _json_rows(d)]
-        if len(its) > most and its[:len(stored)] == stored:
-            best, most = d, len(its)
-    return best
-
-
-def rows_only_staged(trial_dir: str) -> int:
-    """How many more result rows of the trial Ray's staging folder holds than its storage folder (a driver
-    that died before Tune copied them, a full disk): what ``--resume`` copies back; 0 when none."""
-    trial_dir = os.path.normpath(trial_dir)
-    staged = staged_trial_dir(os.path.dirname(trial_dir), os.path.basename(trial_dir))
-    if staged is None:
-        return 0
-    stored = [it for _, it in _json_rows(trial_dir) if it is not None]
-    return len([it for _, it in _json_rows(staged) if it is not None]) - len(stored)
-
-
-def recover_rows(staged: str, tdir: str) -> None:
-    """Copy the row files (and ``params.*`` where missing) of a staging folder into the storage's trial
-    folder; the storage's own row files are kept as ``<file>.r3l-before-recovery``."""
-    os.makedirs(tdir, exist_ok=True)
-    for name in ROW_FILES + ("params.json", "params.pkl"):
-        src, dst = os.path.join(staged, name), os.path.join(tdir, name)
-        if not os.path.isfile(src) or (name.startswith("params") and os.path.isfile(dst)):
-            continue
-        if os.path.isfile(dst):
-            shutil.copy2(dst, dst + ".r3l-before-recovery")
-        shutil.copy2(src, dst + ".r3l-tmp")
-        os.replace(dst + ".r3l-tmp", dst)
-
-
 def recover_staged_rows(exp_dir: str) -> List[str]:
     """Rows a killed driver left only in Ray's staging folder, copied into the storage's trial folders (before
     a refusal that says "the rows stay in <exp_dir>", so that they do); the trials they were found for."""

@@ -110,12 +110,10 @@ def test_sigterm_stops_the_main_job_like_ctrl_c_and_keeps_what_ran(tmp_path):
     assert (out / "checkpoint").is_dir()
 
 
-def test_a_signal_before_the_first_iteration_ends_leaves_no_finished_run_behind(tmp_path):
-    """Re-probe (issue 37): Ctrl-C during iteration 1 ended in a TypeError from the empty summary table,
-    exit 1, and left a checkpoint and summary.json that a rerun called "a finished run". Now: exit 130,
-    one line, nothing written that a rerun would refuse."""
+def _start_until(tmp_path, marker):
+    """The main job (3 iterations, tiny model) in a process of its own, its console in a file, once
+    ``marker`` is on the console: ``(proc, out folder, console file)``."""
     import os
-    import signal
     import subprocess
     import sys
     import time
@@ -131,19 +129,54 @@ def test_a_signal_before_the_first_iteration_ends_leaves_no_finished_run_behind(
     with open(log, "w") as console:
         proc = subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.main", *argv], cwd=str(REPO_ROOT), env=env,
                                 stdout=console, stderr=subprocess.STDOUT, text=True)
-        started = time.monotonic()
-        while proc.poll() is None and "learner built" not in log.read_text():
-            assert time.monotonic() - started < HANG_GUARD_S, "hang guard\n" + log.read_text()[-3000:]
-            time.sleep(0.1)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        proc.send_signal(signal.SIGTERM)  # iteration 1 has just begun
-        rc = proc.wait(timeout=HANG_GUARD_S)
+    started = time.monotonic()
+    while proc.poll() is None and marker not in log.read_text():
+        assert time.monotonic() - started < HANG_GUARD_S, "hang guard\n" + log.read_text()[-3000:]
+        time.sleep(0.05)
+    assert proc.poll() is None, log.read_text()[-3000:]
+    return proc, out, log
+
+
+def test_a_signal_before_the_first_iteration_ends_leaves_no_finished_run_behind(tmp_path):
+    """Re-probe (issue 37): Ctrl-C during iteration 1 ended in a TypeError from the empty summary table,
+    exit 1, and left a checkpoint and summary.json that a rerun called "a finished run". Now: exit 130,
+    one line, nothing written that a rerun would refuse."""
+    import signal
+
+    from tests.hang_guard import HANG_GUARD_S
+
+    proc, out, log = _start_until(tmp_path, "learner built")
+    proc.send_signal(signal.SIGTERM)  # iteration 1 has just begun
+    rc = proc.wait(timeout=HANG_GUARD_S)
     text = log.read_text()
     assert rc == 130 and "Traceback" not in text, text[-3000:]
     if "iter 1/3" in text:  # the machine finished iteration 1 before the signal: the other path, tested above
         return
     assert "nothing to save" in text, text[-3000:]
     assert not (out / "summary.json").exists() and not (out / "checkpoint").exists()
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_sigterm_while_the_main_job_starts_exits_130_with_one_line(tmp_path, signals):
+    """Re-probe 6 (issue 37): a second SIGTERM while the main job loaded exited 143 (killed), and a first
+    one inside ray.init exited through Ray's own handler. Preemption at any point of the start: exit 130,
+    nothing written, no traceback; a second signal ends it at once."""
+    import signal
+    import time
+
+    from tests.hang_guard import HANG_GUARD_S
+
+    proc, out, log = _start_until(tmp_path, "R3L main job:")  # the header: Ray starts next
+    time.sleep(0.5)
+    for _ in range(signals):
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+    rc = proc.wait(timeout=HANG_GUARD_S)
+    text = log.read_text()
+    assert rc == 130 and "Traceback" not in text, (rc, text[-3000:])
+    assert not (out / "summary.json").exists() and not (out / "checkpoint").exists()
+    if "learner built" not in text and signals == 1:  # the signal came while Ray started or the learner loaded
+        assert "interrupted while starting: no iteration ran, nothing was written" in text, text[-3000:]
 
 
 def test_a_run_of_no_iteration_is_refused():

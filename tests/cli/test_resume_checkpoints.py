@@ -187,7 +187,7 @@ def test_rows_after_the_checkpoint_are_set_aside_not_deleted(tmp_path):
     set-aside files (one header), and the kept files stay readable by Tune's loggers (csv header kept)."""
     import csv
 
-    from rllib_r3l.cli import resume_from
+    from rllib_r3l.cli import result_rows
 
     rows = [{"training_iteration": i, "reward": i / 10} for i in range(1, 6)]
     (tmp_path / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -195,13 +195,46 @@ def test_rows_after_the_checkpoint_are_set_aside_not_deleted(tmp_path):
         w = csv.DictWriter(f, fieldnames=["reward", "training_iteration"])
         w.writeheader()
         w.writerows(rows)
-    assert resume_from.set_aside_rows(str(tmp_path), 3) == {"result.json": 2, "progress.csv": 2}
+    assert result_rows.set_aside_rows(str(tmp_path), 3) == {"result.json": 2, "progress.csv": 2}
     assert _iterations(tmp_path) == [1, 2, 3] and _progress_iterations(tmp_path) == [1, 2, 3]
-    assert resume_from.set_aside_rows(str(tmp_path), 2) == {"result.json": 1, "progress.csv": 1}
+    assert result_rows.set_aside_rows(str(tmp_path), 2) == {"result.json": 1, "progress.csv": 1}
     assert _iterations(tmp_path) == [1, 2]
     with open(tmp_path / "result.json.r3l-redone") as f:
         assert [json.loads(line)["training_iteration"] for line in f] == [4, 5, 3]
     with open(tmp_path / "progress.csv.r3l-redone", newline="") as f:
         assert [(r["training_iteration"], r["reward"]) for r in csv.DictReader(f)] == [("4", "0.4"), ("5", "0.5"),
                                                                                        ("3", "0.3")]
-    assert resume_from.set_aside_rows(str(tmp_path), 2) == {}  # nothing after 2 any more
+    assert result_rows.set_aside_rows(str(tmp_path), 2) == {}  # nothing after 2 any more
+
+
+def test_a_checkpoint_whose_row_the_disk_never_wrote_is_named_on_resume(ray_session, tmp_path):
+    """Re-probe 4 leftover (issue 37): a full disk kept Tune from writing iteration 2's row, Ray's staging
+    folder was gone, and no checkpoint reached back to the rows (a checkpoint every 2 iterations): the
+    resume continued from iteration 2's checkpoint and the row was lost without a word. Now the resume
+    says which iterations have no row and that their training is in the checkpoint."""
+    from ray import tune
+
+    from rllib_r3l.cli import resume, resume_from
+    from tests.scripted_rllib import tiny_config
+
+    cfg = tiny_config(sampling_seed=0, tasks_per_iteration=1)
+    experiment = tune.Experiment("exp", FlakyR3L, config=cfg.to_dict(), stop={"training_iteration": 3},
+                                 storage_path=str(tmp_path), checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1))
+    (trial,) = tune.run(experiment, raise_on_failed_trial=False, verbose=0).trials
+    tdir, exp_dir = trial.path, str(tmp_path / "exp")
+    assert _iterations(tdir) == [1, 2]
+    shutil.rmtree(os.path.join(tdir, "checkpoint_000000"))  # as with checkpoint_frequency 2: none at iteration 1
+    with open(os.path.join(tdir, "result.json")) as f:
+        first = f.readline()
+    with open(os.path.join(tdir, "result.json"), "w") as f:  # the row of iteration 2 was never written
+        f.write(first)
+    staged = resume_from.staged_trial_dir(exp_dir, os.path.basename(tdir))
+    if staged:  # Ray's staging folder gone (a cleaned /tmp, another node)
+        os.remove(os.path.join(staged, "result.json"))
+    plan = resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
+    (choice,) = plan["exp"]["choices"]
+    assert choice["iteration"] == 2 and choice["rowless"] == [2] and not choice["redone"]
+    assert (f"exp / {os.path.basename(tdir)}: iteration(s) 2 have no row in result.json or progress.csv (the disk "
+            "filled before they were written): their training is in the checkpoint, their metrics are lost"
+            in resume_from.resume_notes(plan))
+    assert resume_from._span([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8"
