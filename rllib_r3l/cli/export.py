@@ -221,6 +221,9 @@ def load_module_dir(mdir: str, base_model: Optional[str] = None, dtype: Optional
         model = module.lm.merge_and_unload()
     else:
         weights = dict(hf_named_tensors(state))
+        if not weights:  # re-probe 6 (M5): called "another base model" while the checkpoint itself is damaged
+            raise UsageError(f"{mdir}: the checkpoint's module state holds no weights (damaged, or not written by "
+                             "R3L); use another checkpoint of the run")
         trained_dtype = next((v.dtype for v in weights.values() if torch.is_floating_point(v)), torch.float32)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=trained_dtype)
         try:

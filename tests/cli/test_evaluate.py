@@ -70,6 +70,7 @@ def test_weights_of_another_model_are_one_line_in_export_and_evaluate(tmp_path, 
     key = "lm.model.embed_tokens.weight"
     state[key] = state[key][:, :-1].clone()  # another model's hidden size
     ckpt = _fake_checkpoint(tmp_path, state)
+    capsys.readouterr()  # the test's own from_pretrained above may show transformers' loading bar
     # before: RuntimeError "size mismatch for ..." (40 lines) from load_state_dict
     code = cli.main(["export", ckpt, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -78,6 +79,18 @@ def test_weights_of_another_model_are_one_line_in_export_and_evaluate(tmp_path, 
     code = cli.main(["evaluate", ckpt, "--episodes", "1", "--backend", "transformers"])
     err = capsys.readouterr().err
     assert code == 2 and "do not fit base model 'tiny'" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_checkpoint_without_weights_is_called_damaged_not_another_model(tmp_path, capsys):
+    """Re-probe 6 (M5, issue 37): a module_state.pkl that is a pickle of {} was called "weights that do not
+    fit base model 'tiny' ... pass the right --base-model": the base model was right, the file damaged."""
+    ckpt = _fake_checkpoint(tmp_path, {})
+    for argv in (["export", ckpt, "--out", str(tmp_path / "out")],
+                 ["evaluate", ckpt, "--episodes", "1", "--backend", "transformers"]):
+        code = cli.main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and "the checkpoint's module state holds no weights (damaged" in err, err
+        assert "--base-model" not in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_evaluate_takes_base_model_when_the_checkpoints_has_moved(tmp_path, capsys):
