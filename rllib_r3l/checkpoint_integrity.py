@@ -90,6 +90,42 @@ def _structure_problem(root: str) -> Optional[str]:
     return None
 
 
+SMALL_STATE = 1 << 16  # a module's weights are never this small: such a module_state.pkl is read and checked
+
+
+def _content_problem(root: str) -> Optional[str]:
+    """Whole files with the wrong content (re-probe 7: a pickled ``{}`` written over ``algorithm_state.pkl``
+    restored as iteration 0; over a module's ``module_state.pkl`` it passed ``--resume --dry-run``, then
+    the trial failed): the algorithm state must hold its iteration, each module's state some weights.
+    Only small files are unpickled (the algorithm state is kilobytes; weights are not read)."""
+    import pickle
+
+    def small_pickle(p: str) -> Any:
+        with open(p, "rb") as f:
+            return pickle.load(f)
+
+    top = os.path.join(root, "algorithm_state.pkl")
+    if os.path.isfile(top):
+        try:
+            state = small_pickle(top)
+        except Exception as e:  # noqa: BLE001 - any failure to read it is the finding
+            return f"algorithm_state.pkl: cannot be read ({type(e).__name__})"
+        if not isinstance(state, dict) or "training_iteration" not in state:
+            return "algorithm_state.pkl: holds no training_iteration (not the state R3L saved)"
+    for d, _dirs, names in os.walk(root):
+        p = os.path.join(d, "module_state.pkl")
+        # rl_module/<module id>/module_state.pkl holds a module's weights (rl_module/module_state.pkl is {})
+        if ("module_state.pkl" in names and os.path.basename(os.path.dirname(d)) == "rl_module"
+                and os.path.getsize(p) < SMALL_STATE):
+            try:
+                weights = small_pickle(p)
+            except Exception as e:  # noqa: BLE001
+                return f"{os.path.relpath(p, root)}: cannot be read ({type(e).__name__})"
+            if not weights:
+                return f"{os.path.relpath(p, root)}: holds no weights ({os.path.getsize(p)} bytes)"
+    return None
+
+
 def problem(path: str) -> Optional[str]:
     """None for a complete checkpoint folder, else why not, in a few words (the file and what is wrong)."""
     if not os.path.isdir(path):
@@ -98,7 +134,7 @@ def problem(path: str) -> Optional[str]:
         found = _marker_problem(path)
         if found:
             return found
-    return _structure_problem(path)
+    return _structure_problem(path) or _content_problem(path)
 
 
 def is_complete(path: str) -> bool:

@@ -20,6 +20,7 @@ import errno
 import importlib.util
 import json
 import os
+import signal
 import sys
 from typing import Any, Dict, Optional, Sequence
 
@@ -75,6 +76,7 @@ def cmd_train(args) -> int:
     from rllib_r3l.cli.experiments import check_resources
     from rllib_r3l.cli.storage import check_experiment_storages
 
+    launch.interrupt_on_sigterm()
     resume.check_resume_flags(args.resume, args.set or [], args.stop or [])
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
     if args.num_cpus is not None and args.num_cpus < 1:
@@ -163,8 +165,14 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
     started = False
     if not ray.is_initialized():
         os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
-        ray.init(address=args.address or "local", num_cpus=None if args.address else launch.local_cpus(args.num_cpus),
-                 include_dashboard=False, log_to_driver=not args.quiet_workers)
+        try:
+            ray.init(address=args.address or "local", num_cpus=None if args.address else launch.local_cpus(args.num_cpus),
+                     include_dashboard=False, log_to_driver=not args.quiet_workers)
+        except SystemExit as e:  # Ray's own SIGTERM handler, installed first thing in ray.init
+            if e.code != signal.SIGTERM:
+                raise
+            raise KeyboardInterrupt from None
+        launch.interrupt_on_sigterm()  # ray.init replaced it
         started = True
     import rllib_r3l
 
@@ -332,8 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "or an exported Hugging Face model directory")
     e.add_argument("--env", help="environment id (default: the checkpoint's training env)")
     e.add_argument("--episodes", type=int, default=20, help="number of episodes (tasks seed..seed+N-1; default 20)")
-    e.add_argument("--env-config", metavar="JSON", help="environment options as JSON (default: the checkpoint's "
-                                                        "env_config when --env is the training env)")
+    e.add_argument("--env-config", metavar="JSON", help="environment options as JSON, over the checkpoint's env_config "
+                                                        "when --env is the training env (keys it names change)")
     e.add_argument("--split", default=None, help="task split: train, dev or test (default: test)")
     e.add_argument("--temperature", type=float, help="sampling temperature (default: evaluation_temperature, 0.4)")
     e.add_argument("--greedy", action="store_true", help="greedy decoding (temperature 0)")

@@ -10,6 +10,7 @@ in training, at the evaluation temperature (paper K.1: 0.4) or greedily. Tasks a
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -84,9 +85,9 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     if not env_id:
         raise UsageError(f"{what} does not name its environment; pass --env (e.g. --env r3l/ToyCorridor)")
     env_config_given = env_config is not None
-    if env_config is None:
-        env_config = dict(cfg.get("env_config") or {}) if env_id == train_env else {}
-    env_config = dict(env_config)
+    # --env-config changes the keys it names (re-probe 7: it replaced the training env_config, and a checkpoint
+    # trained with max_turns 6 was evaluated at the environment's default 8 without a word)
+    env_config = {**(cfg.get("env_config") or {} if env_id == train_env else {}), **(env_config or {})}
     eval_split = env_config.pop("eval_split", None)
     try:
         factory = registry.resolve(env_id)
@@ -161,6 +162,7 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
         "source": what,
         "env": env_id,
         "split": env_config.get("split", split),
+        "env_config": {k: v for k, v in env_config.items() if k != "split"},
         **summarize(rows),
         "temperature": temp,
         "backend": name,
@@ -177,7 +179,8 @@ def format_summary(summary: Dict[str, Any]) -> str:
     table = pd.DataFrame([{k: summary[k] for k in cols}])
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
         body = table.to_string(index=False)
-    return (f"evaluated {summary['source']} ({summary['backend']} backend, {summary['seconds']} s)\n{body}")
+    env_config = f"\nenv_config {json.dumps(summary['env_config'])}" if summary.get("env_config") else ""
+    return (f"evaluated {summary['source']} ({summary['backend']} backend, {summary['seconds']} s)\n{body}{env_config}")
 
 
 def check_flags(args) -> Optional[str]:

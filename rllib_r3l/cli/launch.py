@@ -139,6 +139,18 @@ def _not_a_gcs(address: str, timeout_s: float) -> Optional[str]:
         channel.close()
 
 
+def interrupt_on_sigterm() -> None:
+    """Until Tune runs (the experiment checks, Ray starting; re-probe 7: a SIGTERM then ended ``train`` with
+    Ray's ``sys.exit(15)`` and no word): SIGTERM stops the command as Ctrl-C does, exit 130 with the advice;
+    a second one exits 130 at once."""
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(130))
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 @contextlib.contextmanager
 def sigterm_as_sigint(on_runtime_lost: Optional[Callable[[], None]] = None):
     """SIGTERM (what Slurm and Kubernetes send to preempt) does what Ctrl-C does: Tune's SIGINT handler

@@ -20,6 +20,7 @@ from ray.tune import Callback
 
 from rllib_r3l.cli.resume_from import STATE_GLOB
 from rllib_r3l.cli.storage import write_atomically
+from rllib_r3l.errors import UsageError
 
 PREFIX = ".r3l-backup-"  # not matched by Tune's experiment_state-*.json
 DAMAGED = ".r3l-damaged"
@@ -66,14 +67,18 @@ def save(exp_dir: str) -> None:
 
 
 def restore(exp_dir: str) -> Optional[str]:
-    """Put the kept copy in place of a cut newest state; returns a note for the console, or None when
-    there is nothing to restore (the state is whole, or no copy parses)."""
+    """Put the kept copy in place of a cut newest state, or of one that is gone (set aside by an earlier
+    resume that the full disk kept from putting the copy back); a note for the console, or None when there
+    is nothing to restore (the state is whole, or no copy parses). :class:`UsageError` when the copy cannot
+    be written (the disk still full): the files stay as they were."""
     state = _newest_state(exp_dir)
-    if state is None or _parses(state):
+    if state is not None and _parses(state):
         return None
     name = _put_back(exp_dir, state, PREFIX, STATE_GLOB, _parses)
     if name is None:
         return None
+    if state is None:
+        return f"Tune's saved state was missing; resuming from R3L's copy of the last whole one ({name})"
     return (f"Tune's saved state {os.path.basename(state)} was cut short (set aside as "
             f"{os.path.basename(state)}{DAMAGED}); resuming from R3L's copy of the last whole one ({name})")
 
@@ -98,15 +103,37 @@ def _copy_atomically(src: str, dst: str) -> None:
     os.replace(dst + ".r3l-tmp", dst)
 
 
-def _put_back(exp_dir: str, cut: str, prefix: str, pattern: str, whole) -> Optional[str]:
-    """Set the cut file aside (``DAMAGED``, kept for inspection, no longer read by Tune) and put the newest
-    whole copy (``prefix + pattern``) in its place under the copy's name without ``prefix``; that name, or None."""
+def _put_back(exp_dir: str, cut: Optional[str], prefix: str, pattern: str, whole) -> Optional[str]:
+    """Put the newest whole copy (``prefix + pattern``) in place under its name without ``prefix``, then set
+    the cut file (None: there is none) aside as ``DAMAGED`` (kept for inspection, no longer read by Tune);
+    that name, or None when there is no whole copy. The copy is written first: a disk still full
+    (re-probe 7: the state was set aside, then the copy failed, and the next resume found no state at all)
+    raises :class:`UsageError` and changes nothing."""
     copies = [c for c in sorted(glob.glob(os.path.join(exp_dir, prefix + pattern))) if whole(c)]
     if not copies:
         return None
-    os.replace(cut, cut + DAMAGED)
     name = os.path.basename(copies[-1])[len(prefix):]
-    _copy_atomically(copies[-1], os.path.join(exp_dir, name))
+    dst = os.path.join(exp_dir, name)
+    linked = False
+    if cut is not None and os.path.abspath(cut) == os.path.abspath(dst):  # written over: keep the cut one by a link
+        with contextlib.suppress(OSError):
+            if os.path.lexists(cut + DAMAGED):
+                os.remove(cut + DAMAGED)
+            os.link(cut, cut + DAMAGED)
+            linked = True
+    try:
+        _copy_atomically(copies[-1], dst)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(dst + ".r3l-tmp")
+        if linked:
+            with contextlib.suppress(OSError):
+                os.remove(cut + DAMAGED)
+        raise UsageError(f"--resume: {os.path.basename(cut or dst)} in {exp_dir} must be put back from R3L's copy "
+                         f"{os.path.basename(copies[-1])}, but it cannot be written ({e.strerror or e}); free "
+                         "space there and run the same --resume again (nothing was changed)") from None
+    if cut is not None and os.path.abspath(cut) != os.path.abspath(dst):
+        os.replace(cut, cut + DAMAGED)
     return name
 
 

@@ -145,6 +145,18 @@ def test_the_main_jobs_checkpoint_is_complete_and_damage_to_a_real_one_is_named(
         assert ci.problem(str(copy)) is None
         _truncate(copy / state)
         assert ci.problem(str(copy)).startswith(str(state) + ": ")
+    # re-probe 7 (S2, M6): whole files with the wrong content, a pickled {} over the algorithm's state (restored
+    # as iteration 0) or over the module's weights (chosen by --resume, then the trial failed)
+    import pickle
+
+    for name, needle in (("algorithm_state.pkl", "algorithm_state.pkl: holds no training_iteration (not the state R3L saved)"),
+                         (str(state), f"{state}: holds no weights (5 bytes)")):
+        copy = tmp_path / f"content-{Path(name).name}"
+        shutil.copytree(ckpt, copy)
+        (copy / ci.MARKER).unlink()  # a Tune-style checkpoint: no marker whose sizes would catch it first
+        with open(copy / name, "wb") as f:
+            pickle.dump({}, f)
+        assert ci.problem(str(copy)) == needle
 
 
 @pytest.mark.integration
@@ -231,5 +243,13 @@ def test_a_module_state_without_weights_is_refused_not_loaded_as_the_base_model(
     with open(os.path.join(path, "learner_group", "learner", "rl_module", "default_policy", "module_state.pkl"),
               "wb") as f:
         pickle.dump({}, f)
-    with pytest.raises(Exception, match=r"the module state to restore holds none of the model's \d+ weights"):
+    # the folder check names the file first (re-probe 7: --resume --dry-run chose it, then the trial failed);
+    # past it, set_state refuses the state itself
+    with pytest.raises(ValueError, match=r"default_policy/module_state.pkl: holds no weights \(5 bytes\)"):
         R3L.from_checkpoint(path)
+    algo = tiny_config().build_algo()
+    try:
+        with pytest.raises(Exception, match=r"the module state to restore holds none of the model's \d+ weights"):
+            algo.learner_group.set_state({"learner": {"rl_module": {"default_policy": {}}}})
+    finally:
+        algo.stop()

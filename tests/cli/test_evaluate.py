@@ -9,6 +9,7 @@ import pickle
 import pytest
 
 from rllib_r3l.cli import commands as cli
+from rllib_r3l.cli import evaluate as ex_eval
 from rllib_r3l.cli import export as ex
 
 
@@ -104,6 +105,23 @@ def test_evaluate_takes_base_model_when_the_checkpoints_has_moved(tmp_path, caps
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "episodes" in out and "r3l/ToyCorridor" in out
+
+
+def test_env_config_changes_only_the_keys_it_names(tmp_path, capsys):
+    """Re-probe 7 (S1, issue 37): --env-config replaced the checkpoint's env_config: '{}' or
+    '{"eval_split": "test"}' evaluated a checkpoint trained with max_turns 6 at the environment's default 8,
+    exit 0, and the table did not say. Now the flag's keys go over the training env_config, and the
+    env_config used is printed."""
+    ckpt = _fake_checkpoint(tmp_path, _tiny_state())
+    capsys.readouterr()
+    for flag, want in (("{}", {"num_rooms": 3}), ('{"eval_split": "dev"}', {"num_rooms": 3}),
+                       ('{"num_rooms": 4}', {"num_rooms": 4})):
+        code = cli.main(["evaluate", ckpt, "--episodes", "1", "--backend", "transformers", "--env-config", flag])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert f"env_config {json.dumps(want)}" in out, out
+    summary, _ = ex_eval.evaluate(ckpt, episodes=1, backend="transformers", env_config={"max_turns": 2})
+    assert summary["env_config"] == {"num_rooms": 3, "max_turns": 2} and summary["split"] == "test"
 
 
 def test_config_json_without_model_type_is_not_called_an_exported_model(tmp_path, capsys):

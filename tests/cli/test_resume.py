@@ -376,3 +376,38 @@ def test_a_cut_search_state_is_restored_from_r3ls_copy_or_refused(tmp_path):
     search.write_bytes(whole[:5])
     with pytest.raises(UsageError, match=rf"Tune's saved state {search.name} is cut short .* no whole copy"):
         resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
+
+
+def test_putting_the_state_back_on_a_full_disk_changes_nothing_and_a_later_resume_still_can(tmpfs):
+    """Re-probe 7 (D1, issue 37): --resume while the disk was still full set Tune's cut state aside, then
+    failed to write R3L's copy in its place (an empty .r3l-tmp); the next --resume, with room again, found
+    no state and called the experiment one Tune never saved: not resumable. Now the copy is written
+    first: on a full disk the resume is refused in one line and nothing changes; a state that is gone
+    while R3L's copy is there is put back."""
+    from rllib_r3l.cli import state_backup
+    from rllib_r3l.errors import UsageError
+
+    disk = tmpfs("small", "size=256k")
+    exp = disk / "exp"
+    exp.mkdir()
+    state = exp / "experiment_state-2026-12-05_21-00-00.json"
+    whole = json.dumps({"trial_data": [["x" * 2000, "y"]], "runner_data": {}})
+    state.write_text(whole)
+    state_backup.save(str(exp))
+    state.write_text(whole[:1000])  # cut by the full disk
+    filler = disk / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=4k"], capture_output=True)  # until ENOSPC
+    before = sorted(os.listdir(exp))
+    with pytest.raises(UsageError, match=r"--resume: experiment_state-2026-12-05_21-00-00.json in .* must be put back "
+                                         r"from R3L's copy .*cannot be written \(No space left on device\); free "
+                                         r"space there and run the same --resume again \(nothing was changed\)"):
+        state_backup.restore(str(exp))
+    assert sorted(os.listdir(exp)) == before and state.read_text() == whole[:1000]
+    os.remove(filler)
+    assert "resuming from R3L's copy of the last whole one" in state_backup.restore(str(exp))
+    assert state.read_text() == whole and (exp / (state.name + state_backup.DAMAGED)).read_text() == whole[:1000]
+    # what the earlier code left: the state set aside, nothing in its place: R3L's copy goes back
+    os.remove(state)
+    assert state_backup.restore(str(exp)) == ("Tune's saved state was missing; resuming from R3L's copy of the "
+                                              f"last whole one ({state.name})")
+    assert state.read_text() == whole

@@ -112,3 +112,15 @@ def test_sigterm_to_the_whole_process_group_ends_at_once_with_the_resume_command
 
     resume_argv = ["train", TOY, "--experiment", EXP, "--storage-path", str(tmp_path), "--resume", "--dry-run"]
     assert cli_commands.main(resume_argv) == 0  # the advice works: the experiment resumes
+
+
+def test_sigterm_while_train_starts_exits_130_with_a_line(tmp_path):
+    """Re-probe 7 (M5, issue 37): SIGTERM 5-8 s after `train` started (Ray starting) ended it with exit 15
+    (Ray's own handler: sys.exit(signum)) and printed nothing. Now: exit 130 and a line."""
+    proc, _argv = _start(tmp_path, "--checkpoint-freq", "100000")
+    _wait_for(proc, str(tmp_path / EXP / "r3l-experiment.json"))  # the checks passed: Ray starts next
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = _finish(proc, timeout=120)
+    assert code == 130, (code, out[-2000:] + err[-3000:])
+    assert "interrupted" in err and "Traceback" not in err, err[-3000:]
