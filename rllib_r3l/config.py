@@ -106,6 +106,30 @@ class R3LConfig(AlgorithmConfig):
             raise
         return self
 
+    def evaluation(self, *, evaluation_temperature: Any = NotProvided, **kwargs: Any) -> "R3LConfig":
+        """RLlib's evaluation options, plus ``evaluation_temperature`` (R3L's; also a ``training()`` option).
+        Another R3L option here is an error that says it belongs in ``training()`` (re-probe 7: Python's
+        "unexpected keyword argument")."""
+        if evaluation_temperature is not NotProvided:
+            self.training(evaluation_temperature=evaluation_temperature)
+        misplaced = [k for k in kwargs if k in R3L_OPTIONS]
+        if misplaced:
+            raise ValueError(f"evaluation({misplaced[0]}=...): {misplaced[0]!r} is an R3L option; set it with "
+                             f".training({misplaced[0]}=...)")
+        try:
+            super().evaluation(**kwargs)
+        except TypeError as e:
+            import inspect
+
+            known = [p for p in inspect.signature(AlgorithmConfig.evaluation).parameters if p != "self"]
+            bad = [k for k in kwargs if k not in known]
+            if not bad:
+                raise
+            close = difflib.get_close_matches(bad[0], known + ["evaluation_temperature"], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown evaluation option {bad[0]!r}{hint}") from e
+        return self
+
     def update_from_dict(self, config_dict: Dict[str, Any]) -> "R3LConfig":
         config_dict = dict(config_dict)
         check_config_keys(config_dict)  # tune.run("R3L", config={...}): a misspelt key is an error, not ignored
@@ -131,6 +155,7 @@ class R3LConfig(AlgorithmConfig):
         validation.check_not_strings(self)  # before RLlib's checks, whose messages would not say so
         validation.check_switches(self)
         validation.check_unused_rllib(self, fresh_defaults())  # before RLlib's own advice for them
+        validation.check_ranges(self)  # before RLlib's (evaluation_duration=0: advice to skip validation)
         super().validate()
         self.validate_r3l()
         check_no_dropped_values(self)

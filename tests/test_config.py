@@ -203,6 +203,25 @@ def test_rllib_options_left_at_their_defaults_pass():
     R3LConfig().update_from_dict(R3LConfig().to_dict()).validate()  # a round trip keeps every default
 
 
+@pytest.mark.parametrize("value", [0, 5.5])
+def test_evaluation_duration_out_of_range_gets_r3ls_message_not_rllibs(value):
+    # re-probe 7 (M1): RLlib's message, which advises config.experimental(_validate_config=False)
+    with pytest.raises(ValueError, match=rf"^R3LConfig.evaluation_duration: must be an integer >= 1 .*got {value}$") as e:
+        R3LConfig().training(model="tiny").evaluation(evaluation_duration=value).validate()
+    assert "_validate_config" not in str(e.value)
+
+
+def test_evaluation_takes_evaluation_temperature_and_sends_other_r3l_options_to_training():
+    # re-probe 7 (M3): evaluation(evaluation_temperature=0.3) was Python's "unexpected keyword argument"
+    c = R3LConfig().evaluation(evaluation_temperature=0.3, evaluation_interval=2)
+    assert (c.evaluation_temperature, c.evaluation_interval) == (0.3, 2)
+    with pytest.raises(ValueError, match=r"'group_size' is an R3L option; set it with .training\(group_size=...\)"):
+        R3LConfig().evaluation(group_size=4)
+    with pytest.raises(ValueError, match=r"unknown evaluation option 'evaluation_intervall' \(did you mean "
+                                         r"'evaluation_interval'\?\)"):
+        R3LConfig().evaluation(evaluation_intervall=2)
+
+
 # ---------------------------------------------------------------------------- runs that cannot learn (issue 37, 4)
 def test_temperature_zero_is_refused_for_training_with_the_reason():
     with pytest.raises(ValueError) as e:

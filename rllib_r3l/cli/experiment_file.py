@@ -102,10 +102,18 @@ def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
         raise UsageError(f"{path}:{where}: not valid YAML ({problem}); fix the syntax there") from None
+    except UnicodeDecodeError as e:  # re-probe 7: a traceback
+        raise UsageError(f"{path}: not a text file in UTF-8 (byte {e.start}: {e.reason}); give a YAML "
+                         "experiments file, e.g. tuned_examples/cpu/coin_collector.yaml") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot be read ({e.strerror or e})") from None
     except DuplicateKeyError as e:
         raise UsageError(f"{path}:{e.line}: duplicate key {e.key!r} (first at line {e.first_line}): YAML would "
                          "silently keep only the last one; remove or rename one of them") from None
-    if not isinstance(data, dict) or not data:
+    if data is None or data == {}:  # was "expected a mapping ..., got dict" (re-probe 7)
+        raise UsageError(f"{path}: holds no experiment; write one as NAME: {{run: R3L, stop: {{...}}, config: "
+                         "{...}}, e.g. tuned_examples/cpu/coin_collector.yaml")
+    if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of experiment names to {{run, stop, config}}, "
                          f"got {type(data).__name__}")
     data = {name: copy.deepcopy(spec) for name, spec in data.items()}  # YAML anchors share objects

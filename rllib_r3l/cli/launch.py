@@ -87,8 +87,8 @@ def check_cluster_fits(experiments: Dict[str, Dict[str, Any]], path: str, num_cp
 
 def check_address(address: str, timeout_s: float = 5.0) -> None:
     """A :class:`UsageError` when nothing listens at a ``HOST:PORT`` ``--address`` (``ray.init`` would
-    retry for minutes on a blank console); ``auto``, ``local`` and ``ray://`` client addresses are left
-    to Ray."""
+    retry for minutes on a blank console), or at a ``ray://HOST:PORT`` one; ``auto`` and ``local`` are
+    left to Ray."""
     import socket
 
     host, sep, port = address.rpartition(":")
@@ -99,6 +99,18 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     if sep and not port.isdigit() and scheme is None:
         raise UsageError(f"--address {address}: the port {port!r} is not a number; give HOST:PORT, e.g. "
                          "127.0.0.1:6379")
+    if scheme == "ray":  # Ray Client: a closed port was a 36 s wait, then a traceback (re-probe 7)
+        host, sep, port = address.split("://", 1)[1].rpartition(":")
+        if not sep or not port.isdigit():
+            raise UsageError(f"--address {address}: give ray://HOST:PORT of the cluster's Ray Client server "
+                             "(port 10001 by default)")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+        except OSError as e:
+            raise UsageError(f"--address {address}: no Ray Client server answers there ({e.strerror or e}); start "
+                             "the cluster with `ray start --head` (its client server listens on 10001), give the "
+                             "address it shows, or drop --address to run on this machine") from None
+        return
     if address in ("auto", "local") or scheme is not None or not sep:
         return
     try:

@@ -100,6 +100,8 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
         "credit": _flat(_get(r, "r3l", default={})),
         "batch": _flat(_get(r, "r3l", "batch", default={})),
         "learner": _flat(find_r3l_metrics(r.get("learners", {}), "learner")),
+        # evaluation_interval: R3L.evaluate()'s held-out episodes after this iteration (re-probe 7: console only)
+        **({"held_out": _flat(r["evaluation"].get("env_runners", {}))} if isinstance(r.get("evaluation"), dict) else {}),
     }
 
 

@@ -31,7 +31,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from rllib_r3l.cli import driver_mark, state_backup
-from rllib_r3l.cli.resume_from import STATE_GLOB, checkpoint_dirs, resume_choices
+from rllib_r3l.cli.resume_from import STATE_GLOB, all_finished, checkpoint_dirs, resume_choices
 from rllib_r3l.errors import UsageError
 
 START, RESUME = "start", "resume"
@@ -162,9 +162,18 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
             why = "has no checkpoint to continue from" if not checkpoints(d) else "Tune saved no state of it to resume"
             raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}{note}) and {why}; pass --new "
                              "to start a fresh run beside it")
+        elif all_finished(d):  # re-probe 7: "pass --resume to continue it", and that resume did nothing
+            raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}) and every trial of it "
+                             "finished (reached its stop criterion); evaluate or export its checkpoint, or pass --new "
+                             "to start a fresh run beside it (a finished run keeps its stop criterion: --resume "
+                             "does not extend it)")
         else:
             raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}); pass --resume to continue "
                              "it from its last checkpoint, or --new to start a fresh run beside it")
+    if resume and plan and all(p["mode"] == RESUME and all_finished(p["dir"]) for p in plan.values()):
+        raise UsageError("--resume: nothing to continue, every trial of "
+                         + ", ".join(repr(n) for n in plan) + " finished (reached its stop criterion); evaluate or "
+                         "export its checkpoint, or start a fresh run with --new")
     if resume and not any(p["mode"] == RESUME for p in plan.values()):
         where = ", ".join(p["dir"] for p in plan.values())
         raise UsageError(f"--resume: nothing to resume, no saved experiment state in {where}; run without --resume "

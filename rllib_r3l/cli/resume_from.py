@@ -69,6 +69,12 @@ def _recorded_trials(exp_dir: str) -> List[tuple]:
         return []
 
 
+def all_finished(exp_dir: str) -> bool:
+    """Every trial Tune's saved state lists reached its stop criterion (TERMINATED; at least one)."""
+    statuses = [status for _i, _t, status, _md in _recorded_trials(exp_dir)]
+    return bool(statuses) and all(s == "TERMINATED" for s in statuses)
+
+
 def _recorded(tdir: str, md) -> List[tuple]:
     """``(local path, result)`` of the checkpoints Tune recorded for a trial, oldest first."""
     cm = md.checkpoint_manager

@@ -362,8 +362,19 @@ def test_train_of_a_folder_says_it_is_a_folder(tmp_path, capsys):
     usage_error(code, err, f"{tmp_path}: is a folder; give a YAML experiments file in it")
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once the socket is closed
+
+
 @pytest.mark.parametrize("address,needle", [("http://127.0.0.1:8265", "not a Ray address"),
-                                            ("127.0.0.1:notaport", "the port 'notaport' is not a number")])
+                                            ("127.0.0.1:notaport", "the port 'notaport' is not a number"),
+                                            # re-probe 7 (R2): a 36 s wait, then Ray Client's traceback
+                                            ("ray://127.0.0.1", "give ray://HOST:PORT"),
+                                            (f"ray://127.0.0.1:{_closed_port()}", "no Ray Client server answers")])
 def test_an_address_that_is_no_ray_address_is_one_line(tmp_path, capsys, address, needle):
     # re-probe 6 (P21): Ray's ValueError traceback in the log tail, exit 1
     code, _out, err = dry_run(capsys, tmp_path, "--address", address)

@@ -86,10 +86,20 @@ def test_dry_run_prints_final_config(tmp_path, capsys):
     (GOOD.replace("  stop:", "  stopp:"), ["stopp", "did you mean 'stop'"]),
     (GOOD.replace("group_size: 4", "group_size: 4\n   bad: [indent"), ["line", "YAML"]),
     ("just a string\n", ["expected a mapping"]),
+    ("", ["holds no experiment", "NAME: {run: R3L"]),  # re-probe 7: "expected a mapping ..., got NoneType"
+    ("{}\n", ["holds no experiment"]),  # re-probe 7: "... got dict"
 ])
 def test_yaml_errors(tmp_path, capsys, text, needles):
     code, _out, err = run_cli(capsys, "train", _write(tmp_path, text), "--dry-run")
     assert_usage_error(code, err, *needles)
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    # re-probe 7 (R1): a UnicodeDecodeError traceback, exit 1
+    p = tmp_path / "f.yaml"
+    p.write_bytes(b"\xff\xfe garbage")
+    code, _out, err = run_cli(capsys, "train", str(p), "--dry-run")
+    assert_usage_error(code, err, "f.yaml: not a text file in UTF-8 (byte 0")
 
 
 @pytest.mark.parametrize("flags,needles", [
@@ -177,6 +187,18 @@ def test_train_writes_results_checkpoints_and_tensorboard(trained):
         assert last["training_iteration"] == 1
         assert "episode_return_mean" in last["env_runners"]
         assert glob.glob(os.path.join(trial, "events.out.tfevents*")), "TensorBoard logger wrote nothing"
+
+
+@pytest.mark.integration
+def test_a_finished_experiment_is_not_advised_a_resume_that_does_nothing(trained, capsys):
+    """Re-probe 7 (M4, issue 37): a plain rerun of a finished experiment advised "pass --resume to continue
+    it"; that --resume trained nothing, exit 0."""
+    argv = ["train", TOY, "--storage-path", trained["storage"], *TINY, "--dry-run"]
+    code, _out, err = run_cli(capsys, *argv)
+    assert_usage_error(code, err, "every trial of it finished (reached its stop criterion)", "--new")
+    assert "pass --resume" not in err, err
+    code, _out, err = run_cli(capsys, "train", TOY, "--storage-path", trained["storage"], "--dry-run", "--resume")
+    assert_usage_error(code, err, "--resume: nothing to continue, every trial of", "finished")
 
 
 @pytest.mark.integration

@@ -63,6 +63,12 @@ def test_algorithm_evaluate_matches_the_cli_on_a_checkpoint_and_runs_with_evalua
         held = first["evaluation"]["env_runners"]
         assert held["num_episodes"] == 5 and held["split"] == "dev" and held["temperature"] == 0.0
         assert held["policy_updates"] == 1 and held["lost_episodes"] == 0
+        # the main job's summary.json keeps them per iteration (re-probe 7, M7: they were on the console only)
+        from rllib_r3l.cli.main import iteration_record
+
+        record = iteration_record(1, first)["held_out"]
+        assert record["success_rate"] == held["success_rate"] and record["num_episodes"] == 5
+        assert "held_out" not in iteration_record(1, {k: v for k, v in first.items() if k != "evaluation"})
         again = algo.evaluate()["env_runners"]
         assert again["success_rate"] == held["success_rate"] and again["episode_len_mean"] == held["episode_len_mean"]
         ckpt = algo.save_to_path(str(tmp_path / "ckpt"))
