@@ -89,7 +89,6 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     """A :class:`UsageError` when nothing listens at a ``HOST:PORT`` ``--address`` (``ray.init`` would
     retry for minutes on a blank console), or at a ``ray://HOST:PORT`` one; ``auto`` and ``local`` are
     left to Ray."""
-    import socket
 
     host, sep, port = address.rpartition(":")
     scheme = address.split("://", 1)[0] if "://" in address else None
@@ -104,26 +103,29 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
         if not sep or not port.isdigit():
             raise UsageError(f"--address {address}: give ray://HOST:PORT of the cluster's Ray Client server "
                              "(port 10001 by default)")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
-        except OSError as e:
-            raise UsageError(f"--address {address}: no Ray Client server answers there ({e.strerror or e}); start "
-                             "the cluster with `ray start --head` (its client server listens on 10001), give the "
-                             "address it shows, or drop --address to run on this machine") from None
+        _listens(address, host, port, timeout_s, "no Ray Client server answers there", "start the cluster with "
+                 "`ray start --head` (its client server listens on 10001), give the address it shows")
         return
     if address in ("auto", "local") or scheme is not None or not sep:
         return
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise UsageError(f"--address {address}: no Ray cluster answers there ({e.strerror or e}); start one there "
-                         "(`ray start --head --port PORT`), give the address `ray status` shows, or drop --address "
-                         "to run on this machine") from None
+    _listens(address, host, port, timeout_s, "no Ray cluster answers there", "start one there (`ray start --head "
+             "--port PORT`), give the address `ray status` shows")
     what = _not_a_gcs(f"{host or '127.0.0.1'}:{port}", timeout_s)
     if what:  # something listens, but ray.init would print pages of gRPC errors after 20-40 s
         raise UsageError(f"--address {address}: a server listens there, but not a Ray cluster's GCS ({what}); give "
                          "the address `ray status` or `ray start --head` shows (port 6379 by default), or drop "
                          "--address to run on this machine")
+
+
+def _listens(address: str, host: str, port: str, timeout_s: float, nobody: str, fix: str) -> None:
+    """A :class:`UsageError` naming ``--address`` unless something accepts a TCP connection at ``host:port``."""
+    import socket
+
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise UsageError(f"--address {address}: {nobody} ({e.strerror or e}); {fix}, or drop --address to run on "
+                         "this machine") from None
 
 
 def _not_a_gcs(address: str, timeout_s: float) -> Optional[str]:
