@@ -89,7 +89,6 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     """A :class:`UsageError` when nothing listens at a ``HOST:PORT`` ``--address`` (``ray.init`` would
     retry for minutes on a blank console), or at a ``ray://HOST:PORT`` one; ``auto`` and ``local`` are
     left to Ray."""
-
     host, sep, port = address.rpartition(":")
     scheme = address.split("://", 1)[0] if "://" in address else None
     if scheme is not None and scheme != "ray":  # http://...: Ray's ValueError traceback after 20 s
