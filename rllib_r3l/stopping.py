@@ -18,6 +18,7 @@ misspelt key when the trial starts instead of training until killed.
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any, Dict, Iterable
 
 from rllib_r3l.errors import UsageError, did_you_mean
@@ -74,6 +75,11 @@ def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[s
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UsageError(f"{src}: a stop value must be a number (the trial stops when the metric reaches it), "
                              f"got {value!r}")
+        if not math.isfinite(value):  # re-probe 7: .inf passed and the trial never stopped on it
+            raise UsageError(f"{src}: a stop value must be a finite number, got {value!r}")
+        if isinstance(key, str) and key.endswith("_rate") and value > 1:  # rates are in [0, 1]: never reached
+            raise UsageError(f"{src}: {key!r} is a rate between 0 and 1, so {value!r} is never reached and the trial "
+                             "would never stop on it; give a value <= 1, e.g. 0.9")
         if key in COUNTERS and value < 1:  # reached before the first result: one iteration, then "done"
             raise UsageError(f"{src}: must be >= 1 (a count that is reached from the start stops the trial after "
                              f"one iteration), got {value!r}")

@@ -127,6 +127,9 @@ def test_dry_run_refuses_values_a_run_cannot_train_with(tmp_path, capsys, flag, 
     ("training_iteration=soon", ["must be a number"]),
     ("training_iteration=-1", ["--stop training_iteration", "must be >= 1"]),  # re-probe: ran 1 iteration, exit 0
     ("time_total_s=0", ["must be >= 1"]),
+    # re-probe 7: values never reached passed --dry-run, and the trial would never stop on them
+    ("env_runners/success_rate=2", ["a rate between 0 and 1", "never reached"]),
+    ("training_iteration=.inf", ["must be a finite number"]),
 ])
 def test_misspelt_stop_key_is_an_error(tmp_path, capsys, flag, needles):
     code, _out, err = dry_run(capsys, tmp_path, "--stop", flag)
