@@ -189,6 +189,13 @@ class R3LConfig(AlgorithmConfig):
         validation.check_ranges(self)
         validation.check_unused_rllib(self, fresh_defaults())
         validation.check_learning_signal(self)
+        if self.reflection_template is not None:  # re-probe 9: a missing file passed --dry-run, then the trial failed
+            from rllib_r3l.runner.reflection.reflect import load_template
+
+            try:
+                load_template(self.reflection_template)
+            except (OSError, TypeError, ValueError) as e:
+                err("reflection_template", f"{e} (None = the built-in prompt)")
         if self.guidance_template is not None:
             from rllib_r3l.runner.reflection.reflect import check_guidance_template
 

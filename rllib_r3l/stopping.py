@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, Optional
 
 from rllib_r3l.errors import UsageError, did_you_mean
 
@@ -65,7 +65,6 @@ COUNTERS = ("training_iteration", "time_total_s", "timesteps_total", "episodes_t
 def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[str] = ()) -> None:
     """Raise :class:`UsageError` for a stop key no R3L result has, or a value that is not a number."""
     overridden = set(overridden)
-    known = known_stop_keys()
     for key, value in (stop or {}).items():
         src = f"--stop {key}=..." if key in overridden else f"{where}.stop.{key}" if where else f"stop[{key!r}]"
         if isinstance(value, dict):
@@ -83,18 +82,33 @@ def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[s
         if key in COUNTERS and value < 1:  # reached before the first result: one iteration, then "done"
             raise UsageError(f"{src}: must be >= 1 (a count that is reached from the start stops the trial after "
                              f"one iteration), got {value!r}")
-        if key in known:
-            continue
-        if isinstance(key, str) and key.startswith(OPEN_NAMESPACES):
-            # run-dependent names: only a near-copy of a known name is taken for a typo
-            typo = difflib.get_close_matches(key, known, n=1, cutoff=0.9)
-            if not typo:
-                continue
-            hint = f" (did you mean {typo[0]!r}?)"
-        else:
-            hint = did_you_mean(key, known)
-        raise UsageError(f"{src}: {key!r} is not a metric of R3L's results{hint}, so the trial would never stop "
-                         f"on it; e.g. {EXAMPLES} (nested metrics are joined with '/')")
+        hint = unknown_metric_hint(key)
+        if hint is not None:
+            raise UsageError(f"{src}: {key!r} is not a metric of R3L's results{hint}, so the trial would never stop "
+                             f"on it; e.g. {EXAMPLES} (nested metrics are joined with '/')")
+
+
+def unknown_metric_hint(key: Any) -> Optional[str]:
+    """None for a metric an R3L result may hold; else the "did you mean" hint ("" when none is close)."""
+    known = known_stop_keys()
+    if key in known:
+        return None
+    if isinstance(key, str) and key.startswith(OPEN_NAMESPACES):
+        # run-dependent names: only a near-copy of a known name is taken for a typo
+        typo = difflib.get_close_matches(key, known, n=1, cutoff=0.9)
+        return f" (did you mean {typo[0]!r}?)" if typo else None
+    return did_you_mean(key, known) if isinstance(key, str) else ""
+
+
+def check_checkpoint_score(attribute: Any, src: str) -> None:
+    """Raise :class:`UsageError` for a ``checkpoint_score_attribute`` no R3L result has: Tune then ranks
+    no checkpoint by it and ``num_to_keep`` deletes the best one (re-probe 9), without a word."""
+    if attribute is None:
+        return
+    hint = unknown_metric_hint(attribute)
+    if hint is not None:
+        raise UsageError(f"{src}: {attribute!r} is not a metric of R3L's results{hint}, so checkpoints could not be "
+                         f"ranked by it (num_to_keep would delete the best); e.g. {EXAMPLES}")
 
 
 ENV_CALLBACK = "rllib_r3l.stopping.StopCriteriaCheck"
@@ -127,7 +141,8 @@ except ImportError:  # Ray not installed: the pure modules import this file with
 
 
 class StopCriteriaCheck(_TuneCallback):
-    """Tune callback: an R3L trial whose ``stop`` names a metric R3L never reports is refused, when
+    """Tune callback: an R3L trial whose ``stop`` (or ``checkpoint_score_attribute``) names a metric R3L
+    never reports is refused, when
     Tune first lists the trial (before its actor loads a model) or at the latest when it starts."""
 
     def __init__(self):
@@ -137,11 +152,15 @@ class StopCriteriaCheck(_TuneCallback):
         if trial.trial_id in self._checked:
             return
         self._checked.add(trial.trial_id)
-        if trial.stopping_criterion and _is_r3l(trial):
-            try:
-                check_stop_criteria(dict(trial.stopping_criterion), where="")
-            except UsageError as e:
-                raise ValueError(f"{trial}: {e}") from None
+        if not _is_r3l(trial):
+            return
+        try:
+            check_stop_criteria(dict(trial.stopping_criterion or {}), where="")
+            manager = getattr(getattr(trial, "run_metadata", None), "checkpoint_manager", None)
+            score = getattr(getattr(manager, "checkpoint_config", None), "checkpoint_score_attribute", None)
+            check_checkpoint_score(score, "CheckpointConfig.checkpoint_score_attribute")
+        except UsageError as e:
+            raise ValueError(f"{trial}: {e}") from None
 
     def on_step_begin(self, iteration, trials, **info):
         for trial in trials:

@@ -129,6 +129,17 @@ def test_a_misspelt_stop_key_is_refused_at_trial_start_not_trained_on_forever(ra
     assert not list(tmp_path.rglob("result.json")) or all(p.stat().st_size == 0 for p in tmp_path.rglob("result.json"))
 
 
+def test_a_misspelt_checkpoint_score_attribute_is_refused_through_the_tuner(ray_session, tmp_path):
+    """Re-probe 9: Tune ranked no checkpoint by a metric R3L never reports and num_to_keep deleted the best."""
+    from ray import tune
+
+    ckpt = tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="env_runners/succes_rate")
+    with pytest.raises(Exception, match=r"checkpoint_score_attribute.*did you mean 'env_runners/success_rate'"):
+        tune.Tuner("R3L", param_space=tiny_config(), run_config=tune.RunConfig(
+            stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0, checkpoint_config=ckpt)).fit()
+    assert not list(tmp_path.rglob("result.json")) or all(p.stat().st_size == 0 for p in tmp_path.rglob("result.json"))
+
+
 def test_the_stop_check_callback_is_named_once_beside_the_users_own():
     from rllib_r3l.stopping import ENV_CALLBACK, install_env_callback
 

@@ -1,8 +1,8 @@
 """Experiment report (``rllib-r3l report``): final metrics per trial and learning curves.
 
 Reads every Tune trial directory under ``EXPERIMENT_DIR`` (``result.json``, one JSON result per
-line, preferred because Tune's ``progress.csv`` keeps only the columns of the first result; else
-``progress.csv``), writes ``summary.csv`` (one row per trial: the last value of each metric, and the
+line, preferred because Tune's ``progress.csv`` keeps only the columns of the first result; the
+iterations it lacks, cut or deleted, from ``progress.csv``, with a warning), writes ``summary.csv`` (one row per trial: the last value of each metric, and the
 hyperparameters that differ between trials, e.g. a grid search's) and PNG learning curves
 (matplotlib, Agg backend): reward, success rate, R3L retry metrics and tokens per sample against
 the training iteration.
@@ -17,7 +17,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from rllib_r3l.cli import driver_mark
-from rllib_r3l.cli.result_rows import rows_only_staged
+from rllib_r3l.cli.result_rows import read_rows, rows_only_staged
 from rllib_r3l.errors import UsageError
 
 SUMMARY_FILE = "summary.csv"
@@ -100,34 +100,20 @@ def _flatten(d: Dict[str, Any], prefix: str = "", out: Optional[Dict[str, Any]] 
 
 
 def load_trial(trial_dir: str):
-    """``(progress DataFrame with the METRICS short names + training_iteration, params dict)``."""
+    """``(progress DataFrame with the METRICS short names + training_iteration, params dict)``; what was
+    damaged in the row files is in ``df.attrs["row_notes"]`` and the last row in ``df.attrs["last"]``."""
     import pandas as pd
 
-    rows = []
-    rj = os.path.join(trial_dir, "result.json")
-    if os.path.isfile(rj) and os.path.getsize(rj) > 0:
-        with open(rj) as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rows.append(_flatten(json.loads(line)))
-                except ValueError:  # a line being written right now
-                    continue
-        raw = pd.DataFrame(rows)
-    else:
-        pc = os.path.join(trial_dir, "progress.csv")
-        try:
-            raw = pd.read_csv(pc)
-        except (OSError, ValueError, pd.errors.EmptyDataError):
-            raw = pd.DataFrame()
+    live = driver_mark.driver_alive(os.path.dirname(trial_dir)) is True
+    rows, notes = read_rows(trial_dir, live=live)
+    raw = pd.DataFrame(rows)
     df = pd.DataFrame()
     if "training_iteration" in raw:
         df["training_iteration"] = pd.to_numeric(raw["training_iteration"], errors="coerce")
     for short, key in {**METRICS, **FAULTS}.items():
         if key in raw:
             df[short] = pd.to_numeric(raw[key], errors="coerce")
+    df.attrs["row_notes"], df.attrs["last"] = notes, (rows[-1] if rows else {})
     params = {}
     pj = os.path.join(trial_dir, "params.json")
     if os.path.isfile(pj):
@@ -149,20 +135,6 @@ def _scalar_params(params: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
         elif v is None or isinstance(v, (str, int, float, bool)):
             out[f"{prefix}{k}"] = v
     return out
-
-
-def _last_result(trial_dir: str) -> Dict[str, Any]:
-    """The trial's last complete result line (``{}`` when there is none)."""
-    rj = os.path.join(trial_dir, "result.json")
-    last: Dict[str, Any] = {}
-    if os.path.isfile(rj):
-        with open(rj) as f:
-            for line in f:
-                try:
-                    last = json.loads(line) if line.strip() else last
-                except ValueError:  # a line being written right now
-                    continue
-    return last
 
 
 def _tune_statuses(folder: str) -> Dict[str, str]:
@@ -193,22 +165,27 @@ def error_text(trial_dir: str) -> Optional[str]:
     return lines[-1][:300] if lines else "(empty error.txt)"
 
 
-def trial_status(trial_dir: str, iterations: int, empty_batches: Optional[int]) -> str:
+def trial_status(trial_dir: str, iterations: int, empty_batches: Optional[int],
+                 last: Optional[Dict[str, Any]] = None) -> str:
     """What ``rllib-r3l train`` would call the trial: Tune's status (``error.txt`` = ERROR), TERMINATED
     without ``done`` = INTERRUPTED (Ctrl-C), RUNNING from a driver that is gone (``driver_mark``) =
     INTERRUPTED, and a finished trial whose every batch was empty TRAINED ON NOTHING
-    (rllib_r3l.cli.outcome)."""
+    (rllib_r3l.cli.outcome). ``last``: the trial's last result (default: read from its row files)."""
     from rllib_r3l.cli.outcome import INTERRUPTED, TRAINED_ON_NOTHING
+
+    if last is None:
+        rows, _notes = read_rows(trial_dir)
+        last = rows[-1] if rows else {}
 
     exp_dir = os.path.dirname(trial_dir)
     status = _tune_statuses(exp_dir).get(os.path.basename(trial_dir))
-    finished = status == "TERMINATED" and _last_result(trial_dir).get("done")
+    finished = status == "TERMINATED" and last.get("done")
     if error_text(trial_dir) is not None and not finished:  # an error a later --resume went past is history
         status = "ERROR"
     elif status in ("RUNNING", "PENDING", "PAUSED") and driver_mark.driver_alive(exp_dir) is False:
         status = None  # Tune's last saved state, from a driver that was killed: interrupted unless it finished
     if status in (None, "TERMINATED"):
-        status = "TERMINATED" if _last_result(trial_dir).get("done") else INTERRUPTED
+        status = "TERMINATED" if last.get("done") else INTERRUPTED
     if status == "TERMINATED" and iterations and empty_batches is not None and empty_batches >= iterations:
         status = TRAINED_ON_NOTHING
     return status
@@ -242,7 +219,7 @@ def summarize(trial_dirs: List[str], root: str):
         for short in FAULTS:
             if short in df:
                 row[short] = int(df[short].fillna(0).sum())
-        row["status"] = trial_status(d, row["iterations"], row.get("empty_batches"))
+        row["status"] = trial_status(d, row["iterations"], row.get("empty_batches"), last=df.attrs.get("last"))
         rows.append(row)
     table = pd.DataFrame(rows)
     order = ["trial", "status", "model", "env"] + [k for k in varied if k in table] + ["iterations", "reward", "best_reward"]
@@ -250,6 +227,7 @@ def summarize(trial_dirs: List[str], root: str):
     order += [m for m in METRICS if m not in order]
     table = table[[c for c in order if c in table] + [c for c in table if c not in order]]
     table.attrs["trial_dirs"] = [d for d, _df, _p in loaded]  # row by row: where warnings() finds error.txt
+    table.attrs["row_notes"] = {d: df.attrs.get("row_notes") for d, df, _p in loaded}
     return table, loaded, varied
 
 
@@ -334,6 +312,9 @@ def warnings(table) -> List[str]:
         elif lost:
             out.append(f"warning: {row['trial']} lost {int(lost)} episode(s) (environment/generation errors; "
                        "see docs/reliability.md)")
+        notes = table.attrs.get("row_notes", {}).get(trial_dir)
+        if notes:  # the table holds what could be read; said, not silently fewer iterations
+            out.append(f"warning: {row['trial']}: {'; '.join(notes)}")
         staged = rows_only_staged(trial_dir) if trial_dir else 0
         if staged > 0:  # the table counts the storage's rows only
             out.append(f"warning: {row['trial']}: {staged} more iteration(s) are only in Ray's staging folder on this "

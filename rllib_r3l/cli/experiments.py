@@ -108,14 +108,37 @@ def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
         if unused:
             raise UsageError(f"{src}: {unused}")
         if key not in known and key not in UNUSED_RLLIB:
-            public = [k for k in known if not k.startswith("_")]
-            hint = did_you_mean(key, list(R3L_OPTIONS) + ["model"] + public)  # the closest of all
+            env_hint = _env_option_hint(config, key, src)
+            if env_hint:
+                raise UsageError(env_hint)
+            # the closest of all, but never an option R3L refuses (re-probe 9: num_rooms -> 'num_epochs')
+            public = [k for k in known if not k.startswith("_") and k not in UNUSED_RLLIB]
+            hint = did_you_mean(key, list(R3L_OPTIONS) + ["model"] + public)
             raise UsageError(f"{src}: unknown config key {key!r}{hint}; "
                              "`rllib-r3l options` lists the R3L options (RLlib's AlgorithmConfig names work too)")
         value = config[key]
         if isinstance(value, dict) and "grid_search" in value:
             continue
         _check_type(key, value, src)
+
+
+def _env_option_hint(config: Dict[str, Any], key: str, src: str) -> Optional[str]:
+    """The message for a top-level key that is an option of the config's environment, else None."""
+    from environments import registry
+
+    from rllib_r3l.config import DEFAULT_ENV
+    from rllib_r3l.preflight import env_options
+
+    env_id = config.get("env", DEFAULT_ENV)
+    try:
+        allowed = env_options(registry.resolve(env_id)) if isinstance(env_id, str) else None
+    except (ValueError, ImportError, AttributeError):  # a bad env id is _check_env's error
+        return None
+    if not allowed or key not in allowed:
+        return None
+    flag = "--set " if src.startswith("--set") else ""
+    return (f"{src}: {key!r} is an option of the environment {env_id}, not of the algorithm: "
+            f"{flag}env_config.{key}=... (in a file: under config.env_config)")
 
 
 def _check_type(key: str, value: Any, src: str) -> None:

@@ -40,18 +40,22 @@ PROGRESS_COLUMNS = {
 }
 
 
-def checkpoint_config(spec: Dict[str, Any], freq: Optional[int]):
+def checkpoint_config(spec: Dict[str, Any], freq: Optional[int], where: str = "checkpoint_config"):
     from ray.tune import CheckpointConfig
+
+    from rllib_r3l.stopping import check_checkpoint_score
 
     raw = dict(spec.get("checkpoint_config") or {})
     raw.setdefault("checkpoint_at_end", True)
     if freq is not None:
         raw["checkpoint_frequency"] = freq
     try:
-        return CheckpointConfig(**raw)
+        config = CheckpointConfig(**raw)
     except (TypeError, ValueError) as e:
-        raise UsageError(f"checkpoint_config / --checkpoint-freq: {e}; keys: checkpoint_frequency (>= 0), "
-                         "checkpoint_at_end, num_to_keep") from None
+        raise UsageError(f"{where} / --checkpoint-freq: {e}; keys: checkpoint_frequency (>= 0), "
+                         "checkpoint_at_end, num_to_keep, checkpoint_score_attribute, checkpoint_score_order") from None
+    check_checkpoint_score(config.checkpoint_score_attribute, f"{where}.checkpoint_score_attribute")
+    return config
 
 
 def local_cpus(num_cpus: Optional[int]) -> int:

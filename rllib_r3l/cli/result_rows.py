@@ -221,3 +221,62 @@ def recover_rows(staged: str, tdir: str) -> None:
             shutil.copy2(dst, dst + ".r3l-before-recovery")
         shutil.copy2(src, dst + ".r3l-tmp")
         os.replace(dst + ".r3l-tmp", dst)
+
+
+def read_rows(tdir: str, live: bool = False) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """The trial's results, oldest first, and a note for each damage found (re-probe 9: a cut or missing
+    ``result.json`` made ``report`` show fewer iterations and INTERRUPTED, without a word).
+
+    ``result.json``'s rows (nested keys joined with ``/``), plus ``progress.csv``'s rows of the
+    iterations ``result.json`` lacks. A live trial (``live``) may be writing its last line: that one is
+    no damage."""
+    rows: Dict[float, Dict[str, Any]] = {}
+    notes: List[str] = []
+    path = os.path.join(tdir, "result.json")
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        text = None
+    lines = [line for line in (text or "").split("\n") if line.strip()]
+    bad = 0
+    for i, line in enumerate(lines):
+        try:
+            row = _flat(json.loads(line))
+        except (ValueError, AttributeError):
+            row = {}
+        it = row.get("training_iteration")
+        if isinstance(it, bool) or not isinstance(it, (int, float)):
+            bad += not (live and i == len(lines) - 1 and not text.endswith("\n"))
+            continue
+        rows[it] = row
+    if text is None or not lines:
+        notes.append("result.json is " + ("missing" if text is None else "empty"))
+    elif bad:
+        notes.append(f"result.json has {bad} unreadable line(s) (cut by a full disk, or edited)")
+    from_csv = []
+    try:
+        with open(os.path.join(tdir, "progress.csv"), newline="") as f:
+            for rec in csv.DictReader(f):
+                it = _number(rec.get("training_iteration"))
+                if it is not None and it not in rows:
+                    rows[it] = {k: _number(v) if k != "done" else v == "True" for k, v in rec.items() if k}
+                    from_csv.append(int(it))
+    except (OSError, csv.Error, UnicodeDecodeError):
+        pass
+    if from_csv:
+        notes.append(f"iteration(s) {', '.join(map(str, sorted(from_csv)))} taken from progress.csv")
+    elif notes and not rows:
+        notes.append("progress.csv has no rows either: the table has no metrics of this trial")
+    return [rows[it] for it in sorted(rows)], notes
+
+
+def _number(value: Optional[str]) -> Any:
+    """A CSV cell as a number where it is one (Tune writes numbers with ``repr``), else the text."""
+    if value is None or value == "":
+        return None
+    try:
+        f = float(value)
+    except ValueError:
+        return value
+    return int(f) if f.is_integer() and "." not in value and "e" not in value.lower() else f

@@ -68,6 +68,8 @@ def check_storage(path: str, need_bytes: Optional[int], flag: str,
     path = os.path.abspath(os.path.expanduser(path))
     existing = path  # the folder may not exist yet: probe the nearest one that does (nothing is created)
     while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        if os.path.lexists(existing):  # re-probe 9: a file there passed --dry-run, then Tune's traceback
+            raise UsageError(f"{flag} {path}: {existing} is a file, not a folder; give a folder") from None
         existing = os.path.dirname(existing)
     try:
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".r3l-write-probe-"):

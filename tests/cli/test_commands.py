@@ -136,6 +136,39 @@ def test_missing_logger_package(tmp_path, capsys, module, flag):
     assert_usage_error(code, err, flag, f"pip install {module}")
 
 
+def test_an_environment_option_at_the_top_level_points_to_env_config(tmp_path, capsys):
+    """Re-probe 9: `--set num_rooms=3` said "did you mean 'num_epochs'", an option R3L refuses."""
+    code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD), "--set", "num_rooms=3", "--dry-run")
+    assert_usage_error(code, err, "--set num_rooms=...", "option of the environment r3l/ToyCorridor",
+                       "--set env_config.num_rooms=...")
+    assert "num_epochs" not in err
+    code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD.replace("group_size: 4", "num_rooms: 4")),
+                              "--dry-run")
+    assert_usage_error(code, err, "exp.config.num_rooms", "under config.env_config")
+    code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD), "--set", "num_epoch=3", "--dry-run")
+    assert_usage_error(code, err, "unknown config key 'num_epoch'")
+    assert "did you mean 'num_epochs'" not in err
+
+
+def test_a_misspelt_checkpoint_score_attribute_is_refused(tmp_path, capsys):
+    """Re-probe 9 (silently wrong, twice): `checkpoint_score_attribute: training_iteraton` with `num_to_keep: 1`
+    ranked nothing and deleted the best checkpoint, exit 0, no warning."""
+    bad = GOOD + "  checkpoint_config: {num_to_keep: 1, checkpoint_score_attribute: training_iteraton}\n"
+    code, _out, err = run_cli(capsys, "train", _write(tmp_path, bad), "--dry-run")
+    assert_usage_error(code, err, "exp.checkpoint_config.checkpoint_score_attribute", "'training_iteraton'",
+                       "did you mean 'training_iteration'", "num_to_keep would delete the best")
+    good = bad.replace("training_iteraton", "env_runners/success_rate")
+    code, out, err = run_cli(capsys, "train", _write(tmp_path, good), "--dry-run")
+    assert code == 0 and "valid" in out, err
+
+
+def test_a_tracking_uri_without_mlflow_is_refused_not_ignored(tmp_path, capsys):
+    """Re-probe 9: `--mlflow-tracking-uri` without `--mlflow` passed and nothing was logged anywhere."""
+    code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD), "--mlflow-tracking-uri", "http://x:5000",
+                              "--dry-run")
+    assert_usage_error(code, err, "--mlflow-tracking-uri", "--mlflow EXPERIMENT")
+
+
 def test_evaluate_export_report_errors(tmp_path, capsys):
     code, _out, err = run_cli(capsys, "evaluate", str(tmp_path / "missing"))
     assert_usage_error(code, err, "no such checkpoint")

@@ -145,3 +145,44 @@ def test_rows_only_in_rays_staging_folder_are_named(tmp_path, monkeypatch):
     assert [w for w in warnings(table) if "staging" in w] == [
         "warning: R3L_x_00000: 2 more iteration(s) are only in Ray's staging folder on this machine (the driver "
         "ended, or the disk filled, before Tune copied them); `rllib-r3l train ... --resume` copies them back"]
+
+
+def _progress_csv(d, results):
+    rows = [{"training_iteration": r["training_iteration"], "done": r["done"],
+             "env_runners/episode_return_mean": r["env_runners"]["episode_return_mean"]} for r in results]
+    lines = [",".join(rows[0])] + [",".join(str(v) for v in r.values()) for r in rows]
+    (d / "progress.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_a_cut_or_missing_result_json_is_said_and_progress_csv_fills_in(tmp_path):
+    """Re-probe 9 (silently wrong, twice): result.json cut in row 2 of 2 (progress.csv whole, Tune's state
+    TERMINATED) was reported as 1 iteration, INTERRUPTED, no warning; deleted, as 0 iterations."""
+    root = tmp_path / "exp"
+    results = [_result(1), _result(2, done=True)]
+    cut = _trial(root, "R3L_x_00000_0_2026-01-01", results)
+    text = (cut / "result.json").read_text()
+    (cut / "result.json").write_text(text[: len(text) - 40])  # the full disk cut the last row
+    gone = _trial(root, "R3L_x_00001_1_2026-01-01", results)
+    (gone / "result.json").unlink()
+    bare = _trial(root, "R3L_x_00002_2_2026-01-01", results)
+    (bare / "result.json").write_text("")
+    for d in (cut, gone):
+        _progress_csv(d, results)
+    _tune_state(root, {d.name: "TERMINATED" for d in (cut, gone, bare)})
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["iterations"]) == [2, 2, 0]
+    assert list(table["status"])[:2] == ["TERMINATED", "TERMINATED"]
+    lines = warnings(table)
+    assert any("R3L_x_00000" in w and "result.json has 1 unreadable line" in w and "iteration(s) 2 taken from "
+               "progress.csv" in w for w in lines), lines
+    assert any("R3L_x_00001" in w and "result.json is missing" in w and "1, 2 taken from progress.csv" in w
+               for w in lines), lines
+    assert any("R3L_x_00002" in w and "result.json is empty" in w and "no metrics" in w for w in lines), lines
+
+
+def test_whole_row_files_give_no_row_warning(tmp_path):
+    root = tmp_path / "exp"
+    d = _trial(root, "R3L_x_00000_0_2026-01-01", [_result(1), _result(2, done=True)])
+    _progress_csv(d, [_result(1), _result(2, done=True)])
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["status"]) == ["TERMINATED"] and not warnings(table)

@@ -67,6 +67,23 @@ def test_train_refuses_a_storage_path_before_ray_starts(small_fs, capsys, which,
     assert code == 2 and needle in err and "--storage-path" in err, err
 
 
+@pytest.mark.parametrize("door", ["train", "main job"])
+def test_a_file_where_the_folder_should_be_is_refused_before_ray_starts(tmp_path, capsys, door, tiny_model_dir):
+    """Re-probe 9: `--storage-path FILE` passed --dry-run ("would start FILE/EXP") and the real run ended in
+    a NotADirectoryError traceback from writing the experiment's spec."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    if door == "train":
+        code = cli.main(["train", TOY, "--storage-path", str(a_file), "--dry-run"])
+        flag = "--storage-path"
+    else:
+        code = main_job.main(["--out", str(a_file / "run"), "--set", "model=tiny", "--iterations", "1"])
+        flag = "--out"
+    err = capsys.readouterr().err
+    assert code == 2 and flag in err and f"{a_file} is a file, not a folder" in err, err
+    assert a_file.read_text() == "mine"
+
+
 def test_a_disk_that_fills_mid_run_ends_train_with_one_line_and_the_resume_advice(tmp_path, tiny_model_dir):
     """Re-probe (issue 37): a storage disk that fills up during `rllib-r3l train` printed 355 lines of
     tracebacks (the trial's failed checkpoint copy, then the run plot and Tune's progress table failing on

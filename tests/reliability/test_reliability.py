@@ -78,6 +78,9 @@ def test_fault_injection_is_a_testing_aid_not_a_config_option():
     ("backend_options", ["x"], "backend_options: must be a dict"),
     ("model_id", "", "model_id: set training(model="),
     ("lr", 0, "lr: must be > 0"),
+    # re-probe 9: a missing template file passed --dry-run and the trial failed at its start
+    ("reflection_template", "/nonexistent/reflect.txt", "reflection template file not found: '/nonexistent/"),
+    ("reflection_template", "Reflect on {task} and {bogus}", "{bogus}"),
 ])
 def test_invalid_config_values_name_the_field(field, value, needle):
     c = R3LConfig().training(**{field: value})
