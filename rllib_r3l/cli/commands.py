@@ -77,7 +77,7 @@ def cmd_train(args) -> int:
     from rllib_r3l.cli.storage import check_experiment_storages
 
     launch.interrupt_on_sigterm()
-    resume.check_resume_flags(args.resume, args.set or [], args.stop or [])
+    resume.check_resume_flags(args.resume, args.set or [], args.stop or [], args.checkpoint_freq)
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UsageError(f"--num-cpus {args.num_cpus}: must be >= 1")

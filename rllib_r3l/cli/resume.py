@@ -189,17 +189,20 @@ def tune_resume_config():
                         finished=ResumeConfig.ResumeType.SKIP)
 
 
-# Flags a resumed experiment cannot honour: Tune keeps the saved configs and stop criteria.
-FIXED_ON_RESUME = ("--set", "--stop")
+# Flags a resumed experiment cannot honour: Tune keeps the saved configs, stop criteria and checkpoint
+# frequency (re-probe 9: --checkpoint-freq 3 on --resume was dropped without a word).
+FIXED_ON_RESUME = ("--set", "--stop", "--checkpoint-freq")
 
 
-def check_resume_flags(resume: bool, sets: Sequence[str], stops: Sequence[str]) -> None:
-    """Refuse --set/--stop with --resume instead of ignoring them without a word."""
-    for flag, given in zip(FIXED_ON_RESUME, (sets, stops)):
+def check_resume_flags(resume: bool, sets: Sequence[str], stops: Sequence[str],
+                       checkpoint_freq: Optional[int] = None) -> None:
+    """Refuse --set/--stop/--checkpoint-freq with --resume instead of ignoring them without a word."""
+    freq = [str(checkpoint_freq)] if checkpoint_freq is not None else []
+    for flag, given in zip(FIXED_ON_RESUME, (sets, stops, freq)):
         if resume and given:
-            raise UsageError(f"--resume with {flag} {given[0]}: a resumed experiment keeps its saved config and stop "
-                             f"criteria, {flag} cannot change them; drop {flag} to continue it as it was, or start a "
-                             "fresh run with --new")
+            raise UsageError(f"--resume with {flag} {given[0]}: a resumed experiment keeps its saved config, stop "
+                             f"criteria and checkpoint frequency, {flag} cannot change them; drop {flag} to continue "
+                             "it as it was, or start a fresh run with --new")
 
 
 def _without_fixed_flags(argv: Sequence[str]) -> List[str]:

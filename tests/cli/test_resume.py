@@ -298,7 +298,9 @@ def test_a_driver_killed_before_tune_saved_its_state_is_not_taken_for_a_new_expe
     assert (exp / "R3L_x_00000" / "result.json").read_text() == '{"training_iteration": 1}\n'
 
 
-@pytest.mark.parametrize("flags", [["--set", "lr=0.5"], ["--stop", "training_iteration=9"], ["--set=lr=0.5"]])
+# re-probe 9: --checkpoint-freq with --resume was dropped without a word (the saved frequency ran)
+@pytest.mark.parametrize("flags", [["--set", "lr=0.5"], ["--stop", "training_iteration=9"], ["--set=lr=0.5"],
+                                   ["--checkpoint-freq", "3"], ["--checkpoint-freq=3"]])
 def test_resume_refuses_set_and_stop_it_would_ignore(tmp_path, capsys, flags):
     _saved_experiment(tmp_path, "toy-corridor-tiny-r3l", checkpoint=True)
     code = cli.main(["train", TOY, "--experiment", "toy-corridor-tiny-r3l", "--storage-path", str(tmp_path),
@@ -312,7 +314,7 @@ def test_resume_command_drops_set_and_stop():
     from rllib_r3l.cli import resume
 
     argv = ["train", "f.yaml", "--set", "lr=0.5", "--stop=training_iteration=9", "--new", "--storage-path", "s",
-            "--stop", "time_total_s=5", "--set=model=tiny"]
+            "--stop", "time_total_s=5", "--set=model=tiny", "--checkpoint-freq", "2"]
     assert resume.resume_command(argv) == "rllib-r3l train f.yaml --storage-path s --resume"
     assert resume.new_command(["train", "f.yaml", "--resume", "--set", "lr=1"]) == "rllib-r3l train f.yaml --set lr=1 --new"
 
