@@ -144,6 +144,13 @@ def _shapes_problem(path: str, stamp: tuple) -> Optional[str]:
         if want is not None and want != shape:
             return (f"{path}: config.json does not fit the weights: {name} is {list(shape)} in the weights, "
                     f"config.json makes it {list(want)}; copy config.json of the model the weights belong to")
+    # re-probe 9: num_hidden_layers 4 over 2 layers' weights passed, and transformers initialised the
+    # other two at random (its report only in the log). A tied head is one parameter (named once here).
+    known = set(saved) | {n.split(".", 1)[-1] for n in saved}
+    missing = [k for k, _ in model.named_parameters() if k not in known and k.split(".", 1)[-1] not in known]
+    if missing:
+        return (f"{path}: config.json describes {len(missing)} tensor(s) the weights lack (e.g. {missing[0]}), which "
+                "transformers would initialise at random; copy config.json of the model the weights belong to")
     return None
 
 

@@ -113,9 +113,25 @@ def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: O
                 except Exception:  # noqa: BLE001 - the check is whether it builds, not whether it closes
                     pass
     except Exception as e:  # noqa: BLE001 - the environment's own error is the message
+        if "split" in kwargs and "split" not in (env_config or {}) and _builds(factory, env_kwargs(factory, env_config, None)):
+            # re-probe 9: task_split='nope' was blamed on env_config, which holds no split
+            raise ValueError(f"R3LConfig.task_split: {name} has no task split {split!r} ({one_line(e)})") from None
         raise ValueError(f"R3LConfig.env_config: {name} cannot be created with env_config={env_config!r}: "
                          f"{one_line(e)}") from None
     _ENVS_OK.add(key)
+
+
+def _builds(factory: Callable[..., Any], kwargs: Dict[str, Any]) -> bool:
+    """Whether the environment builds with ``kwargs`` (on an error path only: it may take a while)."""
+    try:
+        validate = getattr(factory, "validate_config", None)
+        env = validate(**kwargs) if callable(validate) else factory(**kwargs)
+        close = None if callable(validate) else getattr(env, "close", None)
+        if callable(close):
+            close()
+        return True
+    except Exception:  # noqa: BLE001 - it does not: the caller's message stands
+        return False
 
 
 # The first prompt: below it plus one response, every episode overflows at turn 0 (nothing to train) ---------

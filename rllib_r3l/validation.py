@@ -66,11 +66,20 @@ def check_not_strings(cfg: Any) -> None:
 def _check_lr_schedule(schedule) -> None:
     """An lr schedule ``[[timestep, lr], ...]`` (RLlib checks its shape): every lr must be > 0."""
     rng = RANGES["lr"]
+    steps = []
     for entry in schedule:
         lr = entry[1] if isinstance(entry, (list, tuple)) and len(entry) == 2 else entry
         if not rng.contains(lr):
             _err("lr", f"every learning rate of a schedule [[timestep, lr], ...] must be {rng.describe()}, "
                  f"got {lr!r} in {list(schedule)!r}")
+        if isinstance(entry, (list, tuple)) and len(entry) == 2:
+            steps.append(entry[0])
+    # re-probe 9: timesteps out of order reached RLlib's bare `assert idxes == sorted(idxes)` in the trial
+    bad = [t for t in steps if isinstance(t, bool) or not isinstance(t, int) or t < 0]
+    if bad or steps != sorted(steps):
+        what = f"{bad[0]!r} is not an integer >= 0" if bad else "they are not in increasing order"
+        _err("lr", f"the timesteps of a schedule [[timestep, lr], ...] must be integers >= 0 in increasing order "
+             f"(env steps sampled), starting at 0; {what} in {list(schedule)!r}")
 
 
 def minus_one_advice(field: str) -> str:

@@ -99,6 +99,12 @@ def test_model_must_be_string():
     ("seed", -5, "seed: must be None (unseeded) or an integer >= 0"),
     ("replay_capacity", True, "replay_capacity: must be None"),
     ("micro_batch_tokens", 0, "micro_batch_tokens: must be None (no cap) or an integer >= 1"),
+    # re-probe 9: RLlib's bare AssertionError in the trial (and "valid" at --dry-run)
+    ("lr", [[0, 1e-5], [-10, 1e-6]], "lr: the timesteps of a schedule [[timestep, lr], ...] must be integers >= 0 in "
+                                     "increasing order (env steps sampled), starting at 0; -10 is not an integer >= 0"),
+    ("lr", [[0, 1e-5], [500, 1e-6], [100, 1e-7]], "lr: the timesteps of a schedule [[timestep, lr], ...] must be "
+                                                  "integers >= 0 in increasing order (env steps sampled), starting "
+                                                  "at 0; they are not in increasing order"),
 ])
 def test_every_numeric_option_has_its_range_checked(field, value, needle):
     c = R3LConfig()

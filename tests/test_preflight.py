@@ -101,6 +101,13 @@ def test_a_config_json_that_contradicts_the_weights_is_refused_up_front(tmp_path
     with pytest.raises(ValueError, match=r"transformers cannot build a causal LM from its config.json"):
         preflight.check_model(d2)
     preflight.check_model(_copy(tiny_dir, tmp_path / "m3"))
+    # re-probe 9 (silently wrong, twice): more layers than the weights hold passed, and trained with the
+    # extra layers initialised at random
+    d4 = _copy(tiny_dir, tmp_path / "m4", config={**config, "num_hidden_layers": config["num_hidden_layers"] + 2})
+    extra = config["num_hidden_layers"]
+    with pytest.raises(ValueError, match=rf"config.json describes \d+ tensor\(s\) the weights lack "
+                                         rf"\(e.g. model.layers.{extra}\..*initialise at random"):
+        preflight.check_model(d4)
 
 
 def test_a_tokenizer_without_chat_template_is_refused_up_front(tmp_path, tiny_dir):
@@ -257,3 +264,20 @@ def test_an_eval_split_the_environment_lacks_is_refused_up_front():
     with pytest.raises(ValueError, match=r"R3LConfig.env_config: eval_split='bogus' \(the held-out tasks of "
                                          r"R3L.evaluate\(\)\): .*split must be one of train, dev, test"):
         preflight.check_config(config.training(model="tiny"))
+
+
+def test_a_task_split_the_environment_lacks_is_blamed_on_task_split(tmp_path, capsys):
+    """Re-probe 9: `task_split='nope'` was reported as `R3LConfig.env_config: ... (fix it ... --set env_config=...)`,
+    showing an env_config that holds no split."""
+    from rllib_r3l import R3LConfig
+
+    config = R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3}).training(task_split="nope")
+    with pytest.raises(ValueError, match=r"^R3LConfig.task_split: r3l/ToyCorridor has no task split 'nope' "
+                                         r"\(.*split must be one of train, dev, test"):
+        preflight.check_config(config.training(model="tiny"))
+    from rllib_r3l.cli import commands as cli
+    from tests.cli.test_bad_input import TOY
+
+    code = cli.main(["train", TOY, "--dry-run", "--storage-path", str(tmp_path / "s"), "--set", "task_split=nope"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--set task_split" in err and "env_config" not in err, err

@@ -5,6 +5,10 @@ reflection to the old stop, exit 0, and `--dry-run` showed the new values). Over
 
 from __future__ import annotations
 
+import glob
+import signal
+import time
+
 import yaml
 
 from rllib_r3l.cli import commands as cli
@@ -22,10 +26,17 @@ def test_resume_of_an_edited_file_is_refused_and_of_the_same_file_planned(tmp_pa
     f = tmp_path / "exp.yaml"
     f.write_text(yaml.safe_dump(spec))
     storage = str(tmp_path / "runs")
-    proc = _cli(["train", str(f), "--storage-path", storage, "--stop", "training_iteration=1", "--num-cpus", "4",
-                 "--quiet-workers", "--verbose", "0"])
+    # interrupted after its first checkpoint (a finished experiment has nothing to resume: refused as such)
+    proc = _cli(["train", str(f), "--storage-path", storage, "--stop", "training_iteration=500", "--num-cpus", "4",
+                 "--checkpoint-freq", "1", "--quiet-workers", "--verbose", "0"])
+    first = str(tmp_path / "runs" / "edited" / "*" / "checkpoint_000000" / "rllib_checkpoint.json")
+    deadline = time.time() + 600
+    while proc.poll() is None and not glob.glob(first) and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None and glob.glob(first), proc.communicate()[1][-3000:] if proc.poll() is not None else ""
+    proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=600)
-    assert proc.returncode in (0, 1), err[-3000:]
+    assert proc.returncode == 130, err[-3000:]
     assert (tmp_path / "runs" / "edited" / SPEC_FILE).is_file()
     resume = ["train", str(f), "--storage-path", storage, "--resume", "--dry-run"]
     assert cli.main(resume) == 0, capsys.readouterr().err  # the file as it started: --stop at the start is no change
