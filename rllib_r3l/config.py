@@ -189,6 +189,7 @@ class R3LConfig(AlgorithmConfig):
         validation.check_ranges(self)
         validation.check_unused_rllib(self, fresh_defaults())
         validation.check_learning_signal(self)
+        validation.check_callbacks(self)
         if self.reflection_template is not None:  # re-probe 9: a missing file passed --dry-run, then the trial failed
             from rllib_r3l.runner.reflection.reflect import load_template
 

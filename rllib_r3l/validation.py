@@ -173,3 +173,24 @@ def _validate_lora(lora: Any, err) -> None:
     d = lora.get("dropout", 0.0)
     if not isinstance(d, (int, float)) or not (0 <= d < 1):
         err("lora", f"'dropout' must be in [0, 1), got {d!r}")
+
+
+def check_callbacks(cfg: Any) -> None:
+    """RLlib accepts any callable as ``callbacks_class`` and calls it with no arguments in every worker: a
+    function that needs arguments (re-probe 9: ``callbacks: os.system``) failed in the trial with a
+    ``TypeError`` that named no option."""
+    import inspect
+
+    value = getattr(cfg, "callbacks_class", None)
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if item is None or isinstance(item, type) or not callable(item):
+            continue  # classes: RLlib's own check; strings are resolved by RLlib
+        try:
+            inspect.signature(item).bind()
+        except TypeError as e:
+            name = getattr(item, "__qualname__", repr(item))
+            _err("callbacks", f"{getattr(item, '__module__', '')}.{name} cannot be called without arguments "
+                 f"({e}), as RLlib calls it in every worker; give an RLlibCallback subclass (callbacks: "
+                 "my_module.MyCallbacks)")
+        except ValueError:  # no signature to read (some builtins): RLlib's call will tell
+            continue

@@ -275,3 +275,19 @@ def test_a_switch_given_as_a_string_or_number_is_refused(field, value, needle):
     with pytest.raises(ValueError, match=re.escape(f"R3LConfig.{field}: {needle}")):  # tune.run's dict door
         R3LConfig().update_from_dict({"model": "tiny", field: value}).validate()
     R3LConfig().training(model="tiny", reflection_structured=None, reflect=False).validate()
+
+
+def test_a_callbacks_function_that_needs_arguments_is_refused(tmp_path, capsys):
+    """Re-probe 9: `callbacks: os.system` passed --dry-run (RLlib takes any callable) and the trial failed with a
+    TypeError that named no option; a function RLlib can call with no arguments still passes."""
+    import os
+
+    with pytest.raises(ValueError, match=r"R3LConfig.callbacks: posix.system cannot be called without arguments"):
+        R3LConfig().callbacks(os.system).validate_r3l()
+    R3LConfig().callbacks(lambda: None).validate_r3l()
+    from rllib_r3l.cli import commands as cli
+    from tests.cli.test_bad_input import TOY
+
+    code = cli.main(["train", TOY, "--dry-run", "--storage-path", str(tmp_path), "--set", "callbacks=os.system"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--set callbacks=" in err and "RLlibCallback subclass" in err, err
