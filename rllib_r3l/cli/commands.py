@@ -77,7 +77,7 @@ def cmd_train(args) -> int:
     from rllib_r3l.cli.storage import check_experiment_storages
 
     launch.interrupt_on_sigterm()
-    resume.check_resume_flags(args.resume, args.set or [], args.stop or [], args.checkpoint_freq)
+    resume.check_resume_flags(args.resume, args.set or [], args.stop or [])
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UsageError(f"--num-cpus {args.num_cpus}: must be >= 1")
@@ -90,6 +90,7 @@ def cmd_train(args) -> int:
     storages = {name: storage or spec.get("storage_path") for name, spec in experiments.items()}
     plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new)
     check_experiment_storages(experiments, plan, "--storage-path" if storage else "storage_path")
+    resume.check_checkpoint_freq(plan, args.checkpoint_freq)
     as_written = load_yaml_file(args.file)  # before --set/--stop: what a resume of an edited file is held to
     for name, p in plan.items():
         changed = saved_spec.changes(p["dir"], as_written[name]) if p["mode"] == resume.RESUME else []

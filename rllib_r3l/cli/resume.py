@@ -190,19 +190,32 @@ def tune_resume_config():
 
 
 # Flags a resumed experiment cannot honour: Tune keeps the saved configs, stop criteria and checkpoint
-# frequency (re-probe 9: --checkpoint-freq 3 on --resume was dropped without a word).
+# frequency. The resume command printed after an interruption leaves them out.
 FIXED_ON_RESUME = ("--set", "--stop", "--checkpoint-freq")
 
 
-def check_resume_flags(resume: bool, sets: Sequence[str], stops: Sequence[str],
-                       checkpoint_freq: Optional[int] = None) -> None:
-    """Refuse --set/--stop/--checkpoint-freq with --resume instead of ignoring them without a word."""
-    freq = [str(checkpoint_freq)] if checkpoint_freq is not None else []
-    for flag, given in zip(FIXED_ON_RESUME, (sets, stops, freq)):
+def check_resume_flags(resume: bool, sets: Sequence[str], stops: Sequence[str]) -> None:
+    """Refuse --set/--stop with --resume instead of ignoring them without a word."""
+    for flag, given in zip(FIXED_ON_RESUME, (sets, stops)):
         if resume and given:
-            raise UsageError(f"--resume with {flag} {given[0]}: a resumed experiment keeps its saved config, stop "
-                             f"criteria and checkpoint frequency, {flag} cannot change them; drop {flag} to continue "
-                             "it as it was, or start a fresh run with --new")
+            raise UsageError(f"--resume with {flag} {given[0]}: a resumed experiment keeps its saved config and stop "
+                             f"criteria, {flag} cannot change them; drop {flag} to continue it as it was, or start a "
+                             "fresh run with --new")
+
+
+def check_checkpoint_freq(plan: Dict[str, Dict[str, Any]], freq: Optional[int]) -> None:
+    """Refuse a --checkpoint-freq that differs from what a resumed experiment saved: Tune keeps the saved one
+    (re-probe 9: dropped without a word). The same value, as in the first command, passes."""
+    from rllib_r3l.cli.resume_from import saved_checkpoint_frequencies
+
+    if freq is None:
+        return
+    for name, p in plan.items():
+        saved = saved_checkpoint_frequencies(p["dir"]) if p["mode"] == RESUME else set()
+        if saved and saved != {freq}:
+            raise UsageError(f"--resume with --checkpoint-freq {freq}: experiment {name!r} keeps the checkpoint "
+                             f"frequency it started with ({', '.join(map(str, sorted(saved)))}); drop --checkpoint-freq "
+                             "to continue it so, or start a fresh run with --new")
 
 
 def _without_fixed_flags(argv: Sequence[str]) -> List[str]:

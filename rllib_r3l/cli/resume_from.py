@@ -75,6 +75,17 @@ def all_finished(exp_dir: str) -> bool:
     return bool(statuses) and all(s == "TERMINATED" for s in statuses)
 
 
+def saved_checkpoint_frequencies(exp_dir: str) -> set:
+    """The checkpoint frequencies Tune saved for the experiment's trials (what a resume keeps)."""
+    out = set()
+    for _i, _t, _status, md in _recorded_trials(exp_dir):
+        freq = getattr(getattr(getattr(md, "checkpoint_manager", None), "checkpoint_config", None),
+                       "checkpoint_frequency", None)
+        if isinstance(freq, int):
+            out.add(freq)
+    return out
+
+
 def _recorded(tdir: str, md) -> List[tuple]:
     """``(local path, result)`` of the checkpoints Tune recorded for a trial, oldest first."""
     cm = md.checkpoint_manager
