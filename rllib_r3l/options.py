@@ -231,6 +231,18 @@ UNUSED_RLLIB: Dict[str, str] = {
     "evaluation_parallel_to_training": "R3L.evaluate() runs between iterations, on the training env runners",
     "evaluation_config": "R3L.evaluate() runs on the training env runners with the training config; set "
                          "evaluation_temperature, evaluation_duration and env_config.eval_split instead",
+    # re-probe 10: RLlib's sampling options were accepted and changed nothing (R3L's runners explore task
+    # groups of whole text episodes themselves)
+    "explore": "R3L always samples its rollouts (temperature, top_p); evaluation_temperature sets R3L.evaluate()'s "
+               "sampling and `rllib-r3l evaluate --greedy` decodes greedily",
+    "num_envs_per_env_runner": "each env runner runs one environment per episode of its task groups; "
+                               "tasks_per_iteration and group_size set how many episodes run together",
+    "batch_mode": "R3L samples whole episodes (max_turns bounds them)",
+    "clip_rewards": "R3L scores each episode against its task group (reward - group mean), so the reward's scale "
+                    "does not reach the gradient; success_reward sets what counts as a success",
+    "sample_timeout_s": "R3L waits for each runner's whole share; a runner that fails is handled by "
+                        "fault_tolerance() (restart_failed_env_runners) and runner_restart_wait_s",
+    "observation_filter": "observations are text, read by the policy as they are",
 }
 
 # Options that existed once: a config that still sets one gets an error naming the replacement, so that

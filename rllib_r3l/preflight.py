@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -136,6 +137,7 @@ def _builds(factory: Callable[..., Any], kwargs: Dict[str, Any]) -> bool:
 
 # The first prompt: below it plus one response, every episode overflows at turn 0 (nothing to train) ---------
 _PROMPTS: Dict[tuple, Optional[int]] = {}  # (model, env, env_config, split, system_prompt) -> its tokens
+_RESET_ERRORS: Dict[tuple, str] = {}  # the same keys -> the environment's failure at its first reset
 
 
 def _tokenizer_source(model_id: str) -> Optional[str]:
@@ -165,8 +167,22 @@ def first_prompt_tokens(config: Any, env: Any) -> Optional[int]:
     except Exception:  # noqa: BLE001 - not in the cache, no usable template: the model check and the run say more
         return None
     runner = EpisodeRunner(None, chat, lambda: env, RolloutOptions.from_config(config)) if chat else None
-    live = runner._start_episode(EpisodeSpec(seed=0, group_id="preflight")) if runner else None
+    rollout_log = logging.getLogger("rllib_r3l.runner.rollout")
+    level = rollout_log.level
+    rollout_log.setLevel(logging.ERROR)  # a failed reset is raised below, not logged with its traceback
+    try:
+        live = runner._start_episode(EpisodeSpec(seed=0, group_id="preflight")) if runner else None
+    finally:
+        rollout_log.setLevel(level)
+    if live is not None and live.env is None and live.traj.info.get("error"):
+        last = [line for line in str(live.traj.info["error"]).splitlines() if line.strip()][-1].strip()
+        raise EnvResetError(f"R3LConfig.env: {config.env} fails at reset(seed=0) ({last[:300]}), so every episode "
+                            "would be lost and nothing trained; fix the environment or its env_config")
     return len(live.traj.context_ids()) if live is not None and live.env is not None else None
+
+
+class EnvResetError(ValueError):
+    """The environment builds but fails at its first reset (re-probe 10: --dry-run called it valid)."""
 
 
 def check_first_prompt(config: Any, tokens: Optional[int]) -> None:
@@ -288,10 +304,14 @@ def check_config(config: Any) -> None:
     def measure(env: Any) -> None:  # on the environment check_env builds anyway
         try:
             _PROMPTS[key] = first_prompt_tokens(config, env)
+        except EnvResetError as e:
+            _PROMPTS[key], _RESET_ERRORS[key] = None, str(e)
         except Exception:  # noqa: BLE001 - a check that cannot run is no reason to refuse
             _PROMPTS[key] = None
 
     check_env(config.env, config.env_config, split=config.task_split, on_env=None if key in _PROMPTS else measure)
+    if key in _RESET_ERRORS:
+        raise ValueError(_RESET_ERRORS[key])
     eval_split = (config.env_config or {}).get("eval_split")
     if eval_split is not None and eval_split != config.task_split:  # R3L.evaluate()'s tasks: every episode lost
         try:

@@ -185,6 +185,13 @@ def test_minus_one_on_a_field_where_it_is_valid_suggests_a_valid_neighbour():
     ("evaluation_num_env_runners", 1, "training env runners"),
     ("evaluation_config", {"evaluation_temperature": 1.0}, "env_config.eval_split instead"),  # re-probe 6 (P3)
     ("evaluation_parallel_to_training", True, "between iterations"),  # re-probe 6 (P2): RLlib's advice misled
+    # re-probe 10 (P45): accepted, and a run with explore=False or num_envs_per_env_runner=4 was the default's
+    ("explore", False, "--greedy"),
+    ("num_envs_per_env_runner", 4, "one environment per episode"),
+    ("batch_mode", "truncate_episodes", "whole episodes"),
+    ("clip_rewards", True, "reward - group mean"),
+    ("sample_timeout_s", 5.0, "runner_restart_wait_s"),
+    ("observation_filter", "MeanStdFilter", "text"),
 ])
 def test_rllib_options_r3l_does_not_use_are_refused_with_the_r3l_option(field, value, needle):
     c = R3LConfig().training(model="tiny")

@@ -52,6 +52,19 @@ def test_dry_run_builds_the_environment_math_misspelt_data_file(tmp_path, capsys
     usage_error(code, err, "--set env_config", "no such file", "gsm8k_tset.jsonl")
 
 
+def test_dry_run_refuses_an_environment_that_fails_at_its_first_reset(tmp_path, capsys):
+    """Re-probe 10 (P53): an environment that builds but fails at reset (gymnasium's CartPole: arrays, not text)
+    printed the runner's traceback, then "1 experiment(s) valid", exit 0; the run trained on nothing."""
+    env = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+    code, out, err = dry_run(capsys, tmp_path, "--set", f"env={env}", "--set", "env_config={}")
+    usage_error(code, err, "--set env=", f"{env} fails at reset(seed=0)", "ndarray observation, expected str",
+                "nothing trained")
+    assert "Traceback" not in out + err and "valid" not in out
+    cfg = R3LConfig().environment(env).training(model="tiny")
+    with pytest.raises(ValueError, match=r"R3LConfig.env: .*CartPoleEnv fails at reset\(seed=0\)"):
+        cfg.build_algo()
+
+
 def test_build_algo_rejects_an_environment_that_cannot_be_created(tmp_path):
     cfg = R3LConfig().environment("r3l/Math", env_config={"data_files": str(tmp_path / "nope.jsonl")}).training(model="tiny")
     with pytest.raises(ValueError, match=r"R3LConfig.env_config: r3l/Math cannot be created .*no such file"):
