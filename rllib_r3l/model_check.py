@@ -151,6 +151,14 @@ def _shapes_problem(path: str, stamp: tuple) -> Optional[str]:
     if missing:
         return (f"{path}: config.json describes {len(missing)} tensor(s) the weights lack (e.g. {missing[0]}), which "
                 "transformers would initialise at random; copy config.json of the model the weights belong to")
+    # re-probe 10: num_hidden_layers 1 over 2 layers' weights trained a cut model (the rest dropped unread)
+    prefix = getattr(model, "base_model_prefix", "") or "model"
+    names = set(built) | {k.split(".", 1)[-1] for k in built}
+    unread = [n for n in saved if not n.endswith("rotary_emb.inv_freq")
+              and not {n, n.split(".", 1)[-1], f"{prefix}.{n}"} & names]
+    if unread:
+        return (f"{path}: the weights hold {len(unread)} tensor(s) config.json has no place for (e.g. {unread[0]}), "
+                "which transformers would drop; copy config.json of the model the weights belong to")
     return None
 
 

@@ -108,6 +108,11 @@ def test_a_config_json_that_contradicts_the_weights_is_refused_up_front(tmp_path
     with pytest.raises(ValueError, match=rf"config.json describes \d+ tensor\(s\) the weights lack "
                                          rf"\(e.g. model.layers.{extra}\..*initialise at random"):
         preflight.check_model(d4)
+    # re-probe 10 (silently wrong, twice): fewer layers than the weights hold trained a cut model
+    d5 = _copy(tiny_dir, tmp_path / "m5", config={**config, "num_hidden_layers": config["num_hidden_layers"] - 1})
+    with pytest.raises(ValueError, match=rf"the weights hold \d+ tensor\(s\) config.json has no place for "
+                                         rf"\(e.g. model.layers.{extra - 1}\..*would drop"):
+        preflight.check_model(d5)
 
 
 def test_a_tokenizer_without_chat_template_is_refused_up_front(tmp_path, tiny_dir):
