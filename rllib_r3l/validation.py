@@ -75,11 +75,13 @@ def _check_lr_schedule(schedule) -> None:
         if isinstance(entry, (list, tuple)) and len(entry) == 2:
             steps.append(entry[0])
     # re-probe 9: timesteps out of order reached RLlib's bare `assert idxes == sorted(idxes)` in the trial
-    bad = [t for t in steps if isinstance(t, bool) or not isinstance(t, int) or t < 0]
+    # a whole float (1e6, as in RLlib's own example) is a timestep too
+    bad = [t for t in steps if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0
+           or (isinstance(t, float) and not t.is_integer())]
     if bad or steps != sorted(steps):
-        what = f"{bad[0]!r} is not an integer >= 0" if bad else "they are not in increasing order"
-        _err("lr", f"the timesteps of a schedule [[timestep, lr], ...] must be integers >= 0 in increasing order "
-             f"(env steps sampled), starting at 0; {what} in {list(schedule)!r}")
+        what = f"{bad[0]!r} is not a whole number >= 0" if bad else "they are not in increasing order"
+        _err("lr", f"the timesteps of a schedule [[timestep, lr], ...] must be whole numbers >= 0 in increasing "
+             f"order (env steps sampled), starting at 0; {what} in {list(schedule)!r}")
 
 
 def minus_one_advice(field: str) -> str:

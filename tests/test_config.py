@@ -100,11 +100,15 @@ def test_model_must_be_string():
     ("replay_capacity", True, "replay_capacity: must be None"),
     ("micro_batch_tokens", 0, "micro_batch_tokens: must be None (no cap) or an integer >= 1"),
     # re-probe 9: RLlib's bare AssertionError in the trial (and "valid" at --dry-run)
-    ("lr", [[0, 1e-5], [-10, 1e-6]], "lr: the timesteps of a schedule [[timestep, lr], ...] must be integers >= 0 in "
-                                     "increasing order (env steps sampled), starting at 0; -10 is not an integer >= 0"),
+    ("lr", [[0, 1e-5], [-10, 1e-6]], "lr: the timesteps of a schedule [[timestep, lr], ...] must be whole numbers >= 0 "
+                                     "in increasing order (env steps sampled), starting at 0; -10 is not a whole "
+                                     "number >= 0"),
+    ("lr", [[0, 1e-5], [0.5, 1e-6]], "lr: the timesteps of a schedule [[timestep, lr], ...] must be whole numbers >= 0 "
+                                     "in increasing order (env steps sampled), starting at 0; 0.5 is not a whole "
+                                     "number >= 0"),
     ("lr", [[0, 1e-5], [500, 1e-6], [100, 1e-7]], "lr: the timesteps of a schedule [[timestep, lr], ...] must be "
-                                                  "integers >= 0 in increasing order (env steps sampled), starting "
-                                                  "at 0; they are not in increasing order"),
+                                                  "whole numbers >= 0 in increasing order (env steps sampled), "
+                                                  "starting at 0; they are not in increasing order"),
 ])
 def test_every_numeric_option_has_its_range_checked(field, value, needle):
     c = R3LConfig()
@@ -298,3 +302,11 @@ def test_a_callbacks_function_that_needs_arguments_is_refused(tmp_path, capsys):
     code = cli.main(["train", TOY, "--dry-run", "--storage-path", str(tmp_path), "--set", "callbacks=os.system"])
     err = capsys.readouterr().err
     assert code == 2 and "--set callbacks=" in err and "RLlibCallback subclass" in err, err
+
+
+def test_rllibs_own_lr_schedule_example_passes():
+    """Re-probe 10 (P16): RLlib's message for a bad schedule gives [(0, 0.001), (1e6, 0.0001)] as its example,
+    and R3L refused the float 1e6 as "not an integer"."""
+    c = R3LConfig().training(model="tiny")
+    c.lr = [[0, 1e-3], [1e6, 1e-4]]
+    c.validate_r3l()
