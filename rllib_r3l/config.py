@@ -249,8 +249,9 @@ class R3LConfig(AlgorithmConfig):
         else:
             from rllib_r3l.generation import unknown_backend_option
 
-            # an unknown key would be a TypeError inside every runner, after the model has loaded
-            problem = unknown_backend_option(self.backend, self.backend_options)
+            # an unknown key would be a TypeError inside every runner, after the model has loaded; a value
+            # that cannot work, a traceback there (or, max_batch_size -1, a run that never ends)
+            problem = unknown_backend_option(self.backend, self.backend_options, here=False)
             if problem:
                 err("backend_options", problem)
         if self.system_prompt is not None and "{task}" not in str(self.system_prompt):

@@ -255,6 +255,16 @@ def test_env_config_max_turns_below_one_is_refused(value):
     R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3, "max_turns": 2}).validate()
 
 
+def test_backend_option_values_are_checked_before_any_runner_starts():
+    """Re-probe 10 (a hang, twice): backend_options {max_batch_size: -1} passed --dry-run and the transformers
+    backend returned nothing, so the first iteration never ended. A CUDA device passes here: the runners may
+    run on other machines."""
+    c = R3LConfig().training(model="tiny", backend="transformers", backend_options={"max_batch_size": -1})
+    with pytest.raises(ValueError, match=r"R3LConfig.backend_options: max_batch_size must be an integer >= 1, got -1"):
+        c.validate_r3l()
+    R3LConfig().training(model="tiny", backend="transformers", backend_options={"device": "cuda"}).validate_r3l()
+
+
 def test_an_unknown_backend_option_names_the_near_one_and_the_backend():
     """Before: the key reached the backend's constructor inside every runner (a TypeError after the model
     loaded, shown by Tune as ERROR and a path to error.txt)."""

@@ -126,6 +126,10 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
 
     t0 = time.perf_counter()
     if model is not None:
+        if backend_options.get("dtype") not in (None, "auto"):  # re-probe 10: ignored for a model in memory
+            from rllib_r3l.models import _torch_dtype
+
+            model = model.to(_torch_dtype(backend_options["dtype"]))
         gen = HFBackend(model=model, tokenizer=tokenizer, **backend_options)
     else:
         tokenizer = load_tokenizer(model_dir)

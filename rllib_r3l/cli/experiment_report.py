@@ -67,7 +67,7 @@ _IGNORED_PARAMS = ("__trial_info__", "seed", "callbacks", "callbacks_class")
 
 def find_trial_dirs(root: str) -> List[str]:
     """Directories (``root`` itself or below, up to 3 levels) holding a Tune result file, an
-    ``error.txt`` (a trial that failed before its first result) or a checkpoint."""
+    ``error.txt`` (a trial that failed before its first result), Tune's ``params.json`` or a checkpoint."""
     root = os.path.abspath(os.path.expanduser(root))
     if not os.path.isdir(root):
         raise UsageError(f"{root}: no such directory (pass a Tune experiment directory, e.g. ~/ray_results/NAME)")
@@ -78,7 +78,8 @@ def find_trial_dirs(root: str) -> List[str]:
             dirs[:] = []
         checkpointed = any(x.startswith("checkpoint_") for x in dirs)  # a killed driver's trial: nothing else yet
         dirs[:] = [x for x in dirs if not x.startswith("checkpoint_") and x != "report"]
-        if "result.json" in files or "progress.csv" in files or "error.txt" in files or checkpointed:
+        # params.json: a trial whose row files are gone is still listed, with a warning (re-probe 10)
+        if {"result.json", "progress.csv", "error.txt", "params.json"} & set(files) or checkpointed:
             found.append(d)
             dirs[:] = []
     if not found:
@@ -184,8 +185,8 @@ def trial_status(trial_dir: str, iterations: int, empty_batches: Optional[int],
         status = "ERROR"
     elif status in ("RUNNING", "PENDING", "PAUSED") and driver_mark.driver_alive(exp_dir) is False:
         status = None  # Tune's last saved state, from a driver that was killed: interrupted unless it finished
-    if status in (None, "TERMINATED"):
-        status = "TERMINATED" if last.get("done") else INTERRUPTED
+    if status in (None, "TERMINATED"):  # Tune's word stands where no row is left to judge by (re-probe 10)
+        status = "TERMINATED" if last.get("done") or (status == "TERMINATED" and not last) else INTERRUPTED
     if status == "TERMINATED" and iterations and empty_batches is not None and empty_batches >= iterations:
         status = TRAINED_ON_NOTHING
     return status

@@ -66,9 +66,9 @@ def rebuild_progress_csv(tdir: str) -> bool:
     (Tune's logger after a resume); True when it was rewritten."""
     path, results = os.path.join(tdir, "progress.csv"), os.path.join(tdir, "result.json")
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", errors="replace") as f:
             rows = list(csv.reader(f))
-        with open(results) as f:
+        with open(results, errors="replace") as f:
             lines = [line for line in f if line.strip()]
     except OSError:
         return False
@@ -99,7 +99,7 @@ def rebuild_progress_csv(tdir: str) -> bool:
 def _json_rows(tdir: str) -> List[Tuple[str, Optional[int]]]:
     """``(line, training_iteration)`` of ``result.json``; a line that does not parse has iteration None."""
     try:
-        with open(os.path.join(tdir, "result.json")) as f:
+        with open(os.path.join(tdir, "result.json"), errors="replace") as f:
             lines = [line for line in f if line.strip()]
     except OSError:
         return []
@@ -133,7 +133,7 @@ def set_aside_rows(tdir: str, iteration: int) -> Dict[str, int]:
                                       "".join(line for line, it in rows if it is not None and it > iteration))
     path = os.path.join(tdir, "progress.csv")
     if os.path.isfile(path):
-        with open(path, newline="") as f:
+        with open(path, newline="", errors="replace") as f:
             table = list(csv.reader(f))
         if table and "training_iteration" in table[0]:
             col = table[0].index("training_iteration")
@@ -234,7 +234,7 @@ def read_rows(tdir: str, live: bool = False) -> Tuple[List[Dict[str, Any]], List
     notes: List[str] = []
     path = os.path.join(tdir, "result.json")
     try:
-        with open(path) as f:
+        with open(path, errors="replace") as f:  # re-probe 10: a non-UTF-8 byte was a UnicodeDecodeError
             text = f.read()
     except OSError:
         text = None
@@ -256,10 +256,10 @@ def read_rows(tdir: str, live: bool = False) -> Tuple[List[Dict[str, Any]], List
         notes.append(f"result.json has {bad} unreadable line(s) (cut by a full disk, or edited)")
     from_csv = []
     try:
-        with open(os.path.join(tdir, "progress.csv"), newline="") as f:
+        with open(os.path.join(tdir, "progress.csv"), newline="", errors="replace") as f:
             for rec in csv.DictReader(f):
                 it = _number(rec.get("training_iteration"))
-                if it is not None and it not in rows:
+                if isinstance(it, (int, float)) and it not in rows:  # a damaged row is left out
                     rows[it] = {k: _number(v) if k != "done" else v == "True" for k, v in rec.items() if k}
                     from_csv.append(int(it))
     except (OSError, csv.Error, UnicodeDecodeError):

@@ -56,15 +56,22 @@ def backend_option_names(name: str) -> tuple:
     return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in ("model", "tokenizer"))
 
 
-def unknown_backend_option(name: str, options: dict) -> str:
-    """``""``, or why ``options`` does not suit backend ``name``: the first unknown key, the near one, the keys."""
+def unknown_backend_option(name: str, options: dict, here: bool = True) -> str:
+    """``""``, or why ``options`` does not suit backend ``name``: the first unknown key (the near one, the keys),
+    else the first value that cannot work (:mod:`rllib_r3l.generation.option_values`; ``here``: the backend
+    runs in this process)."""
     from rllib_r3l.errors import did_you_mean
+    from rllib_r3l.generation.option_values import value_problem
 
     known = backend_option_names(name)
     for key in options:
         if key not in known:
             return (f"{key!r} is not an option of the {resolve_backend_name(name)} backend"
                     f"{did_you_mean(key, known)}; its options: {', '.join(known)}")
+    for key, value in options.items():
+        problem = value_problem(key, value, here)
+        if problem:
+            return problem
     return ""
 
 

@@ -152,6 +152,52 @@ def test_an_unknown_backend_option_is_one_line_before_the_model_loads(tmp_path, 
     assert "did you mean 'max_batch_size'" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("options,needle", [
+    ('{"max_batch_size": -1}', "max_batch_size must be an integer >= 1, got -1"),  # was: no episode ever ended
+    ('{"num_threads": 0}', "num_threads must be None or an integer >= 1, got 0"),  # was: torch's RuntimeError
+    ('{"device": "bogus"}', "device must be None (the GPU where there is one), 'cpu' or 'cuda[:N]'"),
+    ('{"dtype": "int8"}', "dtype must be None or one of 'auto', 'float32'"),  # was: ignored, exit 0
+])
+def test_a_backend_option_value_that_cannot_work_is_one_line_before_the_model_loads(tmp_path, capsys, options,
+                                                                                    needle):
+    """Re-probe 10 (issue 37): values of --backend-options were never checked (a hang, tracebacks, ignored)."""
+    ckpt = _fake_checkpoint(tmp_path, {})
+    code = cli.main(["evaluate", ckpt, "--backend", "transformers", "--backend-options", options])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--backend-options: {needle}" in err and "Traceback" not in err, err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the machine has a GPU: 'cuda' is valid here")
+def test_a_cuda_device_on_this_machine_without_a_gpu_is_one_line(tmp_path, capsys):
+    ckpt = _fake_checkpoint(tmp_path, {})
+    code = cli.main(["evaluate", ckpt, "--backend", "transformers", "--backend-options", '{"device": "cuda"}'])
+    err = capsys.readouterr().err
+    assert code == 2 and "this machine has no CUDA GPU" in err and "Traceback" not in err, err
+
+
+def test_the_dtype_of_backend_options_is_used_for_a_checkpoint_in_memory(tmp_path, monkeypatch):
+    """Re-probe 10 (silently wrong, 3 times): the transformers backend got the checkpoint's model in memory
+    and ignored backend_options' dtype."""
+    import functools
+
+    import torch
+
+    from rllib_r3l.generation.hf_backend import HFBackend
+
+    seen = []
+    real_init = HFBackend.__init__
+
+    @functools.wraps(real_init)  # the same signature: the backend's options are read from it
+    def record_dtype(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        seen.append(self.dtype)
+
+    monkeypatch.setattr(HFBackend, "__init__", record_dtype)
+    ckpt = _fake_checkpoint(tmp_path, _tiny_state())
+    ex_eval.evaluate(ckpt, episodes=1, backend="transformers", backend_options={"dtype": "bfloat16"}, max_turns=1)
+    assert seen == [torch.bfloat16]
+
+
 def test_a_bad_split_is_blamed_on_the_split_flag_not_the_checkpoint(tmp_path, capsys):
     # re-probe 2 (M-6): "--split bogus" was reported as "the env_config of checkpoint ...: ... split"
     ckpt = _fake_checkpoint(tmp_path, {})

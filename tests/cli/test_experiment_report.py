@@ -186,3 +186,38 @@ def test_whole_row_files_give_no_row_warning(tmp_path):
     _progress_csv(d, [_result(1), _result(2, done=True)])
     table, _pngs, _out = make_report(str(root))
     assert list(table["status"]) == ["TERMINATED"] and not warnings(table)
+
+
+def test_non_utf8_bytes_in_the_row_files_are_unreadable_lines_not_a_traceback(tmp_path, capsys):
+    """Re-probe 10: a 0xff byte in result.json was a UnicodeDecodeError (exit 1); in progress.csv, with
+    result.json gone, the trial had "no rows" though progress.csv's rows were whole."""
+    root = tmp_path / "exp"
+    results = [_result(1), _result(2, done=True)]
+    a = _trial(root, "R3L_x_00000_0_2026-01-01", results)
+    with open(a / "result.json", "ab") as f:
+        f.write(b"\xff\xfe garbage\n")
+    b = _trial(root, "R3L_x_00001_1_2026-01-01", results)
+    (b / "result.json").unlink()
+    _progress_csv(b, results)
+    with open(b / "progress.csv", "ab") as f:
+        f.write(b"\xff,\xfe,\xfd\n")
+    _tune_state(root, {a.name: "TERMINATED", b.name: "TERMINATED"})
+    code = cli.main(["report", str(root)])
+    out, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err, err
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["iterations"]) == [2, 2] and list(table["status"]) == ["TERMINATED", "TERMINATED"]
+    assert any("R3L_x_00000" in w and "1 unreadable line" in w for w in warnings(table)), warnings(table)
+
+
+def test_a_trial_without_any_row_keeps_tunes_status(tmp_path):
+    """Re-probe 10: result.json and progress.csv both deleted: a trial Tune recorded TERMINATED was called
+    INTERRUPTED (the warning says its rows are gone)."""
+    root = tmp_path / "exp"
+    d = _trial(root, "R3L_x_00000_0_2026-01-01", [_result(1), _result(2, done=True)])
+    (d / "result.json").unlink()
+    (d / "params.json").write_text("{}")
+    _tune_state(root, {d.name: "TERMINATED"})
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["status"]) == ["TERMINATED"]
+    assert any("result.json is missing" in w and "no metrics" in w for w in warnings(table)), warnings(table)
