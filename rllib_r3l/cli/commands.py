@@ -96,8 +96,9 @@ def cmd_train(args) -> int:
         changed = saved_spec.changes(p["dir"], as_written[name]) if p["mode"] == resume.RESUME else []
         if changed:  # Tune would continue the saved config and stop without a word
             raise UsageError(f"--resume: experiment {name!r} in {args.file} changed since the run started "
-                             f"({'; '.join(changed)}); a resumed experiment keeps the config and stop criteria it "
-                             "started with: put the file's values back to continue it, or start a fresh run with --new")
+                             f"({'; '.join(changed)}); a resumed experiment keeps the config, stop criteria and "
+                             "checkpoint_config it started with: put the file's values back to continue it, or "
+                             "start a fresh run with --new")
     for line in resume_from.resume_notes(plan):  # which checkpoint each resumed trial continues from
         print(f"# {line}" if args.dry_run else line)
     if args.dry_run:

@@ -139,8 +139,10 @@ def _load_pickle(path: str) -> Any:
 def load_checkpoint_config(ckpt: str) -> Dict[str, Any]:
     """The algorithm's config (as a dict) stored in the checkpoint."""
     f = os.path.join(ckpt, "class_and_ctor_args.pkl")
-    if not os.path.isfile(f):
-        return {}
+    if not os.path.isfile(f):  # re-probe 10: evaluated with every default (another backend, max_turns), exit 0
+        raise UsageError(f"{ckpt}: class_and_ctor_args.pkl (the training config) is missing, so its environment, "
+                         "env_config and rollout settings are unknown; copy it back from the run's checkpoint, "
+                         "or evaluate a complete checkpoint")
     data = _load_pickle(f)
     args, kwargs = data.get("ctor_args_and_kwargs", ((), {}))
     cfg = args[0] if args else kwargs.get("config", {})

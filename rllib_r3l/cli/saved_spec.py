@@ -3,7 +3,8 @@ is refused instead of silently continuing the old config (re-probe 5: `reflect: 
 file, then `--resume` trained on with reflection to the old stop, and `--dry-run` showed the new values).
 
 A resumed experiment keeps the config and stop criteria Tune saved; ``--set``/``--stop`` are refused
-with ``--resume`` for that reason, and so is a file whose ``config``/``stop`` differ from the saved ones.
+with ``--resume`` for that reason, and so is a file whose ``config``/``stop``/``checkpoint_config`` differ
+from the saved ones.
 The copy is of the file as written (before ``--set``/``--stop``, which ``--resume`` drops from its
 command), so a run started with overrides resumes from its unchanged file.
 """
@@ -17,7 +18,7 @@ from typing import Any, Dict, List, Optional
 from rllib_r3l.cli.storage import write_atomically
 
 SPEC_FILE = "r3l-experiment.json"
-COMPARED = ("config", "stop")
+COMPARED = ("config", "stop", "checkpoint_config")  # what Tune keeps on a resume (re-probe 10: checkpoint_config)
 
 
 def _normal(value: Any) -> Any:
@@ -35,7 +36,7 @@ def _flat(d: Any, prefix: str = "") -> Dict[str, Any]:
 
 
 def save(exp_dir: str, spec: Dict[str, Any]) -> None:
-    """Keep the ``config`` and ``stop`` of the file's experiment as a fresh start reads it."""
+    """Keep the ``config``, ``stop`` and ``checkpoint_config`` of the file's experiment as a fresh start reads it."""
     os.makedirs(exp_dir, exist_ok=True)
     write_atomically(os.path.join(exp_dir, SPEC_FILE), json.dumps(_normal({k: spec.get(k) for k in COMPARED})))
 
@@ -56,7 +57,8 @@ def changes(exp_dir: str, spec: Dict[str, Any], limit: int = 4) -> List[str]:
     saved = _saved(exp_dir)
     if saved is None:
         return []
-    old, new = _flat(saved), _flat(_normal({k: spec.get(k) for k in COMPARED}))
+    sections = [k for k in COMPARED if k in saved]  # a copy from before a section was kept: not compared there
+    old, new = _flat(saved), _flat(_normal({k: spec.get(k) for k in sections}))
 
     def show(flat: Dict[str, Any], k: str) -> str:
         return repr(flat[k]) if k in flat else "(not set)"

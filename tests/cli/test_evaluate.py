@@ -4,6 +4,7 @@ and 10). No Ray: the checkpoints here are written by hand, the tiny model is the
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import pytest
@@ -223,3 +224,16 @@ def test_the_toy_environments_refuse_a_split_that_is_not_one(env_id):
     with pytest.raises(ValueError, match="split must be one of train, dev, test; got 'tset'"):
         environments.make(env_id, {"split": "tset"})
     assert environments.make(env_id, {"split": "valid"}).split == "dev"
+
+
+def test_a_checkpoint_without_its_training_config_is_refused_not_run_with_defaults(tmp_path, capsys):
+    """Re-probe 10 (P73): without the checkpoint's class_and_ctor_args.pkl, evaluate advised --env, and
+    following it ran with every default (another backend, max_turns 8 for a run trained at 6), exit 0;
+    export wrote an empty rollout section."""
+    ckpt = _fake_checkpoint(tmp_path, _tiny_state())
+    os.remove(os.path.join(ckpt, "class_and_ctor_args.pkl"))
+    for argv in (["evaluate", ckpt, "--env", "r3l/ToyCorridor"], ["export", ckpt, "--out", str(tmp_path / "x")]):
+        code = cli.main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and "class_and_ctor_args.pkl (the training config) is missing" in err, err
+    assert not (tmp_path / "x").exists() or not os.listdir(tmp_path / "x")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -87,6 +88,8 @@ def lora_export(tmp_path_factory, tiny_model_dir):
     ckpt = root / "checkpoint_000001"
     (ckpt / ex.MODULE_SUBDIR).mkdir(parents=True)
     (ckpt / "rllib_checkpoint.json").write_text("{}")
+    with open(ckpt / "class_and_ctor_args.pkl", "wb") as f:  # the training config export keeps for evaluate
+        pickle.dump({"ctor_args_and_kwargs": (({"env": "r3l/ToyCorridor", "max_turns": 3},), {})}, f)
     module.save_to_path(str(ckpt / ex.MODULE_SUBDIR))
     out = root / "exported"
     assert cli.main(["export", str(ckpt), "--out", str(out)]) == 0

@@ -49,3 +49,26 @@ def test_resume_of_an_edited_file_is_refused_and_of_the_same_file_planned(tmp_pa
     assert code == 2 and f"--resume: experiment 'edited' in {f} changed since the run started (config.reflect: " \
                          "True -> False; stop.training_iteration: 3 -> 2)" in err, err
     assert "--new" in err and len(err.strip().splitlines()) == 1, err
+    # re-probe 10 (silently wrong, twice): an edited checkpoint_config resumed with the saved one, and its
+    # num_to_keep deleted checkpoints the file now says to keep
+    spec["edited"]["config"]["reflect"] = True
+    spec["edited"]["stop"]["training_iteration"] = 3
+    spec["edited"]["checkpoint_config"]["num_to_keep"] = 1
+    f.write_text(yaml.safe_dump(spec))
+    code = cli.main(resume)
+    err = capsys.readouterr().err
+    assert code == 2 and "(checkpoint_config.num_to_keep: (not set) -> 1)" in err and "checkpoint_config it " \
+                         "started with" in err, err
+
+
+def test_a_copy_saved_before_checkpoint_config_was_kept_is_not_called_changed(tmp_path):
+    import json
+
+    from rllib_r3l.cli import saved_spec
+
+    (tmp_path / SPEC_FILE).write_text(json.dumps({"config": {"lr": 1e-6}, "stop": {"training_iteration": 2}}))
+    spec = {"config": {"lr": 1e-6}, "stop": {"training_iteration": 2}, "checkpoint_config": {"num_to_keep": 1}}
+    assert saved_spec.changes(str(tmp_path), spec) == []
+    saved_spec.save(str(tmp_path), spec)
+    assert saved_spec.changes(str(tmp_path), {**spec, "checkpoint_config": {"num_to_keep": 2}}) == [
+        "checkpoint_config.num_to_keep: 1 -> 2"]
