@@ -84,7 +84,7 @@ def cmd_train(args) -> int:
     callbacks = make_callbacks(args)  # a missing logger package is a usage error, before anything runs
     for name, spec in experiments.items():
         launch.checkpoint_config(spec, args.checkpoint_freq, where=f"{args.file}: {name}.checkpoint_config")
-    check_resources(experiments, args.file, args.set or [])  # the environment builds, the model is there
+    check_resources(experiments, args.file, args.set or [], resume=args.resume)  # the env builds, the model is there
     launch.check_cluster_fits(experiments, args.file, args.num_cpus, args.address)  # CPUs and GPUs exist
     storage = os.path.abspath(os.path.expanduser(args.storage_path)) if args.storage_path else None
     storages = {name: storage or spec.get("storage_path") for name, spec in experiments.items()}

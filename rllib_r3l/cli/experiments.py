@@ -258,16 +258,23 @@ def validate_config(config: Dict[str, Any], where: str = "config", overridden: O
     return first
 
 
-def _explain(msg: str, where: str, overridden: set) -> str:
+# a resumed run keeps its config: neither an edit of the file nor --set can fix what it lacks (re-probe 10)
+RESUME_ADVICE = ("a resumed experiment runs with the config it started with: put back what it names, or start "
+                 "a fresh run with --new")
+
+
+def _explain(msg: str, where: str, overridden: set, resume: bool = False) -> str:
     m = re.match(r"R3LConfig\.(\w+): (.*)", msg, re.S)
     if m:
         field = "model" if m.group(1) == "model_id" else m.group(1)
         src = f"--set {field}=..." if field in overridden else f"{where}.config.{field}"
-        return f"{src}: {m.group(2)} (fix it in the file or override with --set {field}=VALUE)"
-    return f"{where}.config: {msg}"
+        advice = RESUME_ADVICE if resume else f"fix it in the file or override with --set {field}=VALUE"
+        return f"{src}: {m.group(2)} ({advice})"
+    return f"{where}.config: {msg}" + (f" ({RESUME_ADVICE})" if resume else "")
 
 
-def check_resources(experiments: Dict[str, Dict[str, Any]], path: str, sets: Sequence[str] = ()) -> None:
+def check_resources(experiments: Dict[str, Dict[str, Any]], path: str, sets: Sequence[str] = (),
+                    resume: bool = False) -> None:
     """What needs the machine, for every variant of every experiment: the environment can be built with
     its env_config and the model can be found (``rllib_r3l.preflight``); a :class:`UsageError` otherwise.
     ``rllib-r3l train`` runs this (``--dry-run`` too); :func:`prepare_experiments` does not."""
@@ -281,7 +288,7 @@ def check_resources(experiments: Dict[str, Dict[str, Any]], path: str, sets: Seq
             try:
                 check_config(R3LConfig().update_from_dict(copy.deepcopy(variant)))
             except ValueError as e:
-                raise UsageError(_explain(str(e), where, overridden)) from None
+                raise UsageError(_explain(str(e), where, overridden, resume)) from None
 
 
 def prepare_experiments(path: str, sets: Sequence[str] = (), stops: Sequence[str] = (),

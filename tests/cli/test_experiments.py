@@ -116,3 +116,19 @@ def test_a_misspelt_rllib_key_gets_the_closest_name_of_all(tmp_path):
     f.write_text("exp:\n  run: R3L\n  config: {model: tiny, env: r3l/ToyCorridor, gruop_size: 2}\n")
     with pytest.raises(UsageError, match=r"did you mean 'group_size'"):
         prepare_experiments(str(f))
+
+
+def test_a_resume_whose_model_is_gone_advises_putting_it_back_not_set_or_an_edit(tmp_path):
+    """Re-probe 10 (P78): after the run's model folder moved away, --resume advised "fix it in the file or override
+    with --set model=VALUE", and both are refused on a resume."""
+    from rllib_r3l.cli.experiments import RESUME_ADVICE, check_resources
+    from rllib_r3l.errors import UsageError
+
+    gone = str(tmp_path / "moved-away")
+    experiments = {"exp": {"run": "R3L", "config": {"model": gone, "env": "r3l/ToyCorridor"}}}
+    with pytest.raises(UsageError) as e:
+        check_resources(experiments, "f.yaml", resume=True)
+    assert "f.yaml: exp.config.model" in str(e.value) and gone in str(e.value)
+    assert RESUME_ADVICE in str(e.value) and "--set model=VALUE" not in str(e.value)
+    with pytest.raises(UsageError, match=r"--set model=VALUE"):
+        check_resources(experiments, "f.yaml")
