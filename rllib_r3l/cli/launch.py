@@ -49,6 +49,11 @@ def checkpoint_config(spec: Dict[str, Any], freq: Optional[int], where: str = "c
     raw.setdefault("checkpoint_at_end", True)
     if freq is not None:
         raw["checkpoint_frequency"] = freq
+    # re-probe 10: checkpoint_at_end: 'false' (a string, true to Python) wrote the final checkpoint anyway
+    for key, ok, want in (("checkpoint_at_end", lambda v: isinstance(v, bool), "true or false"),
+                          ("num_to_keep", lambda v: v is None or (type(v) is int and v >= 1), "an integer >= 1 or null")):
+        if key in raw and not ok(raw[key]):
+            raise UsageError(f"{where}.{key}: must be {want}, got {raw[key]!r}")
     try:
         config = CheckpointConfig(**raw)
     except (TypeError, ValueError) as e:

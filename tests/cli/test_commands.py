@@ -162,6 +162,16 @@ def test_a_misspelt_checkpoint_score_attribute_is_refused(tmp_path, capsys):
     assert code == 0 and "valid" in out, err
 
 
+@pytest.mark.parametrize("line,needle", [
+    ("{checkpoint_at_end: 'false'}", "checkpoint_config.checkpoint_at_end: must be true or false, got 'false'"),
+    ("{num_to_keep: 2.5}", "checkpoint_config.num_to_keep: must be an integer >= 1 or null, got 2.5"),
+])
+def test_checkpoint_config_switches_and_counts_are_typed(tmp_path, capsys, line, needle):
+    """Re-probe 10 (silently wrong, twice): checkpoint_at_end: 'false' was true, and the final checkpoint written."""
+    code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD + f"  checkpoint_config: {line}\n"), "--dry-run")
+    assert_usage_error(code, err, f"exp.{needle}")
+
+
 def test_a_tracking_uri_without_mlflow_is_refused_not_ignored(tmp_path, capsys):
     """Re-probe 9: `--mlflow-tracking-uri` without `--mlflow` passed and nothing was logged anywhere."""
     code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD), "--mlflow-tracking-uri", "http://x:5000",
