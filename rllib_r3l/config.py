@@ -106,6 +106,15 @@ class R3LConfig(AlgorithmConfig):
             raise
         return self
 
+    def environment(self, env: Any = NotProvided, *, env_config: Any = NotProvided, **kwargs: Any) -> "R3LConfig":
+        """RLlib's environment options; an ``env_config`` that is not a mapping names the field (re-probe 10: RLlib's
+        merge raised ``AttributeError: 'list' object has no attribute 'items'``)."""
+        if env_config is not NotProvided and env_config is not None and not isinstance(env_config, dict):
+            raise ValueError(f"R3LConfig.env_config: must be a mapping of the environment's options, e.g. "
+                             f"{{'num_rooms': 3}}, got {env_config!r}")
+        super().environment(env, env_config=env_config, **kwargs)
+        return self
+
     def evaluation(self, *, evaluation_temperature: Any = NotProvided, **kwargs: Any) -> "R3LConfig":
         """RLlib's evaluation options, plus ``evaluation_temperature`` (R3L's; also a ``training()`` option).
         Another R3L option here is an error that says it belongs in ``training()`` (re-probe 7: Python's
@@ -152,6 +161,7 @@ class R3LConfig(AlgorithmConfig):
         return not (self.reflect or self.pivotal_credit or self.positive_amplification)
 
     def validate(self) -> None:
+        validation.check_stack(self)  # new API stack, one policy, a mapping env_config: RLlib's checks miss them
         validation.check_not_strings(self)  # before RLlib's checks, whose messages would not say so
         validation.check_switches(self)
         validation.check_unused_rllib(self, fresh_defaults())  # before RLlib's own advice for them

@@ -196,3 +196,18 @@ def check_callbacks(cfg: Any) -> None:
                  "my_module.MyCallbacks)")
         except ValueError:  # no signature to read (some builtins): RLlib's call will tell
             continue
+
+
+def check_stack(cfg: Any) -> None:
+    """What R3L runs on, checked before RLlib's own validate (re-probe 10: each was a traceback later): the new
+    API stack, one policy, and an ``env_config`` that is a mapping."""
+    if not getattr(cfg, "enable_rl_module_and_learner", True) or not getattr(
+            cfg, "enable_env_runner_and_connector_v2", True):
+        _err("api_stack", "R3L runs on RLlib's new API stack only (RLModule, Learner, EnvRunner): remove "
+             "api_stack(enable_rl_module_and_learner=False, ...)")
+    if getattr(cfg, "is_multi_agent", False):
+        _err("multi_agent", "R3L trains one policy (the LLM) on single-agent text environments: remove multi_agent(...)")
+    env_config = getattr(cfg, "env_config", None)
+    if env_config is not None and not isinstance(env_config, dict):
+        _err("env_config", f"must be a mapping of the environment's options, e.g. {{'num_rooms': 3}}, got "
+             f"{env_config!r}")

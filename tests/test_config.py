@@ -320,3 +320,27 @@ def test_rllibs_own_lr_schedule_example_passes():
     c = R3LConfig().training(model="tiny")
     c.lr = [[0, 1e-3], [1e6, 1e-4]]
     c.validate_r3l()
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda: R3LConfig().api_stack(enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False),
+     "R3LConfig.api_stack: R3L runs on RLlib's new API stack only"),
+    (lambda: R3LConfig().multi_agent(policies={"a", "b"}, policy_mapping_fn=lambda agent_id, *a, **k: "a"),
+     "R3LConfig.multi_agent: R3L trains one policy"),
+])
+def test_the_old_api_stack_and_multi_agent_are_refused_at_validate(make, needle):
+    """Re-probe 10 (R3, R4): both passed validate() and --dry-run, then build_algo() raised RLlib's
+    AttributeError ('NoneType' object has no attribute 'update') or RuntimeError (dtype of dict)."""
+    with pytest.raises(ValueError) as e:
+        make().training(model="tiny").validate()
+    assert str(e.value).startswith(needle), str(e.value)
+
+
+def test_an_env_config_that_is_not_a_mapping_names_the_field_in_python():
+    """Re-probe 10 (R5): environment(env_config=[1]) was RLlib's AttributeError from its dict merge."""
+    with pytest.raises(ValueError, match=r"R3LConfig.env_config: must be a mapping .*got \[1\]"):
+        R3LConfig().environment(env_config=[1])
+    c = R3LConfig().training(model="tiny")
+    c.env_config = "num_rooms=3"  # as update_from_dict and Tune set it
+    with pytest.raises(ValueError, match=r"R3LConfig.env_config: must be a mapping"):
+        c.validate()
