@@ -88,18 +88,6 @@ def find_trial_dirs(root: str) -> List[str]:
     return sorted(found)
 
 
-def _flatten(d: Dict[str, Any], prefix: str = "", out: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    out = {} if out is None else out
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            if k != "config":
-                _flatten(v, key + "/", out)
-        else:
-            out[key] = v
-    return out
-
-
 def load_trial(trial_dir: str):
     """``(progress DataFrame with the METRICS short names + training_iteration, params dict)``; what was
     damaged in the row files is in ``df.attrs["row_notes"]`` and the last row in ``df.attrs["last"]``."""
