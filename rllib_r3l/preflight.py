@@ -100,19 +100,7 @@ def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: O
     if key in _ENVS_OK and on_env is None:
         return
     try:
-        validate = getattr(factory, "validate_config", None)
-        if callable(validate):
-            validate(**kwargs)
-        else:
-            env = factory(**kwargs)
-            if on_env is not None:
-                on_env(env)
-            close = getattr(env, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception:  # noqa: BLE001 - the check is whether it builds, not whether it closes
-                    pass
+        _build(factory, kwargs, on_env)
     except Exception as e:  # noqa: BLE001 - the environment's own error is the message
         if "split" in kwargs and "split" not in (env_config or {}) and _builds(factory, env_kwargs(factory, env_config, None)):
             # re-probe 9: task_split='nope' was blamed on env_config, which holds no split
@@ -122,14 +110,31 @@ def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: O
     _ENVS_OK.add(key)
 
 
+def _build(factory: Callable[..., Any], kwargs: Dict[str, Any],
+           on_env: Optional[Callable[[Any], None]] = None) -> None:
+    """Build the environment (or only validate its config, where the factory offers that) and close it;
+    the environment's own exception (or ``on_env``'s) propagates. A failed close is not a failed build."""
+    validate = getattr(factory, "validate_config", None)
+    if callable(validate):
+        validate(**kwargs)
+        return
+    env = factory(**kwargs)
+    try:
+        if on_env is not None:
+            on_env(env)
+    finally:  # closed even when on_env fails (a JVM environment would otherwise outlive the check)
+        close = getattr(env, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - the check is whether it builds, not whether it closes
+                pass
+
+
 def _builds(factory: Callable[..., Any], kwargs: Dict[str, Any]) -> bool:
     """Whether the environment builds with ``kwargs`` (on an error path only: it may take a while)."""
     try:
-        validate = getattr(factory, "validate_config", None)
-        env = validate(**kwargs) if callable(validate) else factory(**kwargs)
-        close = None if callable(validate) else getattr(env, "close", None)
-        if callable(close):
-            close()
+        _build(factory, kwargs)
         return True
     except Exception:  # noqa: BLE001 - it does not: the caller's message stands
         return False
