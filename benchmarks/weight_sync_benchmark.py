@@ -167,7 +167,7 @@ def run_one(model: str, backend: str, args) -> list:
 
     from rllib_r3l.learner import weight_sync as ws
     from rllib_r3l.learner.rl_module import hf_named_tensors
-    from rllib_r3l.learner.weight_sync import num_buckets, state_nbytes
+    from rllib_r3l.learner.engine_state import num_buckets, state_nbytes
     from rllib_r3l.models import load_tokenizer, resolve_model
 
     synthetic = model.startswith("synthetic:")

@@ -79,8 +79,8 @@ class R3LCausalLMModule(TorchRLModule):
     def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
         """Full state (CPU tensors: a GPU learner's state crosses the object store). With
         ``inference_only`` (the weight sync into the engines) and LoRA: the merged weights of the
-        adapted decoder layers only (``rllib_r3l.learner.weight_sync.lora_engine_state``)."""
-        from rllib_r3l.learner.weight_sync import lora_engine_state, to_cpu_state
+        adapted decoder layers only (``rllib_r3l.learner.engine_state.lora_engine_state``)."""
+        from rllib_r3l.learner.engine_state import lora_engine_state, to_cpu_state
 
         if inference_only and getattr(self, "lora", None):
             return {"lm." + k: v for k, v in lora_engine_state(self.lm).items()}

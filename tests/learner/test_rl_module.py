@@ -226,7 +226,7 @@ def test_state_out_and_in(plain):
 
 def test_lora_state_for_the_engines_is_the_merged_adapted_layers(tiny_model_dir):
     pytest.importorskip("peft")
-    from rllib_r3l.learner.weight_sync import lora_engine_state
+    from rllib_r3l.learner.engine_state import lora_engine_state
 
     m = module(lora={"r": 2, "target_modules": ["q_proj"]})
     got = m.get_state(inference_only=True)

@@ -199,7 +199,7 @@ def test_lora_engine_state_is_the_merged_model(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from rllib_r3l.learner.weight_sync import lora_engine_state
+    from rllib_r3l.learner.engine_state import lora_engine_state
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
