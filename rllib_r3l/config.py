@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 
 from rllib_r3l import validation
+from rllib_r3l.errors import template_problem
 from rllib_r3l.options import (CHOICES, DEFAULT_ENV, DEFAULT_MODEL, R3L_OPTIONS, REFLECTOR_ROLES, UNUSED_RLLIB,
                                default, removed_option_error, resolve_reflection_context,
                                resolve_reflection_structured, separate_reflector)
@@ -264,8 +265,10 @@ class R3LConfig(AlgorithmConfig):
             problem = unknown_backend_option(self.backend, self.backend_options, here=False)
             if problem:
                 err("backend_options", problem)
-        if self.system_prompt is not None and "{task}" not in str(self.system_prompt):
-            err("system_prompt", "must contain the placeholder {task} (and may contain {rules})")
+        if self.system_prompt is not None:  # re-probe 11: {bogus} lost every group (a KeyError in the log)
+            problem = template_problem(self.system_prompt, ("rules", "task"), ("task",))
+            if problem:
+                err("system_prompt", problem)
         validation.validate_scaling(self, err)
         from rllib_r3l.reliability.faults import validate_reliability_options
 

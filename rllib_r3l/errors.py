@@ -30,3 +30,29 @@ def one_line(e: BaseException) -> str:
     """``Type: message`` on one line (a message over several lines joined)."""
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def template_problem(template: object, allowed: Iterable[str], required: Iterable[str]) -> str:
+    """What is wrong with a ``str.format`` template a user wrote (``""``: nothing): not a string, a
+    placeholder not in ``allowed`` (``{bogus}``, ``{0}``, ``{task.x}``), a stray brace, or none of
+    ``required``. Such a template passed validation and failed in every episode (KeyError in the log)."""
+    import string
+
+    allowed, required = tuple(allowed), tuple(required)
+    names = ", ".join("{" + n + "}" for n in allowed)
+    if not isinstance(template, str):
+        return f"must be a string with the placeholders {names}, got {type(template).__name__}"
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as e:  # "Single '}' encountered", "unmatched '{'"
+        return f"is not a valid format string ({e}); write a literal brace as {{{{ or }}}}"
+    unknown = sorted(f for f in fields if f not in allowed)
+    if unknown:
+        return f"has unknown placeholder(s) {unknown}; allowed: {names} (a literal brace is {{{{ or }}}})"
+    if required and not fields & set(required):
+        return f"must contain the placeholder {' or '.join('{' + n + '}' for n in required)}"
+    try:
+        template.format(**{n: "" for n in allowed})
+    except (ValueError, KeyError, IndexError, AttributeError) as e:  # a format spec such as {task:d}
+        return f"cannot be filled in ({type(e).__name__}: {e})"
+    return ""

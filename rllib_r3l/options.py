@@ -201,7 +201,9 @@ RANGES: Dict[str, Range] = {
     "lr": Range(low=0, low_open=True, high=1, high_open=True,
                 text="> 0 and < 1 (a number, or a schedule [[timestep, lr], ...])"),
     "grad_clip": Range(low=0, low_open=True, none="no clipping"),
-    "seed": Range(low=0, integer=True, none="unseeded"),
+    # numpy takes 32-bit seeds, and RLlib seeds each runner with seed + its index (+ 1e6 for evaluation):
+    # 2**70 passed --dry-run and every runner died on "Seed must be between 0 and 2**32 - 1"
+    "seed": Range(low=0, high=2**31 - 1, integer=True, none="unseeded"),
     "num_env_runners": Range(low=0, integer=True),
     "num_learners": Range(low=0, integer=True),
     "num_cpus_per_env_runner": Range(low=0),

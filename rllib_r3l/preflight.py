@@ -245,6 +245,10 @@ def check_resources(config: Any, cpus: Optional[float] = None, gpus: Optional[fl
     if isinstance(tp, int) and tp > max(have_gpu, 1):  # vLLM splits the engine over tp GPUs: none on CPU
         raise ValueError(f"R3LConfig.backend_options: tensor_parallel_size={tp} splits the vLLM engine over {tp} "
                          f"GPUs, {'this machine' if gpus is None else source} has {have_gpu:g}; drop it (1) on CPU")
+    device = (config.backend_options or {}).get("device")
+    if isinstance(device, str) and device.startswith("cuda") and have_gpu == 0:  # re-probe 11: passed --dry-run
+        raise ValueError(f"R3LConfig.backend_options: device={device!r} puts the generation engines on a GPU, "
+                         f"{'this machine' if gpus is None else source} has none; use 'cpu' or drop it (None)")
     if need_gpu > have_gpu:
         option = _gpu_option(config)
         raise ValueError(f"R3LConfig.{option}: the run asks for {need_gpu:g} GPU(s) ({option}="

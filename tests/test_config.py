@@ -55,7 +55,17 @@ def test_update_from_dict_roundtrip_with_model_string():
     ("reflect_on", "successes", "reflect_on: must be one of ('all', 'failures')"),
     ("max_response_tokens", 9000, "must be smaller than max_context_tokens"),
     ("kl_coef", -0.1, "kl_coef: must be a number >= 0"),
-    ("system_prompt", "no placeholder", "{task}"),
+    ("system_prompt", "no placeholder", "system_prompt: must contain the placeholder {task}"),
+    # re-probe 11: passed validation, then every episode raised KeyError('bogus') and every group was lost
+    ("system_prompt", "Do {task} and {bogus}", "system_prompt: has unknown placeholder(s) ['bogus']; allowed: "
+                                                "{rules}, {task}"),
+    ("system_prompt", "Do {task} {0}", "unknown placeholder(s) ['0']"),
+    ("system_prompt", "Do {task.x}", "unknown placeholder(s) ['task.x']"),
+    ("system_prompt", "Do {task} {", "system_prompt: is not a valid format string"),
+    ("system_prompt", "Do {task:d}", "system_prompt: cannot be filled in (ValueError"),
+    ("system_prompt", 42, "system_prompt: must be a string"),
+    ("guidance_template", "{suggestion} {0}", "guidance_template: guidance template has unknown placeholder(s) ['0']"),
+    ("guidance_template", "{suggestion} }", "guidance_template: guidance template is not a valid format string"),
     ("max_turns", 0, "max_turns"),
     ("backend_options", {"choice_tokenization": "chars"}, "backend_options: choice_tokenization must be 'canonical'"),
 ])
@@ -96,7 +106,9 @@ def test_model_must_be_string():
     ("num_learners", 1.5, "num_learners: must be an integer >= 0"),
     ("num_gpus_per_learner", -0.5, "num_gpus_per_learner: must be a number >= 0"),
     ("num_cpus_per_env_runner", -2, "num_cpus_per_env_runner: must be a number >= 0"),
-    ("seed", -5, "seed: must be None (unseeded) or an integer >= 0"),
+    ("seed", -5, "seed: must be None (unseeded) or an integer in [0, 2147483647]"),
+    # re-probe 11: passed --dry-run; every runner died on numpy's "Seed must be between 0 and 2**32 - 1"
+    ("seed", 2**70, "seed: must be None (unseeded) or an integer in [0, 2147483647]"),
     ("replay_capacity", True, "replay_capacity: must be None"),
     ("micro_batch_tokens", 0, "micro_batch_tokens: must be None (no cap) or an integer >= 1"),
     # re-probe 9: RLlib's bare AssertionError in the trial (and "valid" at --dry-run)

@@ -175,6 +175,17 @@ def test_vllm_tensor_parallel_over_more_gpus_than_there_are_is_refused():
     preflight.check_resources(_config(backend="vllm", backend_options={"tensor_parallel_size": 1}), cpus=4, gpus=0)
 
 
+def test_a_cuda_generation_device_without_a_gpu_is_refused():
+    """Re-probe 11: backend_options {device: cuda} passed --dry-run on a CPU machine, then every runner
+    failed with "Torch not compiled with CUDA enabled". The cluster's (or this machine's) GPUs decide."""
+    cfg = _config(backend="transformers", backend_options={"device": "cuda:0"})
+    with pytest.raises(ValueError, match=r"R3LConfig.backend_options: device='cuda:0' puts the generation engines on a "
+                                         r"GPU, the Ray cluster has none; use 'cpu' or drop it \(None\)"):
+        preflight.check_resources(cfg, cpus=4, gpus=0, source="the Ray cluster")
+    preflight.check_resources(cfg, cpus=4, gpus=1, source="the Ray cluster")  # a cluster with a GPU (no GPU here)
+    preflight.check_resources(_config(backend="transformers", backend_options={"device": "cpu"}), cpus=4, gpus=0)
+
+
 @pytest.mark.integration
 def test_build_algo_refuses_a_gpu_learner_the_ray_cluster_lacks(monkeypatch):
     import ray

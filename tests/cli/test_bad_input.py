@@ -65,6 +65,14 @@ def test_dry_run_refuses_an_environment_that_fails_at_its_first_reset(tmp_path, 
         cfg.build_algo()
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_dry_run_refuses_a_cuda_generation_device_on_a_machine_without_a_gpu(tmp_path, capsys):
+    """Re-probe 11: "1 experiment(s) valid", then every trial ERROR with "Torch not compiled with CUDA enabled"."""
+    code, out, err = dry_run(capsys, tmp_path, "--set", "backend_options={device: cuda}")
+    usage_error(code, err, "backend_options", "device='cuda'", "this machine has none", "use 'cpu'")
+    assert "valid" not in out
+
+
 def test_build_algo_rejects_an_environment_that_cannot_be_created(tmp_path):
     cfg = R3LConfig().environment("r3l/Math", env_config={"data_files": str(tmp_path / "nope.jsonl")}).training(model="tiny")
     with pytest.raises(ValueError, match=r"R3LConfig.env_config: r3l/Math cannot be created .*no such file"):

@@ -24,6 +24,7 @@ import re
 import string
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from rllib_r3l.errors import template_problem
 from rllib_r3l.runner.reflection.parse import parse_report
 from rllib_r3l.runner.reflection.report import Outcome, ParseResult, ParseStatus, ReflectionReport, ReflectionStats
 
@@ -310,15 +311,9 @@ GUIDANCE_PLACEHOLDERS = ("report", "suggestion", "root_cause", "summary", "pivot
 def check_guidance_template(template: Any) -> str:
     """A guidance template: text with ``{report}`` (the whole report as JSON) or ``{suggestion}``,
     and optionally ``{root_cause}``, ``{summary}``, ``{pivot}``; ``ValueError`` names what is wrong."""
-    if not isinstance(template, str):
-        raise ValueError(f"guidance template must be a string, got {type(template).__name__}")
-    names = set(re.findall(r"{(\w*)}", template))
-    unknown = sorted(names - set(GUIDANCE_PLACEHOLDERS))
-    if unknown:
-        raise ValueError(f"guidance template has unknown placeholder(s) {unknown}; allowed: "
-                         f"{', '.join('{' + n + '}' for n in GUIDANCE_PLACEHOLDERS)}")
-    if not names & {"report", "suggestion"}:
-        raise ValueError("guidance template is missing the required placeholder {report} or {suggestion}")
+    problem = template_problem(template, GUIDANCE_PLACEHOLDERS, ("report", "suggestion"))
+    if problem:
+        raise ValueError(f"guidance template {problem}")
     return template
 
 
