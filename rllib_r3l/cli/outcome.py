@@ -26,6 +26,10 @@ LOSS_KEYS = {
     "env_create_errors": "env_runners/r3l/faults/env_create_errors",
     "generation_errors": "env_runners/r3l/faults/generation_errors",
     "partial_groups": "r3l/faults/partial_groups",
+    # re-probe 11: a runner whose exploration raised (every group lost) was said to have "scored alike"
+    "exploration_errors": "env_runners/r3l/faults/exploration_errors",
+    "groups_lost_with_exploration_error": "env_runners/r3l/faults/groups_lost_with_exploration_error",
+    "groups_lost_with_runner": "r3l/faults/groups_lost_with_runner",
 }
 # why an episode ended without a learning signal, though nothing was lost
 OVERFLOW_KEY = "env_runners/r3l/faults/context_overflow"
@@ -67,7 +71,9 @@ class TrainingTracker(Callback):
         for name, key in LOSS_KEYS.items():
             s[name] += _count(get_metric(result, key))
         s["context_overflow"] += _count(get_metric(result, OVERFLOW_KEY))
-        s["episodes"] += _count(get_metric(result, EPISODES_KEY))
+        episodes = get_metric(result, EPISODES_KEY)
+        s["episodes"] += _count(episodes)
+        s["episodes_reported"] += episodes is not None
 
     def problem(self, trial_id: str) -> Optional[str]:
         """Why a trial that ran never updated the policy, or None (it did, or it never reported)."""
@@ -82,6 +88,8 @@ class TrainingTracker(Callback):
             return (f"{head} (context_overflow {s['context_overflow']} of {s['episodes']} episode(s)): episodes "
                     "ran out of max_context_tokens; raise max_context_tokens above the prompt's length "
                     "(or shorten max_response_tokens / the environment's max_turns)")
+        if s["episodes"] == 0 and s["episodes_reported"]:  # nothing sampled and nothing counted as lost: never call it "scored alike"
+            return (f"{head}: no episode was sampled; see its error/log output and docs/reliability.md")
         return (f"{head}: every task group's episodes scored alike, so every group-relative advantage was 0 "
                 "and no update was made; check temperature (> 0), the environment (max_turns, a task every "
                 "episode solves or none does) and success_reward, or run more iterations")

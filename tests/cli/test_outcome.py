@@ -58,6 +58,22 @@ def test_a_few_overflowing_episodes_are_not_taken_for_the_cause():
     assert row["status"] == TRAINED_ON_NOTHING and "scored alike" in row["problem"]
 
 
+def test_groups_lost_to_an_exploration_error_are_named_not_called_scored_alike():
+    """Re-probe 11: a system_prompt placeholder the runner could not fill raised in every runner's exploration;
+    every group was lost, and the summary said the episodes "scored alike"."""
+    lost = {"r3l": {"batch": {"empty_batches": 1}},
+            "env_runners": {"num_episodes": 0, "r3l": {"faults": {"exploration_errors": 1,
+                                                                  "groups_lost_with_exploration_error": 2}}}}
+    row = _row(lost, lost)
+    assert row["status"] == TRAINED_ON_NOTHING
+    assert "exploration_errors 2, groups_lost_with_exploration_error 4" in row["problem"]
+    assert "scored alike" not in row["problem"]
+    runner_lost = {"r3l": {"batch": {"empty_batches": 1}, "faults": {"groups_lost_with_runner": 2}}}
+    assert "groups_lost_with_runner 2" in _row(runner_lost)["problem"]
+    nothing = {"r3l": {"batch": {"empty_batches": 1}}, "env_runners": {"num_episodes": 0}}
+    assert "no episode was sampled" in _row(nothing)["problem"]
+
+
 def test_one_trained_iteration_is_a_success():
     row = _row(EMPTY, TRAINED)
     assert row["status"] == "TERMINATED" and row["problem"] is None
