@@ -109,8 +109,11 @@ class R3LConfig(AlgorithmConfig):
 
     def environment(self, env: Any = NotProvided, *, env_config: Any = NotProvided, **kwargs: Any) -> "R3LConfig":
         """RLlib's environment options; an ``env_config`` that is not a mapping names the field (re-probe 10: RLlib's
-        merge raised ``AttributeError: 'list' object has no attribute 'items'``)."""
-        if env_config is not NotProvided and env_config is not None and not isinstance(env_config, dict):
+        merge raised ``AttributeError: 'list' object has no attribute 'items'``). ``None`` (YAML's empty
+        ``env_config:``) adds no option (re-probe 11: it was the same AttributeError)."""
+        if env_config is None:
+            env_config = NotProvided
+        if env_config is not NotProvided and not isinstance(env_config, dict):
             raise ValueError(f"R3LConfig.env_config: must be a mapping of the environment's options, e.g. "
                              f"{{'num_rooms': 3}}, got {env_config!r}")
         super().environment(env, env_config=env_config, **kwargs)

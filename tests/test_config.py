@@ -356,3 +356,12 @@ def test_an_env_config_that_is_not_a_mapping_names_the_field_in_python():
     c.env_config = "num_rooms=3"  # as update_from_dict and Tune set it
     with pytest.raises(ValueError, match=r"R3LConfig.env_config: must be a mapping"):
         c.validate()
+
+
+def test_an_empty_env_config_is_no_options():
+    """Re-probe 11: YAML's empty ``env_config:`` (None), or ``--set env_config=null``, was RLlib's
+    ``AttributeError: 'NoneType' object has no attribute 'items'`` naming no field."""
+    c = R3LConfig().update_from_dict({"env": "r3l/ToyCorridor", "env_config": None})
+    assert c.env_config == {}
+    kept = R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3}).environment(env_config=None)
+    assert kept.env_config == {"num_rooms": 3}  # adds nothing, like env_config={}
