@@ -74,6 +74,8 @@ class R3L(Algorithm):
         bound_kernel_caches()
         preflight.check_config(self.config)  # the env builds with its env_config, the model exists: fail now
         preflight.check_local_learner_gpu(self.config)
+        if preflight.ray_capacity()[0] is None:  # no Ray yet: RLlib runs (or starts) everything on this machine
+            preflight.check_resources(self.config)  # its GPUs (re-probe 11: a CUDA engine device on a CPU machine)
         super().setup(config)
         self._num_updates = 0
         self._pad_token_id = None

@@ -226,6 +226,33 @@ def test_build_algo_without_ray_refuses_a_gpu_local_learner_this_process_cannot_
             ray.shutdown()
 
 
+@pytest.mark.integration
+def test_build_algo_without_ray_refuses_a_cuda_engine_and_a_seed_numpy_cannot_take():
+    """Re-probe 11: with no Ray started (everything runs on this machine) ``build_algo()`` passed
+    ``backend_options={"device": "cuda"}`` on a CPU machine and ``train()`` died in the runner with "Torch not
+    compiled with CUDA enabled"; ``seed=2**70`` got RLlib's "Seed must be between 0 and 2**32 - 1"."""
+    import ray
+
+    from rllib_r3l import R3LConfig
+
+    if ray.is_initialized():
+        pytest.skip("needs no Ray runtime started")
+    if preflight.machine_gpus():
+        pytest.skip("this machine has a GPU")
+    base = R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3}).training(model="tiny",
+                                                                                            backend="transformers")
+    try:
+        with pytest.raises(ValueError, match=r"R3LConfig.backend_options: device='cuda' puts the generation engines "
+                                             r"on a GPU, this machine has none"):
+            base.copy().training(backend_options={"device": "cuda"}).build_algo()
+        with pytest.raises(ValueError, match=r"R3LConfig.seed: must be None \(unseeded\) or an integer in "
+                                             r"\[0, 2147483647\], got 1180591620717411303424"):
+            base.copy().debugging(seed=2**70).build_algo()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+
+
 def test_a_model_folder_without_tokenizer_files_is_refused_up_front(tmp_path, tiny_dir):
     """Re-probe 2: a folder with weights and config but no tokenizer passed `--dry-run`; the trial then
     failed loading the tokenizer (the console showed only ERROR)."""
