@@ -300,6 +300,9 @@ def _refuse_incomplete_checkpoint(path: Any) -> None:
     from rllib_r3l.checkpoint_integrity import problem
 
     local = str(getattr(path, "path", path))  # a ray.train.Checkpoint, or a path
+    if os.path.isfile(local):  # re-probe 11: RLlib called an experiment's YAML file "a v0 checkpoint"
+        raise ValueError(f"{local}: a file, not a checkpoint folder; pass a checkpoint_* folder of a run (the "
+                         "folder Algorithm.save() returned, or one inside a trial's folder)")
     if not os.path.isdir(local):
         return
     found = problem(local)

@@ -226,6 +226,16 @@ def test_from_checkpoint_and_restore_of_a_cut_checkpoint_name_the_file(ray_sessi
         algo.stop()
 
 
+def test_from_checkpoint_of_a_file_says_it_wants_a_checkpoint_folder(tmp_path):
+    """Re-probe 11: ``R3L.from_checkpoint("exp.yaml")`` got RLlib's "Cannot restore a v0 checkpoint"."""
+    from rllib_r3l import R3L
+
+    f = tmp_path / "exp.yaml"
+    f.write_text("t: {run: R3L}\n")
+    with pytest.raises(ValueError, match=r"exp.yaml: a file, not a checkpoint folder; pass a checkpoint_\* folder"):
+        R3L.from_checkpoint(str(f))
+
+
 @pytest.mark.integration
 def test_a_module_state_without_weights_is_refused_not_loaded_as_the_base_model(ray_session, tmp_path):
     """Re-probe 6 (P17): module_state.pkl replaced by a valid pickle of {} restored "fine", with the base
