@@ -218,6 +218,7 @@ def write_aside(path: str, write) -> None:
     """``write(tmp)`` next to ``path``, then renamed onto it: a failed write leaves no half file."""
     tmp = f"{path}.partial-{os.getpid()}"
     try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # re-probe 11: a new folder failed after the run
         write(tmp)
         os.replace(tmp, path)
     finally:

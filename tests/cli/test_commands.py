@@ -247,7 +247,7 @@ def test_a_finished_experiment_is_not_advised_a_resume_that_does_nothing(trained
 @pytest.mark.integration
 def test_evaluate_checkpoint(trained, capsys, tmp_path):
     ckpt = [c for c in trained["checkpoints"] if "tiny-r3l" in c][0]
-    csv = tmp_path / "episodes.csv"
+    csv = tmp_path / "new" / "episodes.csv"  # re-probe 11: a folder not there yet failed after the evaluation
     code, out, err = run_cli(capsys, "evaluate", ckpt, "--episodes", 3, "--max-turns", 2, "--out", csv)
     assert code == 0, err
     assert "success_rate" in out and "mean_return" in out and "mean_turns" in out and "r3l/ToyCorridor" in out
