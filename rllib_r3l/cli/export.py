@@ -80,6 +80,18 @@ def find_checkpoint(path: str) -> str:
         raise UsageError(f"{path}: has a config.json without model_type, so it is neither a Hugging Face model "
                          "directory nor an R3L checkpoint; pass a checkpoint printed by `rllib-r3l train` or a "
                          "directory written by `rllib-r3l export`")
+    parts = {"rllib_checkpoint.json": os.path.isfile(os.path.join(path, "rllib_checkpoint.json")),
+             "learner_group/": os.path.isdir(os.path.join(path, "learner_group"))}
+    if any(parts.values()):  # re-probe 11: half a checkpoint was "not an R3L checkpoint", naming nothing missing
+        missing = next(k for k, there in parts.items() if not there)
+        raise UsageError(f"{path}: a damaged checkpoint: {missing} is missing; restore it from a copy or pass an "
+                         "earlier checkpoint_* of the run")
+    experiments = [d for d in sorted(os.listdir(path)) if os.path.isdir(os.path.join(path, d))
+                   and any(_checkpoints_in(os.path.join(path, d, t)) for t in os.listdir(os.path.join(path, d))
+                           if os.path.isdir(os.path.join(path, d, t)))]
+    if experiments:  # a storage path: its experiments hold the trials
+        raise UsageError(f"{path} holds {len(experiments)} experiment folder(s) with checkpoints; pass one of them "
+                         f"(or a trial in it): " + ", ".join(experiments[:5]) + (", ..." if len(experiments) > 5 else ""))
     raise UsageError(f"{path}: not an R3L checkpoint (no rllib_checkpoint.json + learner_group/) and no "
                      "checkpoint_* directories in it; pass a checkpoint printed by `rllib-r3l train`")
 

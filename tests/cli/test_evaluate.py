@@ -237,3 +237,29 @@ def test_a_checkpoint_without_its_training_config_is_refused_not_run_with_defaul
         err = capsys.readouterr().err
         assert code == 2 and "class_and_ctor_args.pkl (the training config) is missing" in err, err
     assert not (tmp_path / "x").exists() or not os.listdir(tmp_path / "x")
+
+
+@pytest.mark.parametrize("command", ["evaluate", "export"])
+def test_half_a_checkpoint_and_a_storage_folder_say_what_to_pass(tmp_path, capsys, command):
+    """Re-probe 11: a checkpoint missing rllib_checkpoint.json (or learner_group/) and the parent of several
+    experiments were both "not an R3L checkpoint ... no checkpoint_* directories in it"."""
+    def run(path):
+        extra = ["--out", str(tmp_path / "o")] if command == "export" else []
+        code = cli.main([command, str(path), *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err, err
+        return err
+
+    half = tmp_path / "half"
+    (half / "learner_group").mkdir(parents=True)
+    assert "a damaged checkpoint: rllib_checkpoint.json is missing" in run(half)
+    only_meta = tmp_path / "meta"
+    only_meta.mkdir()
+    (only_meta / "rllib_checkpoint.json").write_text("{}")
+    assert "a damaged checkpoint: learner_group/ is missing" in run(only_meta)
+    storage = tmp_path / "storage"
+    for exp in ("exp-a", "exp-b"):
+        ckpt = storage / exp / "R3L_toy_00000" / "checkpoint_000000"
+        (ckpt / "learner_group").mkdir(parents=True)
+        (ckpt / "rllib_checkpoint.json").write_text("{}")
+    assert "holds 2 experiment folder(s) with checkpoints; pass one of them (or a trial in it): exp-a, exp-b" in run(storage)
