@@ -19,6 +19,7 @@ import glob
 import io
 import json
 import os
+import re
 import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -192,10 +193,40 @@ def staged_trial_dir(exp_dir: str, trial: str) -> Optional[str]:
     best, most = None, len(stored)
     for f in glob.glob(os.path.join(root, "session_*", "artifacts", "*", exp, "driver_artifacts", trial, "result.json")):
         d = os.path.realpath(os.path.dirname(f))  # not via session_latest: it moves to the resuming session
+        if not _staged_for(os.path.dirname(d), exp_dir):
+            continue
         its = [it for _, it in _json_rows(d)]
         if len(its) > most and its[:len(stored)] == stored:
             best, most = d, len(its)
     return best
+
+
+def _staged_for(driver_artifacts: str, exp_dir: str) -> bool:
+    """Whether a staging folder belongs to the experiment stored in ``exp_dir`` (re-probe 11: a copy of the
+    experiment resumed under another storage path has the same names, and its rows were taken for the
+    original's). Tune's state there records the storage path (pickled inside; found as bytes). Without a
+    readable state file the folder is not ruled out."""
+    paths = {os.path.dirname(os.path.abspath(exp_dir)), os.path.dirname(os.path.realpath(exp_dir))}
+    states = glob.glob(os.path.join(driver_artifacts, "experiment_state-*.json"))
+    seen = False
+    for state in states:
+        try:
+            with open(state, "rb") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        seen = True  # the trials' StorageContext is pickled and hex-encoded in it
+        raw = text + b"".join(bytes.fromhex(m.decode()) for m in re.findall(rb"(?:[0-9a-f]{2}){32,}", text))
+        if any(form in raw for p in paths for form in _pickled(p)):
+            return True
+    return not seen
+
+
+def _pickled(text: str) -> List[bytes]:
+    """``text`` as pickle writes a str (its length in front), so that ``/a/b`` does not match ``/a/bc``."""
+    b = text.encode()
+    forms = [b"X" + len(b).to_bytes(4, "little") + b, b"\x8d" + len(b).to_bytes(8, "little") + b]
+    return forms + ([b"\x8c" + bytes([len(b)]) + b] if len(b) < 256 else [])
 
 
 def rows_only_staged(trial_dir: str) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rllib_r3l.cli import commands as cli
 from rllib_r3l.cli.experiment_report import make_report, warnings
 
@@ -145,6 +147,37 @@ def test_rows_only_in_rays_staging_folder_are_named(tmp_path, monkeypatch):
     assert [w for w in warnings(table) if "staging" in w] == [
         "warning: R3L_x_00000: 2 more iteration(s) are only in Ray's staging folder on this machine (the driver "
         "ended, or the disk filled, before Tune copied them); `rllib-r3l train ... --resume` copies them back"]
+
+
+def _staging_state(driver_artifacts, storage_path):
+    """Tune's experiment_state in a staging folder: each trial's StorageContext pickled, hex, in a JSON string."""
+    import pickle
+
+    storage = {"_type": "CLOUDPICKLE_FALLBACK",
+               "value": pickle.dumps({"storage_fs_path": str(storage_path)}, protocol=5).hex()}
+    trial = json.dumps({"trial_id": "x_00000", "storage": storage}, indent=2)
+    (driver_artifacts / "experiment_state-2026.json").write_text(json.dumps({"trial_data": [[trial, "{}"]]}))
+
+
+@pytest.mark.parametrize("owner", ["a copy elsewhere", "this experiment"])
+def test_a_staging_folder_of_a_copy_resumed_elsewhere_is_not_this_experiments(tmp_path, monkeypatch, owner):
+    """Re-probe 11: after a copy of the experiment was resumed under another storage path, `report` of the
+    original said "3 more iteration(s) are only in Ray's staging folder" (the copy's: same names), and a
+    --resume of the original "recovered" them. Tune's state in the staging folder names its storage path."""
+    import ray._common.utils as ray_utils
+
+    root = tmp_path / "exp"
+    name = "R3L_x_00000_0_2026-01-01"
+    _trial(root, name, [_result(1)])
+    staged = tmp_path / "ray" / "session_1" / "artifacts" / "2026" / "exp" / "driver_artifacts" / name
+    _trial(staged.parent, name, [_result(1), _result(2), _result(3)])
+    _staging_state(staged.parent, tmp_path / "copy" if owner == "a copy elsewhere" else tmp_path)
+    monkeypatch.setattr(ray_utils, "get_default_ray_temp_dir", lambda: str(tmp_path / "ray"))
+    table, _pngs, _out = make_report(str(root))
+    named = [w for w in warnings(table) if "staging" in w]
+    assert named == ([] if owner == "a copy elsewhere" else [named[0]]) and list(table["iterations"]) == [1]
+    if owner == "this experiment":
+        assert "2 more iteration(s) are only in Ray's staging folder" in named[0]
 
 
 def _progress_csv(d, results):
