@@ -128,6 +128,10 @@ class ToyWordEnv(TextEnv):
     def __init__(self, vocabulary: Optional[List[str]] = None, max_turns: int = 1, split: str = "train",
                  fixed_target: Optional[str] = None) -> None:
         super().__init__()
+        if vocabulary is not None and (isinstance(vocabulary, str) or not list(vocabulary)
+                                       or not all(isinstance(w, str) and w.strip() for w in vocabulary)):
+            # re-probe 11: [] fell back to the default words without a word
+            raise ValueError(f"vocabulary must be a non-empty list of words (None = the default four), got {vocabulary!r}")
         self.vocabulary = list(vocabulary or ["apple", "river", "stone", "cloud"])
         self.split = check_split(split)
         self.max_turns = max_turns

@@ -365,3 +365,15 @@ def test_an_empty_env_config_is_no_options():
     assert c.env_config == {}
     kept = R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3}).environment(env_config=None)
     assert kept.env_config == {"num_rooms": 3}  # adds nothing, like env_config={}
+
+
+def test_rllibs_new_api_stack_notice_is_not_printed_for_r3l(caplog):
+    """Re-probe 11: the main job's --resume printed RLlib's "You are running R3L on the new API stack!" on the
+    console (the train command filtered it, nothing else did). Other RLlib config warnings still pass."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="ray.rllib.algorithms.algorithm_config")
+    R3LConfig().training(model="tiny").validate()
+    assert not [r for r in caplog.records if "new API stack" in r.getMessage()]
+    logging.getLogger("ray.rllib.algorithms.algorithm_config").warning("another RLlib warning")
+    assert [r for r in caplog.records if r.getMessage() == "another RLlib warning"]

@@ -184,9 +184,7 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
     # signal that arrives once the run has stopped still ends it like a second Ctrl-C
     def runtime_lost():  # a signal to the whole process group stopped Ray's GCS too
         con.line()  # the console: stdout and stderr go to the log file while Tune runs
-        con.line("interrupted: the signal reached Ray's own processes too, so the trials stopped where they were "
-                 f"(rows not yet copied to the experiment come back with --resume); "
-                 f"{resume.interrupted_advice(args.argv, plan)}")
+        con.line(resume.runtime_lost_line(resume.interrupted_advice(args.argv, plan)))
 
     with launch.sigterm_as_sigint(runtime_lost if started else None) as finished:
         try:
@@ -286,19 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _DropNewApiStackNotice:
-    """RLlib warns on every config that the new API stack is on; R3L only runs on it."""
-
-    def filter(self, record) -> bool:
-        return "running R3L on the new API stack" not in str(record.msg)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import logging
-
-    rllib_config_logger = logging.getLogger("ray.rllib.algorithms.algorithm_config")
-    if not any(isinstance(f, _DropNewApiStackNotice) for f in rllib_config_logger.filters):
-        rllib_config_logger.addFilter(_DropNewApiStackNotice())
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

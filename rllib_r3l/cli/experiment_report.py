@@ -69,8 +69,9 @@ def find_trial_dirs(root: str) -> List[str]:
     """Directories (``root`` itself or below, up to 3 levels) holding a Tune result file, an
     ``error.txt`` (a trial that failed before its first result), Tune's ``params.json`` or a checkpoint."""
     root = os.path.abspath(os.path.expanduser(root))
-    if not os.path.isdir(root):
-        raise UsageError(f"{root}: no such directory (pass a Tune experiment directory, e.g. ~/ray_results/NAME)")
+    if not os.path.isdir(root):  # re-probe 11: a file was "no such directory"
+        what = "a file, not a directory" if os.path.exists(root) else "no such directory"
+        raise UsageError(f"{root}: {what} (pass a Tune experiment directory, e.g. ~/ray_results/NAME)")
     found = []
     base_depth = root.rstrip(os.sep).count(os.sep)
     for d, dirs, files in os.walk(root):

@@ -237,16 +237,17 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
                 raise KeyboardInterrupt
     except KeyboardInterrupt:  # stop at once; what ran is saved below (a second signal ends the process)
         interrupted = True
-        con.line(f"interrupted after {algo.iteration} of {args.iterations} iteration(s): saving the checkpoint and "
-                 "summary of what ran")
     finally:
         live.stop()
     if interrupted and not rows:  # nothing ran: no checkpoint or summary that a rerun would call a finished run
         algo.stop()
         ray.shutdown()
-        con.line("nothing to save: no iteration finished, so no checkpoint or summary was written; "
-                 "run the same command again")
+        con.line(f"interrupted after 0 of {args.iterations} iteration(s): nothing to save (no iteration finished, "
+                 "so no checkpoint or summary was written); run the same command again")
         return 130
+    if interrupted:  # re-probe 11: "saving the checkpoint" was said before "nothing to save"
+        con.line(f"interrupted after {algo.iteration} of {args.iterations} iteration(s): saving the checkpoint and "
+                 "summary of what ran")
     try:  # a second signal while saving ends the wrap-up, not the records already on disk
         os.makedirs(out, exist_ok=True)
         wrap_up: Dict[str, float] = {}  # where the time after the last iteration goes

@@ -272,6 +272,15 @@ def _finished(exp_dir: str) -> bool:
     return has_state(exp_dir) and bool(trials) and all(_last_row_done(t) for t in trials)
 
 
+def runtime_lost_line(advice: str) -> str:
+    """What the console says when a signal to the whole process group stopped Ray's own processes too;
+    the rows Tune had not copied come back only with a --resume (re-probe 11: promised, then "it cannot be
+    resumed" when no checkpoint was saved yet)."""
+    rows = (" (rows not yet copied to the experiment come back with --resume)"
+            if advice.startswith("to continue from the last checkpoint") else "")
+    return f"interrupted: the signal reached Ray's own processes too, so the trials stopped where they were{rows}; {advice}"
+
+
 def interrupted_advice(argv: Sequence[str], plan: Dict[str, Dict[str, Any]]) -> str:
     """What to run after an interruption: resume from the last checkpoint, or, with none yet, start anew.
     A file's experiments that need different commands (one finished, one cut before its first checkpoint,

@@ -196,6 +196,10 @@ def test_evaluate_export_report_errors(tmp_path, capsys):
     assert_usage_error(code, err, "--out", "--force")
     code, _out, err = run_cli(capsys, "report", str(tmp_path / "out"))
     assert_usage_error(code, err, "no Tune trials")
+    code, _out, err = run_cli(capsys, "report", str(tmp_path / "out" / "x"))  # re-probe 11: "no such directory"
+    assert_usage_error(code, err, "x: a file, not a directory (pass a Tune experiment directory")
+    code, _out, err = run_cli(capsys, "report", str(tmp_path / "nope"))
+    assert_usage_error(code, err, "nope: no such directory")
 
 
 def test_options_and_module_entry_point(capsys):

@@ -153,6 +153,7 @@ def test_a_signal_before_the_first_iteration_ends_leaves_no_finished_run_behind(
     if "iter 1/3" in text:  # the machine finished iteration 1 before the signal: the other path, tested above
         return
     assert "nothing to save" in text, text[-3000:]
+    assert "saving the checkpoint" not in text, text[-3000:]  # re-probe 11: said, then "nothing to save"
     assert not (out / "summary.json").exists() and not (out / "checkpoint").exists()
 
 

@@ -356,6 +356,22 @@ def test_interrupted_advice_gives_each_experiment_of_a_file_its_own_command(tmp_
     assert one.startswith("no checkpoint was saved yet") and one.endswith("--set lr=0.1 --new"), one
 
 
+def test_a_signal_that_stopped_ray_promises_rows_back_only_where_a_resume_can_run(tmp_path):
+    """Re-probe 11: SIGTERM to the process group before the first checkpoint printed "rows ... come back with
+    --resume", then "no checkpoint was saved yet, so it cannot be resumed"."""
+    from rllib_r3l.cli import resume
+
+    argv = ["train", "f.yaml", "--storage-path", str(tmp_path)]
+    _saved_experiment(tmp_path, "b", checkpoint=False)
+    plan = {"b": {"mode": "start", "name": "b", "dir": str(tmp_path / "b")}}
+    line = resume.runtime_lost_line(resume.interrupted_advice(argv, plan))
+    assert "come back with --resume" not in line and "cannot be resumed" in line, line
+    _saved_experiment(tmp_path, "a", checkpoint=True)
+    plan = {"a": {"mode": "start", "name": "a", "dir": str(tmp_path / "a")}}
+    line = resume.runtime_lost_line(resume.interrupted_advice(argv, plan))
+    assert "(rows not yet copied to the experiment come back with --resume); to continue from the last" in line, line
+
+
 def test_a_cut_search_state_is_restored_from_r3ls_copy_or_refused(tmp_path):
     """Re-probe 6 soak (anomaly C): a full disk cut Tune's basic-variant-state-*.json (a pickle); --resume
     printed Tune's UnpicklingError, "Restarting experiment", and ran a NEW trial with the file's own stop

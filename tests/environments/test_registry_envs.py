@@ -29,3 +29,14 @@ def test_empty_env_config_builds_without_starting_processes(env_id):
 def test_unknown_env_config_key_is_named(env_id):
     with pytest.raises(ValueError, match="no_such_option"):
         make(env_id, {"no_such_option": 1})
+
+
+@pytest.mark.parametrize("vocabulary", [[], "apple", [""], [3]])
+def test_toy_word_refuses_a_vocabulary_it_cannot_draw_from(vocabulary):
+    """Re-probe 11: ``vocabulary: []`` fell back to the four default words without a word."""
+    from rllib_r3l.preflight import check_env
+
+    with pytest.raises(ValueError, match=r"R3LConfig.env_config: r3l/ToyWord cannot be created .*vocabulary must be "
+                                         r"a non-empty list of words"):
+        check_env("r3l/ToyWord", {"vocabulary": vocabulary})
+    check_env("r3l/ToyWord", {"vocabulary": ["sun"]})
