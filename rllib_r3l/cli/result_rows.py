@@ -202,31 +202,41 @@ def staged_trial_dir(exp_dir: str, trial: str) -> Optional[str]:
 
 
 def _staged_for(driver_artifacts: str, exp_dir: str) -> bool:
-    """Whether a staging folder belongs to the experiment stored in ``exp_dir`` (re-probe 11: a copy of the
+    """Whether a staging folder may belong to the experiment stored in ``exp_dir``. Re-probe 11: a copy of the
     experiment resumed under another storage path has the same names, and its rows were taken for the
-    original's). Tune's state there records the storage path (pickled inside; found as bytes). Without a
-    readable state file the folder is not ruled out."""
-    paths = {os.path.dirname(os.path.abspath(exp_dir)), os.path.dirname(os.path.realpath(exp_dir))}
-    states = glob.glob(os.path.join(driver_artifacts, "experiment_state-*.json"))
-    seen = False
-    for state in states:
+    original's. Tune's state there records its storage path: a folder is ruled out only when that is another
+    path and the experiment is still there (a moved experiment keeps its staged rows)."""
+    here = {os.path.dirname(os.path.abspath(exp_dir)), os.path.dirname(os.path.realpath(exp_dir))}
+    name = os.path.basename(os.path.normpath(exp_dir))
+    recorded = set()
+    for state in glob.glob(os.path.join(driver_artifacts, "experiment_state-*.json")):
         try:
             with open(state, "rb") as fh:
-                text = fh.read()
+                recorded |= recorded_storage_paths(fh.read())
         except OSError:
             continue
-        seen = True  # the trials' StorageContext is pickled and hex-encoded in it
-        raw = text + b"".join(bytes.fromhex(m.decode()) for m in re.findall(rb"(?:[0-9a-f]{2}){32,}", text))
-        if any(form in raw for p in paths for form in _pickled(p)):
-            return True
-    return not seen
+    if not recorded or recorded & here:
+        return True
+    return not any(os.path.isdir(os.path.join(r, name)) for r in recorded)
 
 
-def _pickled(text: str) -> List[bytes]:
-    """``text`` as pickle writes a str (its length in front), so that ``/a/b`` does not match ``/a/bc``."""
-    b = text.encode()
-    forms = [b"X" + len(b).to_bytes(4, "little") + b, b"\x8d" + len(b).to_bytes(8, "little") + b]
-    return forms + ([b"\x8c" + bytes([len(b)]) + b] if len(b) < 256 else [])
+def recorded_storage_paths(state: bytes) -> set:
+    """The ``storage_fs_path`` values in a Tune experiment state (each trial's StorageContext is pickled and
+    hex-encoded in it): the str that follows the key, read by pickle's length-prefixed string opcodes."""
+    raw = b"".join(bytes.fromhex(m.decode()) for m in re.findall(rb"(?:[0-9a-f]{2}){32,}", state))
+    found = set()
+    for m in re.finditer(rb"storage_fs_path\x94?", raw):
+        i = m.end()
+        sizes = {0x8c: 1, ord("X"): 4, 0x8d: 8}  # SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
+        if i >= len(raw) or raw[i] not in sizes:
+            continue
+        n = sizes[raw[i]]
+        length = int.from_bytes(raw[i + 1:i + 1 + n], "little")
+        try:
+            found.add(raw[i + 1 + n:i + 1 + n + length].decode())
+        except UnicodeDecodeError:
+            continue
+    return found
 
 
 def rows_only_staged(trial_dir: str) -> int:

@@ -159,11 +159,12 @@ def _staging_state(driver_artifacts, storage_path):
     (driver_artifacts / "experiment_state-2026.json").write_text(json.dumps({"trial_data": [[trial, "{}"]]}))
 
 
-@pytest.mark.parametrize("owner", ["a copy elsewhere", "this experiment"])
+@pytest.mark.parametrize("owner", ["a copy elsewhere", "this experiment", "this experiment, moved since"])
 def test_a_staging_folder_of_a_copy_resumed_elsewhere_is_not_this_experiments(tmp_path, monkeypatch, owner):
     """Re-probe 11: after a copy of the experiment was resumed under another storage path, `report` of the
     original said "3 more iteration(s) are only in Ray's staging folder" (the copy's: same names), and a
-    --resume of the original "recovered" them. Tune's state in the staging folder names its storage path."""
+    --resume of the original "recovered" them. Tune's state in the staging folder names its storage path; an
+    experiment moved away from that path keeps its staged rows."""
     import ray._common.utils as ray_utils
 
     root = tmp_path / "exp"
@@ -171,13 +172,19 @@ def test_a_staging_folder_of_a_copy_resumed_elsewhere_is_not_this_experiments(tm
     _trial(root, name, [_result(1)])
     staged = tmp_path / "ray" / "session_1" / "artifacts" / "2026" / "exp" / "driver_artifacts" / name
     _trial(staged.parent, name, [_result(1), _result(2), _result(3)])
-    _staging_state(staged.parent, tmp_path / "copy" if owner == "a copy elsewhere" else tmp_path)
+    recorded = {"a copy elsewhere": tmp_path / "copy", "this experiment": tmp_path,
+                "this experiment, moved since": tmp_path / "old"}[owner]
+    if owner == "a copy elsewhere":
+        _trial(recorded / "exp", name, [_result(1), _result(2), _result(3)])
+    _staging_state(staged.parent, recorded)
     monkeypatch.setattr(ray_utils, "get_default_ray_temp_dir", lambda: str(tmp_path / "ray"))
     table, _pngs, _out = make_report(str(root))
     named = [w for w in warnings(table) if "staging" in w]
-    assert named == ([] if owner == "a copy elsewhere" else [named[0]]) and list(table["iterations"]) == [1]
-    if owner == "this experiment":
-        assert "2 more iteration(s) are only in Ray's staging folder" in named[0]
+    assert list(table["iterations"]) == [1]
+    if owner == "a copy elsewhere":
+        assert named == []
+    else:
+        assert len(named) == 1 and "2 more iteration(s) are only in Ray's staging folder" in named[0], named
 
 
 def _progress_csv(d, results):
