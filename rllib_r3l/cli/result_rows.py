@@ -208,13 +208,15 @@ def _staged_for(driver_artifacts: str, exp_dir: str) -> bool:
     path and the experiment is still there (a moved experiment keeps its staged rows)."""
     here = {os.path.dirname(os.path.abspath(exp_dir)), os.path.dirname(os.path.realpath(exp_dir))}
     name = os.path.basename(os.path.normpath(exp_dir))
+    # the newest state is the one the session that staged these rows wrote: a resume copies the experiment's
+    # older states in beside it (re-probe 12: a copy's staging folder held the original's state too)
+    states = sorted(glob.glob(os.path.join(driver_artifacts, "experiment_state-*.json")))
     recorded = set()
-    for state in glob.glob(os.path.join(driver_artifacts, "experiment_state-*.json")):
-        try:
-            with open(state, "rb") as fh:
-                recorded |= recorded_storage_paths(fh.read())
-        except OSError:
-            continue
+    try:
+        with open(states[-1], "rb") as fh:
+            recorded = recorded_storage_paths(fh.read())
+    except (IndexError, OSError):
+        pass
     if not recorded or recorded & here:
         return True
     return not any(os.path.isdir(os.path.join(r, name)) for r in recorded)

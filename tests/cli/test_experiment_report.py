@@ -149,17 +149,18 @@ def test_rows_only_in_rays_staging_folder_are_named(tmp_path, monkeypatch):
         "ended, or the disk filled, before Tune copied them); `rllib-r3l train ... --resume` copies them back"]
 
 
-def _staging_state(driver_artifacts, storage_path):
+def _staging_state(driver_artifacts, storage_path, stamp="2026-01-01_00-00-00"):
     """Tune's experiment_state in a staging folder: each trial's StorageContext pickled, hex, in a JSON string."""
     import pickle
 
     storage = {"_type": "CLOUDPICKLE_FALLBACK",
                "value": pickle.dumps({"storage_fs_path": str(storage_path)}, protocol=5).hex()}
     trial = json.dumps({"trial_id": "x_00000", "storage": storage}, indent=2)
-    (driver_artifacts / "experiment_state-2026.json").write_text(json.dumps({"trial_data": [[trial, "{}"]]}))
+    (driver_artifacts / f"experiment_state-{stamp}.json").write_text(json.dumps({"trial_data": [[trial, "{}"]]}))
 
 
-@pytest.mark.parametrize("owner", ["a copy elsewhere", "this experiment", "this experiment, moved since"])
+@pytest.mark.parametrize("owner", ["a copy elsewhere", "a copy elsewhere, with this one's state beside",
+                                   "this experiment", "this experiment, moved since"])
 def test_a_staging_folder_of_a_copy_resumed_elsewhere_is_not_this_experiments(tmp_path, monkeypatch, owner):
     """Re-probe 11: after a copy of the experiment was resumed under another storage path, `report` of the
     original said "3 more iteration(s) are only in Ray's staging folder" (the copy's: same names), and a
@@ -172,16 +173,18 @@ def test_a_staging_folder_of_a_copy_resumed_elsewhere_is_not_this_experiments(tm
     _trial(root, name, [_result(1)])
     staged = tmp_path / "ray" / "session_1" / "artifacts" / "2026" / "exp" / "driver_artifacts" / name
     _trial(staged.parent, name, [_result(1), _result(2), _result(3)])
-    recorded = {"a copy elsewhere": tmp_path / "copy", "this experiment": tmp_path,
-                "this experiment, moved since": tmp_path / "old"}[owner]
-    if owner == "a copy elsewhere":
+    copy = owner.startswith("a copy elsewhere")
+    recorded = tmp_path / "copy" if copy else tmp_path if owner == "this experiment" else tmp_path / "old"
+    if copy:
         _trial(recorded / "exp", name, [_result(1), _result(2), _result(3)])
-    _staging_state(staged.parent, recorded)
+    if owner.endswith("beside"):  # re-probe 12: a resume copies the experiment's older states into its staging
+        _staging_state(staged.parent, tmp_path, stamp="2026-01-01_00-00-00")
+    _staging_state(staged.parent, recorded, stamp="2026-01-01_00-05-00")
     monkeypatch.setattr(ray_utils, "get_default_ray_temp_dir", lambda: str(tmp_path / "ray"))
     table, _pngs, _out = make_report(str(root))
     named = [w for w in warnings(table) if "staging" in w]
     assert list(table["iterations"]) == [1]
-    if owner == "a copy elsewhere":
+    if copy:
         assert named == []
     else:
         assert len(named) == 1 and "2 more iteration(s) are only in Ray's staging folder" in named[0], named
