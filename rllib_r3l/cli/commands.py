@@ -81,6 +81,8 @@ def cmd_train(args) -> int:
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UsageError(f"--num-cpus {args.num_cpus}: must be >= 1")
+    if args.max_concurrent is not None and args.max_concurrent < 0:  # re-probe 12: -1 passed (Tune: no limit)
+        raise UsageError(f"--max-concurrent {args.max_concurrent}: must be >= 0 (0 or leaving it out: no limit)")
     callbacks = make_callbacks(args)  # a missing logger package is a usage error, before anything runs
     for name, spec in experiments.items():
         launch.checkpoint_config(spec, args.checkpoint_freq, where=f"{args.file}: {name}.checkpoint_config")
@@ -222,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPUs of the local Ray runtime (default: max(cores, 4))")
     t.add_argument("--address", help="connect to a running Ray cluster instead of starting one")
     t.add_argument("--checkpoint-freq", type=int, metavar="N", help="also checkpoint every N iterations")
-    t.add_argument("--max-concurrent", type=int, metavar="N", help="max trials at once (grid searches)")
+    t.add_argument("--max-concurrent", type=int, metavar="N", help="max trials at once (grid searches); 0 = no limit, as when left out")
     t.add_argument("--wandb", metavar="PROJECT", help="also log to Weights & Biases (needs wandb)")
     t.add_argument("--mlflow", metavar="EXPERIMENT", help="also log to MLflow (needs mlflow)")
     t.add_argument("--mlflow-tracking-uri", metavar="URI", help="MLflow tracking URI (default: ./mlruns)")

@@ -212,7 +212,12 @@ def summarize(trial_dirs: List[str], root: str):
         row["status"] = trial_status(d, row["iterations"], row.get("empty_batches"), last=df.attrs.get("last"))
         rows.append(row)
     table = pd.DataFrame(rows)
-    order = ["trial", "status", "model", "env"] + [k for k in varied if k in table] + ["iterations", "reward", "best_reward"]
+    for k in varied:  # an option some trials lack is NaN there: its whole numbers stay whole (not 3.0)
+        values = [r[k] for r in rows if r.get(k) is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            table[k] = table[k].astype("Int64")
+    identity = ["trial", "status", "model", "env"]  # re-probe 12: a varied env was a second "env" column
+    order = identity + [k for k in varied if k in table and k not in identity] + ["iterations", "reward", "best_reward"]
     order += list(FAULTS)
     order += [m for m in METRICS if m not in order]
     table = table[[c for c in order if c in table] + [c for c in table if c not in order]]

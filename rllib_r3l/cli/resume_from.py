@@ -159,8 +159,8 @@ def resume_notes(plan: Dict[str, Dict[str, Any]]) -> List[str]:
             at = f"{name} / {c['trial']}"
             lines += [f"{at}: skipping incomplete {os.path.basename(q)} ({why})" for q, why in c["skipped"]]
             if c.get("recover"):
-                lines.append(f"{at}: rows the killed driver had not copied to the storage folder are recovered from "
-                             f"its staging folder {c['recover']}")
+                lines.append(f"{at}: rows the driver had not copied to the storage folder (it was killed, or the disk "
+                             f"filled) are recovered from its staging folder {c['recover']}")
             if not c["from"]:
                 continue
             why = (" (Tune's state pointed at an incomplete one: rewound)" if c["rewind"] else

@@ -111,6 +111,7 @@ def test_a_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
     (["--stop", "training_iteration"], ["--stop", "KEY=VALUE"]),
     (["--experiment", "nope"], ["--experiment 'nope'", "exp"]),
     (["--num-cpus", "0"], ["--num-cpus"]),
+    (["--max-concurrent", "-1"], ["--max-concurrent -1: must be >= 0 (0 or leaving it out: no limit)"]),  # re-probe 12
 ])
 def test_flag_errors(tmp_path, capsys, flags, needles):
     code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD), "--dry-run", *flags)

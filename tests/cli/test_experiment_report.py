@@ -4,6 +4,7 @@ averaged in silently (issue 37, 10)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -264,3 +265,18 @@ def test_a_trial_without_any_row_keeps_tunes_status(tmp_path):
     table, _pngs, _out = make_report(str(root))
     assert list(table["status"]) == ["TERMINATED"]
     assert any("result.json is missing" in w and "no metrics" in w for w in warnings(table)), warnings(table)
+
+
+def test_trials_of_different_environments_have_one_env_column_and_whole_numbers_stay_whole(tmp_path):
+    """Re-probe 12: `report` over a ToyCorridor and a ToyWord experiment wrote two columns named `env`
+    (pandas read the second as `env.1`), and num_rooms, absent for ToyWord, was shown as 3.0."""
+    root = tmp_path / "storage"
+    for exp, env, env_config in (("corridor", "r3l/ToyCorridor", {"num_rooms": 3}), ("word", "r3l/ToyWord", {})):
+        d = _trial(root / exp, "R3L_x_00000_0_2026-01-01", [_result(1), _result(2, done=True)])
+        (d / "params.json").write_text(json.dumps({"env": env, "env_config": env_config, "model": "tiny"}))
+    table, _pngs, out = make_report(str(root))
+    assert list(table.columns).count("env") == 1 and list(table["env"]) == ["r3l/ToyCorridor", "r3l/ToyWord"]
+    assert str(table["env_config.num_rooms"].dtype) == "Int64" and table["env_config.num_rooms"].iloc[0] == 3
+    header, corridor, _word = open(os.path.join(out, "summary.csv")).read().splitlines()[:3]
+    assert header.split(",").count("env") == 1
+    assert corridor.split(",")[header.split(",").index("env_config.num_rooms")] == "3", corridor
