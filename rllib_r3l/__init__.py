@@ -35,7 +35,24 @@ def register() -> bool:
     from rllib_r3l.stopping import install_env_callback
 
     install_env_callback()  # tune.run("R3L", stop={misspelt key}) is refused, not run forever
+    _drop_new_api_stack_notice()
     return True
+
+
+class _DropNewApiStackNotice:
+    """RLlib warns on every R3L config that the new API stack is on (R3L runs on nothing else): noise on every
+    console, the main job's --resume included (re-probe 11)."""
+
+    def filter(self, record) -> bool:
+        return "running R3L on the new API stack" not in str(record.msg)
+
+
+def _drop_new_api_stack_notice() -> None:
+    import logging
+
+    rllib_config_logger = logging.getLogger("ray.rllib.algorithms.algorithm_config")
+    if not any(isinstance(f, _DropNewApiStackNotice) for f in rllib_config_logger.filters):
+        rllib_config_logger.addFilter(_DropNewApiStackNotice())
 
 
 def __getattr__(name: str) -> Any:

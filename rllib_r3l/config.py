@@ -11,7 +11,6 @@ policy; it is stored as ``config.model_id`` because RLlib's ``config.model`` is 
 from __future__ import annotations
 
 import difflib
-import logging
 import os
 from typing import Any, Dict, Optional
 
@@ -25,18 +24,6 @@ from rllib_r3l.options import (CHOICES, DEFAULT_ENV, DEFAULT_MODEL, R3L_OPTIONS,
 
 __all__ = ["R3LConfig", "R3L_OPTIONS", "DEFAULT_ENV", "DEFAULT_MODEL", "check_config_keys"]
 
-
-class _DropNewApiStackNotice(logging.Filter):
-    """RLlib warns on every R3L config that the new API stack is on (R3L runs on nothing else): noise on every
-    console, the main job's --resume included (re-probe 11)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "running R3L on the new API stack" not in str(record.msg)
-
-
-_RLLIB_CONFIG_LOGGER = logging.getLogger("ray.rllib.algorithms.algorithm_config")
-if not any(isinstance(f, _DropNewApiStackNotice) for f in _RLLIB_CONFIG_LOGGER.filters):
-    _RLLIB_CONFIG_LOGGER.addFilter(_DropNewApiStackNotice())
 
 
 class R3LConfig(AlgorithmConfig):
