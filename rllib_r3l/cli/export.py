@@ -45,9 +45,18 @@ def _config_model_type(path: str) -> Optional[str]:
     return value if isinstance(value, str) and value else None
 
 
+def _checkpoint_parts(path: str) -> dict:
+    """Which of the two parts that make an RLlib algorithm checkpoint folder are there."""
+    return {"rllib_checkpoint.json": os.path.isfile(os.path.join(path, "rllib_checkpoint.json")),
+            "learner_group/": os.path.isdir(os.path.join(path, "learner_group"))}
+
+
 def is_algorithm_checkpoint(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "rllib_checkpoint.json")) and os.path.isdir(
-        os.path.join(path, "learner_group"))
+    return all(_checkpoint_parts(path).values())
+
+
+def _subdirs(path: str) -> list:
+    return [os.path.join(path, d) for d in sorted(os.listdir(path)) if os.path.isdir(os.path.join(path, d))]
 
 
 def find_checkpoint(path: str) -> str:
@@ -80,15 +89,12 @@ def find_checkpoint(path: str) -> str:
         raise UsageError(f"{path}: has a config.json without model_type, so it is neither a Hugging Face model "
                          "directory nor an R3L checkpoint; pass a checkpoint printed by `rllib-r3l train` or a "
                          "directory written by `rllib-r3l export`")
-    parts = {"rllib_checkpoint.json": os.path.isfile(os.path.join(path, "rllib_checkpoint.json")),
-             "learner_group/": os.path.isdir(os.path.join(path, "learner_group"))}
+    parts = _checkpoint_parts(path)
     if any(parts.values()):  # re-probe 11: half a checkpoint was "not an R3L checkpoint", naming nothing missing
         missing = next(k for k, there in parts.items() if not there)
         raise UsageError(f"{path}: a damaged checkpoint: {missing} is missing; restore it from a copy or pass an "
                          "earlier checkpoint_* of the run")
-    experiments = [d for d in sorted(os.listdir(path)) if os.path.isdir(os.path.join(path, d))
-                   and any(_checkpoints_in(os.path.join(path, d, t)) for t in os.listdir(os.path.join(path, d))
-                           if os.path.isdir(os.path.join(path, d, t)))]
+    experiments = [os.path.basename(e) for e in _subdirs(path) if any(_checkpoints_in(t) for t in _subdirs(e))]
     if experiments:  # a storage path: its experiments hold the trials
         raise UsageError(f"{path} holds {len(experiments)} experiment folder(s) with checkpoints; pass one of them "
                          f"(or a trial in it): " + ", ".join(experiments[:5]) + (", ..." if len(experiments) > 5 else ""))
