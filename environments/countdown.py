@@ -150,6 +150,8 @@ class CountdownEnv(MultiAttemptEnv):
     rules = ("Countdown: combine the given numbers with +, -, *, / and parentheses to reach the target. "
              "Use each number at most once. Give your final expression as <answer>expression</answer>.")
 
+    option_bounds = {"num_numbers": (2, 8), "max_number": (1, None), "max_target": (1, None)}
+
     def __init__(self, num_numbers: int = 4, max_number: int = 100, max_target: int = 1000, split: str = "train",
                  max_attempts: int = 3, reveal_answer: bool = False) -> None:
         super().__init__(split=split, max_attempts=max_attempts, reveal_answer=reveal_answer)

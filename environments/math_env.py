@@ -250,6 +250,8 @@ class MathEnv(MultiAttemptEnv):
              "If the answer is wrong you may try again.")
     instruction = "Put your final answer within \\boxed{}."
 
+    option_bounds = {"difficulty": (0, 3)}
+
     def __init__(self, data_files: Union[None, str, Sequence[str], Mapping[str, Any]] = None,
                  preset: Optional[str] = None, question_key: Optional[str] = None, answer_key: Optional[str] = None,
                  partition: bool = True, hf_dataset: Optional[str] = None, hf_config: Optional[str] = None,

@@ -29,6 +29,8 @@ class ToyCorridorEnv(TextEnv):
         "Answer with exactly one of the listed actions."
     )
 
+    option_bounds = {"num_rooms": (1, None)}
+
     def __init__(self, num_rooms: int = 4, max_turns: int = 8, split: str = "train") -> None:
         super().__init__()
         if num_rooms < 1:

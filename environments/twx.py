@@ -329,6 +329,8 @@ class CoinCollectorEnv(TextWorldExpressEnv):
         "when you see the coin, 'take coin'."
     )
 
+    option_bounds = {"num_locations": (1, None), "num_distractor_items": (0, None)}
+
     def __init__(self, num_locations: int = 4, num_distractor_items: int = 0, include_doors: bool = False,
                  limit_inventory_size: bool = False, split: str = "train", max_turns: int = 10,
                  clip_negative_score: bool = True, java_max_heap: Optional[str] = "512m",

@@ -101,6 +101,8 @@ class WebShopEnv(TextEnv):
              "with a search bar, click[button] to press a button, open a product or choose an option, and "
              "click[buy now] to buy. Answer with exactly one action.")
 
+    option_bounds = {"num_products": (1, None)}
+
     def __init__(self, webshop_path: Optional[str] = None, split: str = "train", max_turns: int = 15,
                  failure_reward: float = -0.1, num_products: Optional[int] = None, human_goals: bool = True,
                  engine_factory: Optional[Callable[[], Any]] = None) -> None:

@@ -59,6 +59,14 @@ def unknown_env_option(env_id: str, factory: Callable[..., Any],
     return None
 
 
+def bad_env_option(env_id: str, factory: Callable[..., Any], env_config: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+    """``(key, message)`` for the first ``env_config`` value outside the type or range the environment declares
+    (its constructor's annotation, its ``option_bounds``), or None."""
+    from environments.option_check import bad_option
+
+    return bad_option(env_id, factory, env_config)
+
+
 def accepts(factory: Callable[..., Any], kwarg: str) -> bool:
     try:
         return kwarg in inspect.signature(factory).parameters
@@ -95,6 +103,9 @@ def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: O
     unknown = unknown_env_option(name, factory, env_config)
     if unknown:
         raise ValueError(f"R3LConfig.env_config: {unknown[1]}")
+    bad = bad_env_option(name, factory, env_config)
+    if bad:
+        raise ValueError(f"R3LConfig.env_config: {bad[1]}; fix env_config.{bad[0]}")
     kwargs = env_kwargs(factory, env_config, split)
     key = (name, json.dumps(kwargs, sort_keys=True, default=repr))
     if key in _ENVS_OK and on_env is None:
@@ -161,33 +172,44 @@ def _tokenizer_source(model_id: str) -> Optional[str]:
 
 def first_prompt_tokens(config: Any, env: Any) -> Optional[int]:
     """Tokens of ``EpisodeRunner``'s first prompt (system message, first observation) for task seed 0 on ``env``;
-    None when the tokenizer is not here, its template unusable (the runner says why) or the reset fails."""
+    None when the tokenizer is not here or its template unusable (the runner says why). Raises
+    ``EnvResetError`` when ``env`` fails at ``reset(seed=0)``, whether or not the tokenizer is here: a first
+    dry run (before the model's first conversion) must refuse a broken environment as a later one does."""
     from rllib_r3l.models import load_tokenizer
     from rllib_r3l.runner.chat import ChatFormat
-    from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
+    from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions, check_env_output
 
     source = _tokenizer_source(config.model_id)
     try:
         chat = ChatFormat(load_tokenizer(source, local_files_only=True)) if source else None
     except Exception:  # noqa: BLE001 - not in the cache, no usable template: the model check and the run say more
+        chat = None
+    if chat is None:  # nothing to count the prompt with: the reset is still checked, as the runner does it
+        try:
+            check_env_output(*env.reset(seed=0))
+        except Exception as e:  # noqa: BLE001 - the environment's own error is the message
+            raise _reset_error(config, f"{type(e).__name__}: {e}") from None
         return None
-    runner = EpisodeRunner(None, chat, lambda: env, RolloutOptions.from_config(config)) if chat else None
+    runner = EpisodeRunner(None, chat, lambda: env, RolloutOptions.from_config(config))
     rollout_log = logging.getLogger("rllib_r3l.runner.rollout")
     level = rollout_log.level
     rollout_log.setLevel(logging.ERROR)  # a failed reset is raised below, not logged with its traceback
     try:
-        live = runner._start_episode(EpisodeSpec(seed=0, group_id="preflight")) if runner else None
+        live = runner._start_episode(EpisodeSpec(seed=0, group_id="preflight"))
     finally:
         rollout_log.setLevel(level)
     if live is not None and live.env is None and live.traj.info.get("error"):
-        last = [line for line in str(live.traj.info["error"]).splitlines() if line.strip()][-1].strip()
-        raise EnvResetError(f"R3LConfig.env: {config.env} fails at reset(seed=0) ({last[:300]}), so every episode "
-                            "would be lost and nothing trained; fix the environment or its env_config")
+        raise _reset_error(config, [line for line in str(live.traj.info["error"]).splitlines() if line.strip()][-1])
     return len(live.traj.context_ids()) if live is not None and live.env is not None else None
 
 
+def _reset_error(config: Any, last_line: str) -> "EnvResetError":
+    return EnvResetError(f"R3LConfig.env: {config.env} fails at reset(seed=0) ({last_line.strip()[:300]}), so every "
+                         "episode would be lost and nothing trained; fix the environment or its env_config")
+
+
 class EnvResetError(ValueError):
-    """The environment builds but fails at its first reset (re-probe 10: --dry-run called it valid)."""
+    """The environment builds but fails at its first reset: every episode of the run would be lost."""
 
 
 def check_first_prompt(config: Any, tokens: Optional[int]) -> None:

@@ -22,6 +22,17 @@ if str(_ROOT) not in sys.path:  # running pytest without installing the package
     sys.path.insert(0, str(_ROOT))
 
 
+def pytest_sessionstart(session):
+    """Build the models the suite uses into the cache before the first test, so that a fresh machine (empty
+    ``~/.cache/rllib_r3l``) and a used one run the same suite: a check that looks the model up without
+    building it (the dry run's tokenizer, the model check) then sees what it sees on a used machine. Tests of
+    the not-yet-built path point ``RLLIB_R3L_CACHE`` at an empty folder of their own."""
+    from rllib_r3l.models import DEFAULT_MODEL, resolve_model
+
+    for model in ("tiny", DEFAULT_MODEL):
+        resolve_model(model)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> str:
     from rllib_r3l.models import resolve_model

@@ -62,11 +62,26 @@ def test_max_context_tokens_below_the_first_prompt_is_refused_and_above_accepted
     preflight.check_config(_config(tiny_model_dir))  # the defaults (4096) fit
 
 
-def test_a_tokenizer_not_on_this_machine_skips_the_check(monkeypatch):
+class _ResetOnly:
+    """An environment whose reset is all the check may use without a tokenizer (it counts the calls)."""
+
+    def __init__(self, obs):
+        self.obs, self.resets = obs, 0
+
+    def reset(self, seed=None):
+        self.resets += 1
+        return self.obs, {}
+
+
+def test_a_tokenizer_not_on_this_machine_skips_the_token_count_not_the_reset(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     config = _config("no-such-org/no-such-model", max_context_tokens=10, max_response_tokens=8)
-    assert preflight.first_prompt_tokens(config, env=None) is None
+    env = _ResetOnly("You are in a kitchen.")
+    assert preflight.first_prompt_tokens(config, env=env) is None and env.resets == 1
     preflight.check_first_prompt(config, None)  # nothing measured: nothing refused
+    with pytest.raises(preflight.EnvResetError, match=r"fails at reset\(seed=0\) \(TypeError: environment returned "
+                                                      r"a list observation, expected str\)"):
+        preflight.first_prompt_tokens(config, env=_ResetOnly(["not", "text"]))
 
 
 def test_dry_run_and_the_main_job_refuse_it_before_ray_starts(tmp_path, capsys, tiny_model_dir):

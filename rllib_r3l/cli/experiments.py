@@ -192,7 +192,7 @@ def _check_env(config: Dict[str, Any], where: str, overridden: set) -> None:
     from environments import registry
 
     from rllib_r3l.config import DEFAULT_ENV
-    from rllib_r3l.preflight import unknown_env_option
+    from rllib_r3l.preflight import bad_env_option, unknown_env_option
 
     env_id = config.get("env", DEFAULT_ENV)
     src = "--set env=..." if "env" in overridden else f"{where}.config.env"
@@ -206,10 +206,10 @@ def _check_env(config: Dict[str, Any], where: str, overridden: set) -> None:
     esrc = "--set env_config" if "env_config" in overridden else f"{where}.config.env_config"
     if not isinstance(env_config, dict):
         raise UsageError(f"{esrc}: env_config must be a mapping, got {env_config!r}")
-    unknown = unknown_env_option(env_id, factory, env_config)
-    if unknown:
-        key, msg = unknown
-        raise UsageError(f"{esrc}.{key}{'=...' if 'env_config' in overridden else ''}: {msg}")
+    for found in (unknown_env_option(env_id, factory, env_config), bad_env_option(env_id, factory, env_config)):
+        if found:
+            key, msg = found
+            raise UsageError(f"{esrc}.{key}{'=...' if 'env_config' in overridden else ''}: {msg}")
 
 
 def _absolutize_paths(config: Dict[str, Any]) -> None:

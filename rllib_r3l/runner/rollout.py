@@ -167,7 +167,7 @@ class EpisodeRunner:
         try:
             if spec.kind == Kind.BASE:
                 obs, info = env.reset(seed=spec.seed)
-                _check_env_output(obs, info)
+                check_env_output(obs, info)
                 traj.task = str(info.get("task", ""))
                 traj.observations.append(str(obs))
             else:
@@ -219,12 +219,12 @@ class EpisodeRunner:
         t = spec.pivot
         traj_obs = base.observations
         obs, info = env.reset(seed=base.seed)
-        _check_env_output(obs, info)
+        check_env_output(obs, info)
         if self.opts.verify_replay and str(obs) != traj_obs[0]:
             raise _ReplayMismatch(f"observation 0 differs after reset(seed={base.seed})")
         for i in range(t):
             obs, _r, term, trunc, info = env.step(base.actions[i])
-            _check_env_output(obs, info)
+            check_env_output(obs, info)
             if self.opts.verify_replay and str(obs) != traj_obs[i + 1]:
                 raise _ReplayMismatch(f"observation {i + 1} differs on replay")
             if term or trunc:
@@ -312,7 +312,7 @@ class EpisodeRunner:
         t0 = time.perf_counter()
         try:
             obs, reward, term, trunc, info = lv.env.step(action)
-            _check_env_output(obs, info)
+            check_env_output(obs, info)
             reward = float(reward)
             if not math.isfinite(reward):
                 raise ValueError(f"environment returned a non-finite reward {reward!r}")
@@ -372,7 +372,7 @@ class _ReplayMismatch(RuntimeError):
     pass
 
 
-def _check_env_output(obs: Any, info: Any) -> None:
+def check_env_output(obs: Any, info: Any) -> None:
     """An environment must return a str observation and a dict info (else: an environment error)."""
     if not isinstance(obs, str):
         raise TypeError(f"environment returned a {type(obs).__name__} observation, expected str")

@@ -65,6 +65,21 @@ def test_dry_run_refuses_an_environment_that_fails_at_its_first_reset(tmp_path, 
         cfg.build_algo()
 
 
+def test_a_first_dry_run_checks_the_first_reset_before_any_model_is_built(tmp_path, capsys, monkeypatch):
+    """A fresh machine's first dry run has no tokenizer in the cache yet (the tiny model is built on first use):
+    the reset check must not depend on it."""
+    from rllib_r3l import preflight
+
+    monkeypatch.setenv("RLLIB_R3L_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(preflight, "_PROMPTS", {})
+    monkeypatch.setattr(preflight, "_RESET_ERRORS", {})
+    assert preflight._tokenizer_source("tiny") is None  # what a fresh machine sees
+    env = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+    code, out, err = dry_run(capsys, tmp_path, "--set", f"env={env}", "--set", "env_config={}")
+    usage_error(code, err, "--set env=", f"{env} fails at reset(seed=0)", "ndarray observation, expected str")
+    assert "valid" not in out
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a CUDA GPU")
 def test_dry_run_refuses_a_cuda_generation_device_on_a_machine_without_a_gpu(tmp_path, capsys):
     """Re-probe 11: "1 experiment(s) valid", then every trial ERROR with "Torch not compiled with CUDA enabled"."""
@@ -127,7 +142,7 @@ def test_a_run_that_trained_on_nothing_is_a_failure_with_the_reason():
     ("weight_decay=-0.1", ["--set weight_decay", "must be a number >= 0"]),
     ("num_env_runners=-2", ["--set num_env_runners", "must be an integer >= 0"]),
     ("temperature=0", ["--set temperature", "advantages", "temperature > 0"]),
-    ("env_config={num_rooms: 3, max_turns: 0}", ["--set env_config", "max_turns must be an integer >= 1"]),
+    ("env_config={num_rooms: 3, max_turns: 0}", ["--set env_config.max_turns", "'max_turns' must be an integer >= 1"]),
     ("num_epochs=2", ["--set num_epochs", "R3L does not use RLlib's num_epochs", "micro_batch_size"]),
     ("minibatch_size=2", ["--set minibatch_size", "micro_batch_tokens"]),
     ("train_batch_size=64", ["--set train_batch_size", "tasks_per_iteration", "group_size"]),
