@@ -71,10 +71,8 @@ def make_callbacks(args) -> list:
 
 
 def cmd_train(args) -> int:
-    from rllib_r3l.cli import launch
-    from rllib_r3l.cli import resume, resume_from, saved_spec
+    from rllib_r3l.cli import driver_mark, launch, resume
     from rllib_r3l.cli.experiments import check_resources
-    from rllib_r3l.cli.storage import check_experiment_storages
 
     launch.interrupt_on_sigterm()
     resume.check_resume_flags(args.resume, args.set or [], args.stop or [])
@@ -90,7 +88,22 @@ def cmd_train(args) -> int:
     launch.check_cluster_fits(experiments, args.file, args.num_cpus, args.address)  # CPUs and GPUs exist
     storage = os.path.abspath(os.path.expanduser(args.storage_path)) if args.storage_path else None
     storages = {name: storage or spec.get("storage_path") for name, spec in experiments.items()}
-    plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new)
+    with driver_mark.claims() as claim:  # held until the run ends: a second driver is refused, not merged
+        if not args.dry_run and not args.new:  # before planning: what the plan sees is then ours alone
+            for name in experiments:
+                claim(resume.experiment_dir(storages.get(name), name), name)
+        plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new)
+        if not args.dry_run:
+            for name, p in plan.items():
+                claim(p["dir"], name)
+        return _train_planned(args, experiments, plan, storage, callbacks)
+
+
+def _train_planned(args, experiments, plan, storage, callbacks) -> int:
+    """``train`` once each experiment's folder is planned (and claimed): the checks that need the plan, then Tune."""
+    from rllib_r3l.cli import resume, resume_from, saved_spec
+    from rllib_r3l.cli.storage import check_experiment_storages
+
     check_experiment_storages(experiments, plan, "--storage-path" if storage else "storage_path")
     resume.check_checkpoint_freq(plan, args.checkpoint_freq)
     as_written = load_yaml_file(args.file)  # before --set/--stop: what a resume of an edited file is held to

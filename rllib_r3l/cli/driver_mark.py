@@ -5,16 +5,23 @@ stopped by Ctrl-C, can leave its trials ``RUNNING`` there for good, and ``rllib-
 them running. ``rllib-r3l train`` therefore writes :data:`MARK` (host, pid, the process's start time)
 into each experiment folder while it runs it and marks it ended when it returns; :func:`driver_alive`
 tells a live driver from an ended or dead one (a reused pid has another start time).
+
+The mark is written once Ray runs; two drivers started together would both pass before it exists and
+merge into one experiment. :func:`claims` therefore takes an exclusive lock (``flock``, released when the
+process ends, however it ends) on a lock file beside each experiment folder before anything is planned.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import socket
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, List, Optional
+
+from rllib_r3l.errors import UsageError
 
 MARK = ".r3l-driver.json"
 
@@ -71,3 +78,50 @@ def running_pid(exp_dir: str) -> Optional[int]:
             return int(json.load(f)["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def lock_path(exp_dir: str) -> str:
+    """The lock file of ``exp_dir``: beside it, so that claiming creates no experiment folder."""
+    exp_dir = os.path.abspath(exp_dir)
+    return os.path.join(os.path.dirname(exp_dir), f".{os.path.basename(exp_dir)}.r3l-lock")
+
+
+@contextlib.contextmanager
+def claims() -> Iterator[Callable[[str, str], None]]:
+    """``claim(exp_dir, name)`` inside the block takes ``exp_dir`` for this process until the block ends.
+
+    A folder another live process holds raises :class:`UsageError` naming that process. A lock file that
+    cannot be written (read-only or missing storage) is no claim: the storage check refuses that run itself."""
+    held: List[int] = []
+    taken: set = set()
+
+    def claim(exp_dir: str, name: str) -> None:
+        path = lock_path(exp_dir)
+        if path in taken:
+            return
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(fd, 64).decode(errors="replace").strip()
+            os.close(fd)
+            who = f"process {pid} on this host" if pid.isdigit() else "another process on this host"
+            stop = f"kill -TERM {pid}" if pid.isdigit() else "kill -TERM its process"
+            raise UsageError(f"experiment {name!r} in {exp_dir} is being run by another `rllib-r3l train` now ({who}); "
+                             f"wait for it to end, or stop it first (Ctrl-C in its terminal, or {stop}), then "
+                             "--resume; or pass --new to start another run beside it") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        held.append(fd)
+        taken.add(path)
+
+    try:
+        yield claim
+    finally:
+        for fd in held:  # the lock files stay: removing one another process has open would split the lock
+            with contextlib.suppress(OSError):
+                os.close(fd)
