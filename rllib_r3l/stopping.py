@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, Optional
 
 from rllib_r3l.errors import UsageError, did_you_mean
 
+TUNE_DEFAULT_METRIC = "_metric"  # what Tune's schedulers hold when nobody named a metric (ray.tune.result)
 # Tune's own (auto-filled) result keys.
 TUNE_KEYS = ("training_iteration", "time_total_s", "time_this_iter_s", "time_since_restore", "timestamp",
              "iterations_since_restore", "timesteps_total", "timesteps_since_restore", "episodes_total")
@@ -140,13 +141,59 @@ except ImportError:  # Ray not installed: the pure modules import this file with
     _TuneCallback = object
 
 
+def check_search_metric(metric: Any, src: str) -> None:
+    """Raise :class:`UsageError` for a scheduler's or search algorithm's ``metric`` no R3L result has: Tune
+    raises its own error on the first result (after a whole iteration), as a traceback."""
+    if not isinstance(metric, str) or metric == TUNE_DEFAULT_METRIC:
+        return
+    hint = unknown_metric_hint(metric)
+    if hint is not None:
+        raise UsageError(f"{src}: {metric!r} is not a metric of R3L's results{hint}, so Tune would stop the run at "
+                         f"the first result; e.g. {EXAMPLES} (nested metrics are joined with '/')")
+
+
+def controller_metrics() -> list:
+    """``[(where, metric)]``: the metrics the running Tune experiment schedules and searches by.
+
+    Tune hands its callbacks neither the scheduler nor the search algorithm; the controller that calls
+    ``Callback.setup`` is found on the call stack and read through its public ``scheduler_alg`` and
+    ``search_alg``. This is the one place R3L relies on how Tune calls its callbacks; a test
+    (tests/test_algorithm.py) fails when a Ray version moves it, rather than users losing the check."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and hasattr(type(owner), "scheduler_alg") and hasattr(type(owner), "search_alg"):
+            break
+        frame = frame.f_back
+    else:
+        return []
+    found = []
+    scheduler, search = owner.scheduler_alg, owner.search_alg
+    name = type(scheduler).__name__
+    # FIFOScheduler takes no metric of its own: it holds TuneConfig's / tune.run's
+    where = ("tune.TuneConfig(metric=...) / tune.run(metric=...)" if name == "FIFOScheduler" else
+             f"{name}(metric=...) (or tune.TuneConfig(metric=...) / tune.run(metric=...))")
+    found.append((where, getattr(scheduler, "metric", None)))
+    searcher = getattr(search, "searcher", search)
+    metrics = getattr(searcher, "metric", None)
+    for m in ([metrics] if isinstance(metrics, str) else list(metrics or [])):
+        found.append((f"{type(searcher).__name__}(metric=...)", m))
+    return found
+
+
 class StopCriteriaCheck(_TuneCallback):
-    """Tune callback: an R3L trial whose ``stop`` (or ``checkpoint_score_attribute``) names a metric R3L
-    never reports is refused, when
-    Tune first lists the trial (before its actor loads a model) or at the latest when it starts."""
+    """Tune callback: an R3L trial whose ``stop``, ``checkpoint_score_attribute``, scheduler metric or search
+    metric names a metric R3L never reports is refused, when Tune first lists the trial (before its actor
+    loads a model) or at the latest when it starts."""
 
     def __init__(self):
         self._checked = set()
+        self._search_metrics: list = []
+
+    def setup(self, **info):
+        self._search_metrics = controller_metrics()
 
     def _check(self, trial) -> None:
         if trial.trial_id in self._checked:
@@ -159,6 +206,8 @@ class StopCriteriaCheck(_TuneCallback):
             manager = getattr(getattr(trial, "run_metadata", None), "checkpoint_manager", None)
             score = getattr(getattr(manager, "checkpoint_config", None), "checkpoint_score_attribute", None)
             check_checkpoint_score(score, "CheckpointConfig.checkpoint_score_attribute")
+            for where, metric in self._search_metrics:
+                check_search_metric(metric, where)
         except UsageError as e:
             raise ValueError(f"{trial}: {e}") from None
 

@@ -140,6 +140,33 @@ def test_a_misspelt_checkpoint_score_attribute_is_refused_through_the_tuner(ray_
     assert not list(tmp_path.rglob("result.json")) or all(p.stat().st_size == 0 for p in tmp_path.rglob("result.json"))
 
 
+@pytest.mark.parametrize("door", ["ASHAScheduler", "TuneConfig"])
+def test_a_misspelt_scheduler_or_tune_config_metric_is_refused_before_the_first_iteration(ray_session, tmp_path,
+                                                                                           door):
+    """Tune itself raised only at the first result (a whole iteration later), as a 23 kB traceback line. The
+    check reads the metrics through the controller that calls the callback's setup (``controller_metrics``):
+    if a Ray version moves that, this test fails instead of the check going quiet."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    bad = "env_runners/episode_reward_mean"  # RLlib's old name; R3L reports episode_return_mean
+    run_config = tune.RunConfig(stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0)
+    if door == "ASHAScheduler":
+        tune_config = tune.TuneConfig(scheduler=ASHAScheduler(metric=bad, mode="max"))
+        where = r"AsyncHyperBandScheduler\(metric=\.\.\.\)"  # ASHAScheduler is its alias
+    else:
+        tune_config = tune.TuneConfig(metric=bad, mode="max")
+        where = r"tune.TuneConfig\(metric=\.\.\.\)"
+    with pytest.raises(Exception, match=where + r".*'env_runners/episode_reward_mean' is not a metric of R3L's "
+                                        r"results \(did you mean 'env_runners/episode_return_mean'\?\)"):
+        tune.Tuner("R3L", param_space=tiny_config(), tune_config=tune_config, run_config=run_config).fit()
+    assert not list(tmp_path.rglob("result.json")) or all(p.stat().st_size == 0 for p in tmp_path.rglob("result.json"))
+    from rllib_r3l.stopping import check_search_metric
+
+    for metric in ("env_runners/success_rate", "learners/default_policy/policy_loss", None):
+        check_search_metric(metric, "ASHAScheduler(metric=...)")  # metrics R3L reports (or none) pass
+
+
 def test_the_stop_check_callback_is_named_once_beside_the_users_own():
     from rllib_r3l.stopping import ENV_CALLBACK, install_env_callback
 
