@@ -52,7 +52,7 @@ class ScriptedBackend(GenerationBackend):
         ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
         return GenerationResult(token_ids=ids, logprobs=[-0.5] * len(ids), text=text, finish_reason="stop")
 
-    def generate(self, requests, *, temperature, top_p=1.0, seed=None):
+    def generate(self, requests, *, temperature, top_p=1.0, seed=None, on_done=None):
         self.calls.append(list(requests))
         self.temperatures.append(temperature)
         out = []

@@ -25,7 +25,7 @@ from rllib_r3l.cli.experiment_file import (  # noqa: F401 - reading the file; re
     parse_value,
 )
 from rllib_r3l.errors import UsageError, did_you_mean
-from rllib_r3l.stopping import check_stop_criteria
+from rllib_r3l.stopping import check_stop_criteria, known_stop_keys
 
 # env_config values that are file paths: made absolute before Tune changes directories.
 PATH_KEYS = ("data_files", "data_path", "webshop_path")
@@ -111,6 +111,14 @@ def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
             env_hint = _env_option_hint(config, key, src)
             if env_hint:
                 raise UsageError(env_hint)
+            if key in known_stop_keys() or key in RUN_LENGTH_WORDS:  # "how long" lives in stop:, not config:
+                stop = key if key in known_stop_keys() else "training_iteration"
+                shown = config[key] if key in known_stop_keys() and not isinstance(config[key], dict) else "N"
+                flag = f"--stop {stop}={shown}" if src.startswith("--set") else f"stop: {{{stop}: {shown}}}"
+                raise UsageError(f"{src}: {key!r} is not a config key: when a run stops is a stop criterion: "
+                                 f"{flag} (in a file: under the experiment's stop:, beside config:)")
+            if key in CONCEPT_HINTS:
+                raise UsageError(f"{src}: unknown config key {key!r}: {CONCEPT_HINTS[key]}")
             # the closest of all, but never an option R3L refuses (re-probe 9: num_rooms -> 'num_epochs')
             public = [k for k in known if not k.startswith("_") and k not in UNUSED_RLLIB]
             hint = did_you_mean(key, list(R3L_OPTIONS) + ["model"] + public)
@@ -120,6 +128,15 @@ def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
         if isinstance(value, dict) and "grid_search" in value:
             continue
         _check_type(key, value, src)
+
+
+# words a user reaches for that name no option: where the thing they want lives instead
+RUN_LENGTH_WORDS = ("iterations", "num_iterations", "max_iterations", "training_iterations", "num_steps", "steps")
+CONCEPT_HINTS = {
+    "greedy": "R3L trains by sampling (temperature > 0: a group of identical episodes has no learning signal); "
+              "greedy decoding is for evaluation: evaluation_temperature=0 (R3L.evaluate()) or "
+              "`rllib-r3l evaluate --greedy`",
+}
 
 
 def _env_option_hint(config: Dict[str, Any], key: str, src: str) -> Optional[str]:

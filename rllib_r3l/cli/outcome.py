@@ -91,8 +91,9 @@ class TrainingTracker(Callback):
         if s["episodes"] == 0 and s["episodes_reported"]:  # nothing sampled and nothing counted as lost: never call it "scored alike"
             return (f"{head}: no episode was sampled; see its error/log output and docs/reliability.md")
         return (f"{head}: every task group's episodes scored alike, so every group-relative advantage was 0 "
-                "and no update was made; check temperature (> 0), the environment (max_turns, a task every "
-                "episode solves or none does) and success_reward, or run more iterations")
+                "and no update was made; check temperature (> 0), the environment (max_turns, a task no episode "
+                "solves; without positive_amplification also one every episode solves) and success_reward, or run "
+                "more iterations")
 
 
 def _complete_on_disk(trial_dir: Optional[str]) -> Optional[str]:

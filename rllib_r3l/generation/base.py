@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -51,8 +51,10 @@ class GenerationBackend(abc.ABC):
         temperature: float,
         top_p: float = 1.0,
         seed: Optional[int] = None,
+        on_done: Optional[Callable[[int], None]] = None,
     ) -> List[GenerationResult]:
-        """Generate one completion per request (batched)."""
+        """Generate one completion per request (batched). ``on_done(n)``, where given, is told as ``n`` more
+        requests finish (live progress; a backend that finishes all at once calls it once)."""
 
     @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:

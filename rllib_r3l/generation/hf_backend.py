@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -114,8 +114,10 @@ class HFBackend(GenerationBackend):
         temperature: float,
         top_p: float = 1.0,
         seed: Optional[int] = None,
+        on_done: Optional[Callable[[int], None]] = None,
     ) -> List[GenerationResult]:
-        """One completion per request. With ``seed`` the call is reproducible (for the same batch)."""
+        """One completion per request. With ``seed`` the call is reproducible (for the same batch);
+        ``on_done`` is told after each ``max_batch_size`` chunk."""
         if not requests:
             return []
         generator = self._generator
@@ -125,6 +127,8 @@ class HFBackend(GenerationBackend):
         for start in range(0, len(requests), self.max_batch_size):
             chunk = requests[start : start + self.max_batch_size]
             results.extend(self._generate_batch(chunk, float(temperature), float(top_p), generator))
+            if on_done is not None:
+                on_done(len(chunk))
         return results
 
     @torch.inference_mode()

@@ -22,13 +22,14 @@ import gc
 import logging
 import os
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 from rllib_r3l.generation.base import CHOICE_TOKENIZATIONS, GenerationBackend, GenerationRequest, GenerationResult
 from rllib_r3l.generation.vllm_choice import choice_extra_args
 from rllib_r3l.generation.vllm_engine import engine_args, register_model_classes_in_process
+from rllib_r3l.generation.vllm_progress import progress_factory
 from rllib_r3l.generation.vllm_weights import quiet_reload_logs, reload_weights_on_worker, weight_buckets
 
 logger = logging.getLogger(__name__)
@@ -239,6 +240,7 @@ class VLLMBackend(GenerationBackend):
         temperature: float,
         top_p: float = 1.0,
         seed: Optional[int] = None,
+        on_done: Optional[Callable[[int], None]] = None,
     ) -> List[GenerationResult]:
         """One completion per request. With ``seed``, request ``i`` uses seed ``seed + i`` (so equal
         prompts in one call still get different samples, and a call is reproducible)."""
@@ -256,7 +258,7 @@ class VLLMBackend(GenerationBackend):
             for i, r in enumerate(requests)
         ]
         with self._compile_stance():
-            outputs = self._llm.generate(prompts, params, use_tqdm=False)
+            outputs = self._llm.generate(prompts, params, use_tqdm=progress_factory(on_done))
         results: List[GenerationResult] = []
         for out in outputs:
             o = out.outputs[0]

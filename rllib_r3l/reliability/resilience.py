@@ -243,10 +243,10 @@ class SeededBackend(GenerationBackend):
         self._calls += 1
         return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
 
-    def generate(self, requests, *, temperature, top_p=1.0, seed=None):
+    def generate(self, requests, *, temperature, top_p=1.0, seed=None, on_done=None):
         if seed is None:
             seed = self.next_seed()
-        return self.inner.generate(requests, temperature=temperature, top_p=top_p, seed=seed)
+        return self.inner.generate(requests, temperature=temperature, top_p=top_p, seed=seed, on_done=on_done)
 
     def update_weights(self, named_tensors):
         return self.inner.update_weights(named_tensors)

@@ -185,14 +185,20 @@ class Explorer:
                 for p, t, k in zip(prompts, trajectories, known)]
         self.counters["prompt_tokens"] += sum(len(p) for p in prompts)
         self.counters["prompt_tokens_reflect"] += sum(len(p) for p in prompts)
+        reported = [0]
+
+        def finished(n: int) -> None:  # the live progress line counts each report as it finishes
+            reported[0] += n
+            self.counters["progress_reflections"] += n
+
         try:
-            outs = self.reflector.generate(reqs, temperature=self.reflection_temperature)
+            outs = self.reflector.generate(reqs, temperature=self.reflection_temperature, on_done=finished)
         except Exception:
             self.counters["reflection_generation_errors"] += len(reqs)
             logger.exception("reflection generation failed")
             return [(None, p, None) for p in prompts]
         self.counters["prompt_tokens_cached_reflect"] += sum(o.cached_prompt_tokens for o in outs)
-        self.counters["progress_reflections"] += len(outs)  # live progress (rllib_r3l.runner.progress)
+        self.counters["progress_reflections"] += len(outs) - reported[0]  # what the backend did not report
         self.counters["progress_tokens"] += sum(len(o.token_ids) for o in outs)
         results = []
         for t, p, o, k in zip(trajectories, prompts, outs, known):

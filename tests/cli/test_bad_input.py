@@ -147,6 +147,10 @@ def test_a_run_that_trained_on_nothing_is_a_failure_with_the_reason():
     ("minibatch_size=2", ["--set minibatch_size", "micro_batch_tokens"]),
     ("train_batch_size=64", ["--set train_batch_size", "tasks_per_iteration", "group_size"]),
     ("gamma=0.5", ["--set gamma", "R3L does not use RLlib's gamma"]),
+    # a stop metric or a run length was pointed at tasks_per_iteration, greedy at seed
+    ("training_iteration=3", ["--set training_iteration", "stop criterion: --stop training_iteration=3"]),
+    ("iterations=20", ["--set iterations", "--stop training_iteration=N"]),
+    ("greedy=true", ["--set greedy", "evaluation_temperature=0", "rllib-r3l evaluate --greedy"]),
     ("evaluation_num_env_runners=1", ["--set evaluation_num_env_runners", "training env runners"]),
 ])
 def test_dry_run_refuses_values_a_run_cannot_train_with(tmp_path, capsys, flag, needles):

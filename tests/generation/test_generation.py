@@ -232,6 +232,26 @@ def test_choices_always_yield_a_choice(backend, prompt_ids, tiny_tokenizer):
     assert greedy.text in CHOICES
 
 
+def test_on_done_counts_requests_as_they_finish(backend, prompt_ids):
+    """The live progress line counts reflections per finished report, not once per batch (issue 49): vLLM's
+    engine loop reports each request when it finishes (a 1-token request before a 40-token one), the
+    transformers backend each ``max_batch_size`` chunk."""
+    told = []
+    reqs = [GenerationRequest(prompt_ids, 1), GenerationRequest(prompt_ids, 40), GenerationRequest(prompt_ids, 40)]
+    if backend.name == "transformers":
+        backend.max_batch_size, size = 2, backend.max_batch_size
+        try:
+            results = backend.generate(reqs, temperature=1.0, seed=1, on_done=told.append)
+        finally:
+            backend.max_batch_size = size
+        assert told == [2, 1]
+    else:
+        results = backend.generate(reqs, temperature=1.0, seed=1, on_done=told.append)
+        assert sum(told) == 3 and len(told) >= 2, told  # the short request was told apart from the long ones
+    assert len(results) == 3 and len(results[0].token_ids) == 1
+    assert backend.generate(reqs[:1], temperature=1.0, seed=1)  # on_done is optional
+
+
 def test_json_schema(backend, prompt_ids):
     schema = {
         "type": "object",

@@ -30,10 +30,10 @@ Recording = ScriptedBackend  # it records the temperature of each call
 
 
 class Failing(ScriptedBackend):
-    def generate(self, requests, *, temperature, top_p=1.0, seed=None):
+    def generate(self, requests, *, temperature, top_p=1.0, seed=None, on_done=None):
         if any(r.json_schema is not None for r in requests):
             raise RuntimeError("engine died")
-        return super().generate(requests, temperature=temperature, top_p=top_p, seed=seed)
+        return super().generate(requests, temperature=temperature, top_p=top_p, seed=seed, on_done=on_done)
 
 
 def make(tokenizer, *, separate_reflector=False, backend_cls=ScriptedBackend, outcome="failure", **options):
@@ -345,3 +345,28 @@ def test_reflect_on_failures_passes_over_successes_and_counts_them(tiny_tokenize
     n_retries = {m: sum(len(kinds(g, Kind.RETRY)) for g in runs[m][1]) for m in runs}
     assert n_retries == {"all": len(bases), "failures": len(bases) - len(won)}
     assert ex.reflection_stats.total == len(bases) - len(won)
+
+
+class ReportsOneByOne(ScriptedBackend):
+    """Tells ``on_done`` per finished report, and records the live count the explorer shows at each."""
+
+    def generate(self, requests, *, temperature, top_p=1.0, seed=None, on_done=None):
+        outs = super().generate(requests, temperature=temperature, top_p=top_p, seed=seed)
+        if on_done is not None and any(r.json_schema is not None for r in requests):
+            for _ in outs:
+                on_done(1)
+                self.seen.append(self.explorer.counters["progress_reflections"])
+        return outs
+
+
+def test_the_live_reflection_count_grows_per_finished_report_not_per_batch(tiny_tokenizer):
+    ex, _ = make(tiny_tokenizer, backend_cls=ReportsOneByOne)
+    backend = ex.reflector
+    backend.seen, backend.explorer = [], ex
+    [group] = ex.explore([SEED], ["g0"])
+    reflected = len(kinds(group, Kind.BASE))
+    assert backend.seen == list(range(1, reflected + 1))  # while the batch was still generating
+    assert ex.counters["progress_reflections"] == reflected  # and not counted twice at its end
+    plain, _ = make(tiny_tokenizer)  # a backend that never tells: counted once the batch returns
+    plain.explore([SEED], ["g0"])
+    assert plain.counters["progress_reflections"] == reflected

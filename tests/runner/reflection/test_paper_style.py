@@ -40,8 +40,8 @@ class SpelledApart(ScriptedBackend):
 class Rambling(ScriptedBackend):
     """A policy whose free reflections never hold a report."""
 
-    def generate(self, requests, *, temperature, top_p=1.0, seed=None):
-        outs = super().generate(requests, temperature=temperature, top_p=top_p, seed=seed)
+    def generate(self, requests, *, temperature, top_p=1.0, seed=None, on_done=None):
+        outs = super().generate(requests, temperature=temperature, top_p=top_p, seed=seed, on_done=on_done)
         for i, r in enumerate(requests):
             if is_reflection_request(self.tok.decode(r.prompt_token_ids)):
                 outs[i] = self._result("I think the agent should have tried harder somehow.")

@@ -101,7 +101,7 @@ class FuzzReflector(ScriptedBackend):
         self.texts = list(texts)
         self.answered = []
 
-    def generate(self, requests, *, temperature, top_p=1.0, seed=None):
+    def generate(self, requests, *, temperature, top_p=1.0, seed=None, on_done=None):
         out = []
         for r in requests:
             if r.json_schema is None and r.choices is None:  # never the case in this test
