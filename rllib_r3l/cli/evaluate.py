@@ -41,7 +41,8 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     ``base_model`` replaces the checkpoint's base model (moved or renamed since training).
     ``reflections=True`` also lets the policy reflect on each episode (no retry) and adds its
     reflection quality to the summary: ``reflection_valid_rate`` and, where the environment has an
-    oracle, ``pivot_accuracy``, ``pivot_error_mean``, ``pivot_early_rate`` (``rllib_r3l.runner.reflection.oracle``)."""
+    oracle, ``pivot_exact_rate``, ``pivot_in_time_rate``, ``pivot_error_mean``, ``pivot_early_rate``, ``pivot_accuracy``
+    (``rllib_r3l.runner.reflection.oracle``)."""
     import pandas as pd
 
     import environments
@@ -154,8 +155,9 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
                                   structured=cfg.get("reflection_structured"),
                                   style=_setting(cfg, "reflection_style"),
                                   template=cfg.get("reflection_template"), success_reward=success_reward)
-            reflection_metrics = {k: m[k] for k in ("reflected", "reflection_valid_rate", "pivot_accuracy",
-                                                    "pivot_error_mean", "pivot_early_rate") if k in m}
+            reflection_metrics = {k: m[k] for k in ("reflected", "reflection_valid_rate", "pivot_exact_rate",
+                                                    "pivot_in_time_rate", "pivot_error_mean", "pivot_early_rate",
+                                                    "pivot_accuracy") if k in m}
     finally:
         runner.close()
         gen.close()

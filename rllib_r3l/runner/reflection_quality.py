@@ -22,7 +22,8 @@ def score_reflections(episodes: Any, chat: Any, trajectories: Sequence[Any], *, 
     The policy (or ``reflector``) reflects on each of ``trajectories`` (run by ``episodes``, an
     :class:`~rllib_r3l.runner.rollout.EpisodeRunner`, whose environments also serve the oracle); nothing is
     retried. Returns ``reflection_valid_rate`` and the other reflection counts, and, where the
-    environment has an oracle, ``pivot_accuracy``, ``pivot_error_mean`` and ``pivot_early_rate``; plus
+    environment has an oracle, ``pivot_exact_rate``, ``pivot_in_time_rate``, ``pivot_error_mean``, ``pivot_early_rate``
+    and (secondary, within one turn) ``pivot_accuracy``; plus
     ``reflected`` (episodes with at least one action, the ones reflected on). ``style`` is the config's
     ``reflection_style`` (its prompt and context); ``structured`` None = by the style.
     """

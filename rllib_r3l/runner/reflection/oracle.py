@@ -18,7 +18,7 @@ import logging
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from rllib_r3l.runner.reflection import reflect as reflect_lib
-from rllib_r3l.runner.reflection.pivot_metrics import pivot_quality
+from rllib_r3l.runner.reflection.pivot_metrics import PIVOT_METRICS, pivot_quality
 
 logger = logging.getLogger(__name__)
 
@@ -118,9 +118,9 @@ def log_pivot_quality(explorer: Any, trajectories: Sequence[Any], results: Seque
         if not env_has_oracle(env):
             return
     verdicts = _oracles(explorer, [t for t, _p in todo])
-    for (_t, p), verdict in zip(todo, verdicts):
+    for (t, p), verdict in zip(todo, verdicts):
+        t.info["oracle_pivot"] = verdict[0] if verdict else None  # the retry ledger's row (explore.py)
         q = pivot_quality(p, verdict[0] if verdict else None)
         if q is not None:
-            explorer._log("pivot_accuracy", q["pivot_accuracy"])
-            explorer._log("pivot_error_mean", q["pivot_error"])
-            explorer._log("pivot_early_rate", q["pivot_early"])
+            for key, name in PIVOT_METRICS.items():
+                explorer._log(name, q[key])

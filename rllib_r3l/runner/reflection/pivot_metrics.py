@@ -2,16 +2,21 @@
 
 An environment with an oracle (``env.has_oracle``) knows, for a finished episode, the *oracle pivot*:
 the first turn from which the episode could no longer be finished optimally (each environment's
-docstring defines it exactly). A reflection reports its own pivot (``retry_from_step``). Per
-reflection with both an integer reported pivot ``p`` and an integer oracle pivot ``o``:
+docstring defines it exactly): the first mistake. A reflection reports its own pivot
+(``retry_from_step``). Per reflection with both an integer reported pivot ``p`` and an integer oracle
+pivot ``o``:
 
-- ``pivot_accuracy``: 1.0 when ``|p - o| <= 1`` (one turn of slack either way), else 0.0;
-- ``pivot_error``: the signed error ``p - o`` (negative: the reflector restarts too early);
-- ``pivot_early``: 1.0 when ``p < o`` (a retry from there can still fix the mistake, but replays
-  less of the good prefix and masks less credit), else 0.0.
+- ``pivot_exact``: 1.0 when ``p == o``;
+- ``pivot_in_time``: 1.0 when ``p <= o``: the retry starts at or before the first mistake, so it can
+  still avoid it. A later pivot replays the mistake in the prefix and the retry cannot undo it, which
+  is why this, not the distance, says whether a pivot is usable;
+- ``pivot_error``: the signed error ``p - o`` (negative: the reflector restarts early);
+- ``pivot_early``: 1.0 when ``p < o`` (usable, but replays less of the good prefix and masks less credit);
+- ``pivot_accuracy``: 1.0 when ``|p - o| <= 1``. Secondary only: it scores a pivot one turn *after* the
+  mistake as accurate (a constant pivot of 1 scores every episode whose mistake is at turn 0).
 
-Over many reflections the runner logs their means as ``r3l/pivot_accuracy``,
-``r3l/pivot_error_mean`` and ``r3l/pivot_early_rate``. A reflection without a pivot (invalid, or
+Over many reflections the runner logs their means as ``r3l/pivot_exact_rate``, ``r3l/pivot_in_time_rate``,
+``r3l/pivot_error_mean``, ``r3l/pivot_early_rate`` and ``r3l/pivot_accuracy``. A reflection without a pivot (invalid, or
 ``success``) or an episode without an oracle pivot (it was finished optimally, or no optimal finish
 existed from the start) is not scored: :func:`pivot_quality` returns None for it.
 """
@@ -24,9 +29,11 @@ __all__ = ["PIVOT_METRICS", "pivot_quality", "summarize_pivot_quality"]
 
 #: per-reflection key -> the name of its mean in the runner's metrics (under ``r3l/``)
 PIVOT_METRICS: Dict[str, str] = {
-    "pivot_accuracy": "pivot_accuracy",
+    "pivot_exact": "pivot_exact_rate",
+    "pivot_in_time": "pivot_in_time_rate",
     "pivot_error": "pivot_error_mean",
     "pivot_early": "pivot_early_rate",
+    "pivot_accuracy": "pivot_accuracy",
 }
 
 
@@ -42,7 +49,8 @@ def pivot_quality(pivot: Optional[int], oracle: Optional[int], tolerance: int = 
     if p is None or o is None:
         return None
     err = p - o
-    return {"pivot_accuracy": float(abs(err) <= tolerance), "pivot_error": float(err), "pivot_early": float(err < 0)}
+    return {"pivot_exact": float(err == 0), "pivot_in_time": float(err <= 0), "pivot_error": float(err),
+            "pivot_early": float(err < 0), "pivot_accuracy": float(abs(err) <= tolerance)}
 
 
 def summarize_pivot_quality(pairs: Iterable[Tuple[Optional[int], Optional[int]]],

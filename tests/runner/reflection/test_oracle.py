@@ -19,14 +19,28 @@ SEED = 11  # ToyCorridor(4 rooms): start in room 2, coin in room 4; the oracle p
 
 
 # ------------------------------------------------------------------------------------------- pure metrics
+def _q(exact, in_time, error, early, within_one):
+    return {"pivot_exact": exact, "pivot_in_time": in_time, "pivot_error": error, "pivot_early": early,
+            "pivot_accuracy": within_one}
+
+
 def test_pivot_quality_hand_values():
-    assert pivot_quality(3, 3) == {"pivot_accuracy": 1.0, "pivot_error": 0.0, "pivot_early": 0.0}
-    assert pivot_quality(2, 3) == {"pivot_accuracy": 1.0, "pivot_error": -1.0, "pivot_early": 1.0}
-    assert pivot_quality(5, 3) == {"pivot_accuracy": 0.0, "pivot_error": 2.0, "pivot_early": 0.0}
-    assert pivot_quality(0, 4) == {"pivot_accuracy": 0.0, "pivot_error": -4.0, "pivot_early": 1.0}
+    assert pivot_quality(3, 3) == _q(1.0, 1.0, 0.0, 0.0, 1.0)
+    assert pivot_quality(2, 3) == _q(0.0, 1.0, -1.0, 1.0, 1.0)
+    assert pivot_quality(5, 3) == _q(0.0, 0.0, 2.0, 0.0, 0.0)
+    assert pivot_quality(0, 4) == _q(0.0, 1.0, -4.0, 1.0, 0.0)
     assert pivot_quality(None, 3) is None and pivot_quality(3, None) is None and pivot_quality(True, 1) is None
     assert summarize_pivot_quality([(3, 3), (2, 3), (5, 3), (0, 4), (None, 1), (1, None)]) == {
-        "pivot_accuracy": 0.5, "pivot_error_mean": -0.75, "pivot_early_rate": 0.5, "pivot_scored": 4.0}
+        "pivot_exact_rate": 0.25, "pivot_in_time_rate": 0.75, "pivot_accuracy": 0.5, "pivot_error_mean": -0.75,
+        "pivot_early_rate": 0.5, "pivot_scored": 4.0}
+
+
+def test_a_planted_late_pivot_is_scored_late_not_accurate():
+    """A pivot one turn after the first mistake replays the mistake: "within one turn" called it accurate.
+    A constant pivot of 1 over episodes whose mistake is at turn 0 scores 1.0 within one turn, 0 in time."""
+    late = summarize_pivot_quality([(1, 0)] * 32)
+    assert late["pivot_accuracy"] == 1.0  # the old headline number
+    assert late["pivot_in_time_rate"] == 0.0 and late["pivot_exact_rate"] == 0.0 and late["pivot_error_mean"] == 1.0
     assert summarize_pivot_quality([(None, 2)]) == {}
 
 
