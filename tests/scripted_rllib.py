@@ -58,14 +58,16 @@ def tiny_config(**training):
 
 
 def build_learner(**training):
-    """A real ``R3LTorchLearner`` on the tiny model, built outside Ray (``lr=1e-3``, no weight decay)."""
+    """A real ``R3LTorchLearner`` on the tiny model, built outside Ray (``lr=1e-3`` unless given, no weight
+    decay)."""
     import gymnasium as gym
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_r3l import R3LConfig
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cfg = R3LConfig().training(model="tiny", backend="transformers", lr=1e-3, weight_decay=0.0, **training)
+    cfg = R3LConfig().training(**{"model": "tiny", "backend": "transformers", "lr": 1e-3, "weight_decay": 0.0,
+                                  **training})
     space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
     learner = cfg.build_learner(env=None, spaces={"__env__": space, DEFAULT_MODULE_ID: space})
     learner.build()

@@ -45,7 +45,7 @@ from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
 from ray.rllib.utils.annotations import override
 
 from rllib_r3l.learner import distributed
-from rllib_r3l.learner.torch_learner import DEEPSPEED_OPTIMIZER_KEY, R3LTorchLearner
+from rllib_r3l.learner.torch_learner import DEEPSPEED_OPTIMIZER_KEY, LR_TIMESTEP_KEY, R3LTorchLearner
 
 logger = logging.getLogger(__name__)
 
@@ -314,6 +314,7 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
             self._refresh_masters()
         if optim is not None:  # after the module: the checkpoint's fp32 masters and partitions win
             self._set_optimizer_state(optim)
+            self.apply_own_lr(state.get(LR_TIMESTEP_KEY))  # DeepSpeed loads the saved param-group lr too
         if self._stage == 3:
             self._gather_states()
 

@@ -17,8 +17,10 @@ from collections import Counter
 from typing import Any, Dict, List, Optional
 
 import torch
+from ray.rllib.core import COMPONENT_OPTIMIZER
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from rllib_r3l import core_algos
 from rllib_r3l.learner import distributed
@@ -30,6 +32,8 @@ from rllib_r3l.trajectory import KINDS
 
 # marks a DeepSpeed learner's optimizer state (ZeRO partitions, ``deepspeed_learner``): not plain AdamW's
 DEEPSPEED_OPTIMIZER_KEY = "__deepspeed__"
+# the learner state's record of the timestep its lr schedule last moved to (after_gradient_based_update)
+LR_TIMESTEP_KEY = "r3l_lr_schedule_timestep"
 
 
 class R3LTorchLearner(TorchLearner):
@@ -42,6 +46,7 @@ class R3LTorchLearner(TorchLearner):
         self._ref_model: Optional[torch.nn.Module] = None
         self._updates = 0
         self._skipped = 0
+        self._lr_timestep = 0
         if self.config.kl_coef > 0:
             from transformers import AutoModelForCausalLM
 
@@ -74,6 +79,41 @@ class R3LTorchLearner(TorchLearner):
                                                 "without deepspeed=...; the AdamW moments restart")
             return
         super()._set_optimizer_state(state)
+
+    # -- the learning rate across a restore ------------------------------------------------------------
+    @override(TorchLearner)
+    def after_gradient_based_update(self, *, timesteps: Dict[str, Any]) -> None:
+        super().after_gradient_based_update(timesteps=timesteps)
+        self._lr_timestep = int(timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0) or 0)
+
+    @override(TorchLearner)
+    def get_state(self, components=None, *, not_components=None, **kwargs):
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if COMPONENT_OPTIMIZER in state:
+            state[LR_TIMESTEP_KEY] = self._lr_timestep
+        return state
+
+    @override(TorchLearner)
+    def set_state(self, state) -> None:
+        super().set_state(state)
+        if COMPONENT_OPTIMIZER in state:
+            self.apply_own_lr(state.get(LR_TIMESTEP_KEY))
+
+    def apply_own_lr(self, timestep: Optional[int] = None) -> None:
+        """Every optimizer's lr from this learner's own config, at ``timestep`` (default: where its
+        schedule stands). Loading an optimizer state brings the saved param-group lr along, and RLlib
+        sets the configured one only after the next update: a checkpoint restored into a learner
+        with another lr (a PBT exploit, a resume with a new lr) would take its first step at the
+        checkpoint's lr. A schedule takes its own value at the timestep the checkpoint's schedule
+        had reached, as an uninterrupted run at that timestep would."""
+        if timestep is not None:
+            self._lr_timestep = int(timestep)
+        # RLlib keeps the Scheduler that register_optimizer built from config.lr (per module) in
+        # _optimizer_lr_schedules and sets it with _set_optimizer_lr; it has no public way to reach
+        # either, and these are what its after_gradient_based_update itself uses
+        for optimizer, schedule in self._optimizer_lr_schedules.items():
+            lr = schedule.update(timestep=self._lr_timestep)
+            self._set_optimizer_lr(optimizer, lr=float(lr))
 
     # ------------------------------------------------------------------------------------------------
     def _ref_logprobs(self, batch: Dict[str, torch.Tensor], share_prefixes: bool = False) -> torch.Tensor:
