@@ -189,6 +189,7 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
                 engine.optimizer.zero_grad(set_to_none=True)
                 engine.zero_grad()
             else:
+                self.log_step_lr([engine.optimizer])
                 engine.step()
         if skip:
             self._skipped += 1

@@ -270,6 +270,7 @@ class R3LTorchLearner(TorchLearner):
                 post = {pid: torch.nan_to_num(g) for pid, g in post.items()}
             # R3L checked the gradients above (one fused pass), so R3LConfig turns RLlib's own
             # per-tensor isfinite checks off (torch_skip_nan_gradients=True)
+            self.log_step_lr(self._optimizer_parameters)
             self.apply_gradients(post)
             self._updates += 1
         dt = time.perf_counter() - t0
@@ -287,6 +288,16 @@ class R3LTorchLearner(TorchLearner):
         self.metrics.log_value(("r3l", "learner", "shared_prefix_tokens_split"), split_tokens, reduce="sum")
         self._log_step_stats()
         return fwd_out, total_loss, {}
+
+    def log_step_lr(self, optimizers) -> None:
+        """``r3l/learner/step_lr``: the lr this update's optimizer step runs at. RLlib's
+        ``default_optimizer_learning_rate`` is logged after the update, once the schedule has moved
+        on (the next step's lr); and a restore could leave a step at another lr than the row's
+        config says. R3L trains one module with one optimizer: its first param group's lr."""
+        for optimizer in optimizers:
+            self.metrics.log_value(("r3l", "learner", "step_lr"), float(optimizer.param_groups[0]["lr"]),
+                                   reduce="mean", window=1)
+            return
 
     def _reset_step_stats(self) -> None:
         self._micro_stats: List[Dict[str, float]] = []

@@ -14,8 +14,9 @@ import torch
 from tests.scripted_rllib import build_learner
 
 
-def _update(learner, timestep: int) -> None:
-    """One real ``Learner.update`` (RLlib's path: the lr schedule moves to ``timestep`` after it)."""
+def _update(learner, timestep: int) -> float:
+    """One real ``Learner.update`` (RLlib's path: the lr schedule moves to ``timestep`` after it);
+    the lr its optimizer step ran at (``r3l/learner/step_lr``)."""
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
     from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
@@ -29,7 +30,9 @@ def _update(learner, timestep: int) -> None:
              "sampler_logprobs": torch.zeros(B, T), "advantages": torch.tensor([1.0, -1.0]),
              "weights": torch.ones(B), "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
     mb = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch({k: v.numpy() for k, v in batch.items()})}, env_steps=B)
-    learner.update(batch=mb, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: timestep}, num_epochs=1, minibatch_size=None)
+    r = learner.update(batch=mb, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: timestep}, num_epochs=1,
+                       minibatch_size=None)
+    return float(r["r3l"]["learner"]["step_lr"].peek())
 
 
 def _lrs(learner):
@@ -39,7 +42,7 @@ def _lrs(learner):
 @pytest.mark.parametrize("how", ["set_state", "restore_from_path"])
 def test_a_restored_learner_keeps_its_own_fixed_lr(tiny_model_dir, tmp_path, how):
     donor = build_learner(lr=5e-6)
-    _update(donor, timestep=100)
+    assert _update(donor, timestep=100) == 5e-6
     assert _lrs(donor) == [5e-6]
     trial = build_learner(lr=1e-6)
     if how == "set_state":
@@ -52,6 +55,7 @@ def test_a_restored_learner_keeps_its_own_fixed_lr(tiny_model_dir, tmp_path, how
     assert all(int(s["step"]) == 1 for s in opt.state.values())
     # ... and the first update after the restore runs at the trial's own lr (before the fix: 5e-6)
     assert _lrs(trial) == [1e-6]
+    assert _update(trial, timestep=200) == 1e-6
 
 
 def test_a_restored_learner_takes_its_own_schedules_value_at_the_restored_timestep(tiny_model_dir):
@@ -65,6 +69,7 @@ def test_a_restored_learner_takes_its_own_schedules_value_at_the_restored_timest
     assert _lrs(trial) == [pytest.approx(3e-5)]
     (sched,) = trial._optimizer_lr_schedules.values()
     assert float(sched.get_current_value()) == pytest.approx(3e-5)
+    assert _update(trial, timestep=600) == pytest.approx(3e-5)  # RLlib's own metric would say 2.8e-5 (the next step's)
 
 
 def test_a_state_without_the_optimizer_leaves_the_lr_alone(tiny_model_dir):
