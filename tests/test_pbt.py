@@ -1,6 +1,6 @@
 """Population-based training through Tune for real (issue 49): two tiny trials, an exploit after every
 iteration. The trial that clones another's checkpoint trains at its OWN (perturbed) lr from its first
-update on.
+update on, and ``rllib-r3l report`` says which curve is spliced from a clone.
 
 One experiment for the module (``pbt_experiment``): scripted episodes (``tests/scripted_rllib``) so
 every iteration has a batch to train on; ``synch=True`` so both trials reach each perturbation
@@ -84,3 +84,24 @@ def test_the_first_update_after_an_exploit_runs_at_the_trials_own_lr(pbt_experim
             step_lr = learner_metric(row, "step_lr")
             assert math.isnan(step_lr) or step_lr == pytest.approx(row["config"]["lr"], rel=1e-9)
 
+
+def test_report_says_which_curve_is_spliced_from_a_clone(pbt_experiment, tmp_path, capsys):
+    import pandas as pd
+
+    from rllib_r3l.cli import commands as cli
+
+    exp_dir, trials = pbt_experiment
+    (target_tag, clone_tag, *_rest), *_more = _exploits(exp_dir)
+    (target,) = [t for t in trials if t.experiment_tag.split("@")[0] == target_tag]
+    (source,) = [t for t in trials if t.experiment_tag.split("@")[0] == clone_tag]
+    assert cli.main(["report", exp_dir, "--out", str(tmp_path / "report")]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "spliced from a PBT clone" in line]
+    # the exploit came after iteration 1 (synch=True: both trials there); the table's trial names end in the id
+    assert len(notes) == 1 and f"{target.trial_id}'s curve is spliced" in notes[0], out
+    assert f"from iteration 2 on it continues R3L_r3l_ToyCorridor_{source.trial_id}'s run" in notes[0], notes
+    assert "checkpoint of iteration 1" in notes[0] and "perturbed lr" in notes[0], notes
+    table = pd.read_csv(tmp_path / "report" / "summary.csv")
+    spliced = dict(zip(table["trial"], table["spliced_from"]))
+    assert spliced[f"R3L_r3l_ToyCorridor_{target.trial_id}"] == f"R3L_r3l_ToyCorridor_{source.trial_id}@2"
+    assert pd.isna(spliced[f"R3L_r3l_ToyCorridor_{source.trial_id}"])  # never exploited: its own run throughout

@@ -88,6 +88,8 @@ def cmd_report(args) -> int:
 
     with pd.option_context("display.max_columns", None, "display.width", 200):
         print(table.to_string(index=False))
+    for line in report.notes(table):
+        print(line)
     print(f"\ntable: {os.path.join(out_dir, report.SUMMARY_FILE)}")
     for p in pngs:
         print(f"plot:  {p}")

@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from rllib_r3l.cli import driver_mark
+from rllib_r3l.cli import driver_mark, pbt_lineage
 from rllib_r3l.cli.result_rows import read_rows, rows_only_staged
 from rllib_r3l.errors import UsageError
 
@@ -186,20 +186,21 @@ def summarize(trial_dirs: List[str], root: str):
     import pandas as pd
 
     loaded = [(d, *load_trial(d)) for d in trial_dirs]
+    spliced = pbt_lineage.splices(trial_dirs)
     flat = [_scalar_params(p) for _d, _df, p in loaded]
     keys = sorted({k for f in flat for k in f})
     varied = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flat}) > 1]
     rows = []
     for (d, df, _p), f in zip(loaded, flat):
-        rel = os.path.relpath(d, root)
-        rel = os.path.basename(d) if rel == "." else rel
-        rel = re.sub(r"^(.*_\d{5})_\d+_.*$", r"\1", rel)  # drop Tune's "_<index>_<params>_<date>" suffix
-        row: Dict[str, Any] = {"trial": rel,
+        row: Dict[str, Any] = {"trial": trial_name(d, root),
                                "model": f.get("model", f.get("model_id")), "env": f.get("env")}
         for k in varied:
             if k not in ("model", "model_id", "env"):
                 row[k] = f.get(k)
         row["iterations"] = int(df["training_iteration"].max()) if "training_iteration" in df and len(df) else 0
+        if d in spliced:  # PBT: part of this curve is another trial's run (pbt_lineage)
+            row["spliced_from"] = "; ".join(f"{trial_name(s.source, root)}@{s.iteration if s.iteration else '?'}"
+                                            for s in spliced[d])
         for short in METRICS:
             if short in df:
                 s = df[short].dropna()
@@ -217,13 +218,36 @@ def summarize(trial_dirs: List[str], root: str):
         if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             table[k] = table[k].astype("Int64")
     identity = ["trial", "status", "model", "env"]  # re-probe 12: a varied env was a second "env" column
-    order = identity + [k for k in varied if k in table and k not in identity] + ["iterations", "reward", "best_reward"]
+    order = (identity + [k for k in varied if k in table and k not in identity]
+             + ["iterations", "spliced_from", "reward", "best_reward"])
     order += list(FAULTS)
     order += [m for m in METRICS if m not in order]
     table = table[[c for c in order if c in table] + [c for c in table if c not in order]]
     table.attrs["trial_dirs"] = [d for d, _df, _p in loaded]  # row by row: where warnings() finds error.txt
     table.attrs["row_notes"] = {d: df.attrs.get("row_notes") for d, df, _p in loaded}
+    table.attrs["splices"] = spliced
+    table.attrs["root"] = root
     return table, loaded, varied
+
+
+def trial_name(trial_dir: str, root: str) -> str:
+    """The trial as the table names it: its folder relative to the report's root, without Tune's
+    ``_<index>_<params>_<date>`` suffix (a folder outside the root, e.g. a PBT clone's: its own name)."""
+    rel = os.path.relpath(trial_dir, root)
+    rel = os.path.basename(trial_dir) if rel == "." or rel.startswith("..") else rel
+    return re.sub(r"^(.*_\d{5})_\d+_.*$", r"\1", rel)
+
+
+def notes(table) -> List[str]:
+    """One line per trial whose curve is spliced from a PBT clone: whose run it continues, from which
+    iteration (the table's last values and the plotted curve are then partly the other trial's)."""
+    root = table.attrs.get("root", "")
+    out = []
+    for trial_dir, spl in sorted((table.attrs.get("splices") or {}).items()):
+        for s in spl:
+            out.append(f"note: {trial_name(trial_dir, root)}'s curve is spliced from a PBT clone: "
+                       f"{s.describe(lambda d: trial_name(d, root) if os.path.isabs(d) else d)}")
+    return out
 
 
 def _label(d: str, params: Dict[str, Any], varied: List[str], root: str) -> str:
@@ -232,7 +256,8 @@ def _label(d: str, params: Dict[str, Any], varied: List[str], root: str) -> str:
     return ", ".join(parts) if parts else os.path.basename(d) or os.path.relpath(d, root)
 
 
-def plot(loaded, varied: List[str], out_dir: str, root: str) -> List[str]:
+def plot(loaded, varied: List[str], out_dir: str, root: str, splices=None) -> List[str]:
+    """The PNG learning curves; a dotted line where a PBT clone's run takes over a curve (``splices``)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -258,6 +283,9 @@ def plot(loaded, varied: List[str], out_dir: str, root: str) -> List[str]:
                     (line,) = ax.plot(sub["training_iteration"], sub[metric], color=f"C{i % 10}",
                                       marker="o" if len(sub) < 20 else None, markersize=3, label=label)
                     legend.setdefault(label, line)
+                    for s in (splices or {}).get(d, []):
+                        if s.iteration is not None:
+                            ax.axvline(s.iteration - 0.5, color=f"C{i % 10}", linestyle=":", linewidth=1)
             ax.set_title(metric)
             ax.set_xlabel("training iteration")
             ax.grid(alpha=0.3)
@@ -332,5 +360,5 @@ def make_report(experiment_dir: str, out: Optional[str] = None):
     check_storage(out_dir, None, "--out" if out else "--out (default EXPERIMENT_DIR/report)")
     os.makedirs(out_dir, exist_ok=True)
     table.to_csv(os.path.join(out_dir, SUMMARY_FILE), index=False)
-    pngs = plot(loaded, varied, out_dir, root)
+    pngs = plot(loaded, varied, out_dir, root, table.attrs.get("splices"))
     return table, pngs, out_dir

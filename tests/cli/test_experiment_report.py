@@ -9,7 +9,7 @@ import os
 import pytest
 
 from rllib_r3l.cli import commands as cli
-from rllib_r3l.cli.experiment_report import make_report, warnings
+from rllib_r3l.cli.experiment_report import make_report, notes, warnings
 
 
 def _trial(root, name, results, error=None):
@@ -280,3 +280,29 @@ def test_trials_of_different_environments_have_one_env_column_and_whole_numbers_
     header, corridor, _word = open(os.path.join(out, "summary.csv")).read().splitlines()[:3]
     assert header.split(",").count("env") == 1
     assert corridor.split(",")[header.split(",").index("env_config.num_rooms")] == "3", corridor
+
+
+def test_an_asynchronous_pbt_splice_is_found_by_the_rows_config_not_the_files_iterations(tmp_path):
+    """Issue 49: PBT restarts a trial from another trial's checkpoint; `report` says whose run the curve
+    continues and from which row. Here asynchronous PBT: the trial had reached iteration 3 when it cloned
+    the other trial's checkpoint of iteration 2, so it reported iteration 3 again (at the new lr), then 4;
+    Tune's file holds stale iterations. No experiment state: the folders are found by Tune's trial index."""
+    root = tmp_path / "exp"
+    cfg = lambda lr: {"config": {"lr": lr}}  # noqa: E731
+    _trial(root, "R3L_x_00000_0_lr=0.0001_2026-01-01",
+           [_result(1, **cfg(1e-4)), _result(2, **cfg(1e-4)), _result(3, **cfg(1e-4)),
+            _result(3, **cfg(2.4e-4)), _result(4, done=True, **cfg(2.4e-4))])
+    _trial(root, "R3L_x_00001_1_lr=0.0003_2026-01-01", [_result(i, done=i == 4, **cfg(3e-4)) for i in range(1, 5)])
+    (root / "pbt_global.txt").write_text(
+        json.dumps(["0_lr=0.0001", "1_lr=0.0003", 2, 0, {"lr": 3e-4, "env": "x"}, {"lr": 2.4e-4, "env": "x"}]) + "\n"
+        + json.dumps(["7_lr=0.1", "1_lr=0.0003", 2, 2, {"lr": 3e-4}, {"lr": 3.6e-4}]) + "\n"  # no such trial here
+        + '["0_lr=0.0001", "1_lr=0.0')  # a cut line
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["spliced_from"].fillna("")) == ["R3L_x_00001@3", ""]
+    (line,) = notes(table)
+    assert line == ("note: R3L_x_00000's curve is spliced from a PBT clone: from iteration 3 on it continues "
+                    "R3L_x_00001's run (PBT cloned R3L_x_00001's checkpoint of iteration 2 into it); "
+                    "perturbed lr 0.0003 -> 0.00024")
+    # a report on the spliced trial alone still names the clone (a folder beside it)
+    alone = make_report(str(root / "R3L_x_00000_0_lr=0.0001_2026-01-01"))[0]
+    assert list(alone["spliced_from"]) == ["R3L_x_00001@3"]
