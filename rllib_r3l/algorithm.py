@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Dict, List
 
@@ -28,7 +29,7 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 
-from rllib_r3l import preflight
+from rllib_r3l import preflight, retry_ledger
 from rllib_r3l.reliability import resilience
 from rllib_r3l.batch import (build_train_batch, drop_overlong, kind_counts, loss_share_by_kind, select_trainable,
                              train_batch_options)
@@ -81,6 +82,9 @@ class R3L(Algorithm):
         self._pad_token_id = None
         self._replay = replay_from_config(self.config)  # S > 1: decay-limit priority replay (replay.py)
         self._synced_update = 0  # learner-update count of the weights in the engines
+        # every reflection and retry, one JSON line each (rllib_r3l/retry_ledger.py); the main job points it
+        # at its --out folder, Tune keeps the trial's logdir with SyncConfig(sync_artifacts=True)
+        self.retry_ledger_path = os.path.join(self.logdir, retry_ledger.LEDGER_FILE)
 
     # ------------------------------------------------------------------------------------------------
     @override(Algorithm)
@@ -90,6 +94,7 @@ class R3L(Algorithm):
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             groups, runner_metrics = self._explore()
         self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+        retry_ledger.append(self.retry_ledger_path, self.iteration + 1, (r for g in groups for r in g.ledger))
         preflight.raise_if_no_environment(groups, self.metrics.peek(
             (ENV_RUNNER_RESULTS, "r3l", "faults", "env_create_errors"), default=0))
 

@@ -45,6 +45,12 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "aux_items": (["retry_sft"], "auxiliary SFT items added for a successful retry (paper §4): 'retry_sft' (the successful retry with its guidance in context) and 'reflection_sft' (the reflection prompt -> the policy's own report); [] = none. The paper uses both (tuned_examples/paper/); the embedded default leaves out 'reflection_sft' because at 135M the reports outweigh the 2-4-token actions and R3L stops learning (docs/benchmarks.md, 'Does R3L learn better than GRPO here?')"),
     "aux_weight": (1.0, "loss weight of the auxiliary reflection/retry-SFT items"),
     "verify_replay": (True, "check that a retry's replayed observations equal the recorded ones"),
+    # the retry at its pivot (levers for a policy that repeats its failed action; docs/benchmarks.md)
+    "pivot_action": ("any", "what a retry may do at its pivot turn: 'any' (the paper) or 'exclude_failed': not the failed episode's action there (choice decoding: left out of the choices; free text: resampled up to pivot_resamples times, then kept and counted as r3l/pivot_repeats_kept); the retry trains as any retry (off-policy, §4)"),
+    "pivot_resamples": (4, "pivot_action='exclude_failed' with free-text actions: how many times a retry's pivot turn is sampled again while it repeats the failed action"),
+    "pivot_backoff": (0, "a retry starts max(0, pivot - k) turns in: reported pivots tend to land after the first mistake, which a later retry replays; 0 = at the reported pivot (the paper)"),
+    "pivot_temperature": (None, "sampling temperature of a retry's pivot turn (a hotter pivot turn is likelier to leave the failed path); None = temperature"),
+    "retry_control": (False, "DIAGNOSTIC, never trained on: for each failed base episode that gets a retry, one fresh episode of the same task from turn 0 without guidance at the same temperature; the retry ledger (retries.jsonl) and r3l/control_success_rate compare the retry with it on the same task"),
     # credit and advantages (paper §4)
     "pivotal_credit": (True, "mask the shared prefix (turns < pivot) of a base/retry pair"),
     "positive_amplification": (True, "successes get advantage 1.0, other non-negative advantages x alpha"),
@@ -106,6 +112,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "reflection_outcome": ("model", "reward"),
     "reflection_style": ("structured", "paper"),
     "reflect_on": ("all", "failures"),
+    "pivot_action": ("any", "exclude_failed"),
     "backend": ("auto", "vllm", "transformers"),
     "mixed_precision": ("auto", "bfloat16", "none"),
     "loss_aggregation": ("token_mean", "sequence_mean", "paper"),  # = core_algos.LOSS_AGGREGATIONS
@@ -194,6 +201,9 @@ RANGES: Dict[str, Range] = {
     "sampling_seed": Range(low=0, integer=True, none="unseeded"),
     "runner_failure_retries": Range(low=0, integer=True, note="0 = no re-sampling"),
     "runner_restart_wait_s": Range(low=0),
+    "pivot_resamples": Range(low=0, integer=True, note="0 = never resampled"),
+    "pivot_backoff": Range(low=0, integer=True, note="0 = the reported pivot"),
+    "pivot_temperature": Range(low=0, none="temperature"),
     # RLlib options R3L uses (a negative grad_clip would scale every gradient by grad_clip/||g|| < 0:
     # gradient ascent)
     # an LLM's learning rate lives around 1e-7..1e-4; 1 and above wreck the weights in one update (the

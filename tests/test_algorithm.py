@@ -39,6 +39,8 @@ def test_import_is_light():
 
 @pytest.mark.parametrize("num_env_runners", [0, 1])
 def test_tune_run_two_iterations_then_restore_and_continue(ray_session, tmp_path, num_env_runners):
+    import os
+
     from ray import tune
 
     from rllib_r3l import R3L
@@ -47,9 +49,16 @@ def test_tune_run_two_iterations_then_restore_and_continue(ray_session, tmp_path
     # nothing and reports no reflection metrics; a fixed seed makes "some failure to reflect on" certain
     cfg = tiny_config(sampling_seed=0).env_runners(num_env_runners=num_env_runners, num_cpus_per_env_runner=0.5)
     analysis = tune.run("R3L", config=cfg, stop={"training_iteration": 2}, storage_path=str(tmp_path),
-                        checkpoint_at_end=True, verbose=0)
+                        checkpoint_at_end=True, verbose=0, sync_config=tune.SyncConfig(sync_artifacts=True))
     trial = analysis.trials[0]
     assert trial.status == "TERMINATED", trial.error_file
+    # the retry ledger: one row per reflection (and retry), in the trial's folder as a synced artifact
+    from rllib_r3l import retry_ledger
+
+    rows = retry_ledger.read(os.path.join(trial.path, retry_ledger.LEDGER_FILE))
+    assert rows and {r["iteration"] for r in rows} <= {1, 2} and all(r["task_seed"] is not None for r in rows)
+    assert retry_ledger.funnel(rows)["reflections"] == len({(r["iteration"], r["group_id"], r["reflection"])
+                                                             for r in rows})
     res = trial.last_result
     assert res["training_iteration"] == 2
     er = res["env_runners"]

@@ -26,6 +26,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from rllib_r3l import checkpoint_integrity as ckpt_io
+from rllib_r3l import retry_ledger
 from rllib_r3l.cli.run_folder import CHECKPOINT, FINISHED_MARKERS, check_out, out_dir, resume_point  # noqa: F401
 from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of
 from rllib_r3l.errors import UsageError
@@ -216,6 +217,12 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
                  + (f"; the checkpoint in {out} is untouched" if resume_from else "") + "; run the same command again")
         ray.shutdown()
         return 130
+    ledger = os.path.join(out, retry_ledger.LEDGER_FILE)  # every reflection and retry, beside summary.json
+    if resume_from:  # the iterations after the checkpoint run again
+        retry_ledger.truncate_after(ledger, algo.iteration)
+    elif os.path.exists(ledger):  # a fresh run (--overwrite): its own rows only
+        os.remove(ledger)
+    algo.retry_ledger_path = ledger
     live = live_progress.LiveProgress(con, live_dir, expected=run_info.expected_episodes(info), reflect=info["reflect"])
     last: Dict[str, Any] = {}
     first = algo.iteration + 1
@@ -277,6 +284,7 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
         ray.shutdown()
         wrap_up["stop_and_shutdown"] = time.time() - t
         peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
+        ledger_rows = retry_ledger.read(ledger)
         summary = {
             "iterations": args.iterations,
             "iterations_completed": completed,
@@ -295,6 +303,9 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
             "checkpoint": ckpt,
             "plot": plot,
             "log": log_path,
+            # the reflect-then-retry chain over the whole run (rllib_r3l/retry_ledger.py)
+            "retries": {"ledger": ledger if ledger_rows else None, "funnel": retry_ledger.funnel(ledger_rows),
+                        "control": retry_ledger.control_comparison(ledger_rows)},
         }
         summary_path = os.path.join(out, "summary.json")
         failed = _write_json_aside(summary_path, summary)
@@ -303,6 +314,7 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
             summary_path = None  # not a finished run: exit 1 below
         con.line()
         con.lines(console.summary_table(rows))
+        con.lines(retry_ledger.funnel_lines(ledger_rows))
         con.line()
         con.line(f"total {summary['seconds_total']:.0f} s after set-up ({summary['seconds_iterations']:.0f} s in the "
                  f"iterations), peak driver RSS {peak_gb:.1f} GB")

@@ -27,15 +27,16 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from rllib_r3l import core_algos
+from rllib_r3l import core_algos, retry_ledger
 from rllib_r3l.options import default, resolve_reflection_context, resolve_reflection_structured
 from rllib_r3l.runner.reflection import oracle as oracle_lib
 from rllib_r3l.runner.reflection import reflect as reflect_lib
 from rllib_r3l.runner.reflection import context as reflection_context
+from rllib_r3l.runner.aux_items import AuxItems
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec
-from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
+from rllib_r3l.trajectory import Kind, Status, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class ExploreOptions:
     reflection_outcome: str = default("reflection_outcome")
     reflector: str = default("reflector")  # "oracle": DIAGNOSTIC reports (rllib_r3l.runner.reflection.oracle)
     reflect_on: str = default("reflect_on")
+    pivot_backoff: int = default("pivot_backoff")
+    retry_control: bool = default("retry_control")  # DIAGNOSTIC: a fresh unguided episode beside each retry
 
     @classmethod
     def from_config(cls, config: Any, evaluation: bool = False) -> "ExploreOptions":
@@ -99,9 +102,16 @@ class GroupResult:
     trajectories: List[Trajectory] = field(default_factory=list)  # base + stripped retries + aux
     lost: List[Trajectory] = field(default_factory=list)  # episodes that failed (env/generation error)
     complete: bool = True
+    ledger: List[Dict[str, Any]] = field(default_factory=list)  # rllib_r3l.retry_ledger rows of this group
 
 
-class Explorer:
+def _base_success(group: GroupResult) -> float:
+    """Success rate of a group's base episodes (what the ledger compares a retry's task by)."""
+    bases = [t for t in group.trajectories if t.kind == Kind.BASE]
+    return sum(1 for t in bases if t.success) / len(bases) if bases else 0.0
+
+
+class Explorer(AuxItems):
     """Runs R3L's exploration for a batch of task groups with one policy backend."""
 
     def __init__(
@@ -238,43 +248,74 @@ class Explorer:
         reflections = self.reflect(bases)
         self.reflect_seconds += time.perf_counter() - t0
         retry_specs: List[EpisodeSpec] = []
-        for b, (parsed, prompt_ids, out) in zip(bases, reflections):
+        rows = []  # per reflection: its ledger row and the indices of its retries in retry_specs
+        for i, (b, (parsed, prompt_ids, out)) in enumerate(zip(bases, reflections)):
             b.info["reflection"] = (parsed, prompt_ids, out)
+            row = retry_ledger.reflection_row(b, parsed, out, style=self.opts.reflection_style, reflection=i,
+                                              group_base_success=_base_success(groups[b.group_id]))
+            rows.append((b, row, []))
             if parsed is None:
                 continue
             if parsed.triggers_retry and b.actions:
                 guidance = reflect_lib.format_guidance(parsed.report, self.opts.guidance_template)
+                pivot = max(0, int(parsed.report.pivot) - self.opts.pivot_backoff)
                 for _ in range(self.opts.retries_per_failure):
+                    rows[-1][2].append(len(retry_specs))
                     retry_specs.append(EpisodeSpec(seed=b.seed, group_id=b.group_id, kind=Kind.RETRY, base=b,
-                                                   pivot=int(parsed.report.pivot), guidance=guidance))
+                                                   pivot=pivot, guidance=guidance))
             elif parsed.ok and b.success and self._adds("reflection_sft") and out is not None:
                 # A success the reflector recognises: only the reflection item (authors' code).
                 self._add_reflection_item(b, groups[b.group_id])
         self._log_count("retry_trigger_rate", len(retry_specs), len(bases))
-        if not retry_specs:
-            return
-        retries = self.episodes.run(retry_specs)
-        for spec, r in zip(retry_specs, retries):
-            if r is None:  # replay mismatch: counted by the episode runner
-                self.counters["retries_skipped"] += 1
+        retries = self.episodes.run(retry_specs) if retry_specs else []
+        controls = self._controls([b for b, _row, idx in rows if idx])
+        for b, row, idx in rows:
+            control = controls.get(id(b))
+            if not idx:
+                groups[b.group_id].ledger.append(row)
+            for attempt, j in enumerate(idx):
+                spec, r = retry_specs[j], retries[j]
+                if r is None:  # replay mismatch: counted by the episode runner
+                    self.counters["retries_skipped"] += 1
+                    status = "skipped"
+                else:
+                    status = self._add_retry(spec.base, r, groups[spec.group_id])
+                groups[b.group_id].ledger.append(retry_ledger.with_retry(row, b, spec.pivot, r, status, attempt,
+                                                                         control))
+
+    def _controls(self, bases: List[Trajectory]) -> Dict[int, Trajectory]:
+        """``retry_control`` (DIAGNOSTIC): one fresh unguided episode of each retried base's task from turn 0, at
+        the training temperature; only its success is kept (the ledger, ``r3l/control_success_rate``)."""
+        if not self.opts.retry_control or not bases:
+            return {}
+        runs = self.episodes.run([EpisodeSpec(seed=b.seed, group_id=f"{b.group_id}/control") for b in bases])
+        out = {}
+        for b, c in zip(bases, runs):
+            if c is None or c.status in LOST:
+                self.counters["control_episodes_lost"] += 1
                 continue
-            self._add_retry(spec.base, r, groups[spec.group_id])
+            c.success = self.is_success(c)
+            self.counters["control_episodes"] += 1
+            self._log("control_success_rate", float(c.success))
+            out[id(b)] = c
+        return out
 
     def _log_count(self, key: str, num: float, den: float) -> None:
         if den > 0:
             self._log(key, num / den)
 
-    def _add_retry(self, base: Trajectory, retry: Trajectory, group: GroupResult) -> None:
+    def _add_retry(self, base: Trajectory, retry: Trajectory, group: GroupResult) -> str:
+        """Join ``retry`` to its group (credit, auxiliary items); its ledger status: ok, lost or empty."""
         retry.success = self.is_success(retry)
         if retry.status in LOST:
             group.lost.append(retry)
-            return
+            return "lost"
         k = int(retry.pivot or 0)
         if not any(s.role == "response" and s.turn >= k for s in retry.segments):
             # nothing generated after the pivot (e.g. the context overflowed there): no corrected
             # suffix, so no pair to credit and no sample for the baseline; counted, base untouched
             self.counters["retries_empty"] += 1
-            return
+            return "empty"
         self._log("retry_success_rate", float(retry.success))
         self._log("retry_improvement_rate", float(retry.reward > base.reward))
         self._log("reward_gain", retry.reward - base.reward)
@@ -294,6 +335,7 @@ class Explorer:
                 sft.credit_from_turn = k if self.opts.pivotal_credit else 0
                 sft.group_id = f"{retry.group_id}/retry_sft/{id(retry)}"
                 self._add_aux_item(sft, group)
+        return "ok"
 
     def _adds(self, kind: str) -> bool:
         """Whether auxiliary items of this kind (``reflection_sft``, ``retry_sft``) join the batch."""
@@ -314,51 +356,6 @@ class Explorer:
         gold = base.info.get("oracle_action")
         if gold:
             self._log("retry_took_oracle_action", float(taken == normalize_action(gold)))
-
-    def _add_reflection_item(self, base: Trajectory, group: GroupResult) -> None:
-        """One reflection item per reflection, however many of its retries succeed."""
-        if base.info.get("reflection_item_added"):
-            return
-        base.info["reflection_item_added"] = True
-        _parsed, prompt_ids, out = base.info["reflection"]
-        if out is None:  # an oracle report: the policy did not write it, so it is never trained on
-            return
-        self._add_aux_item(self._reflection_item(base, prompt_ids, out), group)
-
-    def _add_aux_item(self, item: Trajectory, group: GroupResult) -> None:
-        """An auxiliary item joins the batch unless it cannot fit the learner's context (counted):
-        a reflection prompt re-renders the whole episode and, with a long report budget, can exceed
-        ``max_context_tokens`` in long-horizon tasks."""
-        limit = self.opts.max_context_tokens
-        if limit is not None and item.num_tokens > limit:
-            self.counters[f"{item.kind.value}_items_too_long"] += 1
-            return
-        group.trajectories.append(item)
-
-    def _reflection_item(self, base: Trajectory, prompt_ids: List[int], out: Any) -> Trajectory:
-        """The reflection as a positive item: reflection prompt -> report (auxiliary task, §4).
-
-        The paper's style trains on exactly the ids the policy sampled, with the sampler's log-probs
-        (a filtered REINFORCE step on its own sample, paper §4). The structured style trains on the
-        report's text in the policy's own tokens, closed like a turn, where vLLM's JSON grammar spelled
-        it in tokens the tokenizer would not choose (supervising those spellings teaches token noise;
-        docs/benchmarks.md, 'Why these main-job settings and defaults?'). A separate reflector's report
-        is always re-encoded in the policy's prompt. A re-encoded item has no sampler log-probs: it is
-        no longer the policy's sample."""
-        resp_ids, lps = list(out.token_ids), list(out.logprobs)
-        canonical = self.chat.encode(out.text) + self.chat.closes_turn([])
-        if self.reflector_chat is not self.chat:
-            prompt_ids = self.chat.prompt(self._reflection_messages(base))
-            resp_ids, lps = canonical, None
-        elif self.opts.reflection_style == "paper":
-            self.counters["reflection_items_as_sampled"] += 1
-        elif resp_ids != canonical:
-            resp_ids, lps = canonical, None
-            self.counters["reflection_items_retokenized"] += 1
-        segs = [Segment("prompt", list(prompt_ids), turn=0), Segment("response", resp_ids, turn=0, logprobs=lps)]
-        return Trajectory(segments=segs, reward=self.opts.success_reward, group_id=f"{base.group_id}/reflection/{id(base)}",
-                          kind=Kind.REFLECTION_SFT, success=True, num_turns=1, fixed_advantage=1.0,
-                          weight=self.opts.aux_weight, seed=base.seed, task=base.task)
 
     # ------------------------------------------------------------------------------------------------
     def pop_metrics(self) -> Dict[str, float]:

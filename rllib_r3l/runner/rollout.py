@@ -16,9 +16,11 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Any, Callable, List, Optional
 
 from rllib_r3l.options import default
+from rllib_r3l.runner import pivot_turn
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
@@ -60,6 +62,9 @@ class RolloutOptions:
     action_decoding: str = default("action_decoding")
     system_prompt: Optional[str] = default("system_prompt")
     verify_replay: bool = default("verify_replay")
+    pivot_action: str = default("pivot_action")  # a retry's pivot turn (rllib_r3l.runner.pivot_turn)
+    pivot_resamples: int = default("pivot_resamples")
+    pivot_temperature: Optional[float] = default("pivot_temperature")
 
     @classmethod
     def from_config(cls, config: Any, evaluation: bool = False) -> "RolloutOptions":
@@ -239,7 +244,7 @@ class EpisodeRunner:
             active = [lv for lv in lives if not lv.done]
             if not active:
                 break
-            requests, ready = [], []
+            requests, ready, temps, failed = [], [], [], []
             for lv in active:
                 ctx = lv.traj.context_ids()
                 budget = self.opts.max_context_tokens - len(ctx)
@@ -253,6 +258,10 @@ class EpisodeRunner:
                     self._finish(lv)
                     continue
                 choices = lv.admissible if (self.opts.action_decoding == "choice" and lv.admissible) else None
+                failed.append(pivot_turn.failed_action(lv.spec, lv.turn, self.opts.pivot_action))
+                choices = pivot_turn.exclude(choices, failed[-1], self.counters)
+                failed[-1] = failed[-1] if choices is None else None  # free text: resampled when it repeats
+                temps.append(pivot_turn.temperature(lv.spec, lv.turn, self.opts.temperature, self.opts.pivot_temperature))
                 requests.append(GenerationRequest(ctx, min(self.opts.max_response_tokens, budget - 1), choices=choices))
                 self.counters["prompt_tokens"] += len(ctx)  # context submitted this turn (prefill work before caching)
                 self.counters[f"prompt_tokens_{_phase(lv)}"] += len(ctx)
@@ -261,7 +270,8 @@ class EpisodeRunner:
                 continue
             t0 = time.perf_counter()
             try:
-                results = self.backend.generate(requests, temperature=self.opts.temperature, top_p=self.opts.top_p)
+                results = pivot_turn.generate(partial(self.backend.generate, top_p=self.opts.top_p), requests, temps,
+                                              failed, self.opts.pivot_resamples, self.counters)
             except Exception:
                 self.counters["generation_errors"] += 1
                 logger.error("generation failed:\n%s", traceback.format_exc())

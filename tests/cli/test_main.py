@@ -33,6 +33,13 @@ def test_main_job_trains_and_writes_summary(tmp_path, capfd):
     assert (tmp_path / "main.log").read_text().startswith("==== ")
     assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((tmp_path / "summary.json").read_text())
+    # the retry ledger beside it: every reflection of both iterations, its funnel in the summary
+    from rllib_r3l import retry_ledger
+
+    rows = retry_ledger.read(str(tmp_path / retry_ledger.LEDGER_FILE))
+    assert rows and {r["iteration"] for r in rows} <= {1, 2}
+    assert summary["retries"]["ledger"] == str(tmp_path / retry_ledger.LEDGER_FILE)
+    assert summary["retries"]["funnel"] == retry_ledger.funnel(rows) and "retry chain: " in shown
     for rec in summary["per_iteration"]:
         assert set(rec["time_split"]) == {"start", "rollout", "reflect", "learn", "sync", "other", "total"}
     assert summary["per_iteration"][0]["time_split"]["reflect"] > 0  # reflection is timed (r3l/timers/reflect_s)
