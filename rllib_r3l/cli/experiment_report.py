@@ -339,7 +339,12 @@ def warnings(table) -> List[str]:
         if notes:  # the table holds what could be read; said, not silently fewer iterations
             out.append(f"warning: {row['trial']}: {'; '.join(notes)}")
         staged = rows_only_staged(trial_dir) if trial_dir else 0
-        if staged > 0:  # the table counts the storage's rows only
+        pid = driver_mark.running_pid(os.path.dirname(trial_dir)) if staged > 0 else None
+        if pid is not None:  # a live run: Tune copies them as it goes (and --resume is refused while it runs)
+            out.append(f"note: {row['trial']}: the run is still going (its driver, process {pid}, runs on this "
+                       f"host); {staged} more iteration(s) are in Ray's staging folder until Tune copies them into "
+                       "the experiment: run report again later, or once the run has ended")
+        elif staged > 0:  # the table counts the storage's rows only
             out.append(f"warning: {row['trial']}: {staged} more iteration(s) are only in Ray's staging folder on this "
                        "machine (the driver ended, or the disk filled, before Tune copied them); `rllib-r3l train "
                        "... --resume` copies them back")

@@ -150,6 +150,28 @@ def test_rows_only_in_rays_staging_folder_are_named(tmp_path, monkeypatch):
         "ended, or the disk filled, before Tune copied them); `rllib-r3l train ... --resume` copies them back"]
 
 
+def test_rows_staged_by_a_live_run_are_said_to_come_not_to_need_a_resume(tmp_path, monkeypatch):
+    """Issue 49, item 7: `report` on a run whose driver still runs advised `rllib-r3l train ... --resume`
+    for the rows Tune had not copied yet, and that --resume is refused while the driver lives."""
+    import ray._common.utils as ray_utils
+
+    from rllib_r3l.cli import driver_mark
+
+    root = tmp_path / "exp"
+    name = "R3L_x_00000_0_2026-01-01"
+    _trial(root, name, [_result(1)])
+    staged = tmp_path / "ray" / "session_1" / "artifacts" / "2026" / "exp" / "driver_artifacts" / name
+    _trial(staged.parent, name, [_result(1), _result(2), _result(3)])
+    monkeypatch.setattr(ray_utils, "get_default_ray_temp_dir", lambda: str(tmp_path / "ray"))
+    with driver_mark.marked(str(root)):  # this process is the (live) driver
+        table, _pngs, _out = make_report(str(root))
+        said = [w for w in warnings(table) if "staging" in w]
+    assert said == [f"note: R3L_x_00000: the run is still going (its driver, process {os.getpid()}, runs on this "
+                    "host); 2 more iteration(s) are in Ray's staging folder until Tune copies them into the "
+                    "experiment: run report again later, or once the run has ended"], said
+    assert "--resume" not in said[0]
+
+
 def _staging_state(driver_artifacts, storage_path, stamp="2026-01-01_00-00-00"):
     """Tune's experiment_state in a staging folder: each trial's StorageContext pickled, hex, in a JSON string."""
     import pickle
