@@ -73,9 +73,10 @@ def make_callbacks(args) -> list:
 def cmd_train(args) -> int:
     from rllib_r3l.cli import driver_mark, launch, resume
     from rllib_r3l.cli.experiments import check_resources
+    from rllib_r3l.cli.extend import parse_stops
 
     launch.interrupt_on_sigterm()
-    resume.check_resume_flags(args.resume, args.set or [], args.stop or [])
+    resume.check_resume_flags(args.resume, args.set or [])
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UsageError(f"--num-cpus {args.num_cpus}: must be >= 1")
@@ -92,7 +93,8 @@ def cmd_train(args) -> int:
         if not args.dry_run and not args.new:  # before planning: what the plan sees is then ours alone
             for name in experiments:
                 claim(resume.experiment_dir(storages.get(name), name), name)
-        plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new)
+        plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new,
+                                stop=parse_stops(args.stop or []) if args.resume else None)
         if not args.dry_run:
             for name, p in plan.items():
                 claim(p["dir"], name)
@@ -102,6 +104,7 @@ def cmd_train(args) -> int:
 def _train_planned(args, experiments, plan, storage, callbacks) -> int:
     """``train`` once each experiment's folder is planned (and claimed): the checks that need the plan, then Tune."""
     from rllib_r3l.cli import resume, resume_from, saved_spec
+    from rllib_r3l.cli.extend import fresh_run
     from rllib_r3l.cli.storage import check_experiment_storages
 
     check_experiment_storages(experiments, plan, "--storage-path" if storage else "storage_path")
@@ -113,7 +116,7 @@ def _train_planned(args, experiments, plan, storage, callbacks) -> int:
             raise UsageError(f"--resume: experiment {name!r} in {args.file} changed since the run started "
                              f"({'; '.join(changed)}); a resumed experiment keeps the config, stop criteria and "
                              "checkpoint_config it started with: put the file's values back to continue it, or "
-                             "start a fresh run with --new")
+                             f"start again with {fresh_run(name)}")
     for line in resume_from.resume_notes(plan):  # which checkpoint each resumed trial continues from
         print(f"# {line}" if args.dry_run else line)
     if args.dry_run:
@@ -230,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config key (YAML value; dotted keys reach into mappings: env_config.num_rooms=3)")
     t.add_argument("--stop", action="append", metavar="KEY=VALUE",
-                   help="override a stop criterion (e.g. training_iteration=10, env_runners/success_rate=0.9)")
+                   help="override a stop criterion (e.g. training_iteration=10, env_runners/success_rate=0.9); "
+                        "with --resume, a new stop: every trial, finished ones too, trains on to it")
     t.add_argument("--experiment", action="append", metavar="NAME", help="run only this experiment of the file")
     t.add_argument("--storage-path", metavar="DIR", help="where Tune writes results (default ~/ray_results)")
     t.add_argument("--num-cpus", type=int, metavar="N",
@@ -246,9 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "without it they go to EXPERIMENT_DIR/" + TRAIN_LOG)
     t.add_argument("--quiet-workers", action="store_true", help="do not forward worker logs to the console")
     t.add_argument("--resume", action="store_true",
-                   help="continue the saved experiment(s) from the last checkpoint (interrupted or errored trials)")
+                   help="continue the saved experiment(s) from the last checkpoint (interrupted or errored trials; "
+                        "with --stop, finished ones too, e.g. --resume --stop training_iteration=20)")
     t.add_argument("--new", action="store_true",
-                   help="the experiment exists already: start a fresh one beside it (NAME_<date>-<time>)")
+                   help="the experiment exists already: start a fresh one beside it (NAME_<date>-<time>), from the "
+                        "base model at iteration 1; the old one stays as it is")
     t.add_argument("--dry-run", action="store_true",
                    help="validate (the environment is built once, the model looked up) and print the final configs")
     t.set_defaults(func=cmd_train)

@@ -277,7 +277,8 @@ def validate_config(config: Dict[str, Any], where: str = "config", overridden: O
 
 # a resumed run keeps its config: neither an edit of the file nor --set can fix what it lacks (re-probe 10)
 RESUME_ADVICE = ("a resumed experiment runs with the config it started with: put back what it names, or start "
-                 "a fresh run with --new")
+                 "again with --new (a fresh run of the file from its base model at iteration 1, beside the old one, "
+                 "which stays as it is)")
 
 
 def _explain(msg: str, where: str, overridden: set, resume: bool = False) -> str:

@@ -27,6 +27,7 @@ from rllib_r3l.cli import run_info
 from rllib_r3l.errors import UsageError
 from rllib_r3l.cli.resume import RESUME, tune_resume_config
 from rllib_r3l.cli import driver_mark, result_rows, state_backup
+from rllib_r3l.cli.extend import new_stop_callback
 from rllib_r3l.cli.resume_from import point_tune_at
 from rllib_r3l.cli.time_budget import TimeBudget
 
@@ -356,11 +357,13 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
         if budget is not None:  # where Tune's time_budget_s puts its TimeoutStopper (no public setter)
             exp._stopper = budget
         tracker = outcome.TrainingTracker()
-        resume = {"resume_config": tune_resume_config()} if p["mode"] == RESUME else {}
+        resume = {"resume_config": tune_resume_config(finished=bool(p.get("stop")))} if p["mode"] == RESUME else {}
         if resume:  # every trial continues from its newest complete checkpoint, the rows after it set aside
             point_tune_at(p["dir"], p.get("choices", []))
+        # --resume --stop: the new stop into the restored trials' criteria, before the console shows them
+        new_stop = [new_stop_callback(p["stop"])] if resume and p.get("stop") else []
         with driver_mark.marked(p["dir"]):  # `report` tells a running experiment from one whose driver died
-            analysis = tune.run(exp, callbacks=[*callbacks, tracker, state_backup.StateBackup(p["dir"]),
+            analysis = tune.run(exp, callbacks=[*new_stop, *callbacks, tracker, state_backup.StateBackup(p["dir"]),
                                                 *([budget] if budget is not None else [])],
                                 raise_on_failed_trial=False, verbose=verbose,
                                 max_concurrent_trials=max_concurrent, progress_reporter=progress_reporter(spec),

@@ -8,13 +8,16 @@ which one is meant), so ``plan_runs`` refuses, and asks for one of:
 * ``--resume``: ``tune.run(..., resume=...)`` continues every unfinished (or errored) trial from its
   last checkpoint; the iteration counter, weights, optimizer and sampling state continue. Tune
   keeps the saved configs and stop criteria of a resumed experiment.
-* ``--new``: a fresh experiment beside the old one, named ``NAME_<date>-<time>``.
+* ``--new``: a fresh experiment beside the old one, named ``NAME_<date>-<time>``, from the file's base
+  model at iteration 1 (the old one is left as it is).
+* ``--resume --stop KEY=VALUE``: as ``--resume``, and every trial, finished ones too, trains on until the
+  new stop (:mod:`rllib_r3l.cli.extend`): a finished run extended from its last checkpoint.
 
 A run counts as interrupted when a trial ended without reaching its stop criterion (Ctrl-C, SIGTERM,
 SIGUSR1): ``rllib-r3l train`` then exits non-zero and prints the command that resumes it, or, when
 no checkpoint was saved yet, the one that starts it anew (``--resume`` then refuses: Tune would
-restart at iteration 1 over the rows kept so far). ``--set``/``--stop`` are refused with
-``--resume`` (Tune keeps the saved ones) and left out of the printed resume command.
+restart at iteration 1 over the rows kept so far). ``--set`` is refused with ``--resume`` (Tune keeps the
+saved config) and, with ``--stop`` of a fresh run, left out of the printed resume command.
 
 Which checkpoint a resumed trial continues from, and the rows of the iterations it runs again:
 :mod:`rllib_r3l.cli.resume_from` (the newest complete checkpoint, whether or not Tune's saved state
@@ -31,6 +34,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from rllib_r3l.cli import driver_mark, state_backup
+from rllib_r3l.cli.extend import check_new_stop, extend_hint, fresh_run
 from rllib_r3l.cli.resume_from import STATE_GLOB, all_finished, checkpoint_dirs, resume_choices
 from rllib_r3l.errors import UsageError
 
@@ -76,17 +80,18 @@ def _last_row_done(trial_dir: str) -> bool:
         return False
 
 
+def _has_rows(trial_dir: str) -> bool:
+    f = os.path.join(trial_dir, "result.json")
+    return os.path.isfile(f) and os.path.getsize(f) > 0
+
+
 def restarts_from_scratch(exp_dir: str) -> List[str]:
     """Unfinished trials with result rows but no checkpoint: a resume would run them from iteration 1
     again and write over those rows."""
-    def has_rows(t: str) -> bool:
-        f = os.path.join(t, "result.json")
-        return os.path.isfile(f) and os.path.getsize(f) > 0
-
     from rllib_r3l.checkpoint_integrity import is_complete
 
     return [os.path.basename(t) for t in _trials(exp_dir)
-            if not any(is_complete(c) for c in checkpoint_dirs(t)) and has_rows(t) and not _last_row_done(t)]
+            if not any(is_complete(c) for c in checkpoint_dirs(t)) and _has_rows(t) and not _last_row_done(t)]
 
 
 def describe(exp_dir: str) -> str:
@@ -104,15 +109,18 @@ def _recovered_note(exp_dir: str) -> str:
     return f"; rows of {', '.join(found)} recovered there from Ray's staging folder" if found else ""
 
 
-def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: bool, new: bool) -> Dict[str, Dict[str, Any]]:
-    """Per experiment ``{"mode": "start"|"resume", "name": run name, "dir": experiment directory}``.
+def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: bool, new: bool,
+              stop: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
+    """Per experiment ``{"mode": "start"|"resume", "name": run name, "dir": experiment directory}``; with
+    ``resume`` and ``stop`` (the ``--stop`` keys) also ``"stop"`` and ``"stops"`` (per trial the criteria
+    it trains on to): every trial, finished ones too, continues.
 
     Raises :class:`UsageError` when an experiment already has state and neither ``--resume`` nor
     ``--new`` says what to do, or when ``--resume`` finds nothing to resume.
     """
     if resume and new:
-        raise UsageError("--resume and --new exclude each other: --resume continues the saved experiment, "
-                         "--new starts a fresh one beside it")
+        raise UsageError("--resume and --new exclude each other; pass one of them: --resume (continues the saved "
+                         f"experiment from its last checkpoint) or {fresh_run()}")
     plan: Dict[str, Dict[str, Any]] = {}
     for name in names:
         d = experiment_dir(storages.get(name), name)
@@ -120,7 +128,7 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
         if pid is not None:  # a second driver would rewrite the live run's state, rows and checkpoints
             raise UsageError(f"experiment {name!r} in {d} is running now (process {pid} on this host); wait for it "
                              f"to end, or stop it first (Ctrl-C in its terminal, or kill -TERM {pid}), then --resume; "
-                             "or pass --new to start another run beside it")
+                             f"or pass {fresh_run(name)}")
         if not has_state(d) and not _trials(d):
             plan[name] = {"mode": START, "name": name, "dir": d}
         elif resume:
@@ -135,45 +143,56 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
                                  f"{_recovered_note(d)}; "
                                  + (f"its newest complete checkpoint is {ckpts[-1]}: evaluate or export it, or "
                                     if ckpts else "")
-                                 + "start anew beside it with --new")
+                                 + f"start anew with {fresh_run(name)}")
             if not checkpoints(d):  # Tune would restart at iteration 1 and write over the rows kept so far
                 folders = sorted(os.path.basename(c) for t in _trials(d) for c in checkpoint_dirs(t))
                 why = (f"only incomplete checkpoint folders ({', '.join(folders)})" if folders else
                        "no checkpoint yet (it stopped before the first one)")
                 raise UsageError(f"--resume: experiment {name!r} in {d} has {why}, so there is nothing to continue; "
-                                 "start it anew beside the old one with --new instead of --resume (the rows so far "
+                                 f"start it anew with {fresh_run(name)} instead of --resume (the rows so far "
                                  f"stay in {d}{_recovered_note(d)})")
             if not has_state(d):  # killed before Tune first saved its state: its trials exist, Tune cannot resume them
                 raise UsageError(f"--resume: experiment {name!r} in {d}: Tune saved no state of it before its driver "
                                  f"ended, so Tune cannot continue its trials{_recovered_note(d)}; its newest complete "
-                                 f"checkpoint is {checkpoints(d)[-1]}: evaluate or export it, or start anew beside it "
-                                 "with --new")
+                                 f"checkpoint is {checkpoints(d)[-1]}: evaluate or export it, or start anew with "
+                                 f"{fresh_run(name)}")
             lost = restarts_from_scratch(d)
             if lost:
                 raise UsageError(f"--resume: trial {lost[0]} of experiment {name!r} has results but no checkpoint; "
                                  "resuming would run it from iteration 1 over its result.json/progress.csv; start "
-                                 f"anew beside it with --new (the rows stay in {d})")
-            plan[name] = {"mode": RESUME, "name": name, "dir": d, "choices": resume_choices(d), "restored": restored}
+                                 f"anew with {fresh_run(name)} (the rows stay in {d})")
+            plan[name] = {"mode": RESUME, "name": name, "dir": d, "choices": resume_choices(d, finished=bool(stop)),
+                          "restored": restored}
+            if stop:  # every trial trains on to the new stop, finished ones from their last checkpoint
+                plan[name].update(stop=dict(stop), stops=check_new_stop(name, d, stop))
+                bare = [c["trial"] for c in plan[name]["choices"]
+                        if not c["from"] and _has_rows(os.path.join(d, c["trial"]))]
+                if bare:  # a finished trial without a checkpoint: Tune would train it from iteration 1 over its rows
+                    raise UsageError(f"--resume --stop: trial {bare[0]} of experiment {name!r} finished without a "
+                                     "complete checkpoint (checkpoint_config.checkpoint_at_end was off, or its "
+                                     "checkpoints were deleted), so it cannot be trained further; start again with "
+                                     f"{fresh_run(name)}")
         elif new:
             fresh = f"{name}_{time.strftime('%Y%m%d-%H%M%S')}"
             plan[name] = {"mode": START, "name": fresh, "dir": experiment_dir(storages.get(name), fresh)}
         elif not checkpoints(d) or not has_state(d):  # --resume would be refused: only --new is advice
             note = _recovered_note(d)
             why = "has no checkpoint to continue from" if not checkpoints(d) else "Tune saved no state of it to resume"
-            raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}{note}) and {why}; pass --new "
-                             "to start a fresh run beside it")
-        elif all_finished(d):  # re-probe 7: "pass --resume to continue it", and that resume did nothing
+            raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}{note}) and {why}; pass "
+                             f"{fresh_run(name)}")
+        elif all_finished(d):  # a plain --resume would do nothing: only one with a higher stop trains on
             raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}) and every trial of it "
-                             "finished (reached its stop criterion); evaluate or export its checkpoint, or pass --new "
-                             "to start a fresh run beside it (a finished run keeps its stop criterion: --resume "
-                             "does not extend it)")
+                             f"finished (reached its stop criterion); {extend_hint(d)}; or evaluate or export its "
+                             f"checkpoint; or pass {fresh_run(name)}")
         else:
             raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}); pass --resume to continue "
-                             "it from its last checkpoint, or --new to start a fresh run beside it")
-    if resume and plan and all(p["mode"] == RESUME and all_finished(p["dir"]) for p in plan.values()):
+                             f"it from its last checkpoint, or {fresh_run(name)}")
+    if resume and not stop and plan and all(p["mode"] == RESUME and all_finished(p["dir"]) for p in plan.values()):
+        first = next(iter(plan.values()))
         raise UsageError("--resume: nothing to continue, every trial of "
-                         + ", ".join(repr(n) for n in plan) + " finished (reached its stop criterion); evaluate or "
-                         "export its checkpoint, or start a fresh run with --new")
+                         + ", ".join(repr(n) for n in plan) + f" finished (reached its stop criterion); "
+                         f"{extend_hint(first['dir'])}; or evaluate or export its checkpoint; or start again with "
+                         f"{fresh_run(first['name'])}")
     if resume and not any(p["mode"] == RESUME for p in plan.values()):
         where = ", ".join(p["dir"] for p in plan.values())
         raise UsageError(f"--resume: nothing to resume, no saved experiment state in {where}; run without --resume "
@@ -181,26 +200,25 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
     return plan
 
 
-def tune_resume_config():
-    """Resume unfinished trials, and errored ones, from their last checkpoints; finished ones stay."""
+def tune_resume_config(finished: bool = False):
+    """Resume unfinished trials, and errored ones, from their last checkpoints; finished ones stay, or, with
+    ``finished`` (a new stop), resume too."""
     from ray.tune import ResumeConfig
 
     return ResumeConfig(unfinished=ResumeConfig.ResumeType.RESUME, errored=ResumeConfig.ResumeType.RESUME,
-                        finished=ResumeConfig.ResumeType.SKIP)
+                        finished=ResumeConfig.ResumeType.RESUME if finished else ResumeConfig.ResumeType.SKIP)
 
 
-# Flags a resumed experiment cannot honour: Tune keeps the saved configs, stop criteria and checkpoint
-# frequency. The resume command printed after an interruption leaves them out.
+# Flags of a fresh run that the resume command printed after an interruption leaves out: Tune keeps the
+# saved config, stop criteria and checkpoint frequency (a --stop given with --resume is a new stop: kept).
 FIXED_ON_RESUME = ("--set", "--stop", "--checkpoint-freq")
 
 
-def check_resume_flags(resume: bool, sets: Sequence[str], stops: Sequence[str]) -> None:
-    """Refuse --set/--stop with --resume instead of ignoring them without a word."""
-    for flag, given in zip(FIXED_ON_RESUME, (sets, stops)):
-        if resume and given:
-            raise UsageError(f"--resume with {flag} {given[0]}: a resumed experiment keeps its saved config and stop "
-                             f"criteria, {flag} cannot change them; drop {flag} to continue it as it was, or start a "
-                             "fresh run with --new")
+def check_resume_flags(resume: bool, sets: Sequence[str]) -> None:
+    """Refuse --set with --resume instead of ignoring it without a word."""
+    if resume and sets:
+        raise UsageError(f"--resume with --set {sets[0]}: a resumed experiment keeps its saved config, --set cannot "
+                         f"change it; drop --set to continue it as it was, or start again with {fresh_run()}")
 
 
 def check_checkpoint_freq(plan: Dict[str, Dict[str, Any]], freq: Optional[int]) -> None:
@@ -215,19 +233,21 @@ def check_checkpoint_freq(plan: Dict[str, Dict[str, Any]], freq: Optional[int]) 
         if saved and saved != {freq}:
             raise UsageError(f"--resume with --checkpoint-freq {freq}: experiment {name!r} keeps the checkpoint "
                              f"frequency it started with ({', '.join(map(str, sorted(saved)))}); drop --checkpoint-freq "
-                             "to continue it so, or start a fresh run with --new")
+                             f"to continue it so, or start again with {fresh_run(name)}")
 
 
-def _without_fixed_flags(argv: Sequence[str]) -> List[str]:
-    """``argv`` without --set/--stop and their values (both ``--set X`` and ``--set=X``)."""
+def _without_fixed_flags(argv: Sequence[str], keep: Sequence[str] = ()) -> List[str]:
+    """``argv`` without --set/--stop/--checkpoint-freq and their values (both ``--set X`` and ``--set=X``),
+    except the flags in ``keep``."""
+    fixed = tuple(f for f in FIXED_ON_RESUME if f not in keep)
     out: List[str] = []
     skip = False
     for a in argv:
         if skip:
             skip = False
-        elif a in FIXED_ON_RESUME:
+        elif a in fixed:
             skip = True
-        elif not a.startswith(tuple(f + "=" for f in FIXED_ON_RESUME)):
+        elif not a.startswith(tuple(f + "=" for f in fixed)):
             out.append(a)
     return out
 
@@ -238,8 +258,10 @@ def _command(args: Sequence[str]) -> str:
 
 def resume_command(argv: Sequence[str]) -> str:
     """The command line that resumes the run ``argv`` started (``--new``, ``--set``, ``--stop`` dropped:
-    the saved experiment keeps its own; ``--resume`` added)."""
-    args = [a for a in _without_fixed_flags(argv) if a != "--new"]
+    the saved experiment keeps its own; ``--resume`` added). The ``--stop`` of a resume is its new stop,
+    which a run cut short before saving it needs again: kept."""
+    keep = ("--stop",) if "--resume" in argv else ()
+    args = [a for a in _without_fixed_flags(argv, keep) if a != "--new"]
     if "--resume" not in args:
         args.append("--resume")
     return _command(args)
@@ -295,12 +317,13 @@ def interrupted_advice(argv: Sequence[str], plan: Dict[str, Dict[str, Any]]) -> 
         steps.append((kind, name))
     if len(plan) > 1 and len({k for k, _ in steps}) > 1:
         commands = {"resume": resume_command, "new": new_command, "start": lambda a: _command(list(a))}
+        said = {"new": "new: from the base model at iteration 1, beside the old run"}
         return "to go on, one command per experiment: " + "; ".join(
-            f"{name} ({kind}): {commands[kind](_only(argv, name))}" for kind, name in steps)
+            f"{name} ({said.get(kind, kind)}): {commands[kind](_only(argv, name))}" for kind, name in steps)
     dirs = [p["dir"] for p in plan.values()]
     if any(checkpoints(d) for d in dirs):
         return f"to continue from the last checkpoint: {resume_command(argv)}"
     if any(has_state(d) for d in dirs):
-        return (f"no checkpoint was saved yet, so it cannot be resumed; to start it anew beside the old run "
-                f"(whose rows stay in {', '.join(dirs)}): {new_command(argv)}")
+        return (f"no checkpoint was saved yet, so it cannot be resumed; to start it anew from the base model at "
+                f"iteration 1, beside the old run (whose rows stay in {', '.join(dirs)}): {new_command(argv)}")
     return f"nothing was saved yet; to start again: {_command(list(argv))}"

@@ -51,8 +51,8 @@ def _state_file(exp_dir: str) -> Optional[str]:
     return files[-1] if files else None
 
 
-def _recorded_trials(exp_dir: str) -> List[tuple]:
-    """``(index, trial dir, status, run metadata)`` per trial of Tune's newest state; [] when unreadable."""
+def _state_trials(exp_dir: str) -> List[tuple]:
+    """``(index, trial dir, trial state, run metadata)`` per trial of Tune's newest state; [] when unreadable."""
     try:
         from ray.tune.trainable.metadata import _TrainingRunMetadata
         from ray.tune.utils.serialization import _loads_with_cloudpickle
@@ -63,10 +63,22 @@ def _recorded_trials(exp_dir: str) -> List[tuple]:
         for i, (trial_json, meta_json) in enumerate(raw.get("trial_data", [])):
             trial = _loads_with_cloudpickle(trial_json)
             tdir = os.path.join(exp_dir, trial["storage"].trial_dir_name)
-            out.append((i, tdir, trial.get("status"), _TrainingRunMetadata.from_json_state(meta_json)))
+            out.append((i, tdir, trial, _TrainingRunMetadata.from_json_state(meta_json)))
         return out
     except Exception:  # noqa: BLE001 - no or another state format: Tune resumes as it sees fit, unnamed
         return []
+
+
+def _recorded_trials(exp_dir: str) -> List[tuple]:
+    """``(index, trial dir, status, run metadata)`` per trial of Tune's newest state; [] when unreadable."""
+    return [(i, tdir, trial.get("status"), md) for i, tdir, trial, md in _state_trials(exp_dir)]
+
+
+def saved_stops(exp_dir: str) -> Dict[str, Dict[str, Any]]:
+    """Per trial folder name, the stop criteria Tune saved for it (what a resume keeps unless --stop changes
+    them); {} when the state cannot be read."""
+    return {os.path.basename(tdir): dict(trial.get("stopping_criterion") or {})
+            for _i, tdir, trial, _md in _state_trials(exp_dir)}
 
 
 def all_finished(exp_dir: str) -> bool:
@@ -104,8 +116,9 @@ def _iteration_of(path: str, recorded: Sequence[tuple]) -> Optional[int]:
     return checkpoint_iteration(path)
 
 
-def resume_choices(exp_dir: str) -> List[Dict[str, Any]]:
-    """Per trial a resume continues (not finished): ``trial``, ``from`` (the newest complete checkpoint,
+def resume_choices(exp_dir: str, finished: bool = False) -> List[Dict[str, Any]]:
+    """Per trial a resume continues (not finished; with ``finished``, those too: a run extended to a new
+    stop): ``trial``, ``from`` (the newest complete checkpoint,
     recorded or not; None: none), ``iteration``, ``skipped`` ([(path, why)] of its incomplete folders),
     ``rewind`` (Tune's recorded latest is incomplete), ``adopt`` (``from`` is complete but not in Tune's
     state), ``recover`` (a killed driver's staging folder with more rows than the storage's; None),
@@ -115,10 +128,11 @@ def resume_choices(exp_dir: str) -> List[Dict[str, Any]]:
     ``redone`` (iterations after ``from`` that have rows), ``index`` (in the state's trial_data).
     :class:`UsageError` when a trial has checkpoint folders and none of them is complete."""
     from rllib_r3l.checkpoint_integrity import problem
+    from rllib_r3l.cli.extend import fresh_run
 
     choices = []
     for index, tdir, status, md in _recorded_trials(exp_dir):
-        if status == "TERMINATED":  # finished trials are left as they are
+        if status == "TERMINATED" and not finished:  # finished trials are left as they are
             continue
         recorded, name = _recorded(tdir, md), os.path.basename(tdir)
         on_disk = checkpoint_dirs(tdir)
@@ -129,7 +143,7 @@ def resume_choices(exp_dir: str) -> List[Dict[str, Any]]:
         if (recorded or on_disk) and not with_it:
             raise UsageError(f"--resume: trial {name}: no checkpoint of it is complete ("
                              + "; ".join(f"{os.path.basename(p)}: {why}" for p, why in skipped)
-                             + f"); start anew beside it with --new (the rows stay in {tdir})")
+                             + f"); start anew with {fresh_run()} (the rows stay in {tdir})")
         staged = staged_trial_dir(exp_dir, name)
         rows = [it for _, it in _json_rows(staged or tdir) if it is not None]
         # a checkpoint past the last row the storage holds (its rows were still in the dead driver's staging
@@ -167,6 +181,8 @@ def resume_notes(plan: Dict[str, Dict[str, Any]]) -> List[str]:
                    " (complete, but Tune's saved state does not list it: the run ended before Tune saved its "
                    "state; added to it)" if c["adopt"] else "")
             lines.append(f"{at}: resuming from {c['from']} (iteration {c['iteration']}){why}")
+            if p.get("stops"):
+                lines.append(f"{at}: training on until its new stop {p['stops'].get(c['trial'], p.get('stop'))}")
             if c.get("rowless"):
                 lines.append(f"{at}: iteration(s) {_span(c['rowless'])} have no row in result.json or progress.csv "
                              "(the disk filled before they were written): their training is in the checkpoint, "

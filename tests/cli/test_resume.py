@@ -302,8 +302,8 @@ def test_a_driver_killed_before_tune_saved_its_state_is_not_taken_for_a_new_expe
     assert (exp / "R3L_x_00000" / "result.json").read_text() == '{"training_iteration": 1}\n'
 
 
-@pytest.mark.parametrize("flags", [["--set", "lr=0.5"], ["--stop", "training_iteration=9"], ["--set=lr=0.5"]])
-def test_resume_refuses_set_and_stop_it_would_ignore(tmp_path, capsys, flags):
+@pytest.mark.parametrize("flags", [["--set", "lr=0.5"], ["--set=lr=0.5"]])
+def test_resume_refuses_set_it_would_ignore(tmp_path, capsys, flags):  # --stop is a new stop: tests/cli/test_extend.py
     _saved_experiment(tmp_path, "toy-corridor-tiny-r3l", checkpoint=True)
     code = cli.main(["train", TOY, "--experiment", "toy-corridor-tiny-r3l", "--storage-path", str(tmp_path),
                      "--resume", "--dry-run", *flags])
@@ -319,6 +319,9 @@ def test_resume_command_drops_set_and_stop():
             "--stop", "time_total_s=5", "--set=model=tiny", "--checkpoint-freq", "2"]
     assert resume.resume_command(argv) == "rllib-r3l train f.yaml --storage-path s --resume"
     assert resume.new_command(["train", "f.yaml", "--resume", "--set", "lr=1"]) == "rllib-r3l train f.yaml --set lr=1 --new"
+    # the --stop of a resume is its new stop (issue 49): a run cut short before Tune saved it needs it again
+    assert resume.resume_command(["train", "f.yaml", "--resume", "--stop", "training_iteration=20"]) == \
+        "rllib-r3l train f.yaml --resume --stop training_iteration=20"
 
 
 def test_resume_refuses_when_one_trial_of_several_would_restart_over_its_rows(tmp_path):
@@ -348,7 +351,7 @@ def test_interrupted_advice_gives_each_experiment_of_a_file_its_own_command(tmp_
     argv = ["train", "f.yaml", "--storage-path", str(tmp_path), "--set", "lr=0.1"]
     advice = resume.interrupted_advice(argv, plan)
     assert advice == ("to go on, one command per experiment: "
-                      f"b (new): rllib-r3l train f.yaml --storage-path {tmp_path} --set lr=0.1 --experiment b --new; "
+                      f"b (new: from the base model at iteration 1, beside the old run): rllib-r3l train f.yaml --storage-path {tmp_path} --set lr=0.1 --experiment b --new; "
                       f"c (start): rllib-r3l train f.yaml --storage-path {tmp_path} --set lr=0.1 --experiment c"), advice
     assert cut.is_dir()
     # one experiment, or every unfinished one needing the same: the one command, as before
