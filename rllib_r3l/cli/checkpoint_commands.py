@@ -90,6 +90,10 @@ def cmd_report(args) -> int:
         print(table.to_string(index=False))
     for line in report.notes(table):
         print(line)
+    from rllib_r3l.cli.chain_report import chain_lines
+
+    for line in chain_lines(table.attrs.get("chain")):
+        print(line)
     print(f"\ntable: {os.path.join(out_dir, report.SUMMARY_FILE)}")
     for p in pngs:
         print(f"plot:  {p}")

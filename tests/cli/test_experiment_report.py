@@ -328,3 +328,26 @@ def test_an_asynchronous_pbt_splice_is_found_by_the_rows_config_not_the_files_it
     # a report on the spliced trial alone still names the clone (a folder beside it)
     alone = make_report(str(root / "R3L_x_00000_0_lr=0.0001_2026-01-01"))[0]
     assert list(alone["spliced_from"]) == ["R3L_x_00001@3"]
+
+
+def test_the_retry_chain_of_each_trial_with_a_ledger_is_a_funnel(tmp_path, capsys):
+    """``report`` reads each trial's retries.jsonl (the retry ledger) into a funnel: a table, lines, a plot."""
+    from rllib_r3l import retry_ledger
+
+    root = tmp_path / "exp"
+    a = _trial(root, "R3L_x_00000_0_a=1", [_result(1), _result(2, done=True)])
+    _trial(root, "R3L_x_00001_1_a=2", [_result(1, done=True)])  # no ledger (reflect off): no funnel row
+    base = {"group_id": "g", "valid": True, "oracle_pivot": 0, "retry_status": "ok", "control_success": False}
+    rows = [dict(base, reflection=0, pivot=0, reported_pivot=0, action_changed=True, retry_success=True),
+            dict(base, reflection=1, pivot=1, reported_pivot=1, action_changed=False, retry_success=False),
+            dict(base, reflection=2, valid=False, pivot=None, reported_pivot=None, retry_status="none",
+                 action_changed=None, retry_success=None, control_success=None)]
+    retry_ledger.append(str(a / retry_ledger.LEDGER_FILE), 1, rows)
+    assert cli.main(["report", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert ("retry chain R3L_x_00000: 3 reflections -> 2 valid -> 1/2 in time -> 2 retried -> 1/2 changed the "
+            "action -> 1 succeeded; vs a fresh sample of the same task: +0.50 [") in out
+    assert "retry chain R3L_x_00001" not in out
+    chain = (root / "report" / "retry_chain.csv").read_text().splitlines()
+    assert len(chain) == 2 and chain[1].startswith("R3L_x_00000,3,2,2,1,1,2,2,1,1,2,")
+    assert (root / "report" / "retry_chain.png").read_bytes()[:4] == b"\x89PNG"
