@@ -104,7 +104,10 @@ def build_train_batch(
     if not keep.all():
         batch = {k: v[keep] for k, v in batch.items()}
     aux = np.isin(batch["kind"], [KINDS.index(Kind.REFLECTION_SFT), KINDS.index(Kind.RETRY_SFT)])
-    factors = core_algos.loss_aggregation_weights(batch["num_loss_tokens"], loss_aggregation, is_aux=aux)
+    # the paper's L_RL averages over every RL trajectory of the groups, the zero-advantage ones left out above too
+    num_rl = sum(1 for t in trajectories if t.kind in (Kind.BASE, Kind.RETRY))
+    factors = core_algos.loss_aggregation_weights(batch["num_loss_tokens"], loss_aggregation, is_aux=aux,
+                                                  num_rl_trajectories=num_rl)
     batch["weights"] = (batch["weights"] * factors).astype(batch["weights"].dtype)
     return batch, adv
 

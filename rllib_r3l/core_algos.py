@@ -183,7 +183,8 @@ LOSS_AGGREGATIONS = ("token_mean", "sequence_mean", "paper")
 
 
 def loss_aggregation_weights(num_loss_tokens: Sequence[float], mode: str = "token_mean",
-                             is_aux: Optional[Sequence[bool]] = None) -> np.ndarray:
+                             is_aux: Optional[Sequence[bool]] = None,
+                             num_rl_trajectories: Optional[int] = None) -> np.ndarray:
     """Per-item factors on the token weights so that ``policy_gradient_loss``'s token mean (the sum
     over the batch's N credited tokens, divided by N) aggregates as ``mode``:
 
@@ -195,7 +196,11 @@ def loss_aggregation_weights(num_loss_tokens: Sequence[float], mode: str = "toke
       (base and retry trajectories) of each item's token mean, and the auxiliary items (``is_aux``)
       form a separate SFT term, the mean over them of each item's token mean of -log pi (their
       advantage is 1.0); factor ``N / (B_rl * n_i)`` on RL items, ``N / (B_aux * n_i)`` on auxiliary
-      ones, so the loss is ``L_RL + L_SFT``.
+      ones, so the loss is ``L_RL + L_SFT``. The paper's L_RL averages over the group's trajectories,
+      ``-(1/|G|) sum_{tau in G} (1/|tau|) sum_t A log pi``: a trajectory whose advantage is 0 adds nothing
+      but still counts in |G|. ``num_rl_trajectories`` is that count (summed over the batch's groups)
+      when the batch has left such items out (``batch.build_train_batch`` skips them); B_rl is then
+      ``num_rl_trajectories``.
 
     As factors on the weights, the aggregation survives micro-batching and data-parallel shards
     (each uses the whole batch's N).
@@ -216,9 +221,14 @@ def loss_aggregation_weights(num_loss_tokens: Sequence[float], mode: str = "toke
         if aux.shape != n.shape:
             raise ValueError(f"is_aux has {aux.shape[0]} entries for {n.shape[0]} items")
         parts = [credited & ~aux, credited & aux]
-    for part in parts:
+    for i, part in enumerate(parts):
         if part.any():
-            out[part] = n.sum() / (part.sum() * n[part])
+            count = part.sum()
+            if mode == "paper" and i == 0 and num_rl_trajectories is not None:
+                if num_rl_trajectories < count:
+                    raise ValueError(f"num_rl_trajectories={num_rl_trajectories} is below the {count} RL items given")
+                count = num_rl_trajectories
+            out[part] = n.sum() / (count * n[part])
     return out
 
 

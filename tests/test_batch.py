@@ -131,9 +131,11 @@ def test_scripted_exploration_batch_rows(tiny_tokenizer):
 
 
 def test_paper_loss_aggregation_puts_auxiliary_items_in_their_own_term():
-    # kept rows A, B, R, V1 (RL: 3, 3, 4, 2 credited tokens) and X, Y (auxiliary: 3, 2; weight 0.5): N = 17
+    # kept rows A, B, R, V1 (RL: 3, 3, 4, 2 credited tokens) and X, Y (auxiliary: 3, 2; weight 0.5): N = 17.
+    # The paper's L_RL averages over every RL trajectory of the groups: A, B, R, Z1, Z2, V1, V2 (7), the
+    # zero-advantage Z1, Z2 and the uncredited V2 left out of the batch included
     batch, _ = build(handmade_trajectories(), loss_aggregation="paper")
-    rl, aux = 17 / 4, 17 / 2
+    rl, aux = 17 / 7, 17 / 2
     want = [rl / 3, rl / 3, rl / 4, 0.5 * aux / 3, 0.5 * aux / 2, rl / 2]  # HANDMADE_KEPT order
     np.testing.assert_allclose(batch["weights"], want, rtol=1e-6)
     tm, _ = build(handmade_trajectories(), loss_aggregation="token_mean")

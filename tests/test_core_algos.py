@@ -149,6 +149,24 @@ def test_paper_loss_aggregation_factors_by_hand():
         ca.loss_aggregation_weights([1, 2], "paper")
 
 
+def test_the_paper_rl_term_averages_over_every_trajectory_of_the_group_by_hand():
+    """Paper §4, Eq. (L_RL), Algorithm 1: -(1/|G|) sum_{tau in G} (1/|tau|) sum_t A log pi over the group G.
+    A group of 4 trajectories, two with advantage 0 (left out of the batch: no gradient): |G| is still 4."""
+    logp = torch.tensor([[-1.0, -3.0], [-2.0, -2.0]])  # the two kept RL items
+    mask = torch.ones(2, 2)
+    adv = torch.tensor([0.5, -1.0])[:, None].expand(2, 2)
+    factors = ca.loss_aggregation_weights(mask.sum(1).numpy(), "paper", is_aux=[False, False], num_rl_trajectories=4)
+    np.testing.assert_allclose(factors, [4 / (4 * 2), 4 / (4 * 2)])
+    weights = torch.tensor(factors, dtype=torch.float32)[:, None].expand(2, 2)
+    loss, _ = ca.policy_gradient_loss(logp, adv, mask, weights=weights, normalizer=float(mask.sum()))
+    assert float(loss) == pytest.approx(-(0.5 * (-4 / 2) + (-1.0) * (-4 / 2) + 0 + 0) / 4)  # = -0.25
+    # dividing by the kept items only (what this did before) doubles it
+    kept_only = ca.loss_aggregation_weights(mask.sum(1).numpy(), "paper", is_aux=[False, False])
+    np.testing.assert_allclose(kept_only, 2 * factors)
+    with pytest.raises(ValueError, match="below the 2 RL items"):
+        ca.loss_aggregation_weights([2, 2], "paper", is_aux=[False, False], num_rl_trajectories=1)
+
+
 def test_paper_objective_is_rl_trajectory_mean_plus_sft_term_by_hand():
     """L = -(1/|G|) sum_tau (1/|tau|) sum_t A log pi  +  -(1/|D_aux|) sum_aux (1/|tau|) sum_t log pi."""
     logp = torch.tensor([[-1.0, -3.0, 0.0, 0.0],      # RL, A = 0.5

@@ -8,7 +8,9 @@ analysis, the outcome (``success``, ``success_but_inefficient`` or ``failure``),
 suggestion (null exactly on ``success``) and the 0-based step to retry from. The report is sampled
 without a grammar and parsed leniently (``rllib_r3l.runner.reflection.parse`` accepts these field
 names). Written for this project in our own words, with the structure and fields of the authors'
-prompt; the worked example is ours.
+prompt. The worked example is ours and told in prose, from a domain none of the environments has, with
+no JSON and no step number: a small policy copied a JSON example into its answers (its pivot and its
+words), which then described the example, not the episode.
 
 Pure Python.
 """
@@ -35,17 +37,11 @@ Answer with one JSON object in a ```json fenced block, with exactly these fields
 }
 ```
 
-Example (a different task): the agent had to put a washed apple in the fridge; it took the apple, \
-went to the fridge and put it in without washing it, and the task was not completed.
-```json
-{
-  "trajectory_summary": "The agent took the apple and put it in the fridge unwashed; the task failed.",
-  "root_cause_analysis": "Why did it fail? Because the apple was not washed. Why? Because the agent read the goal as 'put an apple in the fridge' and dropped the word 'washed'.",
-  "trajectory_outcome": "failure",
-  "improvement_suggestion": "Before acting, list every condition in the goal and satisfy each one: wash the apple at the sink before going to the fridge.",
-  "retry_from_step": 1
-}
-```"""
+Example of the reasoning (another kind of task, not yours): an agent had to book a train ticket for \
+Tuesday and booked one for Monday. Why did it fail? Because it picked the first date offered. Why? Because \
+it never compared the offered date with the one in the task. The principle: check every value you submit \
+against the task before submitting it. The step to retry from is the one where it chose the date: the \
+steps before it were fine."""
 
 # Placeholders as in DEFAULT_REFLECTION_TEMPLATE: {rules} {task} {trajectory} {reward} {num_steps} {max_step}.
 PAPER_REFLECTION_TEMPLATE = """\

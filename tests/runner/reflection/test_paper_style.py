@@ -143,3 +143,16 @@ def test_the_config_resolves_the_papers_style_and_refuses_a_grammar_with_it():
     e = ExploreOptions.from_config(R3LConfig().training(reflection_style="paper", reflection_context="transcript"))
     assert e.reflection_context == "transcript"
     assert ExploreOptions.from_config(R3LConfig().training(reflection_structured=False)).reflection_structured is False
+
+
+def test_the_reflector_prompt_has_no_answer_to_copy():
+    """The 135M policy copied the prompt's JSON example into its reports (17/32 first pivots were the example's
+    "1", 13/32 named its subject). The example is prose now: copying any part of the prompt is no valid report,
+    and it names no step number."""
+    from rllib_r3l.runner.reflection.parse import parse_report
+
+    example = PAPER_REFLECTION_SYSTEM.split("Example of the reasoning", 1)[1]
+    assert "{" not in example and not any(ch.isdigit() for ch in example)
+    assert not parse_report(PAPER_REFLECTION_SYSTEM, 5).ok  # the field list is a schema with placeholders
+    for env_word in ("apple", "fridge", "coin", "room", "wash"):  # no subject of an environment here
+        assert env_word not in PAPER_REFLECTION_SYSTEM.lower(), env_word
