@@ -48,6 +48,7 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     # the retry at its pivot (levers for a policy that repeats its failed action; docs/benchmarks.md)
     "pivot_action": ("any", "what a retry may do at its pivot turn: 'any' (the paper) or 'exclude_failed': not the failed episode's action there (choice decoding: left out of the choices; free text: resampled up to pivot_resamples times, then kept and counted as r3l/pivot_repeats_kept); the retry trains as any retry (off-policy, §4)"),
     "pivot_resamples": (4, "pivot_action='exclude_failed' with free-text actions: how many times a retry's pivot turn is sampled again while it repeats the failed action"),
+    "pivot_selector": ("reflection", "where a retry starts: 'reflection' = the report's retry_from_step (the paper); 'hindsight' = the turn, at or before the report's, whose action loses the most log-probability when the report is put before the episode (two scoring passes of the engine over the failed episode; rllib_r3l/runner/reflection/hindsight.py)"),
     "pivot_backoff": (0, "a retry starts max(0, pivot - k) turns in: reported pivots tend to land after the first mistake, which a later retry replays; 0 = at the reported pivot (the paper)"),
     "pivot_temperature": (None, "sampling temperature of a retry's pivot turn (a hotter pivot turn is likelier to leave the failed path); None = temperature"),
     "retry_control": (False, "DIAGNOSTIC, never trained on: for each failed base episode that gets a retry, one fresh episode of the same task from turn 0 without guidance at the same temperature; the retry ledger (retries.jsonl) and r3l/control_success_rate compare the retry with it on the same task"),
@@ -113,6 +114,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "reflection_style": ("structured", "paper"),
     "reflect_on": ("all", "failures"),
     "pivot_action": ("any", "exclude_failed"),
+    "pivot_selector": ("reflection", "hindsight"),
     "backend": ("auto", "vllm", "transformers"),
     "mixed_precision": ("auto", "bfloat16", "none"),
     "loss_aggregation": ("token_mean", "sequence_mean", "paper"),  # = core_algos.LOSS_AGGREGATIONS

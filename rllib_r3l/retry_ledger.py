@@ -15,6 +15,7 @@ reflection             the reflection's id within the iteration (rows of one ref
 attempt                0, 1, ... the retry of that reflection; 0 also for a reflection without retry
 style, status, valid   reflection_style; the report's parse status; whether it is a valid report
 reported_pivot, pivot  the report's pivot; the turn the retry started from (after ``pivot_backoff``)
+hindsight_pivot        ``pivot_selector="hindsight"``: the turn the policy's own odds blame (None: not used)
 oracle_pivot           the first mistake by the environment's oracle (None: no oracle, or none)
 base_action            the failed episode's action at ``pivot`` (None: it had ended)
 retry_action           the retry's action at ``pivot`` (None: no retry or nothing generated there)
@@ -52,7 +53,7 @@ def reflection_row(base: Any, parsed: Any, out: Any, *, style: str, group_base_s
         "style": style, "status": getattr(getattr(parsed, "status", None), "value", None) if parsed else "no_output",
         "valid": bool(parsed is not None and parsed.ok),
         "reported_pivot": reported if isinstance(reported, int) and not isinstance(reported, bool) else None,
-        "pivot": None, "oracle_pivot": base.info.get("oracle_pivot"),
+        "hindsight_pivot": None, "pivot": None, "oracle_pivot": base.info.get("oracle_pivot"),
         "base_action": None, "retry_action": None, "action_changed": None,
         "retry_status": "none", "retry_success": None, "control_success": None,
         "base_reward": float(base.reward), "retry_reward": None,
