@@ -55,19 +55,14 @@ def wilson(k: int, n: int, z: float = 1.96) -> Tuple[float, float]:
     return (max(0.0, c - h), min(1.0, c + h))
 
 
-# two-sided 95 % Student t quantiles by degrees of freedom
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
 def t_quantile(df: int) -> float:
-    """The 97.5 % Student t quantile for ``df`` degrees of freedom: from the table, the nearest smaller
-    tabulated df between entries (a slightly wider interval), 1.96 beyond 30."""
+    """The exact 97.5 % Student t quantile for ``df`` degrees of freedom (``rllib_r3l.stats``): a table's
+    nearest smaller entry, or 1.96 beyond 30, made paired intervals wider or narrower than they are."""
     if df < 1:
         raise ValueError(f"df must be >= 1, got {df}")
-    if df > 30:
-        return 1.96
-    return _T975[max(k for k in _T975 if k <= df)]
+    from rllib_r3l.stats import t_quantile as exact
+
+    return exact(0.975, df)
 
 
 def _finite(xs: Iterable[Any]) -> List[float]:

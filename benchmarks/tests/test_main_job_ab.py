@@ -88,7 +88,7 @@ def test_table_pairs_run_k_with_run_k_of_the_first_variant(tmp_path):
     assert "vs ref: paired diff 2-3 [95 % t]" in lines[0]
     ref, other = (line.strip("| ").split(" | ") for line in lines[2:4])
     assert ref[10:] == ["0.25, 0.12, 0.38", "-"]
-    h = 4.303 * 0.125 / 3 ** 0.5  # sd of (0.25, 0.125, 0) is 0.125
+    h = 4.3026527 * 0.125 / 3 ** 0.5  # sd of (0.25, 0.125, 0) is 0.125
     assert other[10:] == ["0.50, 0.25, 0.38", f"+0.12 [{0.125 - h:+.2f}, {0.125 + h:+.2f}]"]
 
 

@@ -51,8 +51,8 @@ def test_mcnemar_exact_on_hand_values():
 
 def test_paired_differences_paper_minus_structured_on_hand_values():
     d = rs.paired_differences(RECORDS)
-    v = d["valid"]  # differences -1, 0, 0, -1: mean -0.5, sd sqrt(1/3), t(3) = 3.182
-    half = 3.182 * math.sqrt(1 / 3) / 2
+    v = d["valid"]  # differences -1, 0, 0, -1: mean -0.5, sd sqrt(1/3), t(3) = 3.1824463
+    half = 3.1824463 * math.sqrt(1 / 3) / 2
     assert v["n"] == 4 and v["mean"] == -0.5
     assert v["lo"] == pytest.approx(-0.5 - half) and v["hi"] == pytest.approx(-0.5 + half)
     assert (v["a_only"], v["b_only"], v["mcnemar_p"]) == (0, 2, 0.5)

@@ -72,7 +72,7 @@ def test_variants_run_in_an_order_rotated_by_the_seed():
 
 def test_ratios_over_seeds_are_the_mean_of_the_per_seed_ratios_with_a_t_interval(tmp_path):
     """Seed as the unit: R3L/GRPO CPU per iteration 1.5, 1.0 and 0.5 at seeds 0-2 (both variants of
-    a seed ran the same tasks): mean 1.0, sd 0.5, 95 % t interval 1.0 +- 4.303 * 0.5 / sqrt(3)."""
+    a seed ran the same tasks): mean 1.0, sd 0.5, 95 % t interval 1.0 +- 4.3026527 * 0.5 / sqrt(3)."""
     outs = {}
     for seed, cpu in enumerate((150.0, 100.0, 50.0)):
         out = tmp_path / f"seed{seed}"
@@ -83,7 +83,7 @@ def test_ratios_over_seeds_are_the_mean_of_the_per_seed_ratios_with_a_t_interval
     res = scr.across_seeds(outs)
     cpu = res["r3l/grpo"]["cpu_s_per_iter"]
     assert cpu["per_seed"] == {0: 1.5, 1: 1.0} and cpu["n"] == 2 and cpu["mean"] == pytest.approx(1.25)
-    assert cpu["hi"] - cpu["mean"] == pytest.approx(12.706 * math.sqrt(0.125) / math.sqrt(2))
+    assert cpu["hi"] - cpu["mean"] == pytest.approx(12.7062047 * math.sqrt(0.125) / math.sqrt(2))
     assert res["r3l/grpo"]["generated_per_sample"]["mean"] == pytest.approx(1.5)
     text = scr.across_table(res)
     assert "| r3l/grpo | 0, 1 | 1.25 (0.35) [" in text
