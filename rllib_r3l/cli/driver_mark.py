@@ -86,42 +86,68 @@ def lock_path(exp_dir: str) -> str:
     return os.path.join(os.path.dirname(exp_dir), f".{os.path.basename(exp_dir)}.r3l-lock")
 
 
+def _lock(path: str) -> Optional[int]:
+    """An fd holding an exclusive lock on ``path``, or None when another process holds it. A lock whose file
+    was unlinked by its releasing holder between our open and our lock is on a stale inode: tried again."""
+    for _ in range(10):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _held_by(fd)
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+    raise OSError(f"could not lock {path}: its file kept being replaced")
+
+
+class _Held(int):
+    """An fd another process locks (its pid read from the file), returned by ``_lock`` as a refusal."""
+
+
+def _held_by(fd: int) -> int:
+    pid = os.read(fd, 64).decode(errors="replace").strip()
+    os.close(fd)
+    return _Held(int(pid) if pid.isdigit() else -1)
+
+
 @contextlib.contextmanager
 def claims() -> Iterator[Callable[[str, str], None]]:
     """``claim(exp_dir, name)`` inside the block takes ``exp_dir`` for this process until the block ends.
 
     A folder another live process holds raises :class:`UsageError` naming that process. A lock file that
-    cannot be written (read-only or missing storage) is no claim: the storage check refuses that run itself."""
-    held: List[int] = []
-    taken: set = set()
+    cannot be written (read-only or missing storage) is no claim: the storage check refuses that run itself.
+    The lock file is removed when the block ends (while still locked, so no one else can hold it then)."""
+    held: List[tuple] = []
 
     def claim(exp_dir: str, name: str) -> None:
         path = lock_path(exp_dir)
-        if path in taken:
+        if any(p == path for p, _fd in held):
             return
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _lock(path)
         except OSError:
             return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.read(fd, 64).decode(errors="replace").strip()
-            os.close(fd)
-            who = f"process {pid} on this host" if pid.isdigit() else "another process on this host"
-            stop = f"kill -TERM {pid}" if pid.isdigit() else "kill -TERM its process"
+        if isinstance(fd, _Held):
+            who = f"process {int(fd)} on this host" if fd > 0 else "another process on this host"
+            stop = f"kill -TERM {int(fd)}" if fd > 0 else "kill -TERM its process"
             raise UsageError(f"experiment {name!r} in {exp_dir} is being run by another `rllib-r3l train` now ({who}); "
                              f"wait for it to end, or stop it first (Ctrl-C in its terminal, or {stop}), then "
-                             "--resume; or pass --new to start another run beside it") from None
+                             "--resume; or pass --new to start another run beside it")
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
-        held.append(fd)
-        taken.add(path)
+        held.append((path, fd))
 
     try:
         yield claim
     finally:
-        for fd in held:  # the lock files stay: removing one another process has open would split the lock
+        for path, fd in held:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
             with contextlib.suppress(OSError):
                 os.close(fd)

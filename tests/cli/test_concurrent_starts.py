@@ -60,6 +60,8 @@ def test_a_claim_ends_with_its_block_and_new_is_not_held_back(tmp_path, capsys):
         with driver_mark.claims() as claim:
             claim(exp_dir, EXP)
             claim(exp_dir, EXP)  # taking one's own claim again is no conflict
+            assert os.path.exists(driver_mark.lock_path(exp_dir))
+        assert not os.path.exists(driver_mark.lock_path(exp_dir))  # nothing left beside the experiments
     holder = _holder(exp_dir)
     try:  # --new starts beside the held folder: only the new folder is claimed
         code = cli.main(["train", TOY, *SMALL, "--storage-path", str(tmp_path), "--new", "--dry-run"])
