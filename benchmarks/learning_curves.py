@@ -22,9 +22,11 @@ Pairs (``learning_curves_report.PAIRS``): each R3L against the GRPO with the sam
 which changes how many trajectories an iteration spends and which tasks train, so it is on both
 sides of a pair or on neither; ``grpo_ds`` against ``grpo_paper`` shows what it does alone.
 
-**Equal sample budget.** A run trains until it has generated ``budget`` trajectories (base + retry;
-a group of N holds N base rollouts without reflection, N/2 base + up to N/2 retries with it; dynamic
-sampling's extra rounds count too), so variants run different numbers of iterations; tokens, CPU
+**Equal sample budget, exactly.** A run trains until it has started ``budget`` trajectories (base +
+retry episodes, lost ones and a partial retry included; a group of N holds N base rollouts without
+reflection, N/2 base + up to N/2 retries with it; dynamic sampling's extra rounds count too): before each
+iteration ``R3L.episode_cap`` is set to what is left, so the last iteration stops at the budget
+(``r3l/episodes_started``), and variants run different numbers of iterations; tokens, CPU
 seconds and the reflection cost (tokens the reflector generated, seconds spent reflecting) are
 reported per run. Held-out evaluation: ``eval_episodes`` games of the environment's *test* fold
 (seeds 0..E-1, disjoint from training) at the evaluation temperature, with the run's own engine, no
@@ -313,7 +315,9 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
               "pivot_accuracy", "pivot_error_mean", "pivot_early_rate", "mean_pivot_turn", "generated_tokens",
               "generated_tokens_per_sample", "prompt_tokens_computed_per_sample", "retry_changed_pivot_action",
               "retry_took_oracle_action", "rollout_seconds", "prompt_tokens_computed_reflect",
-              "reflections_skipped_successes", "generated_tokens_reflect", "reflections_truncated"):
+              "reflections_skipped_successes", "generated_tokens_reflect", "reflections_truncated",
+              "episodes_started", "retries_cut_by_budget", "pivot_exact_rate", "pivot_in_time_rate",
+              "control_success_rate", "hindsight_pivot_shift"):
         keep[k] = r3l.get(k)
     # the report's name for the tokens the reflector wrote
     keep["reflection_generated_tokens"] = keep.pop("generated_tokens_reflect")
@@ -328,18 +332,17 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
     return {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in keep.items()}
 
 
-def keep_training(samples: float, budget: float, iteration_samples: float) -> bool:
-    """Another iteration while it brings the run's samples nearer the budget: stop at the budget, or
-    when less than half a nominal iteration (``group_size x tasks_per_iteration``) is left, so that a
-    variant whose iterations yield 15 samples stops at 63 rather than 78 of a 64 budget (the samples
-    actually used are reported per run). Nominal, not the last iteration's: with dynamic sampling one
-    iteration may draw three rounds, and measuring the gap against it stopped an R3L run after one
-    update with 18 of 64 trajectories left."""
-    gap = budget - samples
-    return gap > 0 and gap > 0.5 * iteration_samples
+def keep_training(samples: float, budget: float) -> bool:
+    """Another iteration while trajectories are left: the run stops at exactly ``budget`` (each
+    iteration is capped at what is left, ``R3L.episode_cap``)."""
+    return budget - samples > 0
 
 
 def _samples_of(num: Dict[str, Any]) -> float:
+    """Trajectories an iteration spent: every base and retry episode started (lost ones too); an older
+    record without the count: its base episodes and retries."""
+    if num.get("episodes_started") is not None:
+        return float(num["episodes_started"])
     return float(num.get("num_episodes") or 0.0) + float(num.get("num_retries") or 0.0)
 
 
@@ -463,9 +466,9 @@ def iteration_line(variant: str, seed: int, rec: Dict[str, Any], progress: str) 
 def _train_and_evaluate(d: Path, out: Path, setting: Dict[str, Any], variant: str, seed: int) -> Dict[str, Any]:
     with opened_run(d, out, setting, variant, seed) as (algo, header, recs):
         samples = recs[-1]["samples_cumulative"] if recs else 0.0
-        nominal = float(algo.config.group_size * algo.config.tasks_per_iteration)
-        while (variant != BASE and keep_training(samples, setting["budget"], nominal)
+        while (variant != BASE and keep_training(samples, setting["budget"])
                and algo.iteration < setting["max_iterations"]):
+            algo.episode_cap = int(setting["budget"] - samples)  # the last iteration stops at the budget
             rec = train_iteration(d, algo, header, recs)
             samples = rec["samples_cumulative"]
             print(iteration_line(variant, seed, rec, f"samples {samples:.0f}/{setting['budget']}"), flush=True)

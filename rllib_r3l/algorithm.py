@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 from ray.rllib.algorithms.algorithm import Algorithm
@@ -85,6 +85,10 @@ class R3L(Algorithm):
         # every reflection and retry, one JSON line each (rllib_r3l/retry_ledger.py); the main job points it
         # at its --out folder, Tune keeps the trial's logdir with SyncConfig(sync_artifacts=True)
         self.retry_ledger_path = os.path.join(self.logdir, retry_ledger.LEDGER_FILE)
+        # an exact trajectory budget: when set, the next iterations start at most this many base and retry
+        # episodes in all runners together (r3l/episodes_started counts them); comparisons at equal budgets
+        # set it to what is left before each iteration (benchmarks/learning_curves.py)
+        self.episode_cap: Optional[int] = None
 
     # ------------------------------------------------------------------------------------------------
     @override(Algorithm)

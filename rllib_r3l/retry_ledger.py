@@ -20,7 +20,7 @@ oracle_pivot           the first mistake by the environment's oracle (None: no o
 base_action            the failed episode's action at ``pivot`` (None: it had ended)
 retry_action           the retry's action at ``pivot`` (None: no retry or nothing generated there)
 action_changed         retry_action differs from base_action (normalised as the environments compare)
-retry_status           none | ok | lost | empty | skipped (replay mismatch)
+retry_status           none | ok | lost | empty | skipped (replay mismatch) | cut (past the trajectory budget)
 retry_success          the retry succeeded (None: no retry)
 control_success        a fresh unguided episode of the same task succeeded (None: no control)
 base_reward, retry_reward, base_turns, retry_turns   the episodes' returns and turns (turns: in all)

@@ -27,12 +27,12 @@ COMMON = {"backend": "vllm", "backend_options": {"choice_tokenization": "canonic
           "mixed_precision": "none", "num_threads": 1}
 
 
-def test_a_run_stops_at_the_budget_or_when_the_next_iteration_would_overshoot_it_more():
-    assert lc.keep_training(0, 64, 0) and lc.keep_training(48, 64, 16)
-    assert not lc.keep_training(64, 64, 16) and not lc.keep_training(70, 64, 16)
-    assert not lc.keep_training(63, 64, 15)  # 1 short: one more iteration would end 14 over
-    assert lc.keep_training(56, 64, 15)  # 8 short: nearer the budget with it (71) than without (56)
-    assert lc.keep_training(46, 64, 16)  # a first iteration of three dynamic-sampling rounds: 18 left
+def test_a_run_trains_until_its_budget_exactly():
+    assert lc.keep_training(0, 64) and lc.keep_training(63, 64)  # 1 left: one more, capped at 1 episode
+    assert not lc.keep_training(64, 64) and not lc.keep_training(70, 64)
+    # the samples an iteration spent: every episode started; an older record: bases + retries
+    assert lc._samples_of({"episodes_started": 7.0, "num_episodes": 4.0, "num_retries": 2.0}) == 7.0
+    assert lc._samples_of({"num_episodes": 4.0, "num_retries": 2.0}) == 6.0
 
 
 def test_interpolate_curve_is_linear_inside_and_nan_outside():

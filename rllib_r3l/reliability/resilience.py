@@ -60,7 +60,19 @@ def _runner_cache(algo: Any) -> Dict[int, Dict[str, Any]]:
     return cache
 
 
-def _sample_fn(n: int, after: Dict[str, Any]):
+def episode_shares(cap: Optional[int], groups: Dict[int, int]) -> Dict[int, Optional[int]]:
+    """``cap`` episodes split over runners in proportion to their task groups (the remainder to the first
+    ones); None for each when there is no cap."""
+    if cap is None:
+        return {i: None for i in groups}
+    total = sum(groups.values()) or 1
+    shares = {i: cap * n // total for i, n in groups.items()}
+    for i in sorted(groups)[:cap - sum(shares.values())]:
+        shares[i] += 1
+    return shares
+
+
+def _sample_fn(n: int, after: Dict[str, Any], max_episodes: Optional[int] = None):
     """Sample ``n`` groups, unless the runner cannot sample from the learner's weights: it has fewer
     groups behind it than the driver last saw (``after``: a fresh process Ray restarted unseen, with
     the initial weights and task RNG), or its engine was rebuilt with older weights than the last
@@ -73,7 +85,7 @@ def _sample_fn(n: int, after: Dict[str, Any]):
             return None, "env_runners_restarted_unseen", r.worker_index, None
         if r.needs_weights():
             return None, "env_runners_behind_weights", r.worker_index, None
-        return r.sample(num_groups=n), r.get_metrics(), r.worker_index, r.get_state()
+        return r.sample(num_groups=n, max_episodes=max_episodes), r.get_metrics(), r.worker_index, r.get_state()
 
     return fn
 
@@ -81,8 +93,9 @@ def _sample_fn(n: int, after: Dict[str, Any]):
 def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
     """Sample this iteration's task groups on the env runners; count (and retry) runner failures."""
     group = algo.env_runner_group
+    cap = getattr(algo, "episode_cap", None)  # an exact trajectory budget for this iteration (R3L.episode_cap)
     if group.num_remote_workers() <= 0:
-        out = group.foreach_env_runner(lambda r: (r.sample(), r.get_metrics()), local_env_runner=True)
+        out = group.foreach_env_runner(lambda r: (r.sample(max_episodes=cap), r.get_metrics()), local_env_runner=True)
         return [g for o in out for g in o[0]], [o[1] for o in out]
     c, m = algo.config, algo.metrics
     cache = _runner_cache(algo)
@@ -101,8 +114,9 @@ def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
         ids = sorted(pending)
         killer = faults.maybe_kill_runner(algo, ids) if attempt == 0 else None
         try:
-            out = group.foreach_env_runner([_sample_fn(pending[i], cache.get(i, {})) for i in ids], remote_worker_ids=ids,
-                                           local_env_runner=False)
+            caps = episode_shares(cap, pending)
+            out = group.foreach_env_runner([_sample_fn(pending[i], cache.get(i, {}), caps.get(i)) for i in ids],
+                                           remote_worker_ids=ids, local_env_runner=False)
         finally:
             if killer is not None and killer.finish():
                 m.log_value(("r3l", "faults", "injected_runner_kill"), 1, reduce="sum")

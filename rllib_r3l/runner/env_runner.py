@@ -48,6 +48,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         self._engine_fault_trigger = None  # engine fault injection (a testing aid): shared across rebuilt engines
         self._keeper = None
         self._stop_sampling = False
+        self._episodes_left: Optional[int] = None  # sample(max_episodes=...): what the budget still allows
         self._num_groups_sampled = 0
         self._eval_episodes = None  # evaluate_episodes' own EpisodeRunner (the evaluation split and temperature)
         self._in_eval = bool(self.config.in_evaluation)
@@ -165,8 +166,11 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
     def get_spaces(self) -> Dict[str, Any]:
         return {"__env__": (self._obs_space, self._act_space), DEFAULT_MODULE_ID: (self._obs_space, self._act_space)}
 
-    def sample(self, *, num_groups: Optional[int] = None, evaluate: Optional[bool] = None, **kwargs) -> List[GroupResult]:
-        """Explore ``num_groups`` tasks (default: this runner's share of ``tasks_per_iteration``).
+    def sample(self, *, num_groups: Optional[int] = None, max_episodes: Optional[int] = None,
+               evaluate: Optional[bool] = None, **kwargs) -> List[GroupResult]:
+        """Explore ``num_groups`` tasks (default: this runner's share of ``tasks_per_iteration``); with
+        ``max_episodes``, at most that many base and retry episodes start, dynamic sampling's rounds included
+        (an exact trajectory budget, ``R3L.episode_cap``).
 
         Never raises for a failing environment or generation: failures are recorded on the
         trajectories, counted under ``r3l/faults/...`` and returned in ``GroupResult.lost``.
@@ -182,6 +186,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         before = Counter(self.counters)
         self._keeper.begin_sample()
         self._stop_sampling = False
+        self._episodes_left = max_episodes
         groups = self._explore_round(num_groups)
         if groups is None:  # the exploration failed (counted): nothing trainable
             self._sample_done()
@@ -222,7 +227,12 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         self._num_groups_sampled += num_groups
         before = Counter(self.counters)
         try:
-            return self._explorer.explore(seeds, gids)
+            if self._episodes_left is None:
+                return self._explorer.explore(seeds, gids)
+            started = self.counters["episodes_started"]
+            out = self._explorer.explore(seeds, gids, max_episodes=self._episodes_left)
+            self._episodes_left -= self.counters["episodes_started"] - started
+            return out
         except Exception:  # a bug or an unexpected backend failure: count it, return nothing trainable
             logger.error("exploration failed:\n%s", traceback.format_exc())
             self.metrics.log_value(("r3l", "faults", "exploration_errors"), 1, reduce="sum")
@@ -243,7 +253,8 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         signal = [carries_signal(g, **opts) for g in groups]
         rounds = 0
         max_rounds = 0 if self._in_eval else int(c.dynamic_sampling_rounds)
-        while not any(signal) and rounds < max_rounds and not self._stop_sampling:
+        while (not any(signal) and rounds < max_rounds and not self._stop_sampling
+               and (self._episodes_left is None or self._episodes_left > 0)):
             rounds += 1
             self.counters["progress_rounds"] += 1  # live progress: a new round of tasks
             more = self._explore_round(num_groups)

@@ -137,6 +137,7 @@ class Explorer(AuxItems):
         self.reflection_stats = reflect_lib.ReflectionStats()
         self.samples: Dict[str, List[float]] = {}
         self.reflect_seconds = 0.0  # time spent reflecting in the last explore() (r3l/timers/reflect_s)
+        self._retry_allowance: Optional[int] = None  # explore(max_episodes=...): retries that may still start
 
     def _log(self, key: str, value: float) -> None:
         self.samples.setdefault(key, []).append(float(value))
@@ -146,11 +147,22 @@ class Explorer(AuxItems):
         return core_algos.is_success(t.reward, t.success, success_reward=self.opts.success_reward)
 
     # ------------------------------------------------------------------------------------------------
-    def explore(self, seeds: Sequence[int], group_ids: Sequence[str]) -> List[GroupResult]:
-        """Base rollouts -> reflect -> retry from the pivot, for every task (batched across tasks)."""
+    def explore(self, seeds: Sequence[int], group_ids: Sequence[str],
+                max_episodes: Optional[int] = None) -> List[GroupResult]:
+        """Base rollouts -> reflect -> retry from the pivot, for every task (batched across tasks).
+
+        ``max_episodes``: at most this many base and retry episodes start (an exact trajectory budget:
+        the base episodes task by task first, then the retries in reflection order; a retry cut off is
+        counted as ``retries_cut_by_budget`` and ledgered as ``cut``); the episodes started are counted
+        in ``counters["episodes_started"]``."""
         n_base = self.opts.num_base
         self.reflect_seconds = 0.0
         specs = [EpisodeSpec(seed=s, group_id=g) for s, g in zip(seeds, group_ids) for _ in range(n_base)]
+        if max_episodes is not None:
+            specs = specs[:max(0, int(max_episodes))]
+            group_ids = [g for g in group_ids if any(s.group_id == g for s in specs)]
+        self.counters["episodes_started"] += len(specs)
+        self._retry_allowance = None if max_episodes is None else max(0, int(max_episodes) - len(specs))
         bases = [b for b in self.episodes.run(specs) if b is not None]
         for b in bases:
             b.success = self.is_success(b)
@@ -271,15 +283,21 @@ class Explorer(AuxItems):
                 # A success the reflector recognises: only the reflection item (authors' code).
                 self._add_reflection_item(b, groups[b.group_id])
         self._log_count("retry_trigger_rate", len(retry_specs), len(bases))
-        retries = self.episodes.run(retry_specs) if retry_specs else []
-        controls = self._controls([b for b, _row, idx in rows if idx])
+        allowed = len(retry_specs) if self._retry_allowance is None else min(len(retry_specs), self._retry_allowance)
+        self.counters["retries_cut_by_budget"] += len(retry_specs) - allowed
+        self.counters["episodes_started"] += allowed
+        retries = self.episodes.run(retry_specs[:allowed]) if allowed else []
+        retries += [None] * (len(retry_specs) - allowed)
+        controls = self._controls([b for b, _row, idx in rows if any(j < allowed for j in idx)])
         for b, row, idx in rows:
             control = controls.get(id(b))
             if not idx:
                 groups[b.group_id].ledger.append(row)
             for attempt, j in enumerate(idx):
                 spec, r = retry_specs[j], retries[j]
-                if r is None:  # replay mismatch: counted by the episode runner
+                if j >= allowed:  # past the trajectory budget: never started
+                    status = "cut"
+                elif r is None:  # replay mismatch: counted by the episode runner
                     self.counters["retries_skipped"] += 1
                     status = "skipped"
                 else:

@@ -28,6 +28,9 @@ def log_sample_metrics(runner: Any, groups: List[Any], seconds: float, before: C
     samples = [t for g in groups for t in g.trajectories if t.kind.value in ("base", "retry")]
     lost = [t for g in groups for t in g.lost]
     m.log_value("num_groups", len(groups), reduce="sum")
+    # every base and retry episode started, lost ones included: what a trajectory budget counts
+    for key in ("episodes_started", "retries_cut_by_budget"):
+        m.log_value(("r3l", key), runner.counters[key] - before.get(key, 0), reduce="sum")
     m.log_value("num_episodes", len(base), reduce="sum")
     if base:
         m.log_value("episode_return_mean", float(np.mean([t.reward for t in base])), reduce="mean", window=1)
