@@ -31,12 +31,17 @@ def test_unknown_env_config_key_is_named(env_id):
         make(env_id, {"no_such_option": 1})
 
 
-@pytest.mark.parametrize("vocabulary", [[], "apple", [""], [3]])
-def test_toy_word_refuses_a_vocabulary_it_cannot_draw_from(vocabulary):
-    """Re-probe 11: ``vocabulary: []`` fell back to the four default words without a word."""
+@pytest.mark.parametrize("vocabulary, refused_by", [([], "env"), ("apple", "declaration"), ([""], "env"),
+                                                    ([3], "declaration")])
+def test_toy_word_refuses_a_vocabulary_it_cannot_draw_from(vocabulary, refused_by):
+    """``vocabulary: []`` fell back to the four default words without a word. A value of the wrong type is
+    refused by the option's declaration (a list of strings), an empty list or word by the environment."""
     from rllib_r3l.preflight import check_env
 
-    with pytest.raises(ValueError, match=r"R3LConfig.env_config: r3l/ToyWord cannot be created .*vocabulary must be "
-                                         r"a non-empty list of words"):
+    message = (r"R3LConfig.env_config: r3l/ToyWord cannot be created .*vocabulary must be a non-empty list of words"
+               if refused_by == "env" else
+               r"R3LConfig.env_config: r3l/ToyWord option 'vocabulary' must be a list of strings or None, got .*; "
+               r"fix env_config.vocabulary")
+    with pytest.raises(ValueError, match=message):
         check_env("r3l/ToyWord", {"vocabulary": vocabulary})
     check_env("r3l/ToyWord", {"vocabulary": ["sun"]})
