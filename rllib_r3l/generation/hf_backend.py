@@ -5,9 +5,11 @@ returned log-probs are exactly those of the distribution each token was sampled 
 of the (choice-constrained) logits divided by the temperature, restricted to the top-p nucleus.
 ``temperature=0`` is greedy and reports the T=1 log-probs of the constrained logits (as vLLM does).
 
-``GenerationRequest.json_schema`` is ignored here (no JSON-constrained decoding in this backend:
-the text is free and the caller must parse leniently); ``choices`` are enforced with a token trie
-(:mod:`rllib_r3l.generation.constraints`).
+``choices`` are enforced with a token trie (:mod:`rllib_r3l.generation.constraints`) and
+``GenerationRequest.json_schema`` with a character automaton over the tokenizer's own tokens
+(:mod:`rllib_r3l.generation.json_logits`, the report schema's subset of JSON schema; a schema
+feature outside it raises ``SchemaNotSupported`` naming it). Both mask the logits before the
+temperature and top-p, so the log-probs are those of the constrained distribution.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest, GenerationResult
 from rllib_r3l.generation.constraints import ChoicesLogitsProcessor, ChoiceTrie
+from rllib_r3l.generation.json_grammar import compile_schema, schema_key
+from rllib_r3l.generation.json_logits import JsonRow, TokenGrammar, TokenTexts
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +102,9 @@ class HFBackend(GenerationBackend):
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         )
         self.max_batch_size = int(max_batch_size)
+        # JSON-schema decoding: the token texts once, and each schema's grammar with its cached masks
+        self._token_texts: Optional[TokenTexts] = None
+        self._token_grammars: dict = {}
         self.last_update_seconds: Optional[float] = None
         # Unseeded calls draw from this generator (reproducible per backend when ``seed`` is set).
         self._generator = torch.Generator(device=self.device)
@@ -144,13 +151,14 @@ class HFBackend(GenerationBackend):
             if not r.prompt_token_ids:
                 raise ValueError("a GenerationRequest needs at least one prompt token")
         tries: List[Optional[ChoiceTrie]] = []
+        json_rows: List[Optional[JsonRow]] = []
         for r in requests:
             if r.choices is not None and r.json_schema is not None:
                 raise ValueError("a GenerationRequest may set choices or json_schema, not both")
-            if r.choices is not None:
-                tries.append(ChoiceTrie(r.choices, self.tokenizer, self.stop_token_ids[0]))
-            else:
-                tries.append(None)
+            tries.append(ChoiceTrie(r.choices, self.tokenizer, self.stop_token_ids[0]) if r.choices is not None
+                         else None)
+            json_rows.append(JsonRow(self._token_grammar(r.json_schema)) if r.json_schema is not None else None)
+        any_json = any(j is not None for j in json_rows)
         max_new = [int(r.max_tokens) for r in requests]
         lengths = [len(r.prompt_token_ids) for r in requests]
         width = max(lengths)
@@ -184,6 +192,8 @@ class HFBackend(GenerationBackend):
             logits = out.logits[:, -1, :].float()
             if processor.active:
                 logits = processor(seq, logits)
+            if any_json:
+                logits = self._mask_json(logits, json_rows, reasons)
             if temperature <= 0.0:
                 logprobs = torch.log_softmax(logits, dim=-1)
                 tokens = logits.argmax(dim=-1)
@@ -197,6 +207,8 @@ class HFBackend(GenerationBackend):
             for i in range(B):
                 if reasons[i] is not None:
                     continue
+                if json_rows[i] is not None:
+                    json_rows[i].advance(tok_list[i])
                 out_ids[i].append(tok_list[i])
                 out_lps[i].append(lp_list[i])
                 if stop_list[i]:
@@ -218,6 +230,30 @@ class HFBackend(GenerationBackend):
             past = out.past_key_values
             next_pos = next_pos + 1
         return [self._result(out_ids[i], out_lps[i], reasons[i]) for i in range(B)]
+
+    def _token_grammar(self, schema: dict) -> TokenGrammar:
+        """The schema's grammar over this tokenizer (compiled once per schema; its masks cached)."""
+        key = schema_key(schema)
+        tg = self._token_grammars.get(key)
+        if tg is None:
+            grammar = compile_schema(schema)
+            if self._token_texts is None:  # the logits' width: the model's vocabulary, padding included
+                vocab = int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer))
+                self._token_texts = TokenTexts(self.tokenizer, vocab)
+            if len(self._token_grammars) >= 64:  # a schema per pivot bound and verdict: few, but bounded
+                self._token_grammars.pop(next(iter(self._token_grammars)))
+            tg = self._token_grammars[key] = TokenGrammar(grammar, self._token_texts, self.stop_token_ids)
+        return tg
+
+    @staticmethod
+    def _mask_json(logits: torch.Tensor, rows: Sequence[Optional[JsonRow]], reasons: Sequence[Optional[str]]) -> torch.Tensor:
+        """-inf outside each JSON row's allowed tokens (rows without a schema, or finished, untouched)."""
+        keep = torch.ones(logits.shape, dtype=torch.bool)
+        for i, row in enumerate(rows):
+            if row is not None and reasons[i] is None:
+                keep[i] = False
+                row.fill_mask(keep[i])
+        return logits.masked_fill(~keep.to(logits.device), float("-inf"))
 
     def _result(self, ids: List[int], lps: List[float], reason: str) -> GenerationResult:
         text_ids = ids[:-1] if reason == "stop" and ids else ids
