@@ -30,7 +30,8 @@ def test_the_report_schemas_constraints_are_enforced():
     assert not g.accepts(json.dumps({**REPORT, "outcome": "success"}))  # failed: the enum is ["failure"]
     assert not g.accepts(json.dumps({**REPORT, "summary": "x" * 41}))  # maxLength
     assert g.accepts(json.dumps({**REPORT, "summary": "x" * 40}))
-    assert not g.accepts(json.dumps({**REPORT, "suggestion": ""}))  # minLength 1 on a failure
+    assert not g.accepts(json.dumps({**REPORT, "suggestion": ""}))  # minLength 1: the parser refuses empty fields
+    assert not g.accepts(json.dumps({**REPORT, "summary": ""})) and not g.accepts(json.dumps({**REPORT, "root_cause": ""}))
     assert not g.accepts(json.dumps({**REPORT, "suggestion": None}))
     assert not g.accepts(json.dumps({k: REPORT[k] for k in reversed(REPORT)}))  # keys in schema order
     assert not g.accepts(json.dumps({**REPORT, "extra": 1}))  # additionalProperties false

@@ -49,8 +49,8 @@ def test_token_texts_leave_out_what_is_not_text(texts, tiny_tokenizer):
 
 @pytest.mark.parametrize("prefix", ['', '{', '{"summary": ', '{"summary":"ab', '{"summary":"' + "x" * 23,
                                     '{"summary":"a\\', '{"summary":"a\\u00', '{"summary":"' + "x" * 24,
-                                    '{"summary":"","root_cause":"","outcome":"fail',
-                                    '{"summary":"","root_cause":"","outcome":"failure","suggestion":"x",'
+                                    '{"summary":"a","root_cause":"b","outcome":"fail',
+                                    '{"summary":"a","root_cause":"b","outcome":"failure","suggestion":"x",'
                                     '"retry_from_step": 2'])
 def test_masks_equal_a_brute_force_check_of_every_token(texts, prefix):
     g = compile_schema(SCHEMA)

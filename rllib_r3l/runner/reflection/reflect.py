@@ -250,8 +250,8 @@ def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] =
                        max_chars: Optional[int] = None, outcome_known: bool = False) -> Dict[str, Any]:
     """JSON schema of a report, for constrained decoding (vLLM structured outputs).
 
-    With ``max_chars`` the text fields (summary, root cause, suggestion) are bounded to that many
-    characters each: a compact report costs fewer generated tokens per reflection.
+    The text fields (summary, root cause, suggestion) hold at least one character; with ``max_chars``
+    at most that many each: a compact report costs fewer generated tokens per reflection.
 
     With ``num_steps`` the pivot is also bounded above by ``num_steps - 1``. With ``failed=True``
     (the environment's reward says the episode failed) the outcome ``success`` is not allowed and
@@ -260,7 +260,9 @@ def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] =
     With ``failed=True`` and ``outcome_known`` the outcome field is left out altogether (it could
     only be ``failure``); parse such a report with ``parse_report(..., known_outcome=FAILURE)``.
     """
-    text: Dict[str, Any] = {"type": "string"}
+    # minLength 1: the parser refuses an empty summary, root cause or suggestion, so the grammar never
+    # spends a reflection on one
+    text: Dict[str, Any] = {"type": "string", "minLength": 1}
     if max_chars is not None:
         text["maxLength"] = int(max_chars)
     pivot: Dict[str, Any] = {"type": "integer", "minimum": 0}
@@ -268,7 +270,7 @@ def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] =
         pivot["maximum"] = max(0, int(num_steps) - 1)
     if failed:
         outcomes = [Outcome.FAILURE.value]
-        suggestion: Dict[str, Any] = {**text, "minLength": 1}
+        suggestion: Dict[str, Any] = dict(text)
         retry: Dict[str, Any] = pivot
     else:
         outcomes = [o.value for o in Outcome]

@@ -36,13 +36,13 @@ def test_stats_add_statuses_and_results_and_give_exact_metrics():
 
 
 def test_schema_in_full():
-    text = {"type": "string", "maxLength": 40}
+    text = {"type": "string", "minLength": 1, "maxLength": 40}
     assert report_json_schema(3, failed=True, max_chars=40) == {
         "type": "object",
         "properties": {
             "summary": text, "root_cause": text,
             "outcome": {"type": "string", "enum": ["failure"]},
-            "suggestion": {**text, "minLength": 1},
+            "suggestion": text,
             "retry_from_step": {"type": "integer", "minimum": 0, "maximum": 2},
         },
         "required": ["summary", "root_cause", "outcome", "suggestion", "retry_from_step"],
@@ -50,7 +50,7 @@ def test_schema_in_full():
     }
     s = report_json_schema()
     assert s["properties"]["outcome"] == {"type": "string", "enum": ["success", "success_but_inefficient", "failure"]}
-    assert s["properties"]["suggestion"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
+    assert s["properties"]["suggestion"] == {"anyOf": [{"type": "string", "minLength": 1}, {"type": "null"}]}
     assert s["properties"]["retry_from_step"] == {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]}
 
 
