@@ -20,6 +20,7 @@ import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from rllib_r3l.cli import retry_chain
 from rllib_r3l.runner import progress
 
 # re-exported: callers use console.routed_output, console.Console
@@ -99,6 +100,8 @@ def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
         "retries": int(retries),
         "retry_success_rate": float(retry_rate) if retries and _finite(retry_rate) else math.nan,
         "reflections": int(_num(metric(result, "env_runners/r3l/reflection_total"))),
+        # the reflect-then-retry chain (reports valid, cut, asking for a retry): where it broke, if it did
+        "reflection": retry_chain.reflection_counts(result),
         "updated": updated,
         "trained_tokens": int(_num(trained)),
         "generated_tokens": int(_num(metric(result, "env_runners/r3l/generated_tokens"))),
@@ -212,8 +215,8 @@ def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> 
     if row.get("retries"):
         rr = row.get("retry_success_rate", math.nan)
         retries = f"retries {row['retries']}, {round(rr * row['retries']) if _finite(rr) else 0} succeeded"
-    else:
-        retries = "retries 0"
+    else:  # with reflection on: why no retry ran (no failure, reports cut or invalid, ...)
+        retries = "retries 0" + retry_chain.iteration_note(row.get("reflection"))
     update = f"update yes, {fmt_int(row.get('trained_tokens', 0))} tok" if row.get("updated") else "update no"
     esr, en = row.get("eval_success_rate", math.nan), row.get("eval_episodes", 0)
     lost = int(row.get("eval_lost", 0) or 0)  # lost episodes count as failures: say how many
@@ -229,7 +232,8 @@ TIME_KEYS = ("start", "rollout", "reflect", "learn", "sync", "other", "total")
 
 
 def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
-    """The end-of-run table: one row per iteration and an ``all`` row (means of rates, sums of the rest)."""
+    """The end-of-run table: one row per iteration and an ``all`` row (means of rates, sums of the rest);
+    then, where reflection was on and no retry ever ran, a ``note:`` line with the likely cause."""
     def cells(r: Mapping[str, Any], label: str) -> List[str]:
         t = r.get("time", {})
         rr = r.get("retry_success_rate", math.nan)
@@ -264,7 +268,8 @@ def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     def line(cs: Sequence[str]) -> str:
         return "  ".join(c.rjust(w) for c, w in zip(cs, widths))
 
-    return [line(header), line(["-" * w for w in widths]), *(line(b) for b in body)]
+    note = retry_chain.run_note(rows)  # a run with reflection on that never retried: say so, and why
+    return [line(header), line(["-" * w for w in widths]), *(line(b) for b in body), *([f"note: {note}"] if note else [])]
 
 
 def plot_run(rows: Sequence[Mapping[str, Any]], path: str, title: str = "R3L run") -> Optional[str]:

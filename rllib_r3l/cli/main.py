@@ -185,7 +185,7 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     import ray
 
     import rllib_r3l  # noqa: F401  (registers "R3L")
-    from rllib_r3l.cli import console, live_progress
+    from rllib_r3l.cli import console, live_progress, retry_chain
     from rllib_r3l.cli import run_info
 
     info = run_info.run_info(config, title=f"R3L main job: {args.iterations} iteration(s), results in {out}",
@@ -306,6 +306,8 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
             # the reflect-then-retry chain over the whole run (rllib_r3l/retry_ledger.py)
             "retries": {"ledger": ledger if ledger_rows else None, "funnel": retry_ledger.funnel(ledger_rows),
                         "control": retry_ledger.control_comparison(ledger_rows)},
+            # reflection on and no retry in this run: that it trained as GRPO, and why (None: retries ran)
+            "retry_note": retry_chain.run_note(rows),
         }
         summary_path = os.path.join(out, "summary.json")
         failed = _write_json_aside(summary_path, summary)

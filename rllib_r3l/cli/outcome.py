@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Optional
 
 from ray.tune import Callback
 
+from rllib_r3l.cli import retry_chain
+
 INTERRUPTED = "INTERRUPTED"
 TRAINED_ON_NOTHING = "TRAINED ON NOTHING"
 # counted per trial over the iterations of this run: name -> flattened result key
@@ -61,6 +63,7 @@ class TrainingTracker(Callback):
 
     def __init__(self) -> None:
         self.stats: Dict[str, Counter] = {}
+        self.chains: Dict[str, Dict[str, Any]] = {}  # the reflect-then-retry chain's counts per trial
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         s = self.stats.setdefault(trial.trial_id, Counter())
@@ -74,6 +77,12 @@ class TrainingTracker(Callback):
         episodes = get_metric(result, EPISODES_KEY)
         s["episodes"] += _count(episodes)
         s["episodes_reported"] += episodes is not None
+        retry_chain.add_counts(self.chains.setdefault(trial.trial_id, {}), retry_chain.reflection_counts(result))
+
+    def retry_note(self, trial_id: str) -> Optional[str]:
+        """Reflection was on and no retry ever ran in this trial: that it trained as GRPO, and why."""
+        s = self.stats.get(trial_id)
+        return retry_chain.verdict(self.chains.get(trial_id) or {}, s["iterations"]) if s else None
 
     def problem(self, trial_id: str) -> Optional[str]:
         """Why a trial that ran never updated the policy, or None (it did, or it never reported)."""
@@ -139,6 +148,7 @@ def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[s
             "checkpoint": _newest_checkpoint(trial),
             "error": trial.error_file if trial.status == "ERROR" else None,
             "problem": problem,
+            "retry_note": tracker.retry_note(trial.trial_id) if tracker is not None else None,
         })
     return rows
 
@@ -162,6 +172,8 @@ def print_train_summary(rows: List[Dict[str, Any]]) -> None:
             print(f"  error:      {r['error']}")
         if r["problem"]:
             print(f"  problem:    {r['problem']}")
+        if r.get("retry_note"):
+            print(f"  note:       {r['retry_note']}")
     for e in sorted({r["experiment_path"] for r in rows if r["experiment_path"]}):
         print(f"next: rllib-r3l report {e}    |    tensorboard --logdir {e}")
     ckpts = [r["checkpoint"] for r in rows if r["checkpoint"] and r["status"] == "TERMINATED" and not r["problem"]]
