@@ -46,6 +46,10 @@ def test_main_job_trains_and_writes_summary(tmp_path, capfd):
     n_updates = sum(not math.isnan(rec["learner"].get("update_seconds", math.nan)) for rec in summary["per_iteration"])
     assert shown.count("| update yes, ") == n_updates and shown.count("| update no |") == 2 - n_updates
     assert summary["iterations"] == 2 and len(summary["per_iteration"]) == 2
+    # no retry in the whole run (reports cut at max_reflection_tokens=24, or no failure): said, with the cause
+    retried = any(rec["r3l"].get("num_retries") for rec in summary["per_iteration"])
+    assert (summary["retry_note"] is None) == retried
+    assert retried or ("note: " + summary["retry_note"]) in shown
     assert (tmp_path / "checkpoint").is_dir()
     # the time after the last iteration, by part, and the checkpoint's line says its time and size
     wrap = summary["seconds_wrap_up"]
