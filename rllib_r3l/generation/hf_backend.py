@@ -248,12 +248,14 @@ class HFBackend(GenerationBackend):
     @staticmethod
     def _mask_json(logits: torch.Tensor, rows: Sequence[Optional[JsonRow]], reasons: Sequence[Optional[str]]) -> torch.Tensor:
         """-inf outside each JSON row's allowed tokens (rows without a schema, or finished, untouched)."""
-        keep = torch.ones(logits.shape, dtype=torch.bool)
-        for i, row in enumerate(rows):
-            if row is not None and reasons[i] is None:
-                keep[i] = False
-                row.fill_mask(keep[i])
-        return logits.masked_fill(~keep.to(logits.device), float("-inf"))
+        active = [i for i, row in enumerate(rows) if row is not None and reasons[i] is None]
+        if not active:
+            return logits
+        keep = torch.zeros((len(active), logits.shape[-1]), dtype=torch.bool)
+        for k, i in enumerate(active):
+            rows[i].fill_mask(keep[k])
+        index = torch.tensor(active, dtype=torch.long, device=logits.device)
+        return logits.index_put((index,), logits[index].masked_fill(~keep.to(logits.device), float("-inf")))
 
     def _result(self, ids: List[int], lps: List[float], reason: str) -> GenerationResult:
         text_ids = ids[:-1] if reason == "stop" and ids else ids

@@ -67,6 +67,16 @@ class TokenTexts:
         self.plain = _SortedTexts(plain)
         self.other = _SortedTexts(other)
         self.max_len = max((len(t) for t, _ in plain + other), default=0)
+        self._fits: Dict[int, torch.Tensor] = {}
+
+    def plain_fitting(self, room: int) -> torch.Tensor:
+        """Bool mask of the plain tokens of at most ``room`` characters (cached: a string's room takes
+        at most maxLength + 1 values, and every room beyond the longest token is the same mask)."""
+        key = min(int(room), self.max_len)
+        mask = self._fits.get(key)
+        if mask is None:
+            mask = self._fits[key] = (self.plain_len > 0) & (self.plain_len <= key)
+        return mask
 
 
 class _SortedTexts:
@@ -140,8 +150,8 @@ class TokenGrammar:
         """Set ``row`` (bool, vocab-sized, all False) True on the tokens allowed at ``state``."""
         room, ids = self._entry(state)
         if room is not None:
-            plen = self.texts.plain_len[: row.shape[0]].to(row.device)
-            row[: plen.shape[0]] = (plen > 0) & (plen <= room)
+            fits = self.texts.plain_fitting(room)[: row.shape[0]]
+            row[: fits.shape[0]] = fits.to(row.device)
         if ids.numel():
             row[ids.to(row.device)] = True
 
