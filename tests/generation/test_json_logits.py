@@ -102,3 +102,11 @@ def test_reports_are_valid_and_logprobs_those_sampled_from(backend, tiny_model_d
         assert parse_report(out.text, 3).status is ParseStatus.VALID, out.text
         ref = ref_masked_logprobs(model, texts, prompt, out.token_ids, temperature or 1.0, backend.stop_token_ids)
         assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
+
+
+def test_a_schema_outside_the_subset_is_refused_by_generate(backend, prompt):
+    from rllib_r3l.generation.json_grammar import SchemaNotSupported
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "format": "date"}}, "required": ["a"]}
+    with pytest.raises(SchemaNotSupported, match="keyword 'format' at properties/a"):
+        backend.generate([GenerationRequest(list(prompt), 4, json_schema=schema)], temperature=1.0)
