@@ -90,7 +90,7 @@ def cmd_report(args) -> int:
         print(table.to_string(index=False))
     for line in report.notes(table):
         print(line)
-    from rllib_r3l.cli.chain_report import chain_lines
+    from rllib_r3l.cli.ledger_report import chain_lines
 
     for line in chain_lines(table.attrs.get("chain")):
         print(line)

@@ -6,7 +6,7 @@ iterations it lacks, cut or deleted, from ``progress.csv``, with a warning), wri
 hyperparameters that differ between trials, e.g. a grid search's) and PNG learning curves
 (matplotlib, Agg backend): reward, success rate, R3L retry metrics and tokens per sample against
 the training iteration; and, for trials with a retry ledger, the reflect-then-retry chain as a funnel
-(``retry_chain.csv``, ``retry_chain.png``: rllib_r3l.cli.chain_report).
+(``retry_chain.csv``, ``retry_chain.png``: rllib_r3l.cli.ledger_report).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from rllib_r3l.cli import chain_report, driver_mark, pbt_lineage
+from rllib_r3l.cli import ledger_report, driver_mark, pbt_lineage
 from rllib_r3l.cli.result_rows import read_rows, rows_only_staged
 from rllib_r3l.errors import UsageError
 
@@ -367,9 +367,9 @@ def make_report(experiment_dir: str, out: Optional[str] = None):
     os.makedirs(out_dir, exist_ok=True)
     table.to_csv(os.path.join(out_dir, SUMMARY_FILE), index=False)
     pngs = plot(loaded, varied, out_dir, root, table.attrs.get("splices"))
-    chain = chain_report.chain_table(trials, [trial_name(d, root) for d in trials])  # the retry ledgers' funnels
+    chain = ledger_report.chain_table(trials, [trial_name(d, root) for d in trials])  # the retry ledgers' funnels
     table.attrs["chain"] = chain
     if chain is not None:
-        chain.to_csv(os.path.join(out_dir, chain_report.CHAIN_FILE), index=False)
-        pngs.append(chain_report.plot_chain(chain, out_dir))
+        chain.to_csv(os.path.join(out_dir, ledger_report.CHAIN_FILE), index=False)
+        pngs.append(ledger_report.plot_chain(chain, out_dir))
     return table, pngs, out_dir
