@@ -32,6 +32,7 @@ from rllib_r3l.options import default, resolve_reflection_context, resolve_refle
 from rllib_r3l.runner.reflection import oracle as oracle_lib
 from rllib_r3l.runner.reflection import reflect as reflect_lib
 from rllib_r3l.runner.reflection import context as reflection_context
+from rllib_r3l.runner.reflection import hindsight as hindsight_lib
 from rllib_r3l.runner.aux_items import AuxItems
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
@@ -262,7 +263,7 @@ class Explorer(AuxItems):
         self.reflect_seconds += time.perf_counter() - t0
         retry_specs: List[EpisodeSpec] = []
         rows = []  # per reflection: its ledger row and the indices of its retries in retry_specs
-        hindsight = self._hindsight_pivots(bases, reflections)
+        hindsight = hindsight_lib.explorer_pivots(self, bases, reflections)  # pivot_selector="hindsight"
         for i, (b, (parsed, prompt_ids, out)) in enumerate(zip(bases, reflections)):
             b.info["reflection"] = (parsed, prompt_ids, out)
             row = retry_ledger.reflection_row(b, parsed, out, style=self.opts.reflection_style, reflection=i,
@@ -304,29 +305,6 @@ class Explorer(AuxItems):
                     status = self._add_retry(spec.base, r, groups[spec.group_id])
                 groups[b.group_id].ledger.append(retry_ledger.with_retry(row, b, spec.pivot, r, status, attempt,
                                                                          control))
-
-    def _hindsight_pivots(self, bases: List[Trajectory], reflections: List[tuple]) -> Dict[int, Optional[int]]:
-        """``pivot_selector="hindsight"``: per base episode whose report starts a retry, the turn at or before
-        the report's pivot whose action the report makes least likely (rllib_r3l.runner.reflection.hindsight)."""
-        if self.opts.pivot_selector != "hindsight":
-            return {}
-        todo = [(b, p) for b, (p, _ids, _o) in zip(bases, reflections) if p is not None and p.triggers_retry and b.actions]
-        if not todo:
-            return {}
-        from rllib_r3l.runner.reflection.hindsight import hindsight_pivots
-
-        texts = [reflect_lib.format_guidance(p.report, self.opts.guidance_template) for _b, p in todo]
-        try:
-            found = hindsight_pivots(self.episodes.backend, self.chat, [b for b, _p in todo], texts,
-                                     [int(p.report.pivot) for _b, p in todo])
-        except Exception:  # the report's own pivot is still a pivot: counted, logged, not lost
-            self.counters["hindsight_errors"] += len(todo)
-            logger.exception("hindsight scoring failed; the reports' pivots are used")
-            return {}
-        for (_b, p), h in zip(todo, found):
-            if h is not None:
-                self._log("hindsight_pivot_shift", h - int(p.report.pivot))
-        return {id(b): h for (b, _p), h in zip(todo, found)}
 
     def _controls(self, bases: List[Trajectory]) -> Dict[int, Trajectory]:
         """``retry_control`` (DIAGNOSTIC): one fresh unguided episode of each retried base's task from turn 0, at

@@ -14,9 +14,12 @@ a retry from a later turn would replay the turn the report blames). Ties go to t
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+import logging
+from typing import Any, Dict, List, Optional, Sequence
 
 from rllib_r3l.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
 
 
 def guidance_segment(chat, system_text: str, text: str) -> List[int]:
@@ -78,4 +81,29 @@ def hindsight_pivots(backend, chat, bases: Sequence[Trajectory], reports: Sequen
     return out
 
 
-__all__ = ["choose", "guidance_segment", "hindsight_pivots", "response_spans", "turn_logprobs"]
+def explorer_pivots(explorer: Any, bases: Sequence[Trajectory], reflections: Sequence[tuple]) -> Dict[int, Optional[int]]:
+    """``pivot_selector="hindsight"`` in an ``Explorer``: per base episode (by ``id``) whose report starts a retry,
+    its hindsight pivot (None where no turn could be scored); ``{}`` with another selector. A scoring failure
+    is counted (``hindsight_errors``) and the reports' own pivots stand."""
+    if explorer.opts.pivot_selector != "hindsight":
+        return {}
+    todo = [(b, p) for b, (p, _ids, _o) in zip(bases, reflections) if p is not None and p.triggers_retry and b.actions]
+    if not todo:
+        return {}
+    from rllib_r3l.runner.reflection import reflect as reflect_lib
+
+    texts = [reflect_lib.format_guidance(p.report, explorer.opts.guidance_template) for _b, p in todo]
+    try:
+        found = hindsight_pivots(explorer.episodes.backend, explorer.chat, [b for b, _p in todo], texts,
+                                 [int(p.report.pivot) for _b, p in todo])
+    except Exception:  # the report's own pivot is still a pivot: counted, logged, not lost
+        explorer.counters["hindsight_errors"] += len(todo)
+        logger.exception("hindsight scoring failed; the reports' pivots are used")
+        return {}
+    for (_b, p), h in zip(todo, found):
+        if h is not None:
+            explorer._log("hindsight_pivot_shift", h - int(p.report.pivot))
+    return {id(b): h for (b, _p), h in zip(todo, found)}
+
+
+__all__ = ["choose", "explorer_pivots", "guidance_segment", "hindsight_pivots", "response_spans", "turn_logprobs"]
