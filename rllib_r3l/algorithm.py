@@ -38,6 +38,25 @@ from rllib_r3l.learner.distributed import pad_batch_for_learners
 from rllib_r3l.replay_buffer import replay_from_config
 
 logger = logging.getLogger(__name__)
+LEDGER_STATE_KEY = "r3l_retry_ledger"
+
+
+def _trial_folder(algo: Any) -> Optional[str]:
+    """The trial's own folder when Tune runs ``algo`` on a local filesystem, else None (``algo.logdir`` is
+    Tune's working directory, which reaches the trial folder only with ``SyncConfig(sync_artifacts=True)``).
+
+    Tune gives a class trainable no public way to it (``tune.get_context().get_trial_dir()`` is None
+    there), so this reads Ray 2.60's ``Trainable._storage`` (its StorageContext): the one place R3L does."""
+    storage = getattr(algo, "_storage", None)
+    try:
+        import pyarrow.fs
+
+        if storage is not None and isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+            os.makedirs(storage.trial_fs_path, exist_ok=True)
+            return storage.trial_fs_path
+    except Exception:  # noqa: BLE001 - another Ray's layout: the working directory, as documented
+        logger.warning("the trial folder could not be found; the retry ledger goes to %s", algo.logdir)
+    return None
 
 
 class R3L(Algorithm):
@@ -82,9 +101,9 @@ class R3L(Algorithm):
         self._pad_token_id = None
         self._replay = replay_from_config(self.config)  # S > 1: decay-limit priority replay (replay.py)
         self._synced_update = 0  # learner-update count of the weights in the engines
-        # every reflection and retry, one JSON line each (rllib_r3l/retry_ledger.py); the main job points it
-        # at its --out folder, Tune keeps the trial's logdir with SyncConfig(sync_artifacts=True)
-        self.retry_ledger_path = os.path.join(self.logdir, retry_ledger.LEDGER_FILE)
+        # every reflection and retry, one JSON line each (rllib_r3l/retry_ledger.py): in the trial's folder
+        # under Tune, beside result.json; the main job points it at its --out folder
+        self.retry_ledger_path = os.path.join(_trial_folder(self) or self.logdir, retry_ledger.LEDGER_FILE)
         # an exact trajectory budget: when set, the next iterations start at most this many base and retry
         # episodes in all runners together (r3l/episodes_started counts them); comparisons at equal budgets
         # set it to what is left before each iteration (benchmarks/learning_curves.py)
@@ -250,6 +269,8 @@ class R3L(Algorithm):
         state = super().get_state(components, not_components=not_components, **kwargs)
         state["r3l_scaling"] = {"num_updates": self._num_updates,
                                 "replay": self._replay.get_state() if self._replay is not None else None}
+        if self._check_component(LEDGER_STATE_KEY, components, not_components):  # the ledger up to here, for a resume
+            state[LEDGER_STATE_KEY] = retry_ledger.read(self.retry_ledger_path)
         extra = resilience.get_extra_state(self, components, not_components)  # remote runners' task RNGs
         if extra is not None:
             state[resilience.STATE_KEY] = extra
@@ -259,6 +280,8 @@ class R3L(Algorithm):
     def set_state(self, state: Dict[str, Any]) -> None:
         super().set_state(state)
         resilience.set_extra_state(self, state.get(resilience.STATE_KEY))
+        if state.get(LEDGER_STATE_KEY) is not None:  # the checkpoint's rows: what ran after it runs again
+            retry_ledger.replace(self.retry_ledger_path, state[LEDGER_STATE_KEY])
         s = state.get("r3l_scaling")
         if s:
             self._num_updates = int(s.get("num_updates", self._num_updates))

@@ -343,6 +343,9 @@ def check_config_keys(config_dict: Dict[str, Any]) -> None:
             continue
         if str(key).startswith("__") and str(key).endswith("__"):  # Tune's own (__trial_info__, __stdout_file__)
             continue
+        concept = validation.unknown_key_hint(str(key))
+        if concept:
+            raise ValueError(f"R3LConfig.{key}: unknown config key {key!r}: {concept}")
         public = [k for k in known if not str(k).startswith("_")]
         close = (difflib.get_close_matches(str(key), list(R3L_OPTIONS) + ["model"], n=1)
                  or difflib.get_close_matches(str(key), public, n=1))

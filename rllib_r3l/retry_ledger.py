@@ -3,9 +3,10 @@
 mistake, did the retry act differently there, did it succeed, and did it beat a fresh sample of the
 same task (``retry_control``)?
 
-Rows are written by the driver as JSON lines, ``retries.jsonl`` in the trial's folder (``R3L.logdir``;
-under Tune, kept in the trial folder with ``SyncConfig(sync_artifacts=True)``, which ``rllib-r3l train``
-sets) or the main job's ``--out``. One row per reflection on a base episode, and per retry of it
+Rows are written by the driver as JSON lines, ``retries.jsonl`` in the trial's folder under Tune (beside
+``result.json``; with remote storage, in ``R3L.logdir``, which ``SyncConfig(sync_artifacts=True)`` copies
+there), the main job's ``--out``, or ``R3L.logdir`` outside Tune. A checkpoint holds the rows up to it, and
+restoring it puts them back (a resume, a PBT exploit), so the ledger goes on like ``result.json``. One row per reflection on a base episode, and per retry of it
 (``retries_per_failure`` > 1: one row each, the reflection's fields repeated; ``attempt`` counts them):
 
 =====================  ==========================================================================
@@ -115,6 +116,16 @@ def read(path: str) -> List[Dict[str, Any]]:
     return rows
 
 
+def replace(path: str, rows: Iterable[Dict[str, Any]]) -> None:
+    """The ledger at ``path`` holds exactly ``rows`` (a restored checkpoint's), written aside and renamed."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+
+
 def truncate_after(path: str, iteration: int) -> int:
     """Drop the rows of iterations after ``iteration`` (a resume from its checkpoint runs them again);
     how many were dropped."""
@@ -192,4 +203,4 @@ def funnel_lines(rows: List[Dict[str, Any]]) -> List[str]:
 
 
 __all__ = ["LEDGER_FILE", "append", "control_comparison", "funnel", "funnel_lines", "read", "reflection_row",
-           "truncate_after", "with_retry"]
+           "replace", "truncate_after", "with_retry"]

@@ -211,3 +211,13 @@ def check_stack(cfg: Any) -> None:
     if env_config is not None and not isinstance(env_config, dict):
         _err("env_config", f"must be a mapping of the environment's options, e.g. {{'num_rooms': 3}}, got "
              f"{env_config!r}")
+
+
+def unknown_key_hint(key: str) -> Optional[str]:
+    """Where what an unknown key asks for lives (a run's length, a stop metric, greedy decoding), or None."""
+    from rllib_r3l.options import CONCEPT_HINTS, RUN_LENGTH_HINT, RUN_LENGTH_WORDS
+    from rllib_r3l.stopping import known_stop_keys
+
+    if key in RUN_LENGTH_WORDS or key in known_stop_keys():
+        return RUN_LENGTH_HINT
+    return CONCEPT_HINTS.get(key)

@@ -49,10 +49,10 @@ def test_tune_run_two_iterations_then_restore_and_continue(ray_session, tmp_path
     # nothing and reports no reflection metrics; a fixed seed makes "some failure to reflect on" certain
     cfg = tiny_config(sampling_seed=0).env_runners(num_env_runners=num_env_runners, num_cpus_per_env_runner=0.5)
     analysis = tune.run("R3L", config=cfg, stop={"training_iteration": 2}, storage_path=str(tmp_path),
-                        checkpoint_at_end=True, verbose=0, sync_config=tune.SyncConfig(sync_artifacts=True))
+                        checkpoint_at_end=True, verbose=0)
     trial = analysis.trials[0]
     assert trial.status == "TERMINATED", trial.error_file
-    # the retry ledger: one row per reflection (and retry), in the trial's folder as a synced artifact
+    # the retry ledger: one row per reflection (and retry), in the trial's folder beside result.json
     from rllib_r3l import retry_ledger
 
     rows = retry_ledger.read(os.path.join(trial.path, retry_ledger.LEDGER_FILE))
@@ -71,8 +71,12 @@ def test_tune_run_two_iterations_then_restore_and_continue(ray_session, tmp_path
     algo = R3L.from_checkpoint(ckpt)
     try:
         assert algo.iteration == 2
+        # the checkpoint carries the ledger: the restored run's goes on from the same rows
+        assert retry_ledger.read(algo.retry_ledger_path) == rows
         r = algo.train()
         assert r["training_iteration"] == 3
+        after = retry_ledger.read(algo.retry_ledger_path)
+        assert after[:len(rows)] == rows and {x["iteration"] for x in after[len(rows):]} <= {3}
     finally:
         algo.stop()
 

@@ -377,3 +377,21 @@ def test_rllibs_new_api_stack_notice_is_not_printed_for_r3l(caplog):
     assert not [r for r in caplog.records if "new API stack" in r.getMessage()]
     logging.getLogger("ray.rllib.algorithms.algorithm_config").warning("another RLlib warning")
     assert [r for r in caplog.records if r.getMessage() == "another RLlib warning"]
+
+
+@pytest.mark.parametrize("key, needles", [
+    ("iterations", ["not in the config", "--stop training_iteration=N", "the main job's --iterations N"]),
+    ("training_iteration", ["--stop training_iteration=N"]),
+    ("stop", ["tune.run(stop=...)"]),
+    ("greedy", ["evaluation_temperature=0", "rllib-r3l evaluate --greedy"]),
+    ("episodes", ["tasks_per_iteration task groups of group_size episodes"]),
+])
+def test_every_door_says_where_what_an_unknown_key_asks_for_lives(key, needles):
+    """The main job and tune.run dicts named 'tasks_per_iteration' for training_iteration, 'seed' for greedy."""
+    from rllib_r3l.config import check_config_keys
+
+    with pytest.raises(ValueError) as e:
+        check_config_keys({key: 3})
+    assert str(e.value).startswith(f"R3LConfig.{key}: unknown config key {key!r}: ") and "did you mean" not in str(e.value)
+    for n in needles:
+        assert n in str(e.value), n

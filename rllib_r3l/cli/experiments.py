@@ -94,7 +94,7 @@ def known_config_keys() -> frozenset:
 
 def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
     from rllib_r3l.config import R3L_OPTIONS, fresh_defaults
-    from rllib_r3l.options import REMOVED, UNUSED_RLLIB
+    from rllib_r3l.options import CONCEPT_HINTS, REMOVED, RUN_LENGTH_WORDS, UNUSED_RLLIB
     from rllib_r3l.validation import stored, unused_rllib_option
 
     known = known_config_keys()
@@ -128,15 +128,6 @@ def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
         if isinstance(value, dict) and "grid_search" in value:
             continue
         _check_type(key, value, src)
-
-
-# words a user reaches for that name no option: where the thing they want lives instead
-RUN_LENGTH_WORDS = ("iterations", "num_iterations", "max_iterations", "training_iterations", "num_steps", "steps")
-CONCEPT_HINTS = {
-    "greedy": "R3L trains by sampling (temperature > 0: a group of identical episodes has no learning signal); "
-              "greedy decoding is for evaluation: evaluation_temperature=0 (R3L.evaluate()) or "
-              "`rllib-r3l evaluate --greedy`",
-}
 
 
 def _env_option_hint(config: Dict[str, Any], key: str, src: str) -> Optional[str]:

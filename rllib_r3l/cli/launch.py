@@ -344,10 +344,10 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
         p = plan[name]
         kwargs = {k: v for k, v in spec.items() if k not in ("run", "config", "stop", "checkpoint_config",
                                                                "storage_path", "sync_config")}
-        from ray.tune import SyncConfig
+        if spec.get("sync_config"):
+            from ray.tune import SyncConfig
 
-        # the trial's own files (the retry ledger, retries.jsonl) reach its folder only as synced artifacts
-        kwargs["sync_config"] = SyncConfig(**{"sync_artifacts": True, **(spec.get("sync_config") or {})})
+            kwargs["sync_config"] = SyncConfig(**spec["sync_config"])
         exp_storage = storage or (os.path.abspath(os.path.expanduser(spec["storage_path"]))
                                   if spec.get("storage_path") else None)
         budget = TimeBudget(kwargs.pop("time_budget_s")) if kwargs.get("time_budget_s") else None

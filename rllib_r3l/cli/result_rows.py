@@ -63,8 +63,10 @@ def _flat(d: Dict[str, Any], prefix: str = "", out: Optional[Dict[str, Any]] = N
 
 
 def rebuild_progress_csv(tdir: str) -> bool:
-    """Rewrite ``progress.csv`` from ``result.json`` when a row of it has more fields than its header
-    (Tune's logger after a resume); True when it was rewritten."""
+    """Rewrite ``progress.csv`` from ``result.json`` when it does not hold ``result.json``'s rows: a row with
+    more fields than its header, or, with as many fields, columns in another order (Tune's CSV logger after a
+    resume writes its own column order under the old header; after a second resume the field counts agree
+    and ``training_iteration`` read 1.89...); True when it was rewritten."""
     path, results = os.path.join(tdir, "progress.csv"), os.path.join(tdir, "result.json")
     try:
         with open(path, newline="", errors="replace") as f:
@@ -73,7 +75,7 @@ def rebuild_progress_csv(tdir: str) -> bool:
             lines = [line for line in f if line.strip()]
     except OSError:
         return False
-    if not rows or all(len(r) == len(rows[0]) for r in rows[1:]):
+    if not rows or (all(len(r) == len(rows[0]) for r in rows[1:]) and _iterations_agree(rows, lines)):
         return False
     flat = []
     for line in lines:
@@ -92,6 +94,21 @@ def rebuild_progress_csv(tdir: str) -> bool:
     writer.writerows(flat)
     write_atomically(path, buf.getvalue())
     return True
+
+
+def _iterations_agree(rows: List[List[str]], lines: List[str]) -> bool:
+    """Whether the CSV's ``training_iteration`` column reads ``result.json``'s iterations, row by row."""
+    header = rows[0]
+    if "training_iteration" not in header:
+        return not lines
+    col = header.index("training_iteration")
+    want = []
+    for line in lines:
+        try:
+            want.append(str(json.loads(line).get("training_iteration")))
+        except (ValueError, AttributeError):
+            continue
+    return [r[col] if col < len(r) else None for r in rows[1:]] == want
 
 
 # --------------------------------------------------------------------------------------------------

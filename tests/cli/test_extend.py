@@ -71,11 +71,18 @@ def test_a_finished_run_trains_on_from_its_last_checkpoint_to_a_new_stop(finishe
     out = capsys.readouterr().out
     assert f"{os.path.basename(trial)}: resuming from {trial}/checkpoint_000000 (iteration 2)" in out, out
     assert "training on until its new stop {'training_iteration': 4}" in out, out
+    from rllib_r3l import retry_ledger
+
+    ledger = os.path.join(trial, retry_ledger.LEDGER_FILE)
+    before = retry_ledger.read(ledger)
+    assert before and {x["iteration"] for x in before} <= {1, 2}  # the trial's own folder, from the first run
     proc = cli_process(extend)
     out, err = proc.communicate(timeout=900)
     assert finished(proc, err), out[-2000:] + err[-3000:]
     assert trial_dirs(exp) == [trial]  # the same trial went on: no second one beside it
     assert iterations(trial) == [1, 2, 3, 4] and progress_iterations(trial) == [1, 2, 3, 4]
+    after = retry_ledger.read(ledger)  # the ledger went on too (a resume replaced it with its own rows)
+    assert after[:len(before)] == before and {x["iteration"] for x in after[len(before):]} <= {3, 4}
     r = rows(trial)
     assert [x["done"] for x in r] == [False, True, False, True]
     assert r[2]["time_total_s"] > r[1]["time_total_s"]  # Tune restored the trainable, clock included

@@ -37,6 +37,20 @@ def test_a_progress_csv_shifted_by_a_resume_is_rebuilt_from_result_json(tmp_path
     assert not rebuild_progress_csv(str(tmp_path))  # consistent now: left alone
 
 
+def test_columns_in_another_order_with_as_many_fields_are_rebuilt_too(tmp_path):
+    """After a second resume Tune's logger wrote rows in its own column order under the old header, with as
+    many fields: training_iteration read 1.89..., and rows run again were not set aside."""
+    rows = [{"training_iteration": i, "time_total_s": 1.5 * i} for i in (1, 2, 3)]
+    (tmp_path / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "progress.csv").write_text("training_iteration,time_total_s\n1,1.5\n2,3.0\n4.5,3\n")
+    assert rebuild_progress_csv(str(tmp_path))
+    with open(tmp_path / "progress.csv", newline="") as f:
+        assert [r["training_iteration"] for r in csv.DictReader(f)] == ["1", "2", "3"]
+    assert not rebuild_progress_csv(str(tmp_path))
+    (tmp_path / "progress.csv").write_text("training_iteration,time_total_s\n1,1.5\n2,3.0\n2,3.0\n3,4.5\n")
+    assert rebuild_progress_csv(str(tmp_path))  # a row run again and kept: not result.json's rows either
+
+
 def test_a_full_disk_during_the_rebuild_raises_oserror_and_leaves_no_temporary(tmpfs):
     """Re-probe 5 (P101): the rebuild after tune.run met the full disk that had cut progress.csv; the driver
     died with a traceback, no trial summary and a 0-byte progress.csv.r3l-tmp. The rebuild raises OSError

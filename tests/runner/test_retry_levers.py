@@ -146,3 +146,14 @@ def test_pivot_turn_pure_parts():
     c2 = Counter()
     out = pivot_turn.generate(fake, ["a", "b"], [1.0, 1.0], ["take coin", None], 2, c2)
     assert [o.text for o in out] == ["take coin", "x"] and c2 == {"pivot_resamples": 2, "pivot_repeats_kept": 1}
+
+
+def test_the_oracle_reflector_s_rows_carry_its_pivot(tiny_tokenizer):
+    """reflector="oracle" (DIAGNOSTIC): its reports are the oracle's, so their pivots are scored and in time."""
+    from rllib_r3l import retry_ledger
+
+    ex, _ = explorer(tiny_tokenizer, reflector="oracle")
+    [group] = ex.explore([SEED], ["g0"])
+    assert group.ledger and all(r["oracle_pivot"] == 0 == r["reported_pivot"] for r in group.ledger)
+    f = retry_ledger.funnel([dict(r, iteration=1) for r in group.ledger])
+    assert f["pivot_scored"] == f["pivot_in_time"] == f["pivot_exact"] == len(group.ledger)

@@ -95,6 +95,7 @@ def oracle_reflections(explorer: Any, trajectories: Sequence[Any]) -> List[tuple
     trajectory. No prompt and no generation: nothing of it can become a training item."""
     results = []
     for t, verdict in zip(trajectories, _oracles(explorer, trajectories)):
+        t.info["oracle_pivot"] = verdict[0] if verdict else None  # the retry ledger's row: its own pivot
         parsed = None
         if verdict is not None:
             parsed = oracle_report(t.actions, bool(t.success), *verdict)
