@@ -71,18 +71,11 @@ def test_a_finished_run_trains_on_from_its_last_checkpoint_to_a_new_stop(finishe
     out = capsys.readouterr().out
     assert f"{os.path.basename(trial)}: resuming from {trial}/checkpoint_000000 (iteration 2)" in out, out
     assert "training on until its new stop {'training_iteration': 4}" in out, out
-    from rllib_r3l import retry_ledger
-
-    ledger = os.path.join(trial, retry_ledger.LEDGER_FILE)
-    before = retry_ledger.read(ledger)
-    assert before and {x["iteration"] for x in before} <= {1, 2}  # the trial's own folder, from the first run
     proc = cli_process(extend)
     out, err = proc.communicate(timeout=900)
     assert finished(proc, err), out[-2000:] + err[-3000:]
     assert trial_dirs(exp) == [trial]  # the same trial went on: no second one beside it
     assert iterations(trial) == [1, 2, 3, 4] and progress_iterations(trial) == [1, 2, 3, 4]
-    after = retry_ledger.read(ledger)  # the ledger went on too (a resume replaced it with its own rows)
-    assert after[:len(before)] == before and {x["iteration"] for x in after[len(before):]} <= {3, 4}
     r = rows(trial)
     assert [x["done"] for x in r] == [False, True, False, True]
     assert r[2]["time_total_s"] > r[1]["time_total_s"]  # Tune restored the trainable, clock included
@@ -109,3 +102,27 @@ def test_a_finished_run_trains_on_from_its_last_checkpoint_to_a_new_stop(finishe
 
     table = pd.read_csv(exp / "report" / "summary.csv")
     assert list(table["iterations"]) == [4] and list(table["status"]) == ["TERMINATED"]
+
+
+def test_a_reflecting_run_s_retry_ledger_goes_on_across_resumes(tmp_path):
+    """``retries.jsonl`` lives in the trial's folder and in each checkpoint: every extension used to replace it
+    with the resumed run's rows only (the earlier iterations' reflections were lost)."""
+    from rllib_r3l import retry_ledger
+    from rllib_r3l.cli.resume import resume_command
+
+    argv = ["train", TOY, *[a if a != EXPERIMENT else "toy-corridor-tiny-r3l" for a in SMALL],
+            "--set", "sampling_seed=0", "--storage-path", str(tmp_path)]
+    resumed = shlex.split(resume_command(argv))[1:-1]  # a resume keeps the saved --set
+    ledgers = []
+    for n, again in ((1, argv), (2, [*resumed, "--resume"]), (3, [*resumed, "--resume"])):
+        proc = cli_process([*again, "--stop", f"training_iteration={n}"])
+        out, err = proc.communicate(timeout=900)
+        assert finished(proc, err), out[-2000:] + err[-3000:]
+        (trial,) = trial_dirs(tmp_path / "toy-corridor-tiny-r3l")
+        assert iterations(trial) == list(range(1, n + 1)) and progress_iterations(trial) == list(range(1, n + 1))
+        ledgers.append(retry_ledger.read(os.path.join(trial, retry_ledger.LEDGER_FILE)))
+    assert ledgers[0], "the seeded first iteration reflects on a failure"
+    for earlier, later in zip(ledgers, ledgers[1:]):
+        assert later[:len(earlier)] == earlier  # every earlier row kept, in order
+    assert {r["iteration"] for r in ledgers[-1]} <= {1, 2, 3}
+
