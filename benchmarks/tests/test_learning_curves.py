@@ -327,12 +327,18 @@ def test_a_run_cut_short_resumes_from_its_checkpoint_and_finishes(tmp_path, tiny
     first = recs[0]
     assert first["samples_cumulative"] == first["num_episodes"] + first["num_retries"] >= 4
     assert first["reflection_generated_tokens"] == 0.0 and first["reflect_s"] is not None  # the oracle writes nothing
+    from rllib_r3l import retry_ledger
+
+    ledger = retry_ledger.read(str(d / retry_ledger.LEDGER_FILE))  # the run's own ledger, in its folder
+    assert ledger and {r["iteration"] for r in ledger} == {1}
 
     monkeypatch.setattr(lc, "evaluate_heldout", real_eval)
     final = lc.run_one(tmp_path, dict(setting, max_iterations=2), "r3l_oracle", 0)
     header, recs = lcr.read_curve(d)
     assert [r["iteration"] for r in recs] == [1, 2] and recs[0] == first  # iteration 1 kept, not rerun
     assert [r["iteration"] for r in header["resumed"]] == [1]
+    after = retry_ledger.read(str(d / retry_ledger.LEDGER_FILE))
+    assert after[:len(ledger)] == ledger and {r["iteration"] for r in after[len(ledger):]} <= {2}
     assert recs[1]["samples_cumulative"] > first["samples_cumulative"]
     assert final["iterations"] == 2 and final["eval_episodes"] == 2 and 0 <= final["eval_successes"] <= 2
     assert not (d / "checkpoint").exists() and (d / "final.json").exists()
