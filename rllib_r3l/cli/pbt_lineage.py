@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from rllib_r3l.cli.result_rows import _flat, read_rows
+from rllib_r3l.cli.result_rows import _flat, nonblank_lines, read_rows
 
 PBT_GLOBAL = "pbt_global.txt"
 
@@ -96,13 +96,8 @@ def _first_row_at(rows: List[Dict[str, Any]], changed: Dict[str, Tuple[Any, Any]
 def _read_exploits(path: str) -> List[Tuple[str, str, Dict[str, Any], Dict[str, Any]]]:
     """``(target tag, clone tag, clone's config, new config)`` per line Tune wrote; lines it could not
     have written (cut, edited) are skipped."""
-    try:
-        with open(path, errors="replace") as f:
-            lines = [line for line in f if line.strip()]
-    except OSError:
-        return []
     out = []
-    for line in lines:
+    for line in nonblank_lines(path):
         try:
             target, clone, _ti, _ci, old, new = json.loads(line)
         except (ValueError, TypeError):

@@ -114,15 +114,19 @@ def _iterations_agree(rows: List[List[str]], lines: List[str]) -> bool:
 # --------------------------------------------------------------------------------------------------
 # The rows of a trial, by iteration; the rows a resume runs again, set aside
 # --------------------------------------------------------------------------------------------------
-def _json_rows(tdir: str) -> List[Tuple[str, Optional[int]]]:
-    """``(line, training_iteration)`` of ``result.json``; a line that does not parse has iteration None."""
+def nonblank_lines(path: str) -> List[str]:
+    """The non-blank lines of a row file (undecodable bytes replaced); [] when it cannot be read."""
     try:
-        with open(os.path.join(tdir, "result.json"), errors="replace") as f:
-            lines = [line for line in f if line.strip()]
+        with open(path, errors="replace") as f:
+            return [line for line in f if line.strip()]
     except OSError:
         return []
+
+
+def _json_rows(tdir: str) -> List[Tuple[str, Optional[int]]]:
+    """``(line, training_iteration)`` of ``result.json``; a line that does not parse has iteration None."""
     out = []
-    for line in lines:
+    for line in nonblank_lines(os.path.join(tdir, "result.json")):
         try:
             it = json.loads(line).get("training_iteration")
         except (ValueError, AttributeError):

@@ -132,9 +132,8 @@ def test_a_trial_resumed_past_its_error_is_terminated_not_error(tmp_path):
     assert not [w for w in warnings(table) if "ERROR" in w]
 
 
-def test_rows_only_in_rays_staging_folder_are_named(tmp_path, monkeypatch):
-    """Re-probe 4 leftover: after a full disk (or a killed driver) `report` showed the storage's rows only
-    (0 iterations) with no word about the rows --resume would copy back from Ray's staging folder."""
+def _staged_trial(tmp_path, monkeypatch):
+    """A trial with iteration 1 in the experiment and 1-3 in Ray's staging folder (Ray's temp dir under tmp_path)."""
     import ray._common.utils as ray_utils
 
     root = tmp_path / "exp"
@@ -143,6 +142,13 @@ def test_rows_only_in_rays_staging_folder_are_named(tmp_path, monkeypatch):
     staged = tmp_path / "ray" / "session_1" / "artifacts" / "2026" / "exp" / "driver_artifacts" / name
     _trial(staged.parent, name, [_result(1), _result(2), _result(3)])
     monkeypatch.setattr(ray_utils, "get_default_ray_temp_dir", lambda: str(tmp_path / "ray"))
+    return root
+
+
+def test_rows_only_in_rays_staging_folder_are_named(tmp_path, monkeypatch):
+    """Re-probe 4 leftover: after a full disk (or a killed driver) `report` showed the storage's rows only
+    (0 iterations) with no word about the rows --resume would copy back from Ray's staging folder."""
+    root = _staged_trial(tmp_path, monkeypatch)
     table, _pngs, _out = make_report(str(root))
     assert list(table["iterations"]) == [1]
     assert [w for w in warnings(table) if "staging" in w] == [
@@ -153,16 +159,9 @@ def test_rows_only_in_rays_staging_folder_are_named(tmp_path, monkeypatch):
 def test_rows_staged_by_a_live_run_are_said_to_come_not_to_need_a_resume(tmp_path, monkeypatch):
     """Issue 49, item 7: `report` on a run whose driver still runs advised `rllib-r3l train ... --resume`
     for the rows Tune had not copied yet, and that --resume is refused while the driver lives."""
-    import ray._common.utils as ray_utils
-
     from rllib_r3l.cli import driver_mark
 
-    root = tmp_path / "exp"
-    name = "R3L_x_00000_0_2026-01-01"
-    _trial(root, name, [_result(1)])
-    staged = tmp_path / "ray" / "session_1" / "artifacts" / "2026" / "exp" / "driver_artifacts" / name
-    _trial(staged.parent, name, [_result(1), _result(2), _result(3)])
-    monkeypatch.setattr(ray_utils, "get_default_ray_temp_dir", lambda: str(tmp_path / "ray"))
+    root = _staged_trial(tmp_path, monkeypatch)
     with driver_mark.marked(str(root)):  # this process is the (live) driver
         table, _pngs, _out = make_report(str(root))
         said = [w for w in warnings(table) if "staging" in w]
