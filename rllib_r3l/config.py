@@ -102,8 +102,9 @@ class R3LConfig(AlgorithmConfig):
             bad = [k for k in kwargs if k not in _rllib_training_args()]
             hint = ""
             if bad:
+                concept = validation.unknown_key_hint(bad[0])
                 close = difflib.get_close_matches(bad[0], list(R3L_OPTIONS) + list(_rllib_training_args()), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hint = f": {concept}" if concept else f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(f"unknown training option {bad[0]!r}{hint}; see rllib_r3l.config.R3L_OPTIONS") from e
             raise
         return self
@@ -204,6 +205,7 @@ class R3LConfig(AlgorithmConfig):
         validation.check_ranges(self)
         validation.check_unused_rllib(self, fresh_defaults())
         validation.check_learning_signal(self)
+        validation.check_retry_options(self)
         validation.check_callbacks(self)
         if self.reflection_template is not None:  # re-probe 9: a missing file passed --dry-run, then the trial failed
             from rllib_r3l.runner.reflection.reflect import load_template

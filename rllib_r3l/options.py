@@ -107,8 +107,8 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
 # Words a user reaches for that name no option, and where what they want lives instead (every door's
 # unknown-key error says so before any "did you mean", which pointed 'training_iteration' at
 # 'tasks_per_iteration' and 'greedy' at 'seed').
-RUN_LENGTH_WORDS = ("iterations", "num_iterations", "max_iterations", "training_iterations", "num_steps", "steps",
-                    "stop")
+RUN_LENGTH_WORDS = ("iterations", "num_iterations", "max_iterations", "training_iterations", "num_iters", "n_iters",
+                    "iters", "num_steps", "steps", "stop")
 CONCEPT_HINTS = {
     "greedy": "R3L trains by sampling (temperature > 0: a group of identical episodes has no learning signal); "
               "greedy decoding is for evaluation: evaluation_temperature=0 (R3L.evaluate()) or "
@@ -116,7 +116,8 @@ CONCEPT_HINTS = {
     "episodes": "an iteration runs tasks_per_iteration task groups of group_size episodes each (with reflection, "
                 "group_size // (1 + retries_per_failure) base episodes and the rest retries)",
 }
-CONCEPT_HINTS["num_episodes"] = CONCEPT_HINTS["episodes"]
+for _word in ("num_episodes", "n_episodes", "episodes_per_iteration"):
+    CONCEPT_HINTS[_word] = CONCEPT_HINTS["episodes"]
 RUN_LENGTH_HINT = ("how long a run trains is set where it runs, not in the config: `rllib-r3l train --stop "
                    "training_iteration=N` (a file's stop:), the main job's --iterations N, or tune.run(stop=...)")
 

@@ -170,14 +170,17 @@ def control_comparison(rows: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
     """Retry success against the fresh control on the same tasks: paired over the retries that have a
     control (``retry_success - control_success`` per task, a t interval), and the ratio of the rates.
     What cannot be computed (no pair; no control success for the ratio; one pair for the interval) is None."""
+    rows = list(rows)
     pairs = [(bool(r["retry_success"]), bool(r["control_success"])) for r in rows
              if r.get("retry_status") in RETRIED and r.get("retry_success") is not None
              and r.get("control_success") is not None]
     n = len(pairs)
+    tasks = len({(r.get("iteration"), r.get("group_id")) for r in rows if r.get("retry_status") in RETRIED
+                 and r.get("retry_success") is not None and r.get("control_success") is not None})
     retry, control = sum(a for a, _ in pairs), sum(b for _, b in pairs)
     diff = {k: (None if isinstance(v, float) and math.isnan(v) else v)
             for k, v in paired_interval([float(a) - float(b) for a, b in pairs]).items()}
-    return {"pairs": n, "retry_successes": retry, "control_successes": control,
+    return {"pairs": n, "tasks": tasks, "retry_successes": retry, "control_successes": control,
             "retry_rate": retry / n if n else None, "control_rate": control / n if n else None,
             "ratio": retry / control if control else None,
             "difference": diff["mean"], "difference_low": diff["low"], "difference_high": diff["high"]}
@@ -198,7 +201,8 @@ def funnel_lines(rows: List[Dict[str, Any]]) -> List[str]:
         interval = ("" if c["difference_low"] is None else
                     f" [{c['difference_low']:+.2f}, {c['difference_high']:+.2f}] 95% paired t")
         lines.append(f"retry vs a fresh sample of the same task: {c['retry_successes']}/{c['pairs']} vs "
-                     f"{c['control_successes']}/{c['pairs']}, difference {c['difference']:+.2f}{interval}")
+                     f"{c['control_successes']}/{c['pairs']}, difference {c['difference']:+.2f}{interval} over "
+                     f"{c['pairs']} retry/control pairs ({c['tasks']} task{'s' if c['tasks'] != 1 else ''})")
     return lines
 
 

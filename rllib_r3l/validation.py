@@ -221,3 +221,19 @@ def unknown_key_hint(key: str) -> Optional[str]:
     if key in RUN_LENGTH_WORDS or key in known_stop_keys():
         return RUN_LENGTH_HINT
     return CONCEPT_HINTS.get(key)
+
+
+# options that act only on retries, and the value that leaves them off
+RETRY_OPTIONS = {"retry_control": False, "pivot_action": "any", "pivot_backoff": 0, "pivot_selector": "reflection",
+                 "pivot_temperature": None}
+
+
+def check_retry_options(cfg: Any) -> None:
+    """A retry option set while ``reflect=False`` (no reflection, no retry) would change nothing without a word."""
+    if cfg.reflect:
+        return
+    for name, off in RETRY_OPTIONS.items():
+        if getattr(cfg, name, off) != off:
+            _err(name, f"{getattr(cfg, name)!r} acts on retries, and reflect=False runs none (GRPO-style "
+                       f"exploration); drop it (back to {off!r}) or set reflect=True")
+

@@ -395,3 +395,24 @@ def test_every_door_says_where_what_an_unknown_key_asks_for_lives(key, needles):
     assert str(e.value).startswith(f"R3LConfig.{key}: unknown config key {key!r}: ") and "did you mean" not in str(e.value)
     for n in needles:
         assert n in str(e.value), n
+
+
+def test_training_says_where_a_run_length_lives():
+    from rllib_r3l import R3LConfig
+
+    with pytest.raises(ValueError, match=r"unknown training option 'stop': how long a run trains is set where it runs"):
+        R3LConfig().training(model="tiny", stop=3)
+
+
+@pytest.mark.parametrize("option, value", [("retry_control", True), ("pivot_action", "exclude_failed"),
+                                           ("pivot_backoff", 1), ("pivot_selector", "hindsight"),
+                                           ("pivot_temperature", 1.5)])
+def test_a_retry_option_without_reflection_is_refused(option, value):
+    """reflect=False runs no retry: the option would change nothing without a word."""
+    from rllib_r3l import R3LConfig
+
+    cfg = R3LConfig().training(model="tiny", reflect=False, **{option: value})
+    with pytest.raises(ValueError, match=rf"R3LConfig.{option}: .* acts on retries, and reflect=False runs none"):
+        cfg.validate()
+    R3LConfig().training(model="tiny", reflect=True, **{option: value}).validate()
+

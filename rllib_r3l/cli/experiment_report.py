@@ -367,7 +367,9 @@ def make_report(experiment_dir: str, out: Optional[str] = None):
     os.makedirs(out_dir, exist_ok=True)
     table.to_csv(os.path.join(out_dir, SUMMARY_FILE), index=False)
     pngs = plot(loaded, varied, out_dir, root, table.attrs.get("splices"))
-    chain = ledger_report.chain_table(trials, [trial_name(d, root) for d in trials])  # the retry ledgers' funnels
+    last = {d: int(n) for d, n in zip(table.attrs["trial_dirs"], table["iterations"])}  # trials' last results
+    chain = ledger_report.chain_table(trials, [trial_name(d, root) for d in trials],  # the retry ledgers' funnels
+                                      [last.get(d, 0) for d in trials])
     table.attrs["chain"] = chain
     if chain is not None:
         chain.to_csv(os.path.join(out_dir, ledger_report.CHAIN_FILE), index=False)

@@ -24,21 +24,25 @@ def chain_row(trial: str, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"trial": trial, **retry_ledger.funnel(rows)}
     c = retry_ledger.control_comparison(rows)
     if c["pairs"]:
-        out.update(control_pairs=c["pairs"], retry_vs_control=c["difference"],
+        out.update(control_pairs=c["pairs"], control_tasks=c["tasks"], retry_vs_control=c["difference"],
                    retry_vs_control_low=c["difference_low"], retry_vs_control_high=c["difference_high"],
                    control_successes=c["control_successes"])
     return out
 
 
-def chain_table(trial_dirs: List[str], names: List[str]):
-    """A DataFrame with a row per trial that has a ledger (None when none has)."""
+def chain_table(trial_dirs: List[str], names: List[str], last_iterations: Optional[List[int]] = None):
+    """A DataFrame with a row per trial that has a ledger (None when none has). ``last_iterations``: each trial's
+    last result; ledger rows past it (an iteration cut short, Ctrl-C before its result) are left out, as its
+    result is, and counted in ``rows_after_last_result``."""
     import pandas as pd
 
     rows = []
-    for d, name in zip(trial_dirs, names):
+    for i, (d, name) in enumerate(zip(trial_dirs, names)):
         ledger = retry_ledger.read(os.path.join(d, retry_ledger.LEDGER_FILE))
-        if ledger:
-            rows.append(chain_row(name, ledger))
+        last = last_iterations[i] if last_iterations is not None else None
+        kept = [r for r in ledger if last is None or int(r.get("iteration", 0)) <= last]
+        if kept:
+            rows.append({**chain_row(name, kept), "rows_after_last_result": len(ledger) - len(kept)})
     return pd.DataFrame(rows) if rows else None
 
 
@@ -58,7 +62,11 @@ def chain_lines(table) -> List[str]:
             lo, hi = r.get("retry_vs_control_low"), r.get("retry_vs_control_high")
             interval = "" if lo is None or lo != lo else f" [{lo:+.2f}, {hi:+.2f}]"
             line += (f"; vs a fresh sample of the same task: {r['retry_vs_control']:+.2f}{interval} "
-                     f"over {int(r['control_pairs'])} tasks")
+                     f"over {int(r['control_pairs'])} retry/control pairs ({int(r['control_tasks'])} task"
+                     f"{'s' if int(r['control_tasks']) != 1 else ''})")
+        if r.get("rows_after_last_result"):
+            line += (f" ({int(r['rows_after_last_result'])} row(s) of an iteration cut short before its result "
+                     "left out)")
         out.append(line)
     return out
 

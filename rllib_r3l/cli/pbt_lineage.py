@@ -71,7 +71,8 @@ def splices(trial_dirs: List[str]) -> Dict[str, List[Splice]]:
                 rows_of[target] = sorted(read_rows(target)[0], key=lambda r: r["training_iteration"])
             rows = rows_of[target]
             i = _first_row_at(rows, changed, after.get(target, 1))
-            after[target] = (i + 1) if i is not None else len(rows)
+            if i is not None:  # a splice the rows cannot place leaves the next one findable
+                after[target] = i + 1
             it = rows[i]["training_iteration"] if i is not None else None
             out.setdefault(target, []).append(Splice(source=source or clone_tag,
                                                      iteration=int(it) if it is not None else None, changed=changed))
@@ -79,14 +80,19 @@ def splices(trial_dirs: List[str]) -> Dict[str, List[Splice]]:
 
 
 def _first_row_at(rows: List[Dict[str, Any]], changed: Dict[str, Tuple[Any, Any]], start: int) -> Optional[int]:
-    """The first row from ``start`` whose config holds every new value (and whose previous row does
-    not): where the clone's run begins. None when nothing changed or no row has them."""
-    if not changed:
-        return None
-
+    """Where the clone's run begins in ``rows``, from ``start``: the first row after a restart
+    (``iterations_since_restore`` 1: the trial restored the clone's checkpoint there) that holds every new
+    value; rows without that count (older results): the first row whose config holds every new value and
+    whose previous row does not. An exploit that changed nothing (a perturbation that drew the same
+    value) is found by the restart alone. None when no row tells."""
     def at_new(row: Dict[str, Any]) -> bool:
         return all(row.get(f"config/{k}") == v for k, (_a, v) in changed.items())
 
+    for i in range(max(start, 1), len(rows)):
+        if rows[i].get("iterations_since_restore") == 1 and at_new(rows[i]):
+            return i
+    if not changed:
+        return None
     for i in range(max(start, 1), len(rows)):
         if at_new(rows[i]) and not at_new(rows[i - 1]):
             return i

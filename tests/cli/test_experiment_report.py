@@ -329,6 +329,26 @@ def test_an_asynchronous_pbt_splice_is_found_by_the_rows_config_not_the_files_it
     assert list(alone["spliced_from"]) == ["R3L_x_00001@3"]
 
 
+def test_pbt_splices_are_placed_at_their_restarts_even_when_nothing_was_perturbed(tmp_path):
+    """Re-probe 14: an exploit whose perturbation drew the values the clone had ("changed nothing") was placed
+    "after its last row", and so was every later splice of that trial. A restored trial's row has
+    iterations_since_restore 1: that row is where the clone's run begins."""
+    root = tmp_path / "exp"
+
+    def row(i, since, lr):
+        return _result(i, iterations_since_restore=since, config={"lr": lr})
+
+    _trial(root, "R3L_x_00000_0_lr=0.0001_2026-01-01",
+           [row(1, 1, 1e-4), row(2, 2, 1e-4), row(3, 1, 1e-5), row(4, 1, 1e-5), row(5, 2, 1e-5)])
+    _trial(root, "R3L_x_00001_1_lr=1e-05_2026-01-01", [row(i, i, 1e-5) for i in range(1, 6)])
+    (root / "pbt_global.txt").write_text(  # two exploits of trial 0; the second drew lr 1e-5 again
+        json.dumps(["0_lr=0.0001", "1_lr=1e-05", 0, 0, {"lr": 1e-5}, {"lr": 1e-5}]) + "\n"
+        + json.dumps(["0_lr=0.0001", "1_lr=1e-05", 0, 0, {"lr": 1e-5}, {"lr": 1e-5}]) + "\n")
+    table, _pngs, _out = make_report(str(root))
+    assert list(table["spliced_from"].fillna("")) == ["R3L_x_00001@3; R3L_x_00001@4", ""]
+    assert all("after its last row" not in line for line in notes(table)), notes(table)
+
+
 def test_the_retry_chain_of_each_trial_with_a_ledger_is_a_funnel(tmp_path, capsys):
     """``report`` reads each trial's retries.jsonl (the retry ledger) into a funnel: a table, lines, a plot."""
     from rllib_r3l import retry_ledger
@@ -342,10 +362,13 @@ def test_the_retry_chain_of_each_trial_with_a_ledger_is_a_funnel(tmp_path, capsy
             dict(base, reflection=2, valid=False, pivot=None, reported_pivot=None, retry_status="none",
                  action_changed=None, retry_success=None, control_success=None)]
     retry_ledger.append(str(a / retry_ledger.LEDGER_FILE), 1, rows)
+    # an iteration cut short (Ctrl-C) before its result: its rows are not counted, as its result is not
+    retry_ledger.append(str(a / retry_ledger.LEDGER_FILE), 3, rows[:1])
     assert cli.main(["report", str(root)]) == 0
     out = capsys.readouterr().out
     assert ("retry chain R3L_x_00000: 3 reflections -> 2 valid -> 1/2 in time -> 2 retried -> 1/2 changed the "
             "action -> 1 succeeded; vs a fresh sample of the same task: +0.50 [") in out
+    assert "over 2 retry/control pairs (1 task) (1 row(s) of an iteration cut short before its result left out)" in out
     assert "retry chain R3L_x_00001" not in out
     chain = (root / "report" / "retry_chain.csv").read_text().splitlines()
     assert len(chain) == 2 and chain[1].startswith("R3L_x_00000,3,2,2,1,1,2,2,1,1,2,")
