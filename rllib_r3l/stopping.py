@@ -126,11 +126,11 @@ def install_env_callback(environ=None) -> None:
 
 
 def _is_r3l(trial) -> bool:
-    try:
-        from rllib_r3l.algorithm import R3L
+    try:  # R3L as Tune registered it: config.py's checks import this module, so it imports no algorithm
+        from ray.tune.registry import get_trainable_cls
 
         cls = trial.get_trainable_cls()
-        return isinstance(cls, type) and issubclass(cls, R3L)
+        return isinstance(cls, type) and issubclass(cls, get_trainable_cls("R3L"))
     except Exception:  # an unregistered trainable is Tune's error to report, not ours
         return False
 

@@ -23,13 +23,8 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from rllib_r3l.cli.resume_from import fresh_run  # noqa: F401 - the advice resume.py and commands.py give too
 from rllib_r3l.errors import UsageError
-
-
-def fresh_run(name: Optional[str] = None) -> str:
-    """What ``--new`` does, for the advice that names it (it trains nothing of the old run further)."""
-    return (f"--new (a fresh run of the file from its base model at iteration 1, as {name or 'NAME'}_<date>-<time> "
-            "beside this one, which stays as it is)")
 
 
 def parse_stops(stops: Sequence[str]) -> Dict[str, Any]:
@@ -85,7 +80,7 @@ def check_new_stop(name: str, exp_dir: str, overrides: Dict[str, Any]) -> Dict[s
     """Per trial the stop criteria it continues to (its saved ones, the keys of ``overrides`` replaced).
     :class:`UsageError` when a trial has already reached one of them: it would stop after one more
     iteration (a key ``--stop`` names: give a higher value; a key kept from the run's stop: override it too)."""
-    from rllib_r3l.cli.outcome import get_metric
+    from rllib_r3l.cli.result_rows import get_metric
 
     out = {}
     for trial, saved, row in reached(exp_dir):

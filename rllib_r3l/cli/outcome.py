@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 from ray.tune import Callback
 
 from rllib_r3l.cli import retry_chain
+from rllib_r3l.cli.result_rows import get_metric
 
 INTERRUPTED = "INTERRUPTED"
 TRAINED_ON_NOTHING = "TRAINED ON NOTHING"
@@ -39,16 +40,6 @@ EPISODES_KEY = "env_runners/num_episodes"
 # RLlib's lifetime count of trained steps: restored with a checkpoint, so a resumed trial that was
 # updated before the resume is not taken for one that never was
 TRAINED_LIFETIME_KEY = "learners/__all_modules__/num_env_steps_trained_lifetime"
-
-
-def get_metric(result: Dict[str, Any], path: str) -> Any:
-    """``result["a"]["b"]`` for ``path = "a/b"`` (or a flattened key)."""
-    node: Any = result
-    for p in path.split("/"):
-        if not isinstance(node, dict) or p not in node:
-            return result.get(path)
-        node = node[p]
-    return node
 
 
 def _count(v: Any) -> int:

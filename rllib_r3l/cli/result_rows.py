@@ -114,6 +114,16 @@ def _iterations_agree(rows: List[List[str]], lines: List[str]) -> bool:
 # --------------------------------------------------------------------------------------------------
 # The rows of a trial, by iteration; the rows a resume runs again, set aside
 # --------------------------------------------------------------------------------------------------
+def get_metric(result: Dict[str, Any], path: str) -> Any:
+    """``result["a"]["b"]`` for ``path = "a/b"`` (or a flattened key)."""
+    node: Any = result
+    for p in path.split("/"):
+        if not isinstance(node, dict) or p not in node:
+            return result.get(path)
+        node = node[p]
+    return node
+
+
 def nonblank_lines(path: str) -> List[str]:
     """The non-blank lines of a row file (undecodable bytes replaced); [] when it cannot be read."""
     try:

@@ -42,6 +42,12 @@ from rllib_r3l.errors import UsageError
 STATE_GLOB = "experiment_state-*.json"
 
 
+def fresh_run(name: Optional[str] = None) -> str:
+    """What ``--new`` does, for the advice that names it (it trains nothing of the old run further)."""
+    return (f"--new (a fresh run of the file from its base model at iteration 1, as {name or 'NAME'}_<date>-<time> "
+            "beside this one, which stays as it is)")
+
+
 def checkpoint_dirs(trial_dir: str) -> List[str]:
     return sorted(c for c in glob.glob(os.path.join(trial_dir, "checkpoint_*")) if os.path.isdir(c))
 
@@ -128,7 +134,6 @@ def resume_choices(exp_dir: str, finished: bool = False) -> List[Dict[str, Any]]
     ``redone`` (iterations after ``from`` that have rows), ``index`` (in the state's trial_data).
     :class:`UsageError` when a trial has checkpoint folders and none of them is complete."""
     from rllib_r3l.checkpoint_integrity import problem
-    from rllib_r3l.cli.extend import fresh_run
 
     choices = []
     for index, tdir, status, md in _recorded_trials(exp_dir):

@@ -142,6 +142,8 @@ def test_an_engine_rebuilt_after_a_weight_transfer_stops_the_sample_and_the_runn
         runner.set_state({COMPONENT_RL_MODULE: _shifted_state(runner)})  # the driver's restore
         assert not runner.needs_weights() and not runner._keeper.behind
         groups, metrics, *_ = _sample_fn(2, {})(runner)
-        assert len(groups) == 2 and _faults(metrics)["engine_rebuilds"] == 0 and all(g.complete for g in groups)
+        # two groups a round; a round whose groups carry no signal draws another (dynamic_sampling_rounds=2)
+        assert len(groups) in (2, 4, 6) and _faults(metrics)["engine_rebuilds"] == 0
+        assert all(g.complete for g in groups)
     finally:
         runner.stop()
