@@ -205,6 +205,8 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
         con.line(resume.runtime_lost_line(resume.interrupted_advice(args.argv, plan)))
 
     with launch.sigterm_as_sigint(runtime_lost if started else None) as finished:
+        if launch.stop_requested_before_tune():  # a SIGTERM while Ray started, its KeyboardInterrupt swallowed
+            raise KeyboardInterrupt
         try:
             return launch.run(experiments, plan, storage=storage, checkpoint_freq=args.checkpoint_freq,
                               callbacks=[*callbacks, display], verbose=1 if args.verbose is None else args.verbose,

@@ -162,11 +162,22 @@ def _not_a_gcs(address: str, timeout_s: float) -> Optional[str]:
         channel.close()
 
 
+_STOPS_BEFORE_TUNE: List[int] = []  # SIGTERMs that arrived before Tune's handler could take them
+
+
+def stop_requested_before_tune() -> bool:
+    """Whether a SIGTERM arrived before Tune ran: its KeyboardInterrupt can be swallowed on the way (a
+    finalizer, a library's ``except BaseException`` while Ray starts), and the run then trained to its end
+    with exit 0; the driver checks this before Tune starts and :class:`ConsoleCallback` at Tune's first step."""
+    return bool(_STOPS_BEFORE_TUNE)
+
+
 def interrupt_on_sigterm() -> None:
     """Until Tune runs (the experiment checks, Ray starting; re-probe 7: a SIGTERM then ended ``train`` with
     Ray's ``sys.exit(15)`` and no word): SIGTERM stops the command as Ctrl-C does, exit 130 with the advice;
     a second one exits 130 at once."""
     def handler(signum, frame):
+        _STOPS_BEFORE_TUNE.append(signum)
         signal.signal(signal.SIGTERM, lambda *_: os._exit(130))
         raise KeyboardInterrupt
 
@@ -200,6 +211,8 @@ def sigterm_as_sigint(on_runtime_lost: Optional[Callable[[], None]] = None):
         if on_runtime_lost is not None and not finished.is_set():
             threading.Thread(target=watch_runtime, name="r3l-runtime-watch", daemon=True).start()
         handler = signal.getsignal(signal.SIGINT)  # Tune's while it runs; Python's (KeyboardInterrupt) after
+        if handler is signal.default_int_handler and not finished.is_set():  # Tune not running yet
+            _STOPS_BEFORE_TUNE.append(signum)
         if callable(handler):
             handler(signal.SIGINT, frame)
         else:  # SIG_IGN / SIG_DFL: nothing of ours would stop the run
@@ -266,6 +279,7 @@ class ConsoleCallback(Callback):
         self.con, self.live_dir, self.log, self.verbose = con, live_dir, log, verbose
         self.rows: Dict[str, List[Dict[str, Any]]] = {}
         self.live: Optional[live_progress.LiveProgress] = None
+        self._stop_passed_on = False  # a SIGTERM from before Tune ran, handed to Tune's SIGINT handler
 
     def _info(self, trial) -> Dict[str, Any]:
         title = f"R3L trial {trial}: stop {trial.stopping_criterion or '(none)'}, results in {trial.path}"
@@ -279,6 +293,11 @@ class ConsoleCallback(Callback):
             return {"title": title, "model": c.get("model", "?"), "env": str(c.get("env", "?")),
                     "backend": c.get("backend", "?"), "cpu": run_info.cpu_model(), "cores": os.cpu_count(),
                     "log": self.log, "verbose": self.verbose}
+
+    def on_step_begin(self, iteration, trials, **info) -> None:
+        if _STOPS_BEFORE_TUNE and not self._stop_passed_on:  # its KeyboardInterrupt was lost
+            self._stop_passed_on = True
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # Tune's handler: stop at a safe point
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         head = self._info(trial)
