@@ -68,8 +68,6 @@ VARIANTS: Dict[str, List[str]] = {
     # today's defaults with the paper's two auxiliary items (the default until 2026-12-03): what the
     # reflection-SFT item costs, seeded like the rest
     "after_both": ["aux_items=[reflection_sft, retry_sft]"],
-    # today's defaults, a failed episode's report without the outcome the reward decided
-    "after_reward_outcome": ["reflection_outcome=reward"],
     # reflecting on failed base episodes only (the paper's text; reflect_on): the default since
     # 2026-12-04, so now the same as "after"; kept for the results measured before that
     "after_failures": ["reflect_on=failures"],
@@ -133,7 +131,6 @@ def ratios(nums: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
     out: Dict[str, Dict[str, float]] = {}
     for pair, (a, b) in {"after/before": ("after", "before"), "r3l/grpo": ("after", "grpo"),
                          "r3l_both_items/grpo": ("after_both", "grpo"),
-                         "r3l_reward_outcome/grpo": ("after_reward_outcome", "grpo"),
                          "r3l_failures/grpo": ("after_failures", "grpo"),
                          "r3l_reflect_on_all/grpo": ("after_all", "grpo"),
                          "r3l/grpo_kl": ("after", "grpo_kl")}.items():

@@ -38,7 +38,6 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "reflection_temperature": (None, "sampling temperature of reflections; None = the training temperature (paper K.1: 0.7, tuned_examples/paper/)"),
     "reflection_structured": (None, "hold the reflection to the report's JSON schema (structured outputs); None = by reflection_style (True for 'structured', False for 'paper', which samples freely)"),
     "reflection_context": ("auto", "what the reflector reads: 'transcript' = the episode's own context plus a reflection request (the engine's prefix cache serves the episode; the policy must be the reflector); 'log' = the episode re-rendered as a numbered log (authors' layout); 'auto' = transcript when the policy reflects, log with a separate reflector model (docs/benchmarks.md, 'What does a step cost')"),
-    "reflection_outcome": ("model", "EXPERIMENTAL (one benchmark uses it): who states a failed episode's outcome in a structured report: 'model' = the reflector writes it, held to 'failure' by the schema when the reward says the episode failed (the authors' five-field report); 'reward' = the report skips the field and the parser takes 'failure' from the reward (a few tokens fewer a report)"),
     "reflect_on": ("failures", "which base episodes get a reflection: 'failures' (the paper's text, §3: only unsuccessful samples are diagnosed and retried; fewer generated tokens per sample, counted as r3l/reflections_skipped_successes) or 'all' (the authors' code: a success is reflected on too, and may be retried as success_but_inefficient); docs/benchmarks.md, 'What does a step cost'"),
     "reflection_max_chars": (100, "the structured report's text fields (summary, root cause, suggestion) hold at most this many characters each, so that a report closes within max_reflection_tokens (a small policy writes long, sometimes unterminated reports); None = unbounded (the paper's free-length reflections)"),
     "max_reflection_tokens": (256, "token budget of a reflection (paper K.1: 4096; the compact JSON report needs ~150)"),
@@ -127,7 +126,6 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "kl_estimator": ("k1", "k2", "k3"),
     "action_decoding": ("choice", "free_text"),
     "reflection_context": ("auto", "log", "transcript"),
-    "reflection_outcome": ("model", "reward"),
     "reflection_style": ("structured", "paper"),
     "reflect_on": ("all", "failures"),
     "pivot_action": ("any", "exclude_failed"),
@@ -282,6 +280,9 @@ REMOVED: Dict[str, str] = {
     "aux_tasks": "use aux_items instead: aux_items=[] for aux_tasks=False, or the kinds to add, e.g. "
                  "aux_items=['retry_sft'] (the default) or ['reflection_sft', 'retry_sft'] (the paper)",
     "reflector_model": "use reflector='<HF id or local path>' instead (reflector='policy' = the policy reflects)",
+    "reflection_outcome": "a failed episode's structured report always states its outcome (held to 'failure' by "
+                          "the schema, the authors' five-field report); drop the option ('reward' saved ~6 tokens "
+                          "a report, inside the noise: docs/benchmarks.md)",
     "fault_injection": "fault injection is a testing aid, not a config option: in Python, "
                        "rllib_r3l.reliability.faults.inject(config, {...})",
 }

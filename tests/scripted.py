@@ -66,8 +66,6 @@ class ScriptedBackend(GenerationBackend):
                 "retry_from_step": self.pivot,
             }
             if r.json_schema is not None:  # reflection requests are held to the report schema
-                # only the fields the schema has (reflection_outcome="reward" leaves out a failure's outcome)
-                report = {k: v for k, v in report.items() if k in r.json_schema.get("properties", report)}
                 out.append(self._result(json.dumps(report)))
             elif is_reflection_request(text):  # a free reflection (the paper's style): prose around the object
                 out.append(self._result(free_report(report)))

@@ -85,14 +85,14 @@ def test_the_consumers_own_defaults_are_the_configs():
 
 @pytest.mark.parametrize("removed", sorted(REMOVED))
 def test_a_removed_option_is_an_error_that_names_its_replacement(removed):
-    value = {"aux_tasks": False, "reflector_model": "x", "fault_injection": {}}[removed]
+    value = {"aux_tasks": False, "reflector_model": "x", "fault_injection": {}, "reflection_outcome": "reward"}[removed]
     for build in (lambda: R3LConfig().training(**{removed: value}),
                   lambda: R3LConfig().update_from_dict({removed: value})):
         with pytest.raises(ValueError) as e:
             build()
         assert f"R3LConfig.{removed}: this option was removed" in str(e.value)
     assert "aux_items=[]" in REMOVED["aux_tasks"] and "reflector=" in REMOVED["reflector_model"]
-    assert "faults.inject" in REMOVED["fault_injection"]
+    assert "faults.inject" in REMOVED["fault_injection"] and "drop the option" in REMOVED["reflection_outcome"]
 
 
 def test_a_removed_option_in_a_yaml_file_is_refused_before_ray_starts(tmp_path):

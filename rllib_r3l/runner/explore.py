@@ -71,7 +71,6 @@ class ExploreOptions:
     # "auto" resolved: "transcript" continues the episode's own context (rllib_r3l.runner.reflection.context)
     reflection_context: str = resolve_reflection_context(default("reflection_context"), default("reflector"))
     reflection_max_chars: Optional[int] = default("reflection_max_chars")
-    reflection_outcome: str = default("reflection_outcome")
     reflector: str = default("reflector")  # "oracle": DIAGNOSTIC reports (rllib_r3l.runner.reflection.oracle)
     reflect_on: str = default("reflect_on")
     pivot_selector: str = default("pivot_selector")
@@ -197,16 +196,11 @@ class Explorer(AuxItems):
             return oracle_lib.oracle_reflections(self, trajectories)
         prompts = [self._reflection_prompt(t) for t in trajectories]
         structured = self.opts.reflection_structured
-        # reflection_outcome="reward": a failed episode's structured report skips the outcome, which
-        # the reward already decided (the schema would only force the reflector to write "failure")
-        known = [reflect_lib.Outcome.FAILURE if structured and self.opts.reflection_outcome == "reward"
-                 and not t.success else None for t in trajectories]
         reqs = [GenerationRequest(p, self.opts.max_reflection_tokens,
                                   json_schema=reflect_lib.report_json_schema(
-                                      max(len(t.actions), 1), failed=not t.success, max_chars=self.opts.reflection_max_chars,
-                                      outcome_known=k is not None)
+                                      max(len(t.actions), 1), failed=not t.success, max_chars=self.opts.reflection_max_chars)
                                   if structured else None)
-                for p, t, k in zip(prompts, trajectories, known)]
+                for p, t in zip(prompts, trajectories)]
         self.counters["prompt_tokens"] += sum(len(p) for p in prompts)
         self.counters["prompt_tokens_reflect"] += sum(len(p) for p in prompts)
         reported = [0]
@@ -225,8 +219,8 @@ class Explorer(AuxItems):
         self.counters["progress_reflections"] += len(outs) - reported[0]  # what the backend did not report
         self.counters["progress_tokens"] += sum(len(o.token_ids) for o in outs)
         results = []
-        for t, p, o, k in zip(trajectories, prompts, outs, known):
-            parsed = reflect_lib.parse_report(o.text, len(t.actions), known_outcome=k)
+        for t, p, o in zip(trajectories, prompts, outs):
+            parsed = reflect_lib.parse_report(o.text, len(t.actions))
             if parsed.ok and parsed.report.outcome == reflect_lib.Outcome.SUCCESS and not t.success:
                 # the reward says the episode failed: a "success" verdict is a misjudgment, not a report
                 self.counters["reflection_contradicts_reward"] += 1

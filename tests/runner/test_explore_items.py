@@ -296,24 +296,6 @@ def test_transcript_reflection_falls_back_to_the_log_and_counts_it(tiny_tokenize
         assert ex.counters["reflection_transcript_fallbacks"] == n
 
 
-def test_reflection_outcome_from_the_reward_leaves_a_failures_outcome_out(tiny_tokenizer):
-    """reflection_outcome="reward": the failed episode's schema has no outcome, its report is read as
-    a failure (and retried from its pivot); the won episode is still judged by the reflector."""
-    ex, _chat = make(tiny_tokenizer, backend_cls=Recording, outcome="success_but_inefficient",
-                     reflection_max_chars=40, reflection_outcome="reward")
-    failed, won = _episode(["a", "b"], reward=0.0), _episode(["a", "b", "c"], reward=1.0)
-    results = ex.reflect([failed, won])
-    [reqs] = ex.reflector.calls
-    assert reqs[0].json_schema == reflect_lib.report_json_schema(2, failed=True, max_chars=40, outcome_known=True)
-    assert "outcome" not in reqs[0].json_schema["properties"]
-    assert reqs[1].json_schema == reflect_lib.report_json_schema(3, failed=False, max_chars=40)
-    (p0, _i0, o0), (p1, _i1, o1) = results
-    assert '"outcome"' not in o0.text and '"outcome"' in o1.text
-    assert p0.status is ParseStatus.VALID and p0.report.outcome is reflect_lib.Outcome.FAILURE
-    assert p0.report.pivot == 1 and p0.triggers_retry
-    assert p1.status is ParseStatus.VALID and p1.report.outcome is reflect_lib.Outcome.SUCCESS_BUT_INEFFICIENT
-    # the guidance shows the whole report, the outcome included, as with the model's own verdict
-    assert '"outcome": "failure"' in reflect_lib.format_guidance(p0)
 
 
 def test_reflect_on_failures_passes_over_successes_and_counts_them(tiny_tokenizer):

@@ -100,8 +100,7 @@ def _pick(d: Mapping[str, Any], canonical: str) -> Tuple[bool, Any]:
     return present, None
 
 
-def _validate(obj: Any, raw: str, num_turns: int, depth: int = 0,
-              known_outcome: Optional[Outcome] = None) -> ParseResult:
+def _validate(obj: Any, raw: str, num_turns: int, depth: int = 0) -> ParseResult:
     if isinstance(obj, NotAnObject) or not isinstance(obj, dict):
         kind = "a set" if isinstance(obj, NotAnObject) else type(obj).__name__
         return ParseResult(ParseStatus.NOT_AN_OBJECT, None, f"expected a JSON object, got {kind}")
@@ -115,13 +114,11 @@ def _validate(obj: Any, raw: str, num_turns: int, depth: int = 0,
         # A wrapper such as {"reflection": {...}}: look one level down.
         inner = [v for v in d.values() if isinstance(v, dict)]
         if len(inner) == 1:
-            return _validate(inner[0], raw, num_turns, depth + 1, known_outcome=known_outcome)
+            return _validate(inner[0], raw, num_turns, depth + 1)
 
     summary = _text_field(_pick(d, "summary")[1])
     root_cause = _text_field(_pick(d, "root_cause")[1])
     _, outcome_value = _pick(d, "outcome")
-    if outcome_value is None and known_outcome is not None:
-        outcome_value = Outcome(known_outcome).value
     missing = [
         name
         for name, ok in (
@@ -178,7 +175,7 @@ def _as_num_turns(num_turns: Any) -> int:
         return 0
 
 
-def parse_report(text: str, num_turns: int, known_outcome: Optional[Outcome] = None) -> ParseResult:
+def parse_report(text: str, num_turns: int) -> ParseResult:
     """Parse a reflection report from model output; never raises (paper §4 "Reflect-then-retry").
 
     Robustness, beyond the authors' first-``{``-to-last-``}`` rule:
@@ -201,10 +198,6 @@ def parse_report(text: str, num_turns: int, known_outcome: Optional[Outcome] = N
     outcome ``success`` is ``PERFECT`` and its suggestion/pivot are dropped. ``num_turns`` below 1
     (or not an integer) makes every non-success report ``BAD_PIVOT``. Non-``str`` input is
     classified (``None`` as ``EMPTY``, anything else as ``NO_JSON``).
-
-    ``known_outcome``: the outcome when the report has none (a structured report whose schema left
-    it out because the reward decided it, ``reflection_outcome="reward"``); an outcome the report
-    does state is still read from it.
     """
     if text is None:
         return ParseResult(ParseStatus.EMPTY, None, "no text (None)")
@@ -213,12 +206,12 @@ def parse_report(text: str, num_turns: int, known_outcome: Optional[Outcome] = N
             ParseStatus.NO_JSON, None, f"expected str, got {type(text).__name__}"
         )
     try:
-        return _parse(text, _as_num_turns(num_turns), known_outcome)
+        return _parse(text, _as_num_turns(num_turns))
     except Exception as e:  # noqa: BLE001 - last line of defence; should be unreachable
         return ParseResult(ParseStatus.BAD_JSON, None, f"parser error {type(e).__name__}: {e}")
 
 
-def _parse(text: str, num_turns: int, known_outcome: Optional[Outcome] = None) -> ParseResult:
+def _parse(text: str, num_turns: int) -> ParseResult:
     if not text.strip():
         return ParseResult(ParseStatus.EMPTY, None, "empty reflection text")
     search = text
@@ -244,7 +237,7 @@ def _parse(text: str, num_turns: int, known_outcome: Optional[Outcome] = None) -
         if err:
             result = ParseResult(ParseStatus.BAD_JSON, None, f"invalid JSON ({err[:200]})")
         else:
-            result = _validate(value, cand, num_turns, known_outcome=known_outcome)
+            result = _validate(value, cand, num_turns)
         if best is None or _RANK[result.status] >= _RANK[best.status]:
             best = result
     assert best is not None

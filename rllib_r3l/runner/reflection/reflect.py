@@ -247,7 +247,7 @@ def build_reflection_messages(
 # Structured outputs
 # ==================================================================================================
 def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] = None,
-                       max_chars: Optional[int] = None, outcome_known: bool = False) -> Dict[str, Any]:
+                       max_chars: Optional[int] = None) -> Dict[str, Any]:
     """JSON schema of a report, for constrained decoding (vLLM structured outputs).
 
     The text fields (summary, root cause, suggestion) hold at least one character; with ``max_chars``
@@ -257,8 +257,6 @@ def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] =
     (the environment's reward says the episode failed) the outcome ``success`` is not allowed and
     a pivot and a suggestion are required: a weak reflector otherwise calls failures successes.
     The schema cannot express "null exactly on success"; :func:`parse_report` still enforces that.
-    With ``failed=True`` and ``outcome_known`` the outcome field is left out altogether (it could
-    only be ``failure``); parse such a report with ``parse_report(..., known_outcome=FAILURE)``.
     """
     # minLength 1: the parser refuses an empty summary, root cause or suggestion, so the grammar never
     # spends a reflection on one
@@ -283,8 +281,6 @@ def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] =
         "suggestion": suggestion,
         "retry_from_step": retry,
     }
-    if failed and outcome_known:
-        del properties["outcome"]
     return {
         "type": "object",
         "properties": properties,

@@ -587,33 +587,8 @@ def test_schema():
 
 
 
-def test_schema_without_the_outcome_the_reward_decided():
-    """reflection_outcome="reward": a failure's schema has no outcome; a success's keeps it."""
-    jsonschema = pytest.importorskip("jsonschema")
-    s = report_json_schema(3, failed=True, max_chars=100, outcome_known=True)
-    assert list(s["properties"]) == s["required"] == ["summary", "root_cause", "suggestion", "retry_from_step"]
-    jsonschema.validate(report(outcome=_DROP), s)
-    with pytest.raises(jsonschema.ValidationError):  # no additional properties: the outcome cannot be written
-        jsonschema.validate(report(), s)
-    full = report_json_schema(3, failed=True, max_chars=100)
-    assert {k: v for k, v in full["properties"].items() if k != "outcome"} == s["properties"]
-    assert report_json_schema(3, failed=False, outcome_known=True) == report_json_schema(3, failed=False)
 
 
-def test_parse_known_outcome_fills_only_a_missing_outcome():
-    text = json.dumps(report(outcome=_DROP))
-    assert parse_report(text, 3).status is ParseStatus.MISSING_FIELDS
-    res = parse_report(text, 3, known_outcome=Outcome.FAILURE)
-    assert res.status is ParseStatus.VALID and res.report.outcome is Outcome.FAILURE and res.report.pivot == 1
-    # a stated outcome is read from the report, whatever is known
-    stated = parse_report(json.dumps(report(outcome="success_but_inefficient")), 3, known_outcome=Outcome.FAILURE)
-    assert stated.report.outcome is Outcome.SUCCESS_BUT_INEFFICIENT
-    # the other rules still hold: no suggestion is still missing one
-    assert parse_report(json.dumps(report(outcome=_DROP, suggestion=None)), 3,
-                        known_outcome=Outcome.FAILURE).status is ParseStatus.MISSING_SUGGESTION
-    # through a wrapping object too
-    wrapped = json.dumps({"reflection": report(outcome=_DROP)})
-    assert parse_report(wrapped, 3, known_outcome=Outcome.FAILURE).status is ParseStatus.VALID
 
 def test_format_guidance():
     res = parse_report(json.dumps(report()), 3)
