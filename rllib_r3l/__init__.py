@@ -24,7 +24,11 @@ def register() -> bool:
     ``"R3L"`` goes into RLlib's table of algorithms, which Tune consults for every name it does not
     know (``ray.tune.registry.validate_trainable``), the way it finds RLlib's own algorithms: the name
     resolves in any Ray session, also after ``ray.shutdown()`` and a new ``ray.init()``, and the
-    algorithm is imported only when Tune asks for it.
+    algorithm is imported only when Tune asks for it. (Tune's public ``register_trainable`` keys the name to
+    the first Ray job's id: after ``ray.shutdown()`` and a new ``ray.init()`` it no longer resolves.)
+
+    Nothing else happens at import: the check of Tune's stop keys is installed when the algorithm is
+    imported (Tune resolving ``"R3L"``, or ``from rllib_r3l import R3L``), see ``rllib_r3l.stopping``.
     """
     try:
         from ray.rllib.algorithms import registry as rllib_registry
@@ -32,27 +36,7 @@ def register() -> bool:
         return False
     rllib_registry.ALGORITHMS["R3L"] = _algorithm_and_default_config
     rllib_registry.ALGORITHMS_CLASS_TO_NAME["R3L"] = "R3L"
-    from rllib_r3l.stopping import install_env_callback
-
-    install_env_callback()  # tune.run("R3L", stop={misspelt key}) is refused, not run forever
-    _drop_new_api_stack_notice()
     return True
-
-
-class _DropNewApiStackNotice:
-    """RLlib warns on every R3L config that the new API stack is on (R3L runs on nothing else): noise on every
-    console, the main job's --resume included (re-probe 11)."""
-
-    def filter(self, record) -> bool:
-        return "running R3L on the new API stack" not in str(record.msg)
-
-
-def _drop_new_api_stack_notice() -> None:
-    import logging
-
-    rllib_config_logger = logging.getLogger("ray.rllib.algorithms.algorithm_config")
-    if not any(isinstance(f, _DropNewApiStackNotice) for f in rllib_config_logger.filters):
-        rllib_config_logger.addFilter(_DropNewApiStackNotice())
 
 
 def __getattr__(name: str) -> Any:

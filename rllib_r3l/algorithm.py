@@ -29,7 +29,7 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 
-from rllib_r3l import preflight, retry_ledger
+from rllib_r3l import preflight, retry_ledger, stopping
 from rllib_r3l.reliability import resilience
 from rllib_r3l.batch import (build_train_batch, drop_overlong, kind_counts, loss_share_by_kind, select_trainable,
                              train_batch_options)
@@ -38,6 +38,9 @@ from rllib_r3l.learner.distributed import pad_batch_for_learners
 from rllib_r3l.replay_buffer import replay_from_config
 
 logger = logging.getLogger(__name__)
+# where a Tune run of R3L starts (Tune resolving "R3L" imports this module, as does ``from rllib_r3l import
+# R3L``): tune.run("R3L", stop={misspelt key}) is refused instead of trained on forever
+stopping.install_env_callback()
 LEDGER_STATE_KEY = "r3l_retry_ledger"
 
 

@@ -15,6 +15,7 @@ import os
 from typing import Any, Dict, Optional
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.util import log_once
 
 from rllib_r3l import validation
 from rllib_r3l.errors import template_problem
@@ -172,6 +173,9 @@ class R3LConfig(AlgorithmConfig):
         validation.check_switches(self)
         validation.check_unused_rllib(self, fresh_defaults())  # before RLlib's own advice for them
         validation.check_ranges(self)  # before RLlib's (evaluation_duration=0: advice to skip validation)
+        # RLlib's "You are running R3L on the new API stack!" (R3L runs on nothing else; re-probe 11: noise on
+        # every console) is logged once per process under this log_once key: taken here, it is not printed
+        log_once(f"{self.algo_class.__name__}_on_new_api_stack")
         super().validate()
         self.validate_r3l()
         check_no_dropped_values(self)

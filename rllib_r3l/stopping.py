@@ -9,8 +9,9 @@ Metrics whose names depend on the run (per-module learner stats, evaluation resu
 counters) live under ``OPEN_NAMESPACES``: a key there passes unless it is close to a known name
 (then it is taken for a typo).
 
-The same check guards the Python doors: ``import rllib_r3l`` names :class:`StopCriteriaCheck` in
-Tune's ``RAY_TUNE_CALLBACKS`` (Tune's own hook for callbacks from the environment), so
+The same check guards the Python doors: importing the algorithm (Tune resolving ``"R3L"`` does; ``import
+rllib_r3l`` alone does not) names :class:`StopCriteriaCheck` in Tune's ``RAY_TUNE_CALLBACKS`` (Tune's own
+hook for callbacks from the environment), so
 ``tune.run("R3L", stop={...})`` and ``tune.Tuner("R3L", run_config=RunConfig(stop=...))`` refuse a
 misspelt key when the trial starts instead of training until killed.
 """

@@ -125,7 +125,7 @@ def test_tune_run_refuses_a_gpu_learner_the_cluster_lacks_instead_of_waiting(ray
 @pytest.mark.parametrize("door", ["tune.run", "Tuner"])
 def test_a_misspelt_stop_key_is_refused_at_trial_start_not_trained_on_forever(ray_session, tmp_path, door):
     """Tune only warns once about a stop key no result holds, and the trial trains until killed;
-    ``import rllib_r3l`` installs a Tune callback (RAY_TUNE_CALLBACKS) that refuses it with the near key."""
+    the algorithm's import (Tune resolving "R3L") installs a Tune callback (RAY_TUNE_CALLBACKS) that refuses it."""
     import os
 
     from ray import tune

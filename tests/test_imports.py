@@ -107,3 +107,28 @@ def test_import_rllib_r3l_registers_r3l_with_tune_across_ray_sessions():
             "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_import_rllib_r3l_changes_nothing_but_tunes_table_of_algorithms():
+    """Issue 48 item 3: ``import rllib_r3l`` set RAY_TUNE_CALLBACKS and added a log filter to RLlib's logger.
+    Now the environment, the loggers, the signal handlers and the loaded modules are what they were (Ray's
+    RLlib table aside); the stop-key check arrives with the algorithm, when Tune resolves "R3L"."""
+    code = ("import logging, os, signal, sys\n"
+            "import ray.rllib.algorithms.registry\n"
+            "env, mods = dict(os.environ), set(sys.modules)\n"
+            "loggers = {n: list(l.filters) for n, l in logging.Logger.manager.loggerDict.items() "
+            "if isinstance(l, logging.Logger)}\n"
+            "handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}\n"
+            "import rllib_r3l\n"
+            "assert dict(os.environ) == env, set(os.environ.items()) ^ set(env.items())\n"
+            "assert all(logging.getLogger(n).filters == f for n, f in loggers.items())\n"
+            "assert {s: signal.getsignal(s) for s in handlers} == handlers\n"
+            "assert not [m for m in set(sys.modules) - mods if m.startswith('rllib_r3l.')], "
+            "sorted(set(sys.modules) - mods)\n"
+            "assert 'R3L' in ray.rllib.algorithms.registry.ALGORITHMS\n"
+            "from ray.tune.registry import get_trainable_cls\n"
+            "get_trainable_cls('R3L')\n"
+            "assert 'rllib_r3l.stopping.StopCriteriaCheck' in os.environ['RAY_TUNE_CALLBACKS'].split(',')\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
