@@ -22,12 +22,13 @@ from rllib_r3l.errors import template_problem
 from rllib_r3l.options import (CHOICES, DEFAULT_ENV, DEFAULT_MODEL, R3L_OPTIONS, REFLECTOR_ROLES, UNUSED_RLLIB,
                                default, removed_option_error, resolve_reflection_context,
                                resolve_reflection_structured, separate_reflector)
+from rllib_r3l.training_args import TrainingArgs
 
 __all__ = ["R3LConfig", "R3L_OPTIONS", "DEFAULT_ENV", "DEFAULT_MODEL", "check_config_keys"]
 
 
 
-class R3LConfig(AlgorithmConfig):
+class R3LConfig(TrainingArgs, AlgorithmConfig):
     """Configuration of the R3L algorithm (defaults: paper K.1 where they run on CPU)."""
 
     def __init__(self, algo_class=None) -> None:
@@ -78,11 +79,10 @@ class R3LConfig(AlgorithmConfig):
         self.__dict__["algo_class"] = value
 
     # ------------------------------------------------------------------------------------------------
-    def training(self, **kwargs: Any) -> "R3LConfig":
-        """Set training options: every name in ``R3L_OPTIONS`` plus RLlib's own (``lr``, ``grad_clip`` ...).
-
-        ``model`` may be given as a string (the policy model id/path), stored as ``model_id``.
-        """
+    def _set_training(self, **kwargs: Any) -> "R3LConfig":
+        """``training()`` (declared in ``rllib_r3l.training_args``): every name in ``R3L_OPTIONS`` plus RLlib's
+        own (``lr``, ``grad_clip`` ...). ``model`` may be given as a string (the policy model id/path), stored
+        as ``model_id``."""
         model = kwargs.pop("model", NotProvided)
         if model is not NotProvided:
             if isinstance(model, str):
@@ -98,7 +98,7 @@ class R3LConfig(AlgorithmConfig):
             if name in R3L_OPTIONS:
                 setattr(self, name, kwargs.pop(name))
         try:
-            super().training(**kwargs)
+            AlgorithmConfig.training(self, **kwargs)
         except TypeError as e:
             bad = [k for k in kwargs if k not in _rllib_training_args()]
             hint = ""

@@ -1,4 +1,6 @@
-"""Every R3L option, declared once: name -> (default, one line of help citing the paper section).
+"""Every R3L option, declared once: name -> (default, one or two sentences of help citing the paper section;
+the longer rationale in docs/options.md). ``R3LConfig.training()``'s keywords are generated from this table
+(scripts/gen_training_args.py -> training_args.py).
 
 ``R3LConfig`` (rllib_r3l.config) takes its R3L attributes from here; the runners' and learners' option
 objects (``ExploreOptions``, ``RolloutOptions``, the batch options) take their defaults from here and
@@ -29,28 +31,28 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "group_size": (8, "N: trajectories per task group (N/2 base rollouts + up to N/2 retries); paper N=8"),
     "tasks_per_iteration": (2, "task groups sampled per training iteration (paper: 96 per batch)"),
     "reflect": (True, "reflect-then-retry on; False = no reflection/retry (GRPO-style exploration, N base rollouts)"),
-    "dynamic_sampling_rounds": (0, "DAPO-style dynamic sampling: when none of a runner's task groups would put anything in the learner's batch (every episode of a group scored the same, and no auxiliary item came of it), the runner explores up to this many further rounds of new tasks, stopping at the first round with a learning signal (counted under r3l/dynamic_sampling/...). 0 = off (the paper, and equal per-iteration budgets for comparisons)"),
+    "dynamic_sampling_rounds": (0, "DAPO-style: when no task group of a runner would put anything in the batch, explore up to this many further rounds of new tasks (r3l/dynamic_sampling/...); 0 = off (the paper)"),
     "retries_per_failure": (1, "retries per reflected failure (paper C.1: 1 is best)"),
-    "reflector": ("policy", "who writes the reflections: 'policy' (R3L: the policy reflects on its own episodes); an HF id or local path = a separate reflector model; 'oracle' = DIAGNOSTIC upper bound: reports from the environment's oracle (oracle pivot + the gold action there), never trained on; needs an environment with an oracle"),
+    "reflector": ("policy", "who writes the reflections: 'policy' (R3L), an HF id or local path (a separate reflector model), or 'oracle' (DIAGNOSTIC: the environment's oracle reports, never trained on)"),
     "reflection_template": (None, "None = built-in prompt; else a template string or a path to a template file"),
-    "guidance_template": (None, "the retry's guidance (a system message at the pivot turn, stripped from training): None = the whole report as JSON with an instruction not to mention it; else a template with {report} or {suggestion} (and optionally {root_cause}, {summary}, {pivot}), e.g. 'Advice for this step: {suggestion}' for a policy too small to read JSON"),
-    "reflection_style": ("structured", "how the policy reflects: 'structured' = a JSON report held to the report's schema by the engine's grammar, each text field capped at reflection_max_chars, written in the episode's own context (reflection_context='auto'), re-tokenised before the reflection-SFT item trains on it when the grammar spelled it in other tokens (the embedded default: a 135M policy writes few valid free reports); 'paper' = the authors' form (paper §4, appendix K): a Reflector system prompt over a numbered log of the episode, sampled freely at reflection_temperature up to max_reflection_tokens, parsed leniently, and the reflection-SFT item trains on exactly the sampled token ids with the sampler's log-probs"),
+    "guidance_template": (None, "the retry's guidance at the pivot turn (stripped from training): None = the whole report as JSON; else a template with {report} or {suggestion} (also {root_cause}, {summary}, {pivot})"),
+    "reflection_style": ("structured", "'structured' = a JSON report held to the report's schema by the engine's grammar (the embedded default); 'paper' = the authors' Reflector prompt over a numbered log, sampled freely and parsed leniently (paper §4, appendix K)"),
     "reflection_temperature": (None, "sampling temperature of reflections; None = the training temperature (paper K.1: 0.7, tuned_examples/paper/)"),
     "reflection_structured": (None, "hold the reflection to the report's JSON schema (structured outputs); None = by reflection_style (True for 'structured', False for 'paper', which samples freely)"),
-    "reflection_context": ("auto", "what the reflector reads: 'transcript' = the episode's own context plus a reflection request (the engine's prefix cache serves the episode; the policy must be the reflector); 'log' = the episode re-rendered as a numbered log (authors' layout); 'auto' = transcript when the policy reflects, log with a separate reflector model (docs/benchmarks.md, 'What does a step cost')"),
-    "reflect_on": ("failures", "which base episodes get a reflection: 'failures' (the paper's text, §3: only unsuccessful samples are diagnosed and retried; fewer generated tokens per sample, counted as r3l/reflections_skipped_successes) or 'all' (the authors' code: a success is reflected on too, and may be retried as success_but_inefficient); docs/benchmarks.md, 'What does a step cost'"),
-    "reflection_max_chars": (100, "the structured report's text fields (summary, root cause, suggestion) hold at most this many characters each, so that a report closes within max_reflection_tokens (a small policy writes long, sometimes unterminated reports); None = unbounded (the paper's free-length reflections)"),
+    "reflection_context": ("auto", "what the reflector reads: 'transcript' = the episode's own context (prefix-cached; the policy reflects), 'log' = a numbered log of the episode (the authors' layout), 'auto' = transcript unless a separate reflector or the paper style"),
+    "reflect_on": ("failures", "which base episodes get a reflection: 'failures' (the paper's text, §3) or 'all' (the authors' code: a success may be retried as success_but_inefficient)"),
+    "reflection_max_chars": (100, "at most this many characters in each text field of a structured report, so that it closes within max_reflection_tokens; None = unbounded (the paper)"),
     "max_reflection_tokens": (256, "token budget of a reflection (paper K.1: 4096; the compact JSON report needs ~150)"),
-    "aux_items": (["retry_sft"], "auxiliary SFT items added for a successful retry (paper §4): 'retry_sft' (the successful retry with its guidance in context) and 'reflection_sft' (the reflection prompt -> the policy's own report); [] = none. The paper uses both (tuned_examples/paper/); the embedded default leaves out 'reflection_sft' because at 135M the reports outweigh the 2-4-token actions and R3L stops learning (docs/benchmarks.md, 'Does R3L learn better than GRPO here?')"),
+    "aux_items": (["retry_sft"], "auxiliary SFT items of a successful retry (paper §4): 'retry_sft' (the retry with its guidance) and 'reflection_sft' (the prompt -> the policy's own report); the paper uses both"),
     "aux_weight": (1.0, "loss weight of the auxiliary reflection/retry-SFT items"),
     "verify_replay": (True, "check that a retry's replayed observations equal the recorded ones"),
     # the retry at its pivot (levers for a policy that repeats its failed action; docs/benchmarks.md)
-    "pivot_action": ("any", "what a retry may do at its pivot turn: 'any' (the paper) or 'exclude_failed': not the failed episode's action there (choice decoding: left out of the choices; free text: resampled up to pivot_resamples times, then kept and counted as r3l/pivot_repeats_kept); the retry trains as any retry (off-policy, §4)"),
+    "pivot_action": ("any", "what a retry may do at its pivot turn: 'any' (the paper) or 'exclude_failed' (not the failed episode's action: left out of the choices, or free text resampled up to pivot_resamples times)"),
     "pivot_resamples": (4, "pivot_action='exclude_failed' with free-text actions: how many times a retry's pivot turn is sampled again while it repeats the failed action"),
-    "pivot_selector": ("reflection", "where a retry starts: 'reflection' = the report's retry_from_step (the paper); 'hindsight' = the turn, at or before the report's, whose action loses the most log-probability when the report is put before the episode (two scoring passes of the engine over the failed episode; rllib_r3l/runner/reflection/hindsight.py)"),
+    "pivot_selector": ("reflection", "where a retry starts: 'reflection' = the report's retry_from_step (the paper); 'hindsight' = the turn at or before it whose action loses the most log-probability once the report is known"),
     "pivot_backoff": (0, "a retry starts max(0, pivot - k) turns in: reported pivots tend to land after the first mistake, which a later retry replays; 0 = at the reported pivot (the paper)"),
     "pivot_temperature": (None, "sampling temperature of a retry's pivot turn (a hotter pivot turn is likelier to leave the failed path); None = temperature"),
-    "retry_control": (False, "DIAGNOSTIC, never trained on: for each failed base episode that gets a retry, one fresh episode of the same task from turn 0 without guidance at the same temperature; the retry ledger (retries.jsonl) and r3l/control_success_rate compare the retry with it on the same task"),
+    "retry_control": (False, "DIAGNOSTIC, never trained on: one fresh episode of the same task without guidance for each retried failure, compared with the retry in the ledger (r3l/control_success_rate)"),
     # credit and advantages (paper §4)
     "pivotal_credit": (True, "mask the shared prefix (turns < pivot) of a base/retry pair"),
     "positive_amplification": (True, "successes get advantage 1.0, other non-negative advantages x alpha"),
@@ -60,15 +62,15 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     # loss (paper §4 "Objective")
     "kl_coef": (0.0, "KL to a frozen reference on base data; 0 = no reference model (paper)"),
     "kl_estimator": ("k3", "k1, k2 or k3"),
-    "use_importance_ratio": (False, "clipped importance ratio on base data against the behaviour model's own log-probs (T=1, unconstrained: like the learner's), which the engine scores once per base rollout (one extra prefill each); the sampler's processed log-probs are not comparable"),
+    "use_importance_ratio": (False, "clipped importance ratio on base data against the behaviour model's own log-probs (T=1, unconstrained), which the engine scores once per base rollout (one extra prefill each)"),
     "clip_ratio_low": (0.2, "lower PPO clip epsilon (base data, with use_importance_ratio)"),
     "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
-    "loss_aggregation": ("token_mean", "how the loss averages over credited tokens: 'token_mean' (the authors' code: every token once, so an item weighs by its length), 'sequence_mean' (each item's token mean, then the mean over items: a long reflection report weighs as one trajectory of short actions) or 'paper' (paper §4 'Objective', Algorithm 1: the mean over RL trajectories of their token means plus a separate SFT term, the mean over auxiliary items of their token means)"),
-    "loss_scale": (1.0, "multiplies the loss: 1.0 = the paper's token-mean -A log pi; 0.5 = the authors' code, whose objective divides by 1 + tau (tau = 1). With AdamW it matters through grad_clip (the clip threshold applies to the scaled gradient: loss_scale 0.5 with grad_clip 1.0 clips like 1.0 with 2.0) and Adam's eps"),
-    "share_prefixes": (True, "exact shared-prefix training: each micro-batch's token trie runs once (a group's task prompt, a retry's prefix up to the pivot, the episode under its transcript reflection) and continuations run on the prefix's KV cache (on CPU through cascade attention, rllib_r3l.learner.cascade_attention), so the gradient equals the unshared one with fewer forward tokens; off (logged) with gradient checkpointing, sliding-window models and DeepSpeed; False = every sequence on its own (docs/benchmarks.md, 'What do prefix sharing and cascade attention save?')"),
+    "loss_aggregation": ("token_mean", "how the loss averages over credited tokens: 'token_mean' (the authors' code), 'sequence_mean' (each item's token mean, then over items) or 'paper' (§4 'Objective': RL term over the trajectories plus a separate SFT term)"),
+    "loss_scale": (1.0, "multiplies the loss: 1.0 = the paper's token-mean -A log pi, 0.5 = the authors' code (divides by 1 + tau); with AdamW it matters through grad_clip and Adam's eps"),
+    "share_prefixes": (True, "exact shared-prefix training: each micro-batch's token trie runs once and continuations run on the prefix's KV cache (same gradient, fewer forward tokens); off with gradient checkpointing, sliding-window models and DeepSpeed"),
     "micro_batch_size": (4, "max trajectories per forward/backward pass (gradient accumulation)"),
-    "micro_batch_tokens": (2048, "max tokens per forward/backward pass: padded tokens (trajectories x longest), or the prefix trie's tokens with share_prefixes; bounds the learner's activation memory (a longer trajectory runs alone; learner/shared_prefix_tokens_split counts the prefixes a cut computes again). 2048 rather than 4096: about the same update time on CPU at half the learner's peak memory (docs/benchmarks.md, 'How much memory does it take?'); None = no cap"),
-    "mixed_precision": ("auto", "learner forward/backward under bf16 autocast (fp32 master weights and optimizer): 'auto' = where the device computes bf16 natively (CUDA with bf16, CPUs with AMX/AVX512-bf16), 'bfloat16' = always, 'none' = fp32"),
+    "micro_batch_tokens": (2048, "max tokens per forward/backward pass (padded, or the prefix trie's with share_prefixes): bounds the learner's activation memory; None = no cap"),
+    "mixed_precision": ("auto", "learner forward/backward under bf16 autocast (fp32 masters): 'auto' = where the device computes bf16 natively (CUDA, AMX/AVX512-bf16 CPUs), 'bfloat16' = always, 'none' = fp32"),
     "weight_decay": (0.01, "AdamW weight decay (authors' preset)"),
     "skip_nonfinite_updates": (True, "skip (and count) an update whose loss or gradient is NaN/inf"),
     # rollouts
@@ -99,7 +101,7 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "num_threads": (None, "torch threads in runners/learners; None = leave torch's default"),
     # reliability (docs/reliability.md)
     "sampling_seed": (None, "None = unseeded sampling; an int seeds every generate call from (sampling_seed, the sample's task seeds, call number): with debugging(seed=...) rollouts are reproducible, also across checkpoint/resume"),
-    "runner_failure_retries": (1, "an env runner that dies mid-sample (needs fault_tolerance(restart_failed_env_runners=True)) is restored and its task groups re-sampled up to this many times per iteration; losses are counted under r3l/faults"),
+    "runner_failure_retries": (1, "an env runner that dies mid-sample (with fault_tolerance(restart_failed_env_runners=True)) is restored and its groups re-sampled up to this many times an iteration; losses go to r3l/faults"),
     "runner_restart_wait_s": (120.0, "how long an iteration waits for a restarted env runner (to re-sample its share, or when no runner is healthy) before counting its groups lost"),
 }
 
