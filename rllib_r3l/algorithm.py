@@ -29,7 +29,7 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 
-from rllib_r3l import preflight, retry_ledger, stopping
+from rllib_r3l import preflight, ray_internals, retry_ledger, stopping
 from rllib_r3l.reliability import resilience
 from rllib_r3l.batch import (build_train_batch, drop_overlong, kind_counts, loss_share_by_kind, select_trainable,
                              train_batch_options)
@@ -49,8 +49,8 @@ def _trial_folder(algo: Any) -> Optional[str]:
     Tune's working directory, which reaches the trial folder only with ``SyncConfig(sync_artifacts=True)``).
 
     Tune gives a class trainable no public way to it (``tune.get_context().get_trial_dir()`` is None
-    there), so this reads Ray 2.60's ``Trainable._storage`` (its StorageContext): the one place R3L does."""
-    storage = getattr(algo, "_storage", None)
+    there), so this reads ``Trainable._storage`` (its StorageContext) through ``ray_internals``."""
+    storage = ray_internals.trial_storage(algo)
     try:
         import pyarrow.fs
 

@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.util import log_once
 
-from rllib_r3l import validation
+from rllib_r3l import ray_internals, validation
 from rllib_r3l.errors import template_problem
 from rllib_r3l.options import (CHOICES, DEFAULT_ENV, DEFAULT_MODEL, R3L_OPTIONS, REFLECTOR_ROLES, UNUSED_RLLIB,
                                default, removed_option_error, resolve_reflection_context,
@@ -343,7 +343,7 @@ def check_config_keys(config_dict: Dict[str, Any]) -> None:
         removed = removed_option_error(str(key))
         if removed:
             raise ValueError(removed)
-        if key in known or AlgorithmConfig._translate_special_keys(str(key), warn_deprecated=False) in known:
+        if key in known or ray_internals.translate_config_key(str(key)) in known:
             continue
         if key in UNUSED_RLLIB:  # a known RLlib option (a property): validate() names what R3L uses instead
             continue
@@ -364,8 +364,7 @@ def check_no_dropped_values(cfg: "R3LConfig") -> None:
     """Reject a value RLlib would silently drop: ``AlgorithmConfig.get_state`` leaves out every
     attribute equal to -1 (its ``DEPRECATED_VALUE``), so the copy the algorithm runs with would hold
     the default instead."""
-    from ray._common.deprecation import DEPRECATED_VALUE
-
+    DEPRECATED_VALUE = ray_internals.deprecated_value()
     config_keys()  # fills _DEFAULTS
     dropped = [k for k, v in vars(cfg).items()
                if not isinstance(v, bool) and isinstance(v, (int, float)) and v == DEPRECATED_VALUE

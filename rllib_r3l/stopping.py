@@ -160,15 +160,10 @@ def controller_metrics() -> list:
     ``Callback.setup`` is found on the call stack and read through its public ``scheduler_alg`` and
     ``search_alg``. This is the one place R3L relies on how Tune calls its callbacks; a test
     (tests/test_algorithm.py) fails when a Ray version moves it, rather than users losing the check."""
-    import sys
+    from rllib_r3l import ray_internals
 
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if owner is not None and hasattr(type(owner), "scheduler_alg") and hasattr(type(owner), "search_alg"):
-            break
-        frame = frame.f_back
-    else:
+    owner = ray_internals.calling_tune_controller()
+    if owner is None:
         return []
     found = []
     scheduler, search = owner.scheduler_alg, owner.search_alg

@@ -22,14 +22,18 @@ import pkgutil
 from pathlib import Path
 from typing import Dict, Set
 
+import pytest
+
 from tests import REPO_ROOT
 
 PACKAGES = ("rllib_r3l", "environments")
 OWN_PREFIX = "_r3l_"  # R3L's attributes on other packages' objects: named so they cannot collide
 
-# name -> why it has no public equivalent here (or the public one still to move to: "TODO(issue 48)")
-ALLOWED: Dict[str, str] = {
-    # Ray Tune / Train: the CLI's resume bookkeeping (cli/resume_from.py, cli/result_rows.py, cli/launch.py)
+ADAPTER = "rllib_r3l/ray_internals.py"  # where every private name of Ray lives, behind its version check
+
+# Ray's private names -> why there is no public equivalent (all in ADAPTER; "TODO(issue 48)": a public one exists)
+RAY: Dict[str, str] = {
+    # Tune / Train: the CLI's resume bookkeeping
     "ray.train._internal.checkpoint_manager": "which checkpoint a resumed trial continues from: Tune has no API",
     "ray.train._internal.checkpoint_manager._CheckpointManager": "the same: the trial's checkpoint manager class",
     "ray.train._internal.session": "the same: the result record a checkpoint manager holds",
@@ -37,14 +41,14 @@ ALLOWED: Dict[str, str] = {
     "ray.tune.trainable.metadata._TrainingRunMetadata": "the same: a trial's run metadata in Tune's saved state",
     "ray.tune.utils.serialization._loads_with_cloudpickle": "decoding Tune's saved experiment state",
     "._checkpoint_results": "the checkpoint manager's list: setting aside the checkpoints after the chosen one",
-    "getattr:_checkpoint_results": "the same, read",
     "._latest_checkpoint_result": "the same: the checkpoint a restored trial starts from",
     "ray._common.utils": "Ray's temp folder (get_default_ray_temp_dir) where a staged result row waits",
     "._stopper": "where tune.Experiment keeps time_budget_s's stopper: no public setter (a CombinedStopper "
                  "passed as stop= would lose trial.stopping_criterion, which the console reads)",
-    "getattr:_storage": "Trainable._storage: the trial folder of a class trainable (algorithm._trial_folder); "
+    "getattr:_storage": "Trainable._storage: the trial folder of a class trainable; "
                         "tune.get_context().get_trial_dir() is None there",
-    "ray._private.worker": "this process's GCS client: whether a group signal stopped Ray's GCS (launch.py)",
+    "ray._private.worker": "this process's GCS client: whether a group signal stopped Ray's GCS",
+    "._getframe": "sys._getframe: the Tune controller calling Callback.setup (its scheduler's and searcher's metric)",
     # RLlib
     "._translate_special_keys": "AlgorithmConfig's own key aliases, so update_from_dict accepts what RLlib does",
     "ray._common.deprecation": "DEPRECATED_VALUE: RLlib's marker for a retired config field (no public alias)",
@@ -55,6 +59,10 @@ ALLOWED: Dict[str, str] = {
     "._counters": "Algorithm's counters: restored runners counted as RLlib counts them",
     "._check_component": "Algorithm's check of which state components a get_state call asked for",
     "._params": "the Learner's parameters by id (fault injection poisons one gradient)",
+}
+
+# Other packages' private names (and R3L's own, read across objects) -> why
+OTHER: Dict[str, str] = {
     # vLLM
     "._registry": "vLLM's weight-transfer factories: whether the gloo engine is registered already",
     "._checked_iter": "vLLM's NCCL trainer's checked iteration over the tensors to send, reused for gloo",
@@ -76,7 +84,6 @@ ALLOWED: Dict[str, str] = {
     "getattr:_env": "the wrapped simulator of an R3L environment (fault injection kills its JVM)",
     # Python itself
     "._exit": "os._exit: a second signal ends the process at once (documented; the underscore is Python's)",
-    "._getframe": "sys._getframe: the Tune controller on the call stack (stopping.controller_metrics)",
     "._run_exitfuncs": "atexit._run_exitfuncs: the exit hooks run before os._exit keeps the exit code",
     # R3L's own objects, read across modules
     "._explorer": "the runner's explorer, read by the runner's metrics module",
@@ -87,6 +94,7 @@ ALLOWED: Dict[str, str] = {
     "._done": "an R3L environment's own done flag, set after the gold-path walk (environments/base.py)",
     "._fault_injection": "the config's fault plan, set by faults.inject (a test aid, not an option)",
 }
+ALLOWED = {**RAY, **OTHER}
 
 # Private methods of another package's class that an R3L class overrides: "Class._name" -> why.
 OVERRIDES: Dict[str, str] = {
@@ -201,3 +209,41 @@ def test_the_scanner_sees_each_kind_of_private_use(tmp_path):
     found = private_uses(tmp_path)
     assert set(found) == {"ray._private.worker", "ray.tune.utils.serialization._loads_with_cloudpickle",
                           "._counters", "getattr:_storage"}
+
+
+def test_every_private_name_of_ray_lives_in_the_adapter_behind_its_version_check():
+    found = private_uses()
+    outside = {k: sorted(f for f in found[k] if f != ADAPTER) for k in RAY if k in found}
+    assert not any(outside.values()), f"Ray's private names outside {ADAPTER}: {outside}"
+    text = (REPO_ROOT / ADAPTER).read_text()
+    bodies = [b for b in text.split("\ndef ")[1:] if not b.startswith("check_version")]
+    assert bodies and all("check_version()" in b for b in bodies), "an adapter function without the version check"
+
+
+def test_another_ray_version_is_a_named_error_not_a_silent_nothing(monkeypatch, tmp_path):
+    import ray
+
+    from rllib_r3l import ray_internals
+    from rllib_r3l.cli import resume_from
+
+    ray_internals.check_version()  # the installed one passes
+    monkeypatch.setattr(ray, "__version__", "2.61.0")
+    with pytest.raises(ray_internals.RayInternalsError, match=r"Ray 2\.60\.x.*this is Ray 2\.61\.0.*ray\[rllib\]==2\.60"):
+        ray_internals.check_version()
+    # before: the reader of Tune's saved state caught everything and returned [] (a resume choosing nothing)
+    with pytest.raises(ray_internals.RayInternalsError):
+        resume_from._state_trials(str(tmp_path))
+    monkeypatch.setattr(ray, "__version__", "2.60.3")
+    assert resume_from._state_trials(str(tmp_path)) == []  # a patch release is the same layout; no state: none
+
+
+def test_train_on_another_ray_says_so_in_one_line_before_anything_runs(monkeypatch, capsys):
+    import ray
+
+    from rllib_r3l.cli import commands
+
+    monkeypatch.setattr(ray, "__version__", "3.0.0")
+    toy = str(REPO_ROOT / "tuned_examples" / "cpu" / "toy_corridor_tiny.yaml")
+    assert commands.main(["train", toy, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "this is Ray 3.0.0" in err and "Traceback" not in err

@@ -24,6 +24,7 @@ import sys
 from typing import Optional, Sequence
 
 from rllib_r3l.errors import UsageError
+from rllib_r3l import ray_internals
 from rllib_r3l.cli.experiments import (  # noqa: F401 - the CLI's file handling, also used as cli.<name>
     expand_variants,
     known_config_keys,
@@ -76,6 +77,7 @@ def cmd_train(args) -> int:
     from rllib_r3l.cli.extend import parse_stops
 
     launch.interrupt_on_sigterm()
+    ray_internals.check_version()  # its resume and signal handling read Ray's private state: another Ray, said now
     resume.check_resume_flags(args.resume, args.set or [])
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
     if args.num_cpus is not None and args.num_cpus < 1:

@@ -25,6 +25,7 @@ from rllib_r3l.cli import console, live_progress
 from rllib_r3l.cli import outcome
 from rllib_r3l.cli import run_info
 from rllib_r3l.errors import UsageError
+from rllib_r3l import ray_internals
 from rllib_r3l.cli.resume import RESUME, tune_resume_config
 from rllib_r3l.cli import driver_mark, result_rows, state_backup
 from rllib_r3l.cli.extend import new_stop_callback
@@ -239,11 +240,9 @@ def local_gcs_alive(timeout_s: float = 2.0) -> Optional[bool]:
     process started too (Ray's processes block SIGINT, not SIGTERM): it stops answering though its
     process lives on; ``ray.shutdown()`` then waits a minute and Ray's core worker ends the process
     with exit 1. One key lookup with a short timeout tells."""
-    try:
-        import ray._private.worker as ray_worker
-
-        client = ray_worker.global_worker.gcs_client if ray_worker.global_worker.connected else None
-    except Exception:  # noqa: BLE001 - another Ray's internals: unknown
+    try:  # in a signal handler: never raise (train checked the Ray version before it started)
+        client = ray_internals.gcs_client()
+    except Exception:  # noqa: BLE001
         return None
     if client is None:
         return None
@@ -374,7 +373,7 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
                               storage_path=exp_storage, checkpoint_config=checkpoint_config(spec, checkpoint_freq),
                               **kwargs)
         if budget is not None:  # where Tune's time_budget_s puts its TimeoutStopper (no public setter)
-            exp._stopper = budget
+            ray_internals.set_experiment_stopper(exp, budget)
         tracker = outcome.TrainingTracker()
         resume = {"resume_config": tune_resume_config(finished=bool(p.get("stop")))} if p["mode"] == RESUME else {}
         if resume:  # every trial continues from its newest complete checkpoint, the rows after it set aside

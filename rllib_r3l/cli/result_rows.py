@@ -211,12 +211,9 @@ def staged_trial_dir(exp_dir: str, trial: str) -> Optional[str]:
     """The staging folder of ``trial`` (Tune writes rows there, then copies them to the storage folder
     now and then) whose ``result.json`` holds more iterations than the storage's and starts with them;
     None when there is none on this machine (another node, a cleaned ``/tmp``)."""
-    try:
-        from ray._common.utils import get_default_ray_temp_dir
+    from rllib_r3l import ray_internals
 
-        root = get_default_ray_temp_dir()
-    except Exception:  # noqa: BLE001 - another Ray layout: nothing to recover from
-        return None
+    root = ray_internals.ray_temp_dir()  # another Ray: RayInternalsError, not rows silently left behind
     exp = os.path.basename(os.path.normpath(exp_dir))
     stored = [it for _, it in _json_rows(os.path.join(exp_dir, trial))]
     while stored and stored[-1] is None:  # a last row cut short (a full disk): the staged copy is whole

@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from rllib_r3l.cli.result_rows import (REDONE, _iterations_after, _json_rows, _row, recover_rows, set_aside_rows,
                                        staged_trial_dir)
+from rllib_r3l import ray_internals
 from rllib_r3l.cli.storage import write_atomically
 from rllib_r3l.errors import UsageError
 
@@ -59,19 +60,17 @@ def _state_file(exp_dir: str) -> Optional[str]:
 
 def _state_trials(exp_dir: str) -> List[tuple]:
     """``(index, trial dir, trial state, run metadata)`` per trial of Tune's newest state; [] when unreadable."""
+    ray_internals.check_version()  # another Ray: a named error, not a resume that silently chooses nothing
     try:
-        from ray.tune.trainable.metadata import _TrainingRunMetadata
-        from ray.tune.utils.serialization import _loads_with_cloudpickle
-
         with open(_state_file(exp_dir) or "") as f:
             raw = json.load(f)
         out = []
         for i, (trial_json, meta_json) in enumerate(raw.get("trial_data", [])):
-            trial = _loads_with_cloudpickle(trial_json)
+            trial = ray_internals.load_trial_state(trial_json)
             tdir = os.path.join(exp_dir, trial["storage"].trial_dir_name)
-            out.append((i, tdir, trial, _TrainingRunMetadata.from_json_state(meta_json)))
+            out.append((i, tdir, trial, ray_internals.load_run_metadata(meta_json)))
         return out
-    except Exception:  # noqa: BLE001 - no or another state format: Tune resumes as it sees fit, unnamed
+    except Exception:  # noqa: BLE001 - no state yet, or a cut or damaged one (the Ray version is checked above)
         return []
 
 
@@ -106,8 +105,7 @@ def saved_checkpoint_frequencies(exp_dir: str) -> set:
 
 def _recorded(tdir: str, md) -> List[tuple]:
     """``(local path, result)`` of the checkpoints Tune recorded for a trial, oldest first."""
-    cm = md.checkpoint_manager
-    results = list(getattr(cm, "_checkpoint_results", None) or []) if cm else []
+    results = ray_internals.checkpoint_results(md)
     results.sort(key=lambda r: (r.metrics or {}).get("training_iteration", 0))
     return [(os.path.join(tdir, os.path.basename(r.checkpoint.path.rstrip("/"))), r) for r in results]
 
@@ -259,10 +257,6 @@ def drop_pending_decisions(exp_dir: str) -> bool:
 
 
 def _rewrite_state(exp_dir: str, todo: Sequence[Dict[str, Any]]) -> None:
-    from ray.train import Checkpoint
-    from ray.train._internal.session import _TrainingResult
-    from ray.tune.trainable.metadata import _TrainingRunMetadata
-
     from rllib_r3l.checkpoint_integrity import problem
 
     state = _state_file(exp_dir)
@@ -273,22 +267,15 @@ def _rewrite_state(exp_dir: str, todo: Sequence[Dict[str, Any]]) -> None:
         raw["trial_data"][c["index"]][0] = _with_next_index(raw["trial_data"][c["index"]][0], c["last_index"])
         if not (c["rewind"] or c["adopt"]):
             continue
-        md = _TrainingRunMetadata.from_json_state(raw["trial_data"][c["index"]][1])
+        md = ray_internals.load_run_metadata(raw["trial_data"][c["index"]][1])
         keep = [(p, r) for p, r in _recorded(tdir, md) if problem(p) is None
                 and (r.metrics or {}).get("training_iteration", 0) <= c["iteration"]]
         chosen = next((r for p, r in keep if p == c["from"]), None)
         if chosen is None:  # adopt: a result Tune would have recorded, with the row of that iteration
-            chosen = _TrainingResult(checkpoint=Checkpoint(path=c["from"]),
-                                     metrics=_row(tdir, c["iteration"]) or {"training_iteration": c["iteration"]})
+            chosen = ray_internals.training_result(
+                c["from"], _row(tdir, c["iteration"]) or {"training_iteration": c["iteration"]})
             keep.append((c["from"], chosen))
-        if md.checkpoint_manager is None:
-            from ray.train._internal.checkpoint_manager import _CheckpointManager
-
-            md.checkpoint_manager = _CheckpointManager(checkpoint_config=None)
-        cm = md.checkpoint_manager
-        cm._checkpoint_results = [r for _, r in keep]
-        cm._latest_checkpoint_result = chosen
-        md.invalidate_cache()
+        ray_internals.set_checkpoint_results(md, [r for _, r in keep], chosen)
         raw["trial_data"][c["index"]][1] = md.get_json_state()
     shutil.copy2(state, os.path.join(exp_dir, ".r3l-before-resume-" + os.path.basename(state)))
     write_atomically(state, json.dumps(raw))
@@ -306,23 +293,20 @@ def _stale_index(exp_dir: str, c: Dict[str, Any]) -> bool:
     Tune saves into ``checkpoint_<index>`` and counts the index in the trial's saved state; a state that
     lags the disk (a killed driver) makes the resumed trial write over a newer checkpoint, which
     ``num_to_keep`` then deletes as if it were old: a finished run could end with none."""
+    ray_internals.check_version()
     try:
-        from ray.tune.utils.serialization import _loads_with_cloudpickle
-
         with open(_state_file(exp_dir) or "") as f:
-            trial = _loads_with_cloudpickle(json.load(f)["trial_data"][c["index"]][0])
+            trial = ray_internals.load_trial_state(json.load(f)["trial_data"][c["index"]][0])
         return trial["storage"].current_checkpoint_index < c["last_index"]
-    except Exception:  # noqa: BLE001 - another state format: left as Tune wrote it
+    except Exception:  # noqa: BLE001 - a cut or damaged state: left as Tune wrote it (the version is checked above)
         return False
 
 
 def _with_next_index(trial_json: str, last_index: int) -> str:
-    from ray.tune.utils.serialization import TuneFunctionEncoder, _loads_with_cloudpickle
-
-    trial = _loads_with_cloudpickle(trial_json)
+    trial = ray_internals.load_trial_state(trial_json)
     storage = trial["storage"]
     storage.current_checkpoint_index = max(storage.current_checkpoint_index, last_index)
-    return json.dumps(trial, indent=2, cls=TuneFunctionEncoder)
+    return ray_internals.dump_trial_state(trial)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -28,6 +28,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from rllib_r3l import ray_internals
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["WeightTransferSync", "sync_weights_via_transfer", "send_weights"]
@@ -239,7 +241,7 @@ class WeightTransferSync:
             return False
         if env_runner_group.num_remote_workers() > 0:
             ids = list(env_runner_group.healthy_worker_ids())
-            engines = RunnerEngines([env_runner_group._worker_manager._actors[i] for i in ids])
+            engines = RunnerEngines([ray_internals.actor(env_runner_group, i) for i in ids])
         elif not learner_group.is_local:
             return self._disable("the learners run in actors and the engine in the driver")
         else:
@@ -271,9 +273,10 @@ class WeightTransferSync:
     @staticmethod
     def _on_rank0(learner_group: Any, fn: Any, **kwargs) -> List[Any]:
         if learner_group.is_local:
-            return [fn(learner_group._learner, **kwargs)]
-        first = learner_group._worker_manager.actor_ids()[0]  # rank 0, whose state RLlib syncs
-        return learner_group._get_results(learner_group.foreach_learner(fn, remote_actor_ids=[first], **kwargs))
+            return [fn(ray_internals.local_learner(learner_group), **kwargs)]
+        first = ray_internals.actor_ids(learner_group)[0]  # rank 0, whose state RLlib syncs
+        return ray_internals.learner_results(learner_group,
+                                             learner_group.foreach_learner(fn, remote_actor_ids=[first], **kwargs))
 
     def _open(self, learner_group: Any, engines: Any, ids: list, infos: List[Dict[str, Any]]) -> None:
         from rllib_r3l.generation import weight_transfer as wt

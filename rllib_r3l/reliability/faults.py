@@ -44,6 +44,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from rllib_r3l import ray_internals
+
 logger = logging.getLogger(__name__)
 
 _PROB, _INDICES, _SECONDS, _SEED = "probability in [0, 1]", "list of integers >= 0", "number >= 0", "integer"
@@ -300,7 +302,7 @@ def poison_grads(learner: Any) -> None:
     faults = getattr(learner, "_r3l_faults", None)
     if faults and "nan_grad" in faults:
         faults.discard("nan_grad")
-        for p in learner._params.values():
+        for p in ray_internals.learner_params(learner).values():
             if p.grad is not None:
                 p.grad.view(-1)[0] = float("inf")
                 return
@@ -353,7 +355,7 @@ def maybe_kill_runner(algo: Any, runner_ids: List[int]) -> Optional[RunnerKill]:
     if iteration not in plan["kill_runner_at_iterations"]:
         return None
     rid = runner_ids[iteration % len(runner_ids)]
-    actor = algo.env_runner_group._worker_manager._actors.get(rid)
+    actor = ray_internals.actor(algo.env_runner_group, rid)
     if actor is None:
         return None
     return RunnerKill(actor, rid, plan["kill_runner_delay_s"])

@@ -36,6 +36,7 @@ import numpy as np
 
 from rllib_r3l.reliability import faults
 from rllib_r3l.generation.base import GenerationBackend
+from rllib_r3l import ray_internals
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
     cache = _runner_cache(algo)
     healthy = list(group.healthy_worker_ids())
     if not healthy:  # every runner is restarting: wait (bounded) rather than run an empty iteration
-        healthy = wait_for_runners(algo, group, list(group._worker_manager.actor_ids()))
+        healthy = wait_for_runners(algo, group, ray_internals.actor_ids(group))
     if len(healthy) < group.num_remote_workers():
         m.log_value(("r3l", "faults", "env_runners_unavailable"), group.num_remote_workers() - len(healthy), reduce="sum")
     pending = runner_shares(c.tasks_per_iteration, healthy)
@@ -124,7 +125,7 @@ def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
         for sample, runner_metrics, idx, state in out:
             if sample is None:  # out of service until restored with the learner's weights (and its RNG)
                 m.log_value(("r3l", "faults", runner_metrics), 1, reduce="sum")
-                group._worker_manager.set_actor_state(idx, healthy=False)
+                ray_internals.mark_unhealthy(group, idx)
                 continue
             groups.extend(sample)
             metrics.append(runner_metrics)
@@ -177,7 +178,7 @@ def restore_env_runners(algo: Any, group: Any) -> List[int]:
     import ray
     from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
 
-    algo._counters["total_num_restored_workers"] += len(restored)
+    ray_internals.algorithm_counters(algo)["total_num_restored_workers"] += len(restored)
     algo.metrics.log_value(("r3l", "faults", "env_runners_restored"), len(restored), reduce="sum")
     weights = algo.learner_group.get_state(components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE,
                                            inference_only=True)[COMPONENT_LEARNER]
@@ -215,7 +216,7 @@ def remote_runner_states(algo: Any) -> Dict[int, Dict[str, Any]]:
 
 
 def get_extra_state(algo: Any, components=None, not_components=None) -> Optional[Dict[str, Any]]:
-    if not algo._check_component(STATE_KEY, components, not_components):
+    if not ray_internals.asked_for_component(algo, STATE_KEY, components, not_components):
         return None
     return {"env_runners": remote_runner_states(algo)}
 
