@@ -132,7 +132,7 @@ class ToyWordEnv(TextEnv):
         super().__init__()
         if vocabulary is not None and (isinstance(vocabulary, str) or not list(vocabulary)
                                        or not all(isinstance(w, str) and w.strip() for w in vocabulary)):
-            # re-probe 11: [] fell back to the default words without a word
+            # else [] falls back to the default words without a word
             raise ValueError(f"vocabulary must be a non-empty list of words (None = the default four), got {vocabulary!r}")
         self.vocabulary = list(vocabulary or ["apple", "river", "stone", "cloud"])
         self.split = check_split(split)

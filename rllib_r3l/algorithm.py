@@ -98,7 +98,7 @@ class R3L(Algorithm):
         preflight.check_config(self.config)  # the env builds with its env_config, the model exists: fail now
         preflight.check_local_learner_gpu(self.config)
         if preflight.ray_capacity()[0] is None:  # no Ray yet: RLlib runs (or starts) everything on this machine
-            preflight.check_resources(self.config)  # its GPUs (re-probe 11: a CUDA engine device on a CPU machine)
+            preflight.check_resources(self.config)  # its GPUs (a CUDA engine device on a CPU machine fails here)
         super().setup(config)
         self._num_updates = 0
         self._pad_token_id = None
@@ -335,7 +335,7 @@ def _refuse_incomplete_checkpoint(path: Any) -> None:
     from rllib_r3l.checkpoint_integrity import problem
 
     local = str(getattr(path, "path", path))  # a ray.train.Checkpoint, or a path
-    if os.path.isfile(local):  # re-probe 11: RLlib called an experiment's YAML file "a v0 checkpoint"
+    if os.path.isfile(local):  # else RLlib calls a YAML experiment file "a v0 checkpoint"
         raise ValueError(f"{local}: a file, not a checkpoint folder; pass a checkpoint_* folder of a run (the "
                          "folder Algorithm.save() returned, or one inside a trial's folder)")
     if not os.path.isdir(local):

@@ -94,9 +94,9 @@ SMALL_STATE = 1 << 16  # a module's weights are never this small: such a module_
 
 
 def _content_problem(root: str) -> Optional[str]:
-    """Whole files with the wrong content (re-probe 7: a pickled ``{}`` written over ``algorithm_state.pkl``
-    restored as iteration 0; over a module's ``module_state.pkl`` it passed ``--resume --dry-run``, then
-    the trial failed): the algorithm state must hold its iteration, each module's state some weights.
+    """Whole files with the wrong content (a pickled ``{}`` written over ``algorithm_state.pkl``
+    restores as iteration 0; over a module's ``module_state.pkl`` it passes ``--resume --dry-run``, then
+    the trial fails): the algorithm state must hold its iteration, each module's state some weights.
     Only small files are unpickled (the algorithm state is kilobytes; weights are not read)."""
     import pickle
 

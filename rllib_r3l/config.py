@@ -111,9 +111,9 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
         return self
 
     def environment(self, env: Any = NotProvided, *, env_config: Any = NotProvided, **kwargs: Any) -> "R3LConfig":
-        """RLlib's environment options; an ``env_config`` that is not a mapping names the field (re-probe 10: RLlib's
-        merge raised ``AttributeError: 'list' object has no attribute 'items'``). ``None`` (YAML's empty
-        ``env_config:``) adds no option (re-probe 11: it was the same AttributeError)."""
+        """RLlib's environment options; an ``env_config`` that is not a mapping names the field (RLlib's
+        merge raises ``AttributeError: 'list' object has no attribute 'items'``). ``None`` (YAML's empty
+        ``env_config:``) adds no option (rather than the same AttributeError)."""
         if env_config is None:
             env_config = NotProvided
         if env_config is not NotProvided and not isinstance(env_config, dict):
@@ -124,7 +124,7 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
 
     def evaluation(self, *, evaluation_temperature: Any = NotProvided, **kwargs: Any) -> "R3LConfig":
         """RLlib's evaluation options, plus ``evaluation_temperature`` (R3L's; also a ``training()`` option).
-        Another R3L option here is an error that says it belongs in ``training()`` (re-probe 7: Python's
+        Another R3L option here is an error that says it belongs in ``training()`` (not Python's
         "unexpected keyword argument")."""
         if evaluation_temperature is not NotProvided:
             self.training(evaluation_temperature=evaluation_temperature)
@@ -173,7 +173,7 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
         validation.check_switches(self)
         validation.check_unused_rllib(self, fresh_defaults())  # before RLlib's own advice for them
         validation.check_ranges(self)  # before RLlib's (evaluation_duration=0: advice to skip validation)
-        # RLlib's "You are running R3L on the new API stack!" (R3L runs on nothing else; re-probe 11: noise on
+        # RLlib's "You are running R3L on the new API stack!" (R3L runs on nothing else, so it is only noise on
         # every console) is logged once per process under this log_once key: taken here, it is not printed
         log_once(f"{self.algo_class.__name__}_on_new_api_stack")
         super().validate()
@@ -211,7 +211,7 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
         validation.check_learning_signal(self)
         validation.check_retry_options(self)
         validation.check_callbacks(self)
-        if self.reflection_template is not None:  # re-probe 9: a missing file passed --dry-run, then the trial failed
+        if self.reflection_template is not None:  # else a missing file passes --dry-run, then fails the trial
             from rllib_r3l.runner.reflection.reflect import load_template
 
             try:
@@ -275,7 +275,7 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
             problem = unknown_backend_option(self.backend, self.backend_options, here=False)
             if problem:
                 err("backend_options", problem)
-        if self.system_prompt is not None:  # re-probe 11: {bogus} lost every group (a KeyError in the log)
+        if self.system_prompt is not None:  # else {bogus} loses every group (a KeyError in the log)
             problem = template_problem(self.system_prompt, ("rules", "task"), ("task",))
             if problem:
                 err("system_prompt", problem)

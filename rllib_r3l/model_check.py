@@ -144,14 +144,14 @@ def _shapes_problem(path: str, stamp: tuple) -> Optional[str]:
         if want is not None and want != shape:
             return (f"{path}: config.json does not fit the weights: {name} is {list(shape)} in the weights, "
                     f"config.json makes it {list(want)}; copy config.json of the model the weights belong to")
-    # re-probe 9: num_hidden_layers 4 over 2 layers' weights passed, and transformers initialised the
+    # num_hidden_layers 4 over 2 layers' weights: transformers would initialise the
     # other two at random (its report only in the log). A tied head is one parameter (named once here).
     known = set(saved) | {n.split(".", 1)[-1] for n in saved}
     missing = [k for k, _ in model.named_parameters() if k not in known and k.split(".", 1)[-1] not in known]
     if missing:
         return (f"{path}: config.json describes {len(missing)} tensor(s) the weights lack (e.g. {missing[0]}), which "
                 "transformers would initialise at random; copy config.json of the model the weights belong to")
-    # re-probe 10: num_hidden_layers 1 over 2 layers' weights trained a cut model (the rest dropped unread)
+    # num_hidden_layers 1 over 2 layers' weights would train a cut model (the rest dropped unread)
     prefix = getattr(model, "base_model_prefix", "") or "model"
     names = set(built) | {k.split(".", 1)[-1] for k in built}
     unread = [n for n in saved if not n.endswith("rotary_emb.inv_freq")

@@ -225,8 +225,8 @@ RANGES: Dict[str, Range] = {
     "pivot_temperature": Range(low=0, none="temperature"),
     # RLlib options R3L uses (a negative grad_clip would scale every gradient by grad_clip/||g|| < 0:
     # gradient ascent)
-    # an LLM's learning rate lives around 1e-7..1e-4; 1 and above wreck the weights in one update (the
-    # re-probe's lr=1e9 trained, then every episode failed on nan probabilities, and the run ended "TERMINATED")
+    # an LLM's learning rate lives around 1e-7..1e-4; 1 and above wreck the weights in one update (lr=1e9
+    # trains, then every episode fails on nan probabilities, and the run ends "TERMINATED")
     "lr": Range(low=0, low_open=True, high=1, high_open=True,
                 text="> 0 and < 1 (a number, or a schedule [[timestep, lr], ...])"),
     "grad_clip": Range(low=0, low_open=True, none="no clipping"),
@@ -262,7 +262,7 @@ UNUSED_RLLIB: Dict[str, str] = {
     "evaluation_parallel_to_training": "R3L.evaluate() runs between iterations, on the training env runners",
     "evaluation_config": "R3L.evaluate() runs on the training env runners with the training config; set "
                          "evaluation_temperature, evaluation_duration and env_config.eval_split instead",
-    # re-probe 10: RLlib's sampling options were accepted and changed nothing (R3L's runners explore task
+    # RLlib's sampling options would be accepted and change nothing (R3L's runners explore task
     # groups of whole text episodes themselves)
     "explore": "R3L always samples its rollouts (temperature, top_p); evaluation_temperature sets R3L.evaluate()'s "
                "sampling and `rllib-r3l evaluate --greedy` decodes greedily",

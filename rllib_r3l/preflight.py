@@ -114,7 +114,7 @@ def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: O
         _build(factory, kwargs, on_env)
     except Exception as e:  # noqa: BLE001 - the environment's own error is the message
         if "split" in kwargs and "split" not in (env_config or {}) and _builds(factory, env_kwargs(factory, env_config, None)):
-            # re-probe 9: task_split='nope' was blamed on env_config, which holds no split
+            # task_split='nope' is not env_config's fault: it holds no split
             raise ValueError(f"R3LConfig.task_split: {name} has no task split {split!r} ({one_line(e)})") from None
         raise ValueError(f"R3LConfig.env_config: {name} cannot be created with env_config={env_config!r}: "
                          f"{one_line(e)}") from None
@@ -268,7 +268,7 @@ def check_resources(config: Any, cpus: Optional[float] = None, gpus: Optional[fl
         raise ValueError(f"R3LConfig.backend_options: tensor_parallel_size={tp} splits the vLLM engine over {tp} "
                          f"GPUs, {'this machine' if gpus is None else source} has {have_gpu:g}; drop it (1) on CPU")
     device = (config.backend_options or {}).get("device")
-    if isinstance(device, str) and device.startswith("cuda") and have_gpu == 0:  # re-probe 11: passed --dry-run
+    if isinstance(device, str) and device.startswith("cuda") and have_gpu == 0:  # else passes --dry-run
         raise ValueError(f"R3LConfig.backend_options: device={device!r} puts the generation engines on a GPU, "
                          f"{'this machine' if gpus is None else source} has none; use 'cpu' or drop it (None)")
     if need_gpu > have_gpu:

@@ -76,7 +76,7 @@ def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[s
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UsageError(f"{src}: a stop value must be a number (the trial stops when the metric reaches it), "
                              f"got {value!r}")
-        if not math.isfinite(value):  # re-probe 7: .inf passed and the trial never stopped on it
+        if not math.isfinite(value):  # .inf would pass and the trial never stop on it
             raise UsageError(f"{src}: a stop value must be a finite number, got {value!r}")
         if isinstance(key, str) and key.endswith("_rate") and value > 1:  # rates are in [0, 1]: never reached
             raise UsageError(f"{src}: {key!r} is a rate between 0 and 1, so {value!r} is never reached and the trial "
@@ -104,7 +104,7 @@ def unknown_metric_hint(key: Any) -> Optional[str]:
 
 def check_checkpoint_score(attribute: Any, src: str) -> None:
     """Raise :class:`UsageError` for a ``checkpoint_score_attribute`` no R3L result has: Tune then ranks
-    no checkpoint by it and ``num_to_keep`` deletes the best one (re-probe 9), without a word."""
+    no checkpoint by it and ``num_to_keep`` deletes the best one, without a word."""
     if attribute is None:
         return
     hint = unknown_metric_hint(attribute)

@@ -74,7 +74,7 @@ def _check_lr_schedule(schedule) -> None:
                  f"got {lr!r} in {list(schedule)!r}")
         if isinstance(entry, (list, tuple)) and len(entry) == 2:
             steps.append(entry[0])
-    # re-probe 9: timesteps out of order reached RLlib's bare `assert idxes == sorted(idxes)` in the trial
+    # else timesteps out of order reach RLlib's bare `assert idxes == sorted(idxes)` in the trial
     # a whole float (1e6, as in RLlib's own example) is a timestep too
     bad = [t for t in steps if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0
            or (isinstance(t, float) and not t.is_integer())]
@@ -179,8 +179,8 @@ def _validate_lora(lora: Any, err) -> None:
 
 def check_callbacks(cfg: Any) -> None:
     """RLlib accepts any callable as ``callbacks_class`` and calls it with no arguments in every worker: a
-    function that needs arguments (re-probe 9: ``callbacks: os.system``) failed in the trial with a
-    ``TypeError`` that named no option."""
+    function that needs arguments (``callbacks: os.system``) fails in the trial with a
+    ``TypeError`` that names no option."""
     import inspect
 
     value = getattr(cfg, "callbacks_class", None)
@@ -199,7 +199,7 @@ def check_callbacks(cfg: Any) -> None:
 
 
 def check_stack(cfg: Any) -> None:
-    """What R3L runs on, checked before RLlib's own validate (re-probe 10: each was a traceback later): the new
+    """What R3L runs on, checked before RLlib's own validate (each is a traceback later otherwise): the new
     API stack, one policy, and an ``env_config`` that is a mapping."""
     if not getattr(cfg, "enable_rl_module_and_learner", True) or not getattr(
             cfg, "enable_env_runner_and_connector_v2", True):

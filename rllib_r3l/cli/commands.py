@@ -55,7 +55,7 @@ def _require(module: str, flag: str, pip_name: str) -> None:
 def make_callbacks(args) -> list:
     """Extra Tune logger callbacks (CSV, JSON and TensorBoard loggers are Tune's defaults)."""
     callbacks = []
-    if args.mlflow_tracking_uri and not args.mlflow:  # re-probe 9: it was ignored without a word
+    if args.mlflow_tracking_uri and not args.mlflow:  # else it is ignored without a word
         raise UsageError("--mlflow-tracking-uri is read only with --mlflow EXPERIMENT: add --mlflow, or drop the URI")
     if args.wandb:
         _require("wandb", "--wandb", "wandb")
@@ -82,7 +82,7 @@ def cmd_train(args) -> int:
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UsageError(f"--num-cpus {args.num_cpus}: must be >= 1")
-    if args.max_concurrent is not None and args.max_concurrent < 0:  # re-probe 12: -1 passed (Tune: no limit)
+    if args.max_concurrent is not None and args.max_concurrent < 0:  # Tune takes -1 as no limit
         raise UsageError(f"--max-concurrent {args.max_concurrent}: must be >= 0 (0 or leaving it out: no limit)")
     callbacks = make_callbacks(args)  # a missing logger package is a usage error, before anything runs
     for name, spec in experiments.items():

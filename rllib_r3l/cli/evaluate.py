@@ -86,8 +86,8 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     if not env_id:
         raise UsageError(f"{what} does not name its environment; pass --env (e.g. --env r3l/ToyCorridor)")
     env_config_given = env_config is not None
-    # --env-config changes the keys it names (re-probe 7: it replaced the training env_config, and a checkpoint
-    # trained with max_turns 6 was evaluated at the environment's default 8 without a word)
+    # --env-config changes the keys it names (replacing the training env_config would evaluate a checkpoint
+    # trained with max_turns 6 at the environment's default 8 without a word)
     env_config = {**(cfg.get("env_config") or {} if env_id == train_env else {}), **(env_config or {})}
     eval_split = env_config.pop("eval_split", None)
     try:
@@ -127,7 +127,7 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
 
     t0 = time.perf_counter()
     if model is not None:
-        if backend_options.get("dtype") not in (None, "auto"):  # re-probe 10: ignored for a model in memory
+        if backend_options.get("dtype") not in (None, "auto"):  # else ignored for a model in memory
             from rllib_r3l.models import _torch_dtype
 
             model = model.to(_torch_dtype(backend_options["dtype"]))
@@ -220,7 +220,7 @@ def write_aside(path: str, write) -> None:
     """``write(tmp)`` next to ``path``, then renamed onto it: a failed write leaves no half file."""
     tmp = f"{path}.partial-{os.getpid()}"
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # re-probe 11: a new folder failed after the run
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # else a new folder fails after the run
         write(tmp)
         os.replace(tmp, path)
     finally:

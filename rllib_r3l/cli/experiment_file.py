@@ -89,7 +89,7 @@ def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
     """Read an experiments file: ``{name: {run: ..., stop: ..., config: ...}}``."""
     import yaml
 
-    if os.path.isdir(path):  # was "no such file" (re-probe 5)
+    if os.path.isdir(path):  # not "no such file"
         raise UsageError(f"{path}: is a folder; give a YAML experiments file in it, e.g. "
                          "tuned_examples/cpu/coin_collector.yaml")
     if not os.path.isfile(path):
@@ -102,7 +102,7 @@ def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
         raise UsageError(f"{path}:{where}: not valid YAML ({problem}); fix the syntax there") from None
-    except UnicodeDecodeError as e:  # re-probe 7: a traceback
+    except UnicodeDecodeError as e:  # else a traceback
         raise UsageError(f"{path}: not a text file in UTF-8 (byte {e.start}: {e.reason}); give a YAML "
                          "experiments file, e.g. tuned_examples/cpu/coin_collector.yaml") from None
     except OSError as e:
@@ -110,7 +110,7 @@ def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
     except DuplicateKeyError as e:
         raise UsageError(f"{path}:{e.line}: duplicate key {e.key!r} (first at line {e.first_line}): YAML would "
                          "silently keep only the last one; remove or rename one of them") from None
-    if data is None or data == {}:  # was "expected a mapping ..., got dict" (re-probe 7)
+    if data is None or data == {}:  # not "expected a mapping ..., got dict"
         raise UsageError(f"{path}: holds no experiment; write one as NAME: {{run: R3L, stop: {{...}}, config: "
                          "{...}}, e.g. tuned_examples/cpu/coin_collector.yaml")
     if not isinstance(data, dict):

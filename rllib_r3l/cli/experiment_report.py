@@ -70,7 +70,7 @@ def find_trial_dirs(root: str) -> List[str]:
     """Directories (``root`` itself or below, up to 3 levels) holding a Tune result file, an
     ``error.txt`` (a trial that failed before its first result), Tune's ``params.json`` or a checkpoint."""
     root = os.path.abspath(os.path.expanduser(root))
-    if not os.path.isdir(root):  # re-probe 11: a file was "no such directory"
+    if not os.path.isdir(root):  # a file is not "no such directory"
         what = "a file, not a directory" if os.path.exists(root) else "no such directory"
         raise UsageError(f"{root}: {what} (pass a Tune experiment directory, e.g. ~/ray_results/NAME)")
     found = []
@@ -80,7 +80,7 @@ def find_trial_dirs(root: str) -> List[str]:
             dirs[:] = []
         checkpointed = any(x.startswith("checkpoint_") for x in dirs)  # a killed driver's trial: nothing else yet
         dirs[:] = [x for x in dirs if not x.startswith("checkpoint_") and x != "report"]
-        # params.json: a trial whose row files are gone is still listed, with a warning (re-probe 10)
+        # params.json: a trial whose row files are gone is still listed, with a warning
         if {"result.json", "progress.csv", "error.txt", "params.json"} & set(files) or checkpointed:
             found.append(d)
             dirs[:] = []
@@ -175,7 +175,7 @@ def trial_status(trial_dir: str, iterations: int, empty_batches: Optional[int],
         status = "ERROR"
     elif status in ("RUNNING", "PENDING", "PAUSED") and driver_mark.driver_alive(exp_dir) is False:
         status = None  # Tune's last saved state, from a driver that was killed: interrupted unless it finished
-    if status in (None, "TERMINATED"):  # Tune's word stands where no row is left to judge by (re-probe 10)
+    if status in (None, "TERMINATED"):  # Tune's word stands where no row is left to judge by
         status = "TERMINATED" if last.get("done") or (status == "TERMINATED" and not last) else INTERRUPTED
     if status == "TERMINATED" and iterations and empty_batches is not None and empty_batches >= iterations:
         status = TRAINED_ON_NOTHING
@@ -218,7 +218,7 @@ def summarize(trial_dirs: List[str], root: str):
         values = [r[k] for r in rows if r.get(k) is not None]
         if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             table[k] = table[k].astype("Int64")
-    identity = ["trial", "status", "model", "env"]  # re-probe 12: a varied env was a second "env" column
+    identity = ["trial", "status", "model", "env"]  # a varied env is not a second "env" column
     order = (identity + [k for k in varied if k in table and k not in identity]
              + ["iterations", "spliced_from", "reward", "best_reward"])
     order += list(FAULTS)

@@ -119,7 +119,7 @@ def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
                                  f"{flag} (in a file: under the experiment's stop:, beside config:)")
             if key in CONCEPT_HINTS:
                 raise UsageError(f"{src}: unknown config key {key!r}: {CONCEPT_HINTS[key]}")
-            # the closest of all, but never an option R3L refuses (re-probe 9: num_rooms -> 'num_epochs')
+            # the closest of all, but never an option R3L refuses (num_rooms -> 'num_epochs' misleads)
             public = [k for k in known if not k.startswith("_") and k not in UNUSED_RLLIB]
             hint = did_you_mean(key, list(R3L_OPTIONS) + ["model"] + public)
             raise UsageError(f"{src}: unknown config key {key!r}{hint}; "
@@ -266,7 +266,7 @@ def validate_config(config: Dict[str, Any], where: str = "config", overridden: O
     return first
 
 
-# a resumed run keeps its config: neither an edit of the file nor --set can fix what it lacks (re-probe 10)
+# a resumed run keeps its config: neither an edit of the file nor --set can fix what it lacks
 RESUME_ADVICE = ("a resumed experiment runs with the config it started with: put back what it names, or start "
                  "again with --new (a fresh run of the file from its base model at iteration 1, beside the old one, "
                  "which stays as it is)")

@@ -90,7 +90,7 @@ def find_checkpoint(path: str) -> str:
                          "directory nor an R3L checkpoint; pass a checkpoint printed by `rllib-r3l train` or a "
                          "directory written by `rllib-r3l export`")
     parts = _checkpoint_parts(path)
-    if any(parts.values()):  # re-probe 11: half a checkpoint was "not an R3L checkpoint", naming nothing missing
+    if any(parts.values()):  # half a checkpoint: name what is missing, not "not an R3L checkpoint"
         missing = next(k for k, there in parts.items() if not there)
         raise UsageError(f"{path}: a damaged checkpoint: {missing} is missing; restore it from a copy or pass an "
                          "earlier checkpoint_* of the run")
@@ -157,7 +157,7 @@ def _load_pickle(path: str) -> Any:
 def load_checkpoint_config(ckpt: str) -> Dict[str, Any]:
     """The algorithm's config (as a dict) stored in the checkpoint."""
     f = os.path.join(ckpt, "class_and_ctor_args.pkl")
-    if not os.path.isfile(f):  # re-probe 10: evaluated with every default (another backend, max_turns), exit 0
+    if not os.path.isfile(f):  # else evaluated with every default (another backend, max_turns), exit 0
         raise UsageError(f"{ckpt}: class_and_ctor_args.pkl (the training config) is missing, so its environment, "
                          "env_config and rollout settings are unknown; copy it back from the run's checkpoint, "
                          "or evaluate a complete checkpoint")
@@ -241,7 +241,7 @@ def load_module_dir(mdir: str, base_model: Optional[str] = None, dtype: Optional
         model = module.lm.merge_and_unload()
     else:
         weights = dict(hf_named_tensors(state))
-        if not weights:  # re-probe 6 (M5): called "another base model" while the checkpoint itself is damaged
+        if not weights:  # the checkpoint itself is damaged: not "another base model"
             raise UsageError(f"{mdir}: the checkpoint's module state holds no weights (damaged, or not written by "
                              "R3L); use another checkpoint of the run")
         trained_dtype = next((v.dtype for v in weights.values() if torch.is_floating_point(v)), torch.float32)

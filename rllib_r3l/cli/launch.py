@@ -51,7 +51,7 @@ def checkpoint_config(spec: Dict[str, Any], freq: Optional[int], where: str = "c
     raw.setdefault("checkpoint_at_end", True)
     if freq is not None:
         raw["checkpoint_frequency"] = freq
-    # re-probe 10: checkpoint_at_end: 'false' (a string, true to Python) wrote the final checkpoint anyway
+    # checkpoint_at_end: 'false' (a string, true to Python) would write the final checkpoint anyway
     for key, ok, want in (("checkpoint_at_end", lambda v: isinstance(v, bool), "true or false"),
                           ("num_to_keep", lambda v: v is None or (type(v) is int and v >= 1), "an integer >= 1 or null")):
         if key in raw and not ok(raw[key]):
@@ -108,7 +108,7 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     if sep and not port.isdigit() and scheme is None:
         raise UsageError(f"--address {address}: the port {port!r} is not a number; give HOST:PORT, e.g. "
                          "127.0.0.1:6379")
-    if scheme == "ray":  # Ray Client: a closed port was a 36 s wait, then a traceback (re-probe 7)
+    if scheme == "ray":  # Ray Client: a closed port would be a 36 s wait, then a traceback
         host, sep, port = address.split("://", 1)[1].rpartition(":")
         if not sep or not port.isdigit():
             raise UsageError(f"--address {address}: give ray://HOST:PORT of the cluster's Ray Client server "
@@ -174,7 +174,7 @@ def stop_requested_before_tune() -> bool:
 
 
 def interrupt_on_sigterm() -> None:
-    """Until Tune runs (the experiment checks, Ray starting; re-probe 7: a SIGTERM then ended ``train`` with
+    """Until Tune runs (the experiment checks, Ray starting; a SIGTERM would end ``train`` with
     Ray's ``sys.exit(15)`` and no word): SIGTERM stops the command as Ctrl-C does, exit 130 with the advice;
     a second one exits 130 at once."""
     def handler(signum, frame):

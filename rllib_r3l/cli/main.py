@@ -101,7 +101,7 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
         "credit": _flat(_get(r, "r3l", default={})),
         "batch": _flat(_get(r, "r3l", "batch", default={})),
         "learner": _flat(find_r3l_metrics(r.get("learners", {}), "learner")),
-        # evaluation_interval: R3L.evaluate()'s held-out episodes after this iteration (re-probe 7: console only)
+        # evaluation_interval: R3L.evaluate()'s held-out episodes after this iteration (not only on the console)
         **({"held_out": _flat(r["evaluation"].get("env_runners", {}))} if isinstance(r.get("evaluation"), dict) else {}),
     }
 
@@ -248,7 +248,7 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
         con.line(f"interrupted after 0 of {args.iterations} iteration(s): nothing to save (no iteration finished, "
                  "so no checkpoint or summary was written); run the same command again")
         return 130
-    if interrupted:  # re-probe 11: "saving the checkpoint" was said before "nothing to save"
+    if interrupted:  # after the "nothing to save" case: never both said
         con.line(f"interrupted after {algo.iteration} of {args.iterations} iteration(s): saving the checkpoint and "
                  "summary of what ran")
     try:  # a second signal while saving ends the wrap-up, not the records already on disk

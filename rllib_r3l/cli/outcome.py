@@ -29,7 +29,7 @@ LOSS_KEYS = {
     "env_create_errors": "env_runners/r3l/faults/env_create_errors",
     "generation_errors": "env_runners/r3l/faults/generation_errors",
     "partial_groups": "r3l/faults/partial_groups",
-    # re-probe 11: a runner whose exploration raised (every group lost) was said to have "scored alike"
+    # a runner whose exploration raised (every group lost) has not "scored alike"
     "exploration_errors": "env_runners/r3l/faults/exploration_errors",
     "groups_lost_with_exploration_error": "env_runners/r3l/faults/groups_lost_with_exploration_error",
     "groups_lost_with_runner": "r3l/faults/groups_lost_with_runner",

@@ -230,14 +230,14 @@ def staged_trial_dir(exp_dir: str, trial: str) -> Optional[str]:
 
 
 def _staged_for(driver_artifacts: str, exp_dir: str) -> bool:
-    """Whether a staging folder may belong to the experiment stored in ``exp_dir``. Re-probe 11: a copy of the
-    experiment resumed under another storage path has the same names, and its rows were taken for the
-    original's. Tune's state there records its storage path: a folder is ruled out only when that is another
+    """Whether a staging folder may belong to the experiment stored in ``exp_dir``. A copy of the
+    experiment resumed under another storage path has the same names, and its rows must not be taken for
+    the original's. Tune's state there records its storage path: a folder is ruled out only when that is another
     path and the experiment is still there (a moved experiment keeps its staged rows)."""
     here = {os.path.dirname(os.path.abspath(exp_dir)), os.path.dirname(os.path.realpath(exp_dir))}
     name = os.path.basename(os.path.normpath(exp_dir))
     # the newest state is the one the session that staged these rows wrote: a resume copies the experiment's
-    # older states in beside it (re-probe 12: a copy's staging folder held the original's state too)
+    # older states in beside it (so a copy's staging folder holds the original's state too)
     states = sorted(glob.glob(os.path.join(driver_artifacts, "experiment_state-*.json")))
     recorded = set()
     try:
@@ -295,8 +295,8 @@ def recover_rows(staged: str, tdir: str) -> None:
 
 
 def read_rows(tdir: str, live: bool = False) -> Tuple[List[Dict[str, Any]], List[str]]:
-    """The trial's results, oldest first, and a note for each damage found (re-probe 9: a cut or missing
-    ``result.json`` made ``report`` show fewer iterations and INTERRUPTED, without a word).
+    """The trial's results, oldest first, and a note for each damage found (else a cut or missing
+    ``result.json`` makes ``report`` show fewer iterations and INTERRUPTED, without a word).
 
     ``result.json``'s rows (nested keys joined with ``/``), plus ``progress.csv``'s rows of the
     iterations ``result.json`` lacks. A live trial (``live``) may be writing its last line: that one is
@@ -305,7 +305,7 @@ def read_rows(tdir: str, live: bool = False) -> Tuple[List[Dict[str, Any]], List
     notes: List[str] = []
     path = os.path.join(tdir, "result.json")
     try:
-        with open(path, errors="replace") as f:  # re-probe 10: a non-UTF-8 byte was a UnicodeDecodeError
+        with open(path, errors="replace") as f:  # else a non-UTF-8 byte is a UnicodeDecodeError
             text = f.read()
     except OSError:
         text = None

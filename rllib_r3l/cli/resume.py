@@ -223,7 +223,7 @@ def check_resume_flags(resume: bool, sets: Sequence[str]) -> None:
 
 def check_checkpoint_freq(plan: Dict[str, Dict[str, Any]], freq: Optional[int]) -> None:
     """Refuse a --checkpoint-freq that differs from what a resumed experiment saved: Tune keeps the saved one
-    (re-probe 9: dropped without a word). The same value, as in the first command, passes."""
+    and drops the new one without a word. The same value, as in the first command, passes."""
     from rllib_r3l.cli.resume_from import saved_checkpoint_frequencies
 
     if freq is None:
@@ -296,8 +296,8 @@ def _finished(exp_dir: str) -> bool:
 
 def runtime_lost_line(advice: str) -> str:
     """What the console says when a signal to the whole process group stopped Ray's own processes too;
-    the rows Tune had not copied come back only with a --resume (re-probe 11: promised, then "it cannot be
-    resumed" when no checkpoint was saved yet)."""
+    the rows Tune had not copied come back only with a --resume (promised only
+    where a checkpoint was saved: without one the run "cannot be resumed")."""
     rows = (" (rows not yet copied to the experiment come back with --resume)"
             if advice.startswith("to continue from the last checkpoint") else "")
     return f"interrupted: the signal reached Ray's own processes too, so the trials stopped where they were{rows}; {advice}"
@@ -306,8 +306,8 @@ def runtime_lost_line(advice: str) -> str:
 def interrupted_advice(argv: Sequence[str], plan: Dict[str, Dict[str, Any]]) -> str:
     """What to run after an interruption: resume from the last checkpoint, or, with none yet, start anew.
     A file's experiments that need different commands (one finished, one cut before its first checkpoint,
-    one not started) get one command each (re-probe 5: --resume was advised, then refused for the one
-    without a checkpoint, and --new would have run the finished one again)."""
+    one not started) get one command each (a single --resume is refused for
+    the one without a checkpoint, a single --new runs the finished one again)."""
     steps = []
     for name, p in plan.items():
         d = p["dir"]

@@ -236,7 +236,7 @@ def drop_pending_decisions(exp_dir: str) -> bool:
     """Clear the trial decisions Tune saved but had not carried out (a trial that failed while saving
     leaves ``{trial: STOP}`` in ``runner_data``): a resume applied that STOP after its first checkpoint,
     ending the trial TERMINATED short of its stop criterion, and every later ``--resume`` trained nothing
-    (re-probe 6 soak, anomaly A). True when the state was changed."""
+    True when the state was changed."""
     state = _state_file(exp_dir)
     if state is None:
         return False

@@ -1,6 +1,6 @@
 """What an experiment was started with, kept beside Tune's state, so that ``--resume`` of an edited file
-is refused instead of silently continuing the old config (re-probe 5: `reflect: false` written into the
-file, then `--resume` trained on with reflection to the old stop, and `--dry-run` showed the new values).
+is refused instead of silently continuing the old config (else `reflect: false` written into the
+file, then `--resume`, trains on with reflection to the old stop while `--dry-run` shows the new values).
 
 A resumed experiment keeps the config and stop criteria Tune saved; ``--set``/``--stop`` are refused
 with ``--resume`` for that reason, and so is a file whose ``config``/``stop``/``checkpoint_config`` differ
@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 from rllib_r3l.cli.storage import write_atomically
 
 SPEC_FILE = "r3l-experiment.json"
-COMPARED = ("config", "stop", "checkpoint_config")  # what Tune keeps on a resume (re-probe 10: checkpoint_config)
+COMPARED = ("config", "stop", "checkpoint_config")  # what Tune keeps on a resume (checkpoint_config too)
 
 
 def _normal(value: Any) -> Any:

@@ -83,9 +83,9 @@ def restore(exp_dir: str) -> Optional[str]:
             f"{os.path.basename(state)}{DAMAGED}); resuming from R3L's copy of the last whole one ({name})")
 
 
-# Tune's search-algorithm state beside it (a pickle despite the name): a cut one made Tune print an
-# UnpicklingError, "Restarting experiment", and run a NEW trial with the file's own stop and settings
-# beside the old one, exit 0 (re-probe 6 soak, anomaly C)
+# Tune's search-algorithm state beside it (a pickle despite the name), kept too: a cut one makes Tune print
+# an UnpicklingError, "Restarting experiment", and run a NEW trial with the file's own stop and settings
+# beside the old one, exit 0
 SEARCH_GLOB = "basic-variant-state-*.json"
 SEARCH_PREFIX = ".r3l-search-backup-"  # not matched by PREFIX's glob, nor by Tune's
 
@@ -107,7 +107,7 @@ def _put_back(exp_dir: str, cut: Optional[str], prefix: str, pattern: str, whole
     """Put the newest whole copy (``prefix + pattern``) in place under its name without ``prefix``, then set
     the cut file (None: there is none) aside as ``DAMAGED`` (kept for inspection, no longer read by Tune);
     that name, or None when there is no whole copy. The copy is written first: a disk still full
-    (re-probe 7: the state was set aside, then the copy failed, and the next resume found no state at all)
+    (were the state set aside first and the copy then failed, the next resume would find no state at all)
     raises :class:`UsageError` and changes nothing."""
     copies = [c for c in sorted(glob.glob(os.path.join(exp_dir, prefix + pattern))) if whole(c)]
     if not copies:

@@ -2,8 +2,8 @@
 
 Tune's own budget (``TimeoutStopper``) stops every trial the moment the time is up: no final
 checkpoint (``checkpoint_at_end`` applies to trials that reach a stop criterion), so the iterations
-since the last periodic checkpoint are lost and ``rllib-r3l train`` reports the trials as interrupted
-(re-probe 5, P36). :class:`TimeBudget` stops each running trial at its first result past the budget
+since the last periodic checkpoint are lost and ``rllib-r3l train`` reports the trials as interrupted.
+:class:`TimeBudget` stops each running trial at its first result past the budget
 (Tune then saves it and marks it TERMINATED, like any stop criterion) and ends the experiment once no
 started trial is still running; trials that had not started by then never start.
 """

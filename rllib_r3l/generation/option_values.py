@@ -1,6 +1,6 @@
-"""The values of ``backend_options``: each checked before a model loads (re-probe 10: ``max_batch_size: -1``
-made the transformers backend return nothing, and the run waited forever; ``num_threads: 0`` and ``device:
-cuda`` on a CPU machine were tracebacks in every runner; ``--dry-run`` called them valid).
+"""The values of ``backend_options``: each checked before a model loads (else ``max_batch_size: -1`` makes
+the transformers backend return nothing and the run waits forever, ``num_threads: 0`` and ``device: cuda``
+on a CPU machine are tracebacks in every runner, and ``--dry-run`` calls them valid).
 
 :func:`value_problem` gives ``""`` or why one option's value cannot work, with the values that can.
 """
