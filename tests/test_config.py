@@ -319,7 +319,7 @@ def test_a_callbacks_function_that_needs_arguments_is_refused(tmp_path, capsys):
         R3LConfig().callbacks(os.system).validate_r3l()
     R3LConfig().callbacks(lambda: None).validate_r3l()
     from rllib_r3l.cli import commands as cli
-    from tests.cli.test_bad_input import TOY
+    from tests.cli.tiny_runs import TOY
 
     code = cli.main(["train", TOY, "--dry-run", "--storage-path", str(tmp_path), "--set", "callbacks=os.system"])
     err = capsys.readouterr().err

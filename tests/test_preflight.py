@@ -58,7 +58,7 @@ def test_a_truncated_weights_file_is_refused_up_front(tmp_path, tiny_dir, capsys
                                          rf"its header says {whole}; copy or download the model again"):
         preflight.check_model(d)
     from rllib_r3l.cli import commands as cli
-    from tests.cli.test_bad_input import TOY
+    from tests.cli.tiny_runs import TOY
 
     code = cli.main(["train", TOY, "--dry-run", "--storage-path", str(tmp_path / "s"), "--set", f"model={d}"])
     err = capsys.readouterr().err
@@ -91,7 +91,7 @@ def test_a_config_json_that_contradicts_the_weights_is_refused_up_front(tmp_path
                                          rf"config.json makes it \[1000000000, {width}\]"):
         preflight.check_model(d)
     from rllib_r3l.cli import commands as cli
-    from tests.cli.test_bad_input import TOY
+    from tests.cli.tiny_runs import TOY
 
     code = cli.main(["train", TOY, "--dry-run", "--storage-path", str(tmp_path / "s"), "--set", f"model={d}"])
     err = capsys.readouterr().err
@@ -265,7 +265,7 @@ def test_a_corrupt_tokenizer_or_chat_template_is_refused_up_front(tmp_path, tiny
     """Re-probe 3 leftover: a cut tokenizer.json or a chat template that does not parse passed `--dry-run`
     and failed in every runner; the check loads the tokenizer and renders R3L's turns with the template."""
     from rllib_r3l.cli import commands as cli
-    from tests.cli.test_bad_input import TOY
+    from tests.cli.tiny_runs import TOY
 
     cut = _copy(tiny_dir, tmp_path / "cut")
     with open(os.path.join(cut, "tokenizer.json"), "r+") as f:
@@ -319,7 +319,7 @@ def test_a_task_split_the_environment_lacks_is_blamed_on_task_split(tmp_path, ca
                                          r"\(.*split must be one of train, dev, test"):
         preflight.check_config(config.training(model="tiny"))
     from rllib_r3l.cli import commands as cli
-    from tests.cli.test_bad_input import TOY
+    from tests.cli.tiny_runs import TOY
 
     code = cli.main(["train", TOY, "--dry-run", "--storage-path", str(tmp_path / "s"), "--set", "task_split=nope"])
     err = capsys.readouterr().err

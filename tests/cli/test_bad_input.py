@@ -16,9 +16,10 @@ import pytest
 from rllib_r3l import R3LConfig
 from rllib_r3l.cli import commands as cli
 from tests import REPO_ROOT
+from tests.cli.fake_checkpoints import fake_checkpoint
+from tests.cli.tiny_runs import TOY
 
 ROOT = str(REPO_ROOT)
-TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
 
 
 def run_cli(capsys, *argv):
@@ -192,7 +193,6 @@ def test_an_experiment_that_is_running_now_is_not_resumed_by_a_second_driver(tmp
     rows aside, failed, and left the finished run reported ERROR (a later --resume trained past the stop);
     the plain rerun advised that --resume."""
     from rllib_r3l.cli import driver_mark
-    from tests.cli.test_resume import fake_checkpoint
 
     exp = tmp_path / "toy-corridor-tiny-r3l"
     trial = exp / "R3L_x"
@@ -217,8 +217,6 @@ def test_existing_experiment_asks_for_resume_or_new(tmp_path, capsys):
     trial = exp / "R3L_x"  # a trial with a checkpoint: something to resume
     trial.mkdir()
     (trial / "params.json").write_text("{}")
-    from tests.cli.test_resume import fake_checkpoint
-
     fake_checkpoint(trial / "checkpoint_000000")  # complete (an empty folder is no checkpoint to resume from)
     code, _out, err = dry_run(capsys, tmp_path)
     usage_error(code, err, "already exists", "--resume", "--new")

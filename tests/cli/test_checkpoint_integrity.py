@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rllib_r3l import checkpoint_integrity as ci
-from tests.cli.test_resume import fake_checkpoint
+from tests.cli.fake_checkpoints import fake_checkpoint
 
 
 def _snapshot(path: Path) -> dict:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 
 import pytest
 
 from rllib_r3l.cli import commands as cli
 from rllib_r3l.cli import evaluate as ex_eval
 from rllib_r3l.cli import export as ex
+from tests.cli.fake_checkpoints import module_checkpoint, tiny_state
 
 
 @pytest.mark.parametrize("flag", ["--max-turns", "--max-response-tokens"])
@@ -42,36 +42,11 @@ def test_evaluate_refuses_greedy_with_a_temperature(tmp_path, capsys):
 # ==================================================================================================
 # Checkpoint/model mismatches (item 9): hand-written checkpoints around the tiny model
 # ==================================================================================================
-def _fake_checkpoint(root, state, model_id="tiny", env="r3l/ToyCorridor"):
-    """An algorithm checkpoint as R3L saves it, reduced to what evaluate/export read."""
-    ckpt = root / "checkpoint_000000"
-    mdir = ckpt / ex.MODULE_SUBDIR
-    mdir.mkdir(parents=True)
-    (ckpt / "rllib_checkpoint.json").write_text("{}")
-    with open(ckpt / "class_and_ctor_args.pkl", "wb") as f:
-        pickle.dump({"ctor_args_and_kwargs": (({"env": env, "env_config": {"num_rooms": 3},
-                                                 "backend": "transformers", "max_turns": 1},), {})}, f)
-    with open(mdir / "class_and_ctor_args.pkl", "wb") as f:
-        pickle.dump({"class": None, "ctor_args_and_kwargs": ((), {"model_config": {"model_id": model_id}})}, f)
-    with open(mdir / "module_state.pkl", "wb") as f:
-        pickle.dump(state, f)
-    return str(ckpt)
-
-
-def _tiny_state():
-    from transformers import AutoModelForCausalLM
-
-    from rllib_r3l.models import resolve_model
-
-    model = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"))
-    return {f"lm.{k}": v.clone() for k, v in model.state_dict().items()}
-
-
 def test_weights_of_another_model_are_one_line_in_export_and_evaluate(tmp_path, capsys):
-    state = _tiny_state()
+    state = tiny_state()
     key = "lm.model.embed_tokens.weight"
     state[key] = state[key][:, :-1].clone()  # another model's hidden size
-    ckpt = _fake_checkpoint(tmp_path, state)
+    ckpt = module_checkpoint(tmp_path, state)
     capsys.readouterr()  # the test's own from_pretrained above may show transformers' loading bar
     # before: RuntimeError "size mismatch for ..." (40 lines) from load_state_dict
     code = cli.main(["export", ckpt, "--out", str(tmp_path / "out")])
@@ -86,7 +61,7 @@ def test_weights_of_another_model_are_one_line_in_export_and_evaluate(tmp_path, 
 def test_a_checkpoint_without_weights_is_called_damaged_not_another_model(tmp_path, capsys):
     """Re-probe 6 (M5, issue 37): a module_state.pkl that is a pickle of {} was called "weights that do not
     fit base model 'tiny' ... pass the right --base-model": the base model was right, the file damaged."""
-    ckpt = _fake_checkpoint(tmp_path, {})
+    ckpt = module_checkpoint(tmp_path, {})
     for argv in (["export", ckpt, "--out", str(tmp_path / "out")],
                  ["evaluate", ckpt, "--episodes", "1", "--backend", "transformers"]):
         code = cli.main(argv)
@@ -96,7 +71,7 @@ def test_a_checkpoint_without_weights_is_called_damaged_not_another_model(tmp_pa
 
 
 def test_evaluate_takes_base_model_when_the_checkpoints_has_moved(tmp_path, capsys):
-    ckpt = _fake_checkpoint(tmp_path, _tiny_state(), model_id=str(tmp_path / "moved-away"))
+    ckpt = module_checkpoint(tmp_path, tiny_state(), model_id=str(tmp_path / "moved-away"))
     code = cli.main(["evaluate", ckpt, "--episodes", "1", "--backend", "transformers"])
     err = capsys.readouterr().err
     assert code == 2 and "--base-model" in err, err
@@ -113,7 +88,7 @@ def test_env_config_changes_only_the_keys_it_names(tmp_path, capsys):
     '{"eval_split": "test"}' evaluated a checkpoint trained with max_turns 6 at the environment's default 8,
     exit 0, and the table did not say. Now the flag's keys go over the training env_config, and the
     env_config used is printed."""
-    ckpt = _fake_checkpoint(tmp_path, _tiny_state())
+    ckpt = module_checkpoint(tmp_path, tiny_state())
     capsys.readouterr()
     for flag, want in (("{}", {"num_rooms": 3}), ('{"eval_split": "dev"}', {"num_rooms": 3}),
                        ('{"num_rooms": 4}', {"num_rooms": 4})):
@@ -146,7 +121,7 @@ def test_export_of_a_plain_model_folder_says_it_needs_no_export(tiny_model_dir, 
 def test_an_unknown_backend_option_is_one_line_before_the_model_loads(tmp_path, capsys):
     # re-probe 2: `evaluate --backend-options '{"gpu_mem_util": 0.5}'` was a TypeError traceback from the
     # backend's constructor, after the weights had loaded
-    ckpt = _fake_checkpoint(tmp_path, {})  # no weights at all: the option must be refused before they are read
+    ckpt = module_checkpoint(tmp_path, {})  # no weights at all: the option must be refused before they are read
     code = cli.main(["evaluate", ckpt, "--backend", "transformers", "--backend-options", '{"max_batch_sise": 4}'])
     err = capsys.readouterr().err
     assert code == 2 and "--backend-options: 'max_batch_sise' is not an option of the transformers backend" in err
@@ -162,7 +137,7 @@ def test_an_unknown_backend_option_is_one_line_before_the_model_loads(tmp_path, 
 def test_a_backend_option_value_that_cannot_work_is_one_line_before_the_model_loads(tmp_path, capsys, options,
                                                                                     needle):
     """Re-probe 10 (issue 37): values of --backend-options were never checked (a hang, tracebacks, ignored)."""
-    ckpt = _fake_checkpoint(tmp_path, {})
+    ckpt = module_checkpoint(tmp_path, {})
     code = cli.main(["evaluate", ckpt, "--backend", "transformers", "--backend-options", options])
     err = capsys.readouterr().err
     assert code == 2 and f"--backend-options: {needle}" in err and "Traceback" not in err, err
@@ -170,7 +145,7 @@ def test_a_backend_option_value_that_cannot_work_is_one_line_before_the_model_lo
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the machine has a GPU: 'cuda' is valid here")
 def test_a_cuda_device_on_this_machine_without_a_gpu_is_one_line(tmp_path, capsys):
-    ckpt = _fake_checkpoint(tmp_path, {})
+    ckpt = module_checkpoint(tmp_path, {})
     code = cli.main(["evaluate", ckpt, "--backend", "transformers", "--backend-options", '{"device": "cuda"}'])
     err = capsys.readouterr().err
     assert code == 2 and "this machine has no CUDA GPU" in err and "Traceback" not in err, err
@@ -194,14 +169,14 @@ def test_the_dtype_of_backend_options_is_used_for_a_checkpoint_in_memory(tmp_pat
         seen.append(self.dtype)
 
     monkeypatch.setattr(HFBackend, "__init__", record_dtype)
-    ckpt = _fake_checkpoint(tmp_path, _tiny_state())
+    ckpt = module_checkpoint(tmp_path, tiny_state())
     ex_eval.evaluate(ckpt, episodes=1, backend="transformers", backend_options={"dtype": "bfloat16"}, max_turns=1)
     assert seen == [torch.bfloat16]
 
 
 def test_a_bad_split_is_blamed_on_the_split_flag_not_the_checkpoint(tmp_path, capsys):
     # re-probe 2 (M-6): "--split bogus" was reported as "the env_config of checkpoint ...: ... split"
-    ckpt = _fake_checkpoint(tmp_path, {})
+    ckpt = module_checkpoint(tmp_path, {})
     code = cli.main(["evaluate", ckpt, "--env", "r3l/Countdown", "--split", "bogus", "--backend", "transformers"])
     err = capsys.readouterr().err
     assert code == 2 and "error: --split: " in err and "bogus" in err and "the env_config of" not in err, err
@@ -230,7 +205,7 @@ def test_a_checkpoint_without_its_training_config_is_refused_not_run_with_defaul
     """Re-probe 10 (P73): without the checkpoint's class_and_ctor_args.pkl, evaluate advised --env, and
     following it ran with every default (another backend, max_turns 8 for a run trained at 6), exit 0;
     export wrote an empty rollout section."""
-    ckpt = _fake_checkpoint(tmp_path, _tiny_state())
+    ckpt = module_checkpoint(tmp_path, tiny_state())
     os.remove(os.path.join(ckpt, "class_and_ctor_args.pkl"))
     for argv in (["evaluate", ckpt, "--env", "r3l/ToyCorridor"], ["export", ckpt, "--out", str(tmp_path / "x")]):
         code = cli.main(argv)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from rllib_r3l.cli import commands as cli
-from tests.cli.test_evaluate import _fake_checkpoint, _tiny_state
+from tests.cli.fake_checkpoints import module_checkpoint, tiny_state
 
 
 def _one_clean_line(err: str) -> bool:
@@ -24,7 +24,7 @@ def test_export_to_a_read_only_out_is_refused_before_the_checkpoint_is_loaded(tm
 
 def test_export_without_room_says_the_numbers_and_writes_nothing(tmp_path, tmpfs, capsys):
     small = tmpfs("small", "size=1m")  # the tiny model's weights are ~13 MB
-    ckpt = _fake_checkpoint(tmp_path, _tiny_state())
+    ckpt = module_checkpoint(tmp_path, tiny_state())
     code = cli.main(["export", ckpt, "--out", str(small / "model")])
     err = capsys.readouterr().err
     assert code == 2 and "free, the exported weights need" in err and _one_clean_line(err), err
@@ -35,7 +35,7 @@ def test_a_disk_that_fills_during_export_leaves_out_as_it_was(tmp_path, tmpfs, c
     # room for the weights (so the space check passes), not for the tokenizer written after them:
     # before, --out was left holding a model folder without its tokenizer and a traceback was printed
     disk = tmpfs("disk", "size=15m")
-    ckpt = _fake_checkpoint(tmp_path, _tiny_state())
+    ckpt = module_checkpoint(tmp_path, tiny_state())
     code = cli.main(["export", ckpt, "--out", str(disk / "model")])
     err = capsys.readouterr().err
     assert code == 2 and "could not be written" in err and "nothing was left half-written" in err, err

@@ -11,13 +11,14 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from rllib_r3l.cli import commands as cli
 from tests import REPO_ROOT
+from tests.cli.fake_checkpoints import saved_experiment
+from tests.cli.tiny_runs import cli_process, progress_iterations
 
 ROOT = str(REPO_ROOT)
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
@@ -59,12 +60,6 @@ def finished(proc, err: str) -> bool:
     return proc.returncode == 0 or (proc.returncode == 1 and "trained on nothing" in err)
 
 
-def _cli(argv, **kw):
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_CHDIR_TO_TRIAL_DIR="0")
-    return subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.commands", *argv], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
-
-
 def _iterations(trial_dir):
     with open(os.path.join(trial_dir, "result.json")) as f:
         return [json.loads(line)["training_iteration"] for line in f if line.strip()]
@@ -75,7 +70,7 @@ def _interrupted_after(tmp_path, checkpoint):
     argv = ["train", TOY, *SMALL, "--stop", "training_iteration=4", "--checkpoint-freq", "1",
             "--storage-path", str(tmp_path)]
     exp = tmp_path / "toy-corridor-tiny-no-reflect"
-    proc = _cli(argv)
+    proc = cli_process(argv)
     # poll often: on a fast CPU the tiny run's remaining iterations take about a second
     while proc.poll() is None and not glob.glob(str(exp / "*" / checkpoint / "rllib_checkpoint.json")):
         time.sleep(0.05)
@@ -104,7 +99,7 @@ def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_pat
     assert cli.main(resume_argv + ["--checkpoint-freq", "3", "--dry-run"]) == 2
     assert "keeps the checkpoint frequency it started with (1)" in capsys.readouterr().err
     assert cli.main(resume_argv + ["--checkpoint-freq", "1", "--dry-run"]) == 0
-    proc = _cli(resume_argv)
+    proc = cli_process(resume_argv)
     out, err = proc.communicate()
     assert finished(proc, err), out[-2000:] + err[-3000:]
     assert [d for d in glob.glob(str(exp / "*")) if os.path.isdir(d)] == [trial]  # the same trial continued
@@ -114,13 +109,6 @@ def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_pat
     from rllib_r3l.cli.export import find_checkpoint
 
     assert find_checkpoint(str(exp)).endswith("checkpoint_000003")  # evaluate EXPERIMENT_DIR: one trial
-
-
-def _progress_iterations(trial_dir):
-    import csv
-
-    with open(os.path.join(trial_dir, "progress.csv"), newline="") as f:
-        return [int(r["training_iteration"]) for r in csv.DictReader(f)]
 
 
 def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(tmp_path, capsys):
@@ -135,7 +123,7 @@ def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(
     exp = tmp_path / "toy-corridor-tiny-no-reflect"
     from rllib_r3l.checkpoint_integrity import is_complete
 
-    proc = _cli([*argv, *SMALL[2:6], "--stop", "training_iteration=5"])
+    proc = cli_process([*argv, *SMALL[2:6], "--stop", "training_iteration=5"])
     while proc.poll() is None and not any(is_complete(c) for c in glob.glob(str(exp / "*" / "checkpoint_000000"))):
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.communicate()[1][-3000:]
@@ -143,12 +131,12 @@ def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(
     proc.communicate()
     assert cli.main(["report", str(exp)]) == 0  # Tune's state says RUNNING; its driver is gone
     assert "INTERRUPTED" in capsys.readouterr().out
-    proc = _cli([*argv, "--resume"])
+    proc = cli_process([*argv, "--resume"])
     out, err = proc.communicate()
     assert finished(proc, err), out[-2000:] + err[-3000:]
     assert "resuming from" in out + err, out[-2000:] + err[-3000:]
     (trial,) = [d for d in glob.glob(str(exp / "R3L_*")) if os.path.isdir(d)]  # (report/ is the report's)
-    assert _iterations(trial) == [1, 2, 3, 4, 5] and _progress_iterations(trial) == [1, 2, 3, 4, 5]
+    assert _iterations(trial) == [1, 2, 3, 4, 5] and progress_iterations(trial) == [1, 2, 3, 4, 5]
     # the file keeps 2 checkpoints: the last two iterations', each in its own folder (the re-probe saw the
     # resumed trial write over existing folders, then delete them, and finish with none)
     from rllib_r3l.checkpoint_integrity import newest_complete
@@ -169,7 +157,7 @@ def test_a_driver_killed_before_its_first_checkpoint_keeps_its_rows_and_advises_
     argv = ["train", TOY, *SMALL, "--checkpoint-freq", "100000", "--stop", "training_iteration=500",
             "--storage-path", str(tmp_path)]
     exp = tmp_path / "toy-corridor-tiny-no-reflect"
-    proc = _cli(argv)
+    proc = cli_process(argv)
     staged = os.path.join(ray_utils.get_default_ray_temp_dir(), "session_*", "artifacts", "*", exp.name,
                           "driver_artifacts", "*", "result.json")
     before = set(glob.glob(staged))
@@ -211,7 +199,7 @@ def test_a_cut_tune_state_is_resumed_from_r3ls_copy_with_every_row(tmp_path, cap
         open(os.path.join(trial, name), "w").close()
     resume_argv = ["train", TOY, *SMALL[:2], "--num-cpus", "4", "--quiet-workers", "--verbose", "0",
                    "--storage-path", str(tmp_path), "--resume"]
-    proc = _cli(resume_argv)
+    proc = cli_process(resume_argv)
     out, err = proc.communicate()
     assert finished(proc, err), out[-2000:] + err[-3000:]
     assert "resuming from R3L's copy of the last whole one" in out + err, out[-3000:]
@@ -242,42 +230,16 @@ def test_a_cut_tune_state_is_resumed_from_r3ls_copy_with_every_row(tmp_path, cap
 # ==================================================================================================
 # Resume traps (issue 37, item 5): no resume without a checkpoint, no flags that resume would ignore
 # ==================================================================================================
-def fake_checkpoint(path):
-    """A folder with RLlib's checkpoint layout (metadata, constructor and state files per component) that
-    ``checkpoint_integrity.problem`` takes for complete; nothing in it can be restored."""
-    import pickle
-
-    for sub, meta, state in (("", "rllib_checkpoint.json", "algorithm_state"), ("learner_group", "metadata.json", "state")):
-        d = path / sub if sub else path
-        d.mkdir(parents=True, exist_ok=True)
-        (d / meta).write_text(json.dumps({"class_and_ctor_args_file": "class_and_ctor_args.pkl", "state_file": state}))
-        (d / "class_and_ctor_args.pkl").write_bytes(pickle.dumps({}))
-        (d / f"{state}.pkl").write_bytes(pickle.dumps({"training_iteration": 1}))
-    return path
-
-
-def _saved_experiment(root, name, checkpoint):
-    exp = root / name
-    trial = exp / "R3L_x_00000"
-    trial.mkdir(parents=True)
-    (exp / "experiment_state-2026.json").write_text("{}")
-    (trial / "params.json").write_text("{}")
-    (trial / "result.json").write_text('{"training_iteration": 1}\n')
-    if checkpoint:
-        fake_checkpoint(trial / "checkpoint_000000")
-    return exp
-
-
 def test_resume_without_a_checkpoint_is_refused_and_points_to_new(tmp_path):
     from rllib_r3l.cli import resume
     from rllib_r3l.errors import UsageError
 
-    exp = _saved_experiment(tmp_path, "exp", checkpoint=False)
+    exp = saved_experiment(tmp_path, "exp", checkpoint=False)
     # before: planned as a resume, which restarted at iteration 1 over result.json/progress.csv
     with pytest.raises(UsageError, match=r"--resume: experiment 'exp' .* has no checkpoint.*--new"):
         resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
     assert resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=False, new=True)["exp"]["mode"] == "start"
-    _saved_experiment(tmp_path, "done", checkpoint=True)
+    saved_experiment(tmp_path, "done", checkpoint=True)
     assert resume.plan_runs(["done"], {"done": str(tmp_path)}, resume=True, new=False)["done"]["mode"] == "resume"
     assert (exp / "R3L_x_00000" / "result.json").read_text() == '{"training_iteration": 1}\n'
 
@@ -290,7 +252,7 @@ def test_a_driver_killed_before_tune_saved_its_state_is_not_taken_for_a_new_expe
     from rllib_r3l.cli import resume
     from rllib_r3l.errors import UsageError
 
-    exp = _saved_experiment(tmp_path, "exp", checkpoint=checkpoint)
+    exp = saved_experiment(tmp_path, "exp", checkpoint=checkpoint)
     (exp / "experiment_state-2026.json").unlink()
     why = "Tune saved no state of it" if checkpoint else "no checkpoint yet"
     with pytest.raises(UsageError, match=rf"--resume: experiment 'exp' in {exp}.*{why}.*--new"):
@@ -304,7 +266,7 @@ def test_a_driver_killed_before_tune_saved_its_state_is_not_taken_for_a_new_expe
 
 @pytest.mark.parametrize("flags", [["--set", "lr=0.5"], ["--set=lr=0.5"]])
 def test_resume_refuses_set_it_would_ignore(tmp_path, capsys, flags):  # --stop is a new stop: tests/cli/test_extend.py
-    _saved_experiment(tmp_path, "toy-corridor-tiny-r3l", checkpoint=True)
+    saved_experiment(tmp_path, "toy-corridor-tiny-r3l", checkpoint=True)
     code = cli.main(["train", TOY, "--experiment", "toy-corridor-tiny-r3l", "--storage-path", str(tmp_path),
                      "--resume", "--dry-run", *flags])
     err = capsys.readouterr().err
@@ -328,7 +290,7 @@ def test_resume_refuses_when_one_trial_of_several_would_restart_over_its_rows(tm
     from rllib_r3l.cli import resume
     from rllib_r3l.errors import UsageError
 
-    exp = _saved_experiment(tmp_path, "grid", checkpoint=True)
+    exp = saved_experiment(tmp_path, "grid", checkpoint=True)
     other = exp / "R3L_x_00001"  # a second grid-search trial, stopped before its first checkpoint
     other.mkdir()
     (other / "params.json").write_text("{}")
@@ -344,9 +306,9 @@ def test_interrupted_advice_gives_each_experiment_of_a_file_its_own_command(tmp_
     --resume, which was then refused for it, and --new would have run the finished first one again."""
     from rllib_r3l.cli import resume
 
-    done = _saved_experiment(tmp_path, "a", checkpoint=True)
+    done = saved_experiment(tmp_path, "a", checkpoint=True)
     (done / "R3L_x_00000" / "result.json").write_text('{"training_iteration": 1, "done": true}\n')
-    cut = _saved_experiment(tmp_path, "b", checkpoint=False)
+    cut = saved_experiment(tmp_path, "b", checkpoint=False)
     plan = {n: {"mode": "start", "name": n, "dir": str(tmp_path / n)} for n in ("a", "b", "c")}
     argv = ["train", "f.yaml", "--storage-path", str(tmp_path), "--set", "lr=0.1"]
     advice = resume.interrupted_advice(argv, plan)
@@ -365,11 +327,11 @@ def test_a_signal_that_stopped_ray_promises_rows_back_only_where_a_resume_can_ru
     from rllib_r3l.cli import resume
 
     argv = ["train", "f.yaml", "--storage-path", str(tmp_path)]
-    _saved_experiment(tmp_path, "b", checkpoint=False)
+    saved_experiment(tmp_path, "b", checkpoint=False)
     plan = {"b": {"mode": "start", "name": "b", "dir": str(tmp_path / "b")}}
     line = resume.runtime_lost_line(resume.interrupted_advice(argv, plan))
     assert "come back with --resume" not in line and "cannot be resumed" in line, line
-    _saved_experiment(tmp_path, "a", checkpoint=True)
+    saved_experiment(tmp_path, "a", checkpoint=True)
     plan = {"a": {"mode": "start", "name": "a", "dir": str(tmp_path / "a")}}
     line = resume.runtime_lost_line(resume.interrupted_advice(argv, plan))
     assert "(rows not yet copied to the experiment come back with --resume); to continue from the last" in line, line
@@ -385,7 +347,7 @@ def test_a_cut_search_state_is_restored_from_r3ls_copy_or_refused(tmp_path):
     from rllib_r3l.cli import resume, state_backup
     from rllib_r3l.errors import UsageError
 
-    exp = _saved_experiment(tmp_path, "exp", checkpoint=True)
+    exp = saved_experiment(tmp_path, "exp", checkpoint=True)
     search = exp / "basic-variant-state-2026-12-05_19-18-11.json"
     whole = pickle.dumps({"_total_samples": 1, "_finished": True})
     search.write_bytes(whole)

@@ -17,7 +17,7 @@ import shutil
 import pytest
 
 from rllib_r3l import R3L
-from tests.cli.test_resume import _progress_iterations
+from tests.cli.tiny_runs import progress_iterations
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def test_resume_skips_incomplete_checkpoints_and_continues_from_the_newest_compl
     (trial,) = analysis.trials
     assert trial.status == "TERMINATED", trial.error_file
     assert _iterations(tdir) == [1, 2, 3]  # restored at iteration 1: iteration 2 ran again (once in the file), then 3
-    assert _progress_iterations(tdir) == [1, 2, 3]
+    assert progress_iterations(tdir) == [1, 2, 3]
     with open(os.path.join(tdir, "result.json.r3l-redone")) as f:
         assert [json.loads(line)["training_iteration"] for line in f] == [2]  # the first run of it, kept
     assert trial.checkpoint.path.endswith("checkpoint_000003") and problem(trial.checkpoint.path) is None
@@ -111,9 +111,9 @@ def test_an_experiment_whose_only_checkpoint_is_incomplete_cannot_be_resumed(tmp
     """A hand-made experiment (no Ray): an incomplete folder is no checkpoint to resume from."""
     from rllib_r3l.cli import resume
     from rllib_r3l.errors import UsageError
-    from tests.cli.test_resume import _saved_experiment
+    from tests.cli.fake_checkpoints import saved_experiment
 
-    exp = _saved_experiment(tmp_path, "exp", checkpoint=True)
+    exp = saved_experiment(tmp_path, "exp", checkpoint=True)
     (exp / "R3L_x_00000" / "checkpoint_000000" / "algorithm_state.pkl").write_bytes(b"")
     with pytest.raises(UsageError, match=r"only incomplete checkpoint folders \(checkpoint_000000\).*--new"):
         resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
@@ -173,7 +173,7 @@ def test_resume_adopts_a_complete_checkpoint_tunes_state_missed(ray_session, tmp
     (trial,) = tune.run(experiment(), resume_config=resume.tune_resume_config(), raise_on_failed_trial=False,
                         verbose=0).trials
     assert trial.status == "TERMINATED", trial.error_file
-    assert _iterations(tdir) == [1, 2, 3] and _progress_iterations(tdir) == [1, 2, 3]  # was [1, 2, 2, 3]
+    assert _iterations(tdir) == [1, 2, 3] and progress_iterations(tdir) == [1, 2, 3]  # was [1, 2, 2, 3]
     # re-probe: Tune numbered the next checkpoint from its lagging state, wrote iteration 3 over the
     # adopted checkpoint_000001, and num_to_keep then deleted it as an old one
     from rllib_r3l.cli.export import checkpoint_iteration
@@ -196,7 +196,7 @@ def test_rows_after_the_checkpoint_are_set_aside_not_deleted(tmp_path):
         w.writeheader()
         w.writerows(rows)
     assert result_rows.set_aside_rows(str(tmp_path), 3) == {"result.json": 2, "progress.csv": 2}
-    assert _iterations(tmp_path) == [1, 2, 3] and _progress_iterations(tmp_path) == [1, 2, 3]
+    assert _iterations(tmp_path) == [1, 2, 3] and progress_iterations(tmp_path) == [1, 2, 3]
     assert result_rows.set_aside_rows(str(tmp_path), 2) == {"result.json": 1, "progress.csv": 1}
     assert _iterations(tmp_path) == [1, 2]
     with open(tmp_path / "result.json.r3l-redone") as f:

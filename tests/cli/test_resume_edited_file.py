@@ -13,7 +13,7 @@ import yaml
 
 from rllib_r3l.cli import commands as cli
 from rllib_r3l.cli.saved_spec import SPEC_FILE
-from tests.cli.test_resume import _cli
+from tests.cli.tiny_runs import cli_process
 
 
 def test_resume_of_an_edited_file_is_refused_and_of_the_same_file_planned(tmp_path, capsys):
@@ -27,7 +27,7 @@ def test_resume_of_an_edited_file_is_refused_and_of_the_same_file_planned(tmp_pa
     f.write_text(yaml.safe_dump(spec))
     storage = str(tmp_path / "runs")
     # interrupted after its first checkpoint (a finished experiment has nothing to resume: refused as such)
-    proc = _cli(["train", str(f), "--storage-path", storage, "--stop", "training_iteration=500", "--num-cpus", "4",
+    proc = cli_process(["train", str(f), "--storage-path", storage, "--stop", "training_iteration=500", "--num-cpus", "4",
                  "--checkpoint-freq", "1", "--quiet-workers", "--verbose", "0"])
     first = str(tmp_path / "runs" / "edited" / "*" / "checkpoint_000000" / "rllib_checkpoint.json")
     deadline = time.time() + 600

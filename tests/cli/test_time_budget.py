@@ -9,7 +9,7 @@ import os
 
 import yaml
 
-from tests.cli.test_resume import _cli
+from tests.cli.tiny_runs import cli_process
 
 
 def test_a_time_budget_ends_the_trial_terminated_with_a_final_checkpoint(tmp_path):
@@ -23,7 +23,7 @@ def test_a_time_budget_ends_the_trial_terminated_with_a_final_checkpoint(tmp_pat
                                   "num_env_runners": 0, "num_learners": 0, "lr": 1e-3}}}
     f = tmp_path / "budget.yaml"
     f.write_text(yaml.safe_dump(spec))
-    proc = _cli(["train", str(f), "--storage-path", str(tmp_path / "runs"), "--num-cpus", "4", "--quiet-workers",
+    proc = cli_process(["train", str(f), "--storage-path", str(tmp_path / "runs"), "--num-cpus", "4", "--quiet-workers",
                  "--verbose", "0"])
     out, err = proc.communicate(timeout=600)
     assert proc.returncode in (0, 1), err[-3000:]  # 1: a run that never updated (TRAINED ON NOTHING) is not success
