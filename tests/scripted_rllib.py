@@ -57,6 +57,12 @@ def tiny_config(**training):
             .training(**opts).debugging(seed=0))
 
 
+def resume_config():
+    """``tiny_config`` seeded for a bit-exact resume (``sampling_seed=7``, one thread) with one remote env runner:
+    the run a killed driver resumes from its checkpoint (tests/reliability/test_reliability.py)."""
+    return tiny_config(sampling_seed=7, num_threads=1).env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
+
+
 def build_learner(**training):
     """A real ``R3LTorchLearner`` on the tiny model, built outside Ray (``lr=1e-3`` unless given, no weight
     decay)."""

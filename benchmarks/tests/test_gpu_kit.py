@@ -175,7 +175,7 @@ def test_compare_hand_values():
 def test_the_kits_loss_and_gradient_equal_the_learners_on_an_r3l_group(tiny_model_dir):
     """The kit's glue (micro-batches, per-token broadcast, ``policy_gradient_loss``) against a real
     ``R3LTorchLearner._update`` on the same weights and batch, shared prefixes on (CPU, fp32)."""
-    from tests.learner.test_torch_learner_loss import MID, make_learner
+    from tests.learner.helpers import MID, make_learner
 
     learner = make_learner(micro_batch_size=3, micro_batch_tokens=None)
     lm = learner.module[MID].lm

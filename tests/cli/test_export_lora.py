@@ -73,7 +73,7 @@ def lora_export(tmp_path_factory, tiny_model_dir):
 
     from rllib_r3l.cli import commands as cli
     from rllib_r3l.cli import export as ex
-    from tests.learner.test_torch_learner import _batch
+    from tests.learner.helpers import uneven_batch
     from tests.scripted_rllib import build_learner
 
     learner = build_learner(lora=LORA, mixed_precision="none")
@@ -81,7 +81,7 @@ def lora_export(tmp_path_factory, tiny_model_dir):
         for group in opt.param_groups:
             group["lr"] = 0.05  # one step that moves the adapters' B well off zero
     module = learner.module[DEFAULT_MODULE_ID]
-    learner._update({DEFAULT_MODULE_ID: _batch(module.lm.config.vocab_size)})
+    learner._update({DEFAULT_MODULE_ID: uneven_batch(module.lm.config.vocab_size)})
     assert all(float(p.detach().abs().max()) > 0 for n, p in module.lm.named_parameters() if "lora_B" in n)
 
     root = tmp_path_factory.mktemp("lora-run")

@@ -17,113 +17,11 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from tests import REPO_ROOT
+from tests.learner.deepspeed_checks import result_of, run_python
 
 pytestmark = pytest.mark.slow  # DeepSpeed engines: ~10-60 s per check on 2 shared cores
-
-
-def _batches(vocab: int, n: int, seed: int = 0):
-    """``n`` small hand-made training batches (different tokens, lengths and advantages)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        lens = torch.randint(6, 20, (4,), generator=g).tolist()
-        B, T = len(lens), max(lens)
-        ids = torch.zeros(B, T, dtype=torch.long)
-        att = torch.zeros(B, T, dtype=torch.long)
-        loss = torch.zeros(B, T)
-        for i, k in enumerate(lens):
-            ids[i, :k] = torch.randint(1, vocab, (k,), generator=g)
-            att[i, :k] = 1
-            loss[i, k // 2:k] = 1.0
-        out.append({"input_ids": ids, "attention_mask": att, "loss_mask": loss, "sampler_logprobs": torch.zeros(B, T),
-                    "advantages": torch.randn(B, generator=g), "weights": torch.ones(B), "on_policy": torch.ones(B),
-                    "num_loss_tokens": loss.sum(1)})
-    return out
-
-
-def _train(learner, batch) -> float:
-    """One real ``Learner.update`` (RLlib's path: batch conversion, lr schedule); its loss."""
-    from ray.rllib.core import DEFAULT_MODULE_ID
-    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-    from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
-
-    n = len(batch["input_ids"])
-    mb = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch({k: v.numpy() for k, v in batch.items()})}, env_steps=n)
-    r = learner.update(batch=mb, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: n}, num_epochs=1, minibatch_size=None)
-    return float(r[DEFAULT_MODULE_ID]["total_loss"].peek())
-
-
-def _weights(learner):
-    """The full module weights (gathered under ZeRO-3: the learner's CPU copy)."""
-    state = learner.get_state(components="rl_module")["rl_module"]["default_policy"]
-    return {k: torch.as_tensor(v).clone() for k, v in state.items()}
-
-
-def _equal(a, b) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def _learner(stage: int, dtype: str = "float32"):
-    from tests.scripted_rllib import build_learner
-
-    return build_learner(deepspeed={"stage": stage}, micro_batch_size=2, mixed_precision="none",
-                         grad_clip=1.0, num_threads=1, model_dtype=dtype)
-
-
-def _resume_check(stage: int, ckpt: str, dtype: str = "float32") -> dict:
-    """k = 2 steps, checkpoint (save_to_path), m = 2 more; a fresh learner restored from the
-    checkpoint trains the same m batches. Also a fresh learner restored from the module's folder
-    alone (RLlib's ``component="rl_module"``): the same weights, fresh AdamW moments."""
-    a = _learner(stage, dtype)
-    data = _batches(a.module["default_policy"].lm.config.vocab_size, 4)
-    for b in data[:2]:
-        _train(a, b)
-    a.save_to_path(ckpt)
-    w_k = _weights(a)
-    losses_a = [_train(a, b) for b in data[2:]]
-    w_a = _weights(a)
-
-    b = _learner(stage, dtype)
-    b.restore_from_path(ckpt)
-    losses_b = [_train(b, x) for x in data[2:]]
-
-    c = _learner(stage, dtype)
-    c.restore_from_path(os.path.join(ckpt, "rl_module"), component="rl_module")
-    # a zero-advantage batch: zero gradients, so AdamW's step leaves DeepSpeed's fp32 masters
-    # where they are and copies them into the module: they must be the restored weights
-    _train(c, dict(data[2], advantages=torch.zeros_like(data[2]["advantages"])))
-    masters_follow = _equal(_weights(c), w_k)
-    losses_c = [_train(c, x) for x in data[2:]]
-
-    plain_restores = None
-    if stage == 3:  # a ZeRO checkpoint into the plain torch learner: the (gathered) weights, fresh moments
-        from tests.scripted_rllib import build_learner
-
-        plain = build_learner(micro_batch_size=2, mixed_precision="none", grad_clip=1.0, num_threads=1)
-        plain.restore_from_path(ckpt)  # a warning about the optimizer state, no error
-        plain_restores = _equal(_weights(plain), w_k)
-
-    entry = a.get_state()["optimizer"]["__deepspeed__"]["default_policy"]
-    return {"plain_restores": plain_restores, "losses_a": losses_a, "losses_b": losses_b, "losses_c": losses_c,
-            "same_weights": _equal(w_a, _weights(b)), "moved": not _equal(w_a, w_k),
-            "masters_follow": masters_follow, "module_only_same": _equal(w_a, _weights(c)),
-            "partitioned": entry["partitioned"], "world_size": entry["world_size"],
-            "global_steps": [a._engines["default_policy"].global_steps, b._engines["default_policy"].global_steps]}
-
-
-def _run(code: str, *args: str, timeout=None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=str(REPO_ROOT), capture_output=True,
-                          text=True, env=env, timeout=timeout)
-
-
-def _result(out: subprocess.CompletedProcess) -> dict:
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert out.returncode == 0 and lines, (out.stdout[-2000:], out.stderr[-4000:])
-    return json.loads(lines[-1][7:])
 
 
 @pytest.mark.parametrize("stage, dtype", [(0, "float32"), (1, "float32"), (2, "float32"), (3, "float32"),
@@ -133,9 +31,9 @@ def test_deepspeed_resume_is_bit_exact(stage, dtype, tiny_model_dir, tmp_path):
     uninterrupted learner's bit for bit; restoring the weights alone does not (AdamW moments).
     bf16 weights: DeepSpeed's fp32 masters come from the checkpoint, not from the bf16 weights."""
     pytest.importorskip("deepspeed")
-    code = ("import json, sys; from tests.learner.test_deepspeed_checkpoint import _resume_check; "
-            "print('RESULT ' + json.dumps(_resume_check(int(sys.argv[1]), sys.argv[2], sys.argv[3])))")
-    r = _result(_run(code, str(stage), str(tmp_path / "ckpt"), dtype))
+    code = ("import json, sys; from tests.learner.deepspeed_checks import deepspeed_resume_check; "
+            "print('RESULT ' + json.dumps(deepspeed_resume_check(int(sys.argv[1]), sys.argv[2], sys.argv[3])))")
+    r = result_of(run_python(code, str(stage), str(tmp_path / "ckpt"), dtype))
     assert r["losses_b"] == r["losses_a"], r
     assert r["same_weights"], r
     assert r["moved"], r
@@ -155,25 +53,25 @@ import torch, torch.distributed as dist
 rank, port, ckpt = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE="2")
 dist.init_process_group("gloo", rank=rank, world_size=2)
-from tests.learner.test_deepspeed_checkpoint import _batches, _learner, _train, _weights, _equal
+from tests.learner.deepspeed_checks import deepspeed_learner, hand_batches, module_weights, same_tensors, train_once
 out = {}
 for stage in (2, 3):  # one pair of processes for both stages (their start-up is most of the time)
-    a = _learner(stage)
-    data = _batches(a.module["default_policy"].lm.config.vocab_size, 3, seed=10 + rank)  # each learner its shard
-    _train(a, data[0])
+    a = deepspeed_learner(stage)
+    data = hand_batches(a.module["default_policy"].lm.config.vocab_size, 3, seed=10 + rank)  # each learner its shard
+    train_once(a, data[0])
     no_snapshot = "optimizer" not in a.get_state()  # partitioned, nobody gathered: weights only (a warning)
     a.prepare_checkpoint()  # collective
     path = os.path.join(ckpt, str(stage))
     if rank == 0:
         a.save_to_path(path)  # RLlib asks only the first learner
     dist.barrier()
-    losses_a = [_train(a, b) for b in data[1:]]
-    w_a = _weights(a)
-    b = _learner(stage)
+    losses_a = [train_once(a, b) for b in data[1:]]
+    w_a = module_weights(a)
+    b = deepspeed_learner(stage)
     b.restore_from_path(path)  # every learner restores from the same folder
-    losses_b = [_train(b, x) for x in data[1:]]
+    losses_b = [train_once(b, x) for x in data[1:]]
     out[stage] = {"no_snapshot": no_snapshot, "losses_a": losses_a, "losses_b": losses_b,
-                  "same_weights": _equal(w_a, _weights(b))}
+                  "same_weights": same_tensors(w_a, module_weights(b))}
 print("RESULT " + json.dumps(out))
 dist.destroy_process_group()
 """
@@ -194,7 +92,7 @@ def test_deepspeed_two_learners_resume_their_partitions_bit_exact(tiny_model_dir
     results = []
     for p in procs:
         out, err = p.communicate()  # no wall-clock deadline: a loaded machine is slow, not wrong
-        results.append(_result(subprocess.CompletedProcess(p.args, p.returncode, out, err)))
+        results.append(result_of(subprocess.CompletedProcess(p.args, p.returncode, out, err)))
     for stage in ("2", "3"):
         for r in results:
             assert r[stage]["no_snapshot"], (stage, r)
@@ -206,7 +104,7 @@ _THROUGH_RAY = r"""
 import json, os, sys
 sys.path.insert(0, os.getcwd())
 import ray, torch
-from tests.learner.test_scaling import _config, _train_until_update
+from tests.learner.helpers import toy_word_config, train_until_update
 from rllib_r3l import R3L
 
 stage, out = int(sys.argv[1]), sys.argv[2]
@@ -214,9 +112,9 @@ ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=Fal
 def weights(a):  # every learner's full weights (at ZeRO-3 each holds a partition: the gathered copy)
     fn = lambda l: {k: v.clone() for k, v in l.get_state(components="rl_module")["rl_module"]["default_policy"].items()}
     return [r.get() for r in a.learner_group.foreach_learner(fn)]
-algo = _config(deepspeed={"stage": stage}).learners(num_learners=2, num_cpus_per_learner=0.5).build_algo()
+algo = toy_word_config(deepspeed={"stage": stage}).learners(num_learners=2, num_cpus_per_learner=0.5).build_algo()
 try:
-    _train_until_update(algo)
+    train_until_update(algo)
     path = algo.save_to_path(os.path.join(out, "ckpt"))
     n = algo._num_updates
     algo.train()

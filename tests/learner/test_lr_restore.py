@@ -9,41 +9,16 @@ lr (or its own schedule's value at the restored timestep) before that first upda
 from __future__ import annotations
 
 import pytest
-import torch
 
+from tests.learner.helpers import optimizer_lrs, update_at
 from tests.scripted_rllib import build_learner
-
-
-def _update(learner, timestep: int) -> float:
-    """One real ``Learner.update`` (RLlib's path: the lr schedule moves to ``timestep`` after it);
-    the lr its optimizer step ran at (``r3l/learner/step_lr``)."""
-    from ray.rllib.core import DEFAULT_MODULE_ID
-    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-    from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
-
-    g = torch.Generator().manual_seed(0)
-    B, T = 2, 8
-    ids = torch.randint(1, 100, (B, T), generator=g)
-    loss = torch.zeros(B, T)
-    loss[:, T // 2:] = 1.0
-    batch = {"input_ids": ids, "attention_mask": torch.ones(B, T, dtype=torch.long), "loss_mask": loss,
-             "sampler_logprobs": torch.zeros(B, T), "advantages": torch.tensor([1.0, -1.0]),
-             "weights": torch.ones(B), "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
-    mb = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch({k: v.numpy() for k, v in batch.items()})}, env_steps=B)
-    r = learner.update(batch=mb, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: timestep}, num_epochs=1,
-                       minibatch_size=None)
-    return float(r["r3l"]["learner"]["step_lr"].peek())
-
-
-def _lrs(learner):
-    return [g["lr"] for opt in learner._named_optimizers.values() for g in opt.param_groups]
 
 
 @pytest.mark.parametrize("how", ["set_state", "restore_from_path"])
 def test_a_restored_learner_keeps_its_own_fixed_lr(tiny_model_dir, tmp_path, how):
     donor = build_learner(lr=5e-6)
-    assert _update(donor, timestep=100) == 5e-6
-    assert _lrs(donor) == [5e-6]
+    assert update_at(donor, timestep=100) == 5e-6
+    assert optimizer_lrs(donor) == [5e-6]
     trial = build_learner(lr=1e-6)
     if how == "set_state":
         trial.set_state(donor.get_state())
@@ -54,44 +29,44 @@ def test_a_restored_learner_keeps_its_own_fixed_lr(tiny_model_dir, tmp_path, how
     (opt,) = trial._named_optimizers.values()
     assert all(int(s["step"]) == 1 for s in opt.state.values())
     # ... and the first update after the restore runs at the trial's own lr (before the fix: 5e-6)
-    assert _lrs(trial) == [1e-6]
-    assert _update(trial, timestep=200) == 1e-6
+    assert optimizer_lrs(trial) == [1e-6]
+    assert update_at(trial, timestep=200) == 1e-6
 
 
 def test_a_restored_learner_takes_its_own_schedules_value_at_the_restored_timestep(tiny_model_dir):
     donor = build_learner(lr=[[0, 1e-5], [1000, 1e-6]])
-    _update(donor, timestep=500)
-    assert _lrs(donor) == [pytest.approx(5.5e-6)]  # the donor's schedule at 500
+    update_at(donor, timestep=500)
+    assert optimizer_lrs(donor) == [pytest.approx(5.5e-6)]  # the donor's schedule at 500
     trial = build_learner(lr=[[0, 4e-5], [1000, 2e-5]])
-    assert _lrs(trial) == [pytest.approx(4e-5)]  # a fresh learner: its schedule's start
+    assert optimizer_lrs(trial) == [pytest.approx(4e-5)]  # a fresh learner: its schedule's start
     trial.set_state(donor.get_state())
     # its own schedule, at the timestep the donor's schedule had reached (before the fix: 5.5e-6)
-    assert _lrs(trial) == [pytest.approx(3e-5)]
+    assert optimizer_lrs(trial) == [pytest.approx(3e-5)]
     (sched,) = trial._optimizer_lr_schedules.values()
     assert float(sched.get_current_value()) == pytest.approx(3e-5)
-    assert _update(trial, timestep=600) == pytest.approx(3e-5)  # RLlib's own metric would say 2.8e-5 (the next step's)
+    assert update_at(trial, timestep=600) == pytest.approx(3e-5)  # RLlib's own metric would say 2.8e-5 (the next step's)
 
 
 def test_a_state_without_the_optimizer_leaves_the_lr_alone(tiny_model_dir):
     """Weights alone (RLlib's ``components="rl_module"``, e.g. a weight sync) touch no optimizer."""
     trial = build_learner(lr=[[0, 4e-5], [1000, 2e-5]])
-    _update(trial, timestep=500)
+    update_at(trial, timestep=500)
     trial.set_state(build_learner(lr=1e-6).get_state(components="rl_module"))
-    assert _lrs(trial) == [pytest.approx(3e-5)]
+    assert optimizer_lrs(trial) == [pytest.approx(3e-5)]
 
 
 _DEEPSPEED = r"""
 import json, sys
-from tests.learner.test_lr_restore import _lrs, _update
+from tests.learner.helpers import optimizer_lrs, update_at
 from tests.scripted_rllib import build_learner
 ckpt = sys.argv[1]
 donor = build_learner(lr=5e-6, deepspeed={"stage": 2}, micro_batch_size=2, num_threads=1)
-_update(donor, timestep=100)
+update_at(donor, timestep=100)
 donor.save_to_path(ckpt)
 trial = build_learner(lr=1e-6, deepspeed={"stage": 2}, micro_batch_size=2, num_threads=1)
 trial.restore_from_path(ckpt)
 engine = trial._engines["default_policy"]
-print("RESULT " + json.dumps({"registered": _lrs(trial), "engine": [g["lr"] for g in engine.optimizer.param_groups],
+print("RESULT " + json.dumps({"registered": optimizer_lrs(trial), "engine": [g["lr"] for g in engine.optimizer.param_groups],
                               "steps": engine.global_steps}))
 """
 
@@ -101,8 +76,8 @@ def test_a_restored_deepspeed_learner_keeps_its_own_lr(tiny_model_dir, tmp_path)
     """DeepSpeed's ZeRO optimizer loads the saved param-group lr as torch's does; in its own process
     (DeepSpeed leaves a torch.distributed group behind)."""
     pytest.importorskip("deepspeed")
-    from tests.learner.test_deepspeed_checkpoint import _result, _run
+    from tests.learner.deepspeed_checks import result_of, run_python
 
-    r = _result(_run(_DEEPSPEED, str(tmp_path / "ckpt")))
+    r = result_of(run_python(_DEEPSPEED, str(tmp_path / "ckpt")))
     assert r["steps"] == 1  # the donor's optimizer state came along
     assert r["registered"] == [1e-6] and r["engine"] == [1e-6], r  # before the fix: 5e-6

@@ -7,7 +7,6 @@ GPU-only paths (vLLM sleep mode, tensor parallelism, NCCL) are exercised by
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -15,10 +14,7 @@ import torch
 
 from rllib_r3l.replay_buffer import GroupReplayBuffer, decay_limit_priority, weighted_sample_without_replacement
 from tests import REPO_ROOT
-
-PROMPT = "You are in room 1 of 3."
-CONT = " move right, then go north and open the door"  # several tokens: a robust "weights moved" signal
-
+from tests.learner.helpers import CONT, PROMPT, ref_logprobs, toy_word_config, train_until_update
 
 # ---------------------------------------------------------------------------------------------------
 # Replay buffer (pure; fast)
@@ -218,40 +214,6 @@ def test_lora_engine_state_is_the_merged_model(tiny_model_dir):
 # ---------------------------------------------------------------------------------------------------
 # Ray: several engines, several learners
 # ---------------------------------------------------------------------------------------------------
-def _config(**training):
-    from rllib_r3l import R3LConfig
-
-    opts = dict(model="tiny", group_size=8, tasks_per_iteration=2, backend="transformers", reflect=False,
-                max_response_tokens=8, micro_batch_size=3, lr=5e-3, weight_decay=0.0, num_threads=1,
-                sampling_seed=0)  # seeded sampling: "an update within N iterations" cannot flake
-    opts.update(training)
-    return (R3LConfig().environment("r3l/ToyWord", env_config={"fixed_target": "river"})
-            .training(**opts).debugging(seed=0))
-
-
-def _train_until_update(algo, max_iters=4):
-    for _ in range(max_iters):
-        r = algo.train()
-        if r.get("learners", {}).get("default_policy"):
-            return r
-    pytest.fail("no learner update happened")
-
-
-def _ref_logprobs(state, model_dir, prompt_ids, cont_ids):
-    """T=1 log-probs of ``cont`` under an independent HF model holding the learner's weights."""
-    from transformers import AutoModelForCausalLM
-
-    from rllib_r3l.learner.rl_module import hf_named_tensors
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if state:
-        missing, unexpected = model.load_state_dict(dict(hf_named_tensors(state)), strict=False)
-        assert not unexpected and set(missing) <= {"lm_head.weight"}
-    with torch.no_grad():
-        lp = torch.log_softmax(model(input_ids=torch.tensor([prompt_ids + cont_ids])).logits[0].float(), -1)
-    return [float(lp[len(prompt_ids) - 1 + i, t]) for i, t in enumerate(cont_ids)]
-
-
 def _learner_states(algo):
     def get(learner):
         return {k: v.detach().clone() for k, v in learner.module["default_policy"].unwrapped().state_dict().items()}
@@ -269,19 +231,19 @@ def test_two_runners_two_learners_sync_and_stay_identical(ray_session, tiny_mode
     opts = dict(backend="vllm", backend_options={"kv_cache_gib": 0.25, "max_model_len": 1024,
                                                  "weight_bucket_bytes": 1 << 20}) if vllm else {}
     tol = 0.02 if vllm else 1e-3  # bf16 engine vs fp32 reference (measured gap for tiny: ~0.002)
-    cfg = (_config(lr=2e-2, **opts).env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
+    cfg = (toy_word_config(lr=2e-2, **opts).env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
            .learners(num_learners=2, num_cpus_per_learner=0.5))
     algo = cfg.build_algo()
     try:
         prompt = tiny_tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
         cont = tiny_tokenizer(CONT, add_special_tokens=False)["input_ids"]
-        _train_until_update(algo)
+        train_until_update(algo)
         s0, s1 = _learner_states(algo)
         assert s0.keys() == s1.keys()
         for k in s0:
             torch.testing.assert_close(s0[k], s1[k], rtol=0, atol=0, msg=k)
-        ref = _ref_logprobs(s0, tiny_model_dir, prompt, cont)
-        init = _ref_logprobs({}, tiny_model_dir, prompt, cont)
+        ref = ref_logprobs(s0, tiny_model_dir, prompt, cont)
+        init = ref_logprobs({}, tiny_model_dir, prompt, cont)
         moved = max(abs(a - b) for a, b in zip(ref, init))
         assert moved > 3 * tol, (ref, init)  # the update moved the weights, beyond the tolerance
         scores = algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, r.backend.score(prompt, cont)),
@@ -298,7 +260,7 @@ def test_replay_with_s2_trains_and_checkpoints(ray_session, tmp_path):
     into the checkpoint and comes back."""
     from rllib_r3l import R3L
 
-    algo = _config(weight_sync_interval=2, tasks_per_iteration=1, replay_groups_per_update=2).build_algo()
+    algo = toy_word_config(weight_sync_interval=2, tasks_per_iteration=1, replay_groups_per_update=2).build_algo()
     try:
         results = [algo.train() for _ in range(3)]
         rep = results[-1]["r3l"]["replay"]
@@ -323,10 +285,10 @@ def test_lora_learner_syncs_merged_weights(ray_session, tiny_model_dir, tiny_tok
     learner's (peft) model."""
     # colocate_engine_sleep rides along: on CPU / the transformers backend the sleep and wake
     # around the update are no-ops, and training is unchanged
-    algo = _config(lora={"r": 4, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, lr=2e-2,
+    algo = toy_word_config(lora={"r": 4, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, lr=2e-2,
                    colocate_engine_sleep=True).build_algo()
     try:
-        _train_until_update(algo)
+        train_until_update(algo)
         module = algo.learner_group._learner.module["default_policy"]
         trainable = [n for n, p in module.named_parameters() if p.requires_grad]
         assert trainable and all("lora_" in n for n in trainable)
@@ -336,7 +298,7 @@ def test_lora_learner_syncs_merged_weights(ray_session, tiny_model_dir, tiny_tok
         with torch.no_grad():
             lp = torch.log_softmax(module.lm(input_ids=torch.tensor([prompt + cont])).logits[0].float(), -1)
         ref = [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(cont)]
-        init = _ref_logprobs({}, tiny_model_dir, prompt, cont)
+        init = ref_logprobs({}, tiny_model_dir, prompt, cont)
         assert max(abs(a - b) for a, b in zip(ref, init)) > 1e-5
         got = runner.backend.score(prompt, cont)
         assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-3
@@ -356,51 +318,6 @@ def test_gpu_runbook_dry_run_config():
         rb.main(argv + ["--dry-run"])
 
 
-def _deepspeed_zero3_check(tmp: str) -> None:
-    """Body of the DeepSpeed test; runs in its own process (it leaves a one-process
-    torch.distributed group behind, which must not leak into the test session)."""
-    import ray
-
-    from rllib_r3l.models import load_tokenizer, resolve_model
-
-    tiny_model_dir = resolve_model("tiny")
-    tiny_tokenizer = load_tokenizer(tiny_model_dir)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    algo = _config(deepspeed={"stage": 3}).build_algo()
-    restored = None
-    try:
-        _train_until_update(algo)
-        full = algo.learner_group.get_state()["learner"]
-        assert "__deepspeed__" in full["optimizer"]  # complete checkpoints (issue 38)
-        state = full["rl_module"]["default_policy"]
-        assert all(v.numel() > 0 for v in state.values())  # gathered, not ZeRO-3 partitions
-        prompt = tiny_tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
-        cont = tiny_tokenizer(CONT, add_special_tokens=False)["input_ids"]
-        ref = _ref_logprobs(state, tiny_model_dir, prompt, cont)
-        init = _ref_logprobs({}, tiny_model_dir, prompt, cont)
-        assert max(abs(a - b) for a, b in zip(ref, init)) > 1e-4
-        got = algo.env_runner_group.local_env_runner.backend.score(prompt, cont)
-        assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-3
-        # resume through the Algorithm (R3L.from_checkpoint): the next iteration is the same, bit for bit
-        from rllib_r3l import R3L
-
-        path = algo.save_to_path(os.path.join(tmp, "ckpt"))
-        n = algo._num_updates
-        algo.train()
-        assert algo._num_updates == n + 1  # the iteration after the checkpoint trained
-        restored = R3L.from_checkpoint(path)
-        restored.train()
-        assert restored._num_updates == n + 1
-        after, again = (a.learner_group.get_state()["learner"]["rl_module"]["default_policy"] for a in (algo, restored))
-        assert after.keys() == again.keys() and all(torch.equal(after[k], again[k]) for k in after)
-    finally:
-        algo.stop()
-        if restored is not None:
-            restored.stop()
-        ray.shutdown()
-
-
 def test_deepspeed_zero3_learner_syncs_gathered_weights(tiny_model_dir, tmp_path):
     """deepspeed={'stage': 3} (one local learner, gloo): the update moves the weights, the engine
     receives the gathered full weights; the checkpoint holds DeepSpeed's optimizer state, and
@@ -411,7 +328,7 @@ def test_deepspeed_zero3_learner_syncs_gathered_weights(tiny_model_dir, tmp_path
 
     pytest.importorskip("deepspeed")
     root = str(REPO_ROOT)
-    code = ("import sys; from tests.learner.test_scaling import _deepspeed_zero3_check; "
-            "_deepspeed_zero3_check(sys.argv[1]); print('deepspeed-ok')")
+    code = ("import sys; from tests.learner.deepspeed_checks import deepspeed_zero3_check; "
+            "deepspeed_zero3_check(sys.argv[1]); print('deepspeed-ok')")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().endswith("deepspeed-ok"), (out.stdout[-2000:], out.stderr[-4000:])

