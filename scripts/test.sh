@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: set up .venv if needed, then pytest on tests/ (the package) and benchmarks/tests/ (the
-# benchmarks' own arithmetic); CPU, the slow real-model tests included.
+# benchmarks' own arithmetic); CPU, the slow real-model tests included. --fast: the tier that starts no Ray,
+# vLLM, JVM or child process (conftest.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh

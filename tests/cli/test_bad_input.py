@@ -346,6 +346,7 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
         environments.make("r3l/Math", {"data_files": str(f), "preset": "gsm8k", "partition": False})
 
 
+@pytest.mark.subprocess
 def test_a_refused_option_is_the_only_line_on_stderr():
     """Re-probe (issue 37): the train CLI's error came after 8 gymnasium warnings, printed when Tune's
     registry imported every RLlib algorithm (DreamerV3 builds a debug env at import) to resolve "R3L"."""
@@ -389,6 +390,8 @@ def test_an_address_where_a_server_but_no_ray_answers_is_refused_at_once(tmp_pat
                            "(it does not speak gRPC)", "port 6379 by default")
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 def test_a_ray_clusters_gcs_passes_the_address_check(ray_session):
     from rllib_r3l.cli import launch
 
@@ -397,6 +400,7 @@ def test_a_ray_clusters_gcs_passes_the_address_check(ray_session):
     launch.check_address(address)
 
 
+@pytest.mark.integration
 def test_train_of_a_folder_says_it_is_a_folder(tmp_path, capsys):
     # re-probe 5 (M5): "no such file" of a folder that exists
     code, _out, err = run_cli(capsys, "train", tmp_path)
@@ -411,6 +415,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # nothing listens there once the socket is closed
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("address,needle", [("http://127.0.0.1:8265", "not a Ray address"),
                                             ("127.0.0.1:notaport", "the port 'notaport' is not a number"),
                                             # re-probe 7 (R2): a 36 s wait, then Ray Client's traceback

@@ -226,6 +226,7 @@ def test_from_checkpoint_and_restore_of_a_cut_checkpoint_name_the_file(ray_sessi
         algo.stop()
 
 
+@pytest.mark.integration
 def test_from_checkpoint_of_a_file_says_it_wants_a_checkpoint_folder(tmp_path):
     """Re-probe 11: ``R3L.from_checkpoint("exp.yaml")`` got RLlib's "Cannot restore a v0 checkpoint"."""
     from rllib_r3l import R3L

@@ -203,6 +203,7 @@ def test_evaluate_export_report_errors(tmp_path, capsys):
     assert_usage_error(code, err, "nope: no such directory")
 
 
+@pytest.mark.subprocess
 def test_options_and_module_entry_point(capsys):
     code, out, _err = run_cli(capsys, "options")
     assert code == 0 and "amplification_alpha" in out and "model " in out
@@ -321,10 +322,12 @@ def test_every_cpu_example_trains_one_iteration(ray_session, tmp_path, capsys, p
     assert "TERMINATED" in out
 
 
+@pytest.mark.integration
 def test_every_cpu_example_is_covered():
     assert TOY in CPU_FILES and len(CPU_FILES) >= 3
 
 
+@pytest.mark.integration
 def test_export_merges_lora_adapters(tmp_path):
     """A LoRA-trained module exports as a plain model with the adapters merged (same logits)."""
     pytest.importorskip("peft")
@@ -349,6 +352,7 @@ def test_export_merges_lora_adapters(tmp_path):
         assert torch.allclose(module.lm(input_ids=x).logits, model(input_ids=x).logits, atol=1e-4)
 
 
+@pytest.mark.integration
 def test_report_warnings_read_cells_a_trial_never_logged_as_missing():
     """A trial that never logged a count gets NaN in the joint table (pandas); that is 'unknown', not a crash
     (CI failed on exactly this: one trial with an empty batch, one without, in one report)."""

@@ -35,6 +35,7 @@ def _holder(exp_dir):
     return proc
 
 
+@pytest.mark.subprocess
 def test_a_claimed_folder_refuses_a_second_driver_before_anything_is_written(tmp_path, capsys):
     exp_dir = str(tmp_path / EXP)
     holder = _holder(exp_dir)
@@ -54,6 +55,7 @@ def test_a_claimed_folder_refuses_a_second_driver_before_anything_is_written(tmp
         claim(exp_dir, EXP)
 
 
+@pytest.mark.subprocess
 def test_a_claim_ends_with_its_block_and_new_is_not_held_back(tmp_path, capsys):
     exp_dir = str(tmp_path / EXP)
     for _ in range(2):  # the same process, one block after the other (tests call cli.main many times)

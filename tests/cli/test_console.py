@@ -156,6 +156,7 @@ def test_live_progress_counts_this_iteration_from_the_runners_files(tmp_path):
     assert live.line().startswith("  exploring  episodes 3/8 | turns 7")  # one of two runners done sampling
 
 
+@pytest.mark.slow
 def test_an_iterations_first_live_line_comes_one_interval_in(tmp_path):
     """Not a line of zeros at 0:00: the interval restarts with each iteration, however long the last
     line is past (here: none yet, 2.5 s of a 2-s interval ago)."""
@@ -248,6 +249,7 @@ LIBRARY_LINES = ("Initializing a V1 LLM engine", "Some weights were not initiali
                  "this API is deprecated")
 
 
+@pytest.mark.subprocess
 def test_library_logs_go_to_the_log_file_not_the_console(tmp_path):
     shown, logged = _route(tmp_path, verbose=False)
     for text in LIBRARY_LINES:
@@ -259,6 +261,7 @@ def test_library_logs_go_to_the_log_file_not_the_console(tmp_path):
     assert "after the run" in shown  # the console is restored afterwards
 
 
+@pytest.mark.subprocess
 def test_verbose_shows_library_logs_on_the_console(tmp_path):
     shown, logged = _route(tmp_path, verbose=True)
     for text in LIBRARY_LINES:
@@ -311,6 +314,7 @@ def test_train_verbose_flag_defaults_to_the_quiet_console():
     assert p.parse_args(["train", "f.yaml", "--verbose", "0"]).verbose == 0
 
 
+@pytest.mark.slow
 def test_a_runner_publishes_its_last_counts_before_sample_returns(tmp_path, monkeypatch):
     """The console takes the next iteration's baseline as soon as every sample() has returned; a
     runner whose last counts waited for its publisher's next tick showed them in the next
@@ -354,6 +358,7 @@ def test_a_signal_inside_the_live_threads_start_leaves_stop_working(tmp_path, mo
     assert live._thread is None
 
 
+@pytest.mark.subprocess
 def test_progress_folders_of_dead_processes_are_swept_live_ones_kept(tmp_path, monkeypatch):
     """A driver killed with kill -9 cannot remove its progress folder; the next run removes it (43 had
     piled up in /tmp on the development machine)."""

@@ -83,6 +83,7 @@ def test_evaluate_takes_base_model_when_the_checkpoints_has_moved(tmp_path, caps
     assert "episodes" in out and "r3l/ToyCorridor" in out
 
 
+@pytest.mark.slow
 def test_env_config_changes_only_the_keys_it_names(tmp_path, capsys):
     """Re-probe 7 (S1, issue 37): --env-config replaced the checkpoint's env_config: '{}' or
     '{"eval_split": "test"}' evaluated a checkpoint trained with max_turns 6 at the environment's default 8,

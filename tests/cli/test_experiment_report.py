@@ -74,6 +74,7 @@ def test_a_trial_trained_before_a_resume_is_not_marked(tmp_path):
     assert list(table["status"]) == ["TERMINATED"]
 
 
+@pytest.mark.subprocess
 def test_a_running_trial_whose_driver_died_is_interrupted(tmp_path):
     """Re-probe (issue 37): after kill -9 or a second Ctrl-C, Tune's saved state keeps saying RUNNING, and
     `report` showed RUNNING for good. `rllib-r3l train` marks the experiment folder with its process;

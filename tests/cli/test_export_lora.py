@@ -132,6 +132,7 @@ def test_lora_export_is_a_plain_model_folder_with_merged_weights(lora_export):
     assert adapted == 2 * 2  # q_proj and v_proj of both layers
 
 
+@pytest.mark.subprocess
 def test_lora_export_loads_in_transformers_without_this_project_or_peft(lora_export, tmp_path):
     got = _child(_HF_CHILD, str(lora_export["out"]), json.dumps(IDS), str(tmp_path / "logits.pt"), cwd=tmp_path)
     assert got["class"] == "LlamaForCausalLM" and got["loaded"] == [], got

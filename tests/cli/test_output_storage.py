@@ -4,6 +4,8 @@ or CSV. Real small filesystems (tmpfs, mounted by the test; skipped where mounti
 
 from __future__ import annotations
 
+import pytest
+
 import os
 
 from rllib_r3l.cli import commands as cli
@@ -14,6 +16,7 @@ def _one_clean_line(err: str) -> bool:
     return "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.subprocess
 def test_export_to_a_read_only_out_is_refused_before_the_checkpoint_is_loaded(tmp_path, tmpfs, capsys):
     ro = tmpfs("ro", "size=1m,ro")
     missing = str(tmp_path / "no-checkpoint-here")  # checked later than --out: the --out error must come first
@@ -22,6 +25,7 @@ def test_export_to_a_read_only_out_is_refused_before_the_checkpoint_is_loaded(tm
     assert code == 2 and f"--out {ro / 'model'}: cannot write there" in err and _one_clean_line(err), err
 
 
+@pytest.mark.subprocess
 def test_export_without_room_says_the_numbers_and_writes_nothing(tmp_path, tmpfs, capsys):
     small = tmpfs("small", "size=1m")  # the tiny model's weights are ~13 MB
     ckpt = module_checkpoint(tmp_path, tiny_state())
@@ -31,6 +35,7 @@ def test_export_without_room_says_the_numbers_and_writes_nothing(tmp_path, tmpfs
     assert os.listdir(small) == []
 
 
+@pytest.mark.subprocess
 def test_a_disk_that_fills_during_export_leaves_out_as_it_was(tmp_path, tmpfs, capsys):
     # room for the weights (so the space check passes), not for the tokenizer written after them:
     # before, --out was left holding a model folder without its tokenizer and a traceback was printed
@@ -43,6 +48,7 @@ def test_a_disk_that_fills_during_export_leaves_out_as_it_was(tmp_path, tmpfs, c
     assert not (disk / "model").exists() and os.listdir(disk) == []
 
 
+@pytest.mark.subprocess
 def test_evaluate_refuses_an_unwritable_or_folder_out_before_evaluating(tmp_path, tmpfs, capsys):
     ro = tmpfs("ro", "size=1m,ro")
     missing = str(tmp_path / "no-checkpoint-here")  # evaluation never starts: the --out error comes first
@@ -54,6 +60,7 @@ def test_evaluate_refuses_an_unwritable_or_folder_out_before_evaluating(tmp_path
     assert code == 2 and "is a folder; give a file name" in err and _one_clean_line(err), err
 
 
+@pytest.mark.subprocess
 def test_report_into_a_read_only_experiment_folder_asks_for_out(tmp_path, tmpfs, capsys):
     import json
     import subprocess

@@ -34,6 +34,7 @@ def test_train_refuses_resources_it_cannot_get(capsys, tmp_path, flags, needles,
     assert not os.listdir(tmp_path)  # nothing started
 
 
+@pytest.mark.subprocess
 def test_main_job_refuses_a_gpu_learner_on_a_cpu_machine(tmp_path, capsys):
     from rllib_r3l.cli import main
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
 from rllib_r3l.cli.result_rows import CUT, drop_cut_rows, rebuild_progress_csv
 
 
@@ -51,6 +53,7 @@ def test_columns_in_another_order_with_as_many_fields_are_rebuilt_too(tmp_path):
     assert rebuild_progress_csv(str(tmp_path))  # a row run again and kept: not result.json's rows either
 
 
+@pytest.mark.subprocess
 def test_a_full_disk_during_the_rebuild_raises_oserror_and_leaves_no_temporary(tmpfs):
     """Re-probe 5 (P101): the rebuild after tune.run met the full disk that had cut progress.csv; the driver
     died with a traceback, no trial summary and a 0-byte progress.csv.r3l-tmp. The rebuild raises OSError

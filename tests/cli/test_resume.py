@@ -33,6 +33,8 @@ class BrokenEnv:
         raise OSError("JVM did not start")
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 def test_iteration_losing_every_episode_to_env_creation_raises_with_the_env_message(monkeypatch):
     import ray
 
@@ -81,6 +83,7 @@ def _interrupted_after(tmp_path, checkpoint):
     return argv, exp, out, err
 
 
+@pytest.mark.subprocess
 def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_path, capsys):
     argv, exp, out, err = _interrupted_after(tmp_path, "checkpoint_000000")
     assert "INTERRUPTED" in out and "--resume" in err
@@ -111,6 +114,7 @@ def test_interrupted_run_exits_nonzero_and_resumes_from_the_command_line(tmp_pat
     assert find_checkpoint(str(exp)).endswith("checkpoint_000003")  # evaluate EXPERIMENT_DIR: one trial
 
 
+@pytest.mark.subprocess
 def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(tmp_path, capsys):
     """Re-probe (issue 37): ``kill -9`` of ``rllib-r3l train`` right after its first checkpoint folder was
     written left the storage folder with that checkpoint and nothing else (Tune copies params and rows
@@ -147,6 +151,7 @@ def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(
     assert newest_complete(kept)[0] == kept[-1] and kept[-1] in out
 
 
+@pytest.mark.subprocess
 def test_a_driver_killed_before_its_first_checkpoint_keeps_its_rows_and_advises_only_new(tmp_path, capsys):
     """Re-probe 2 (M-2, M-3): ``kill -9`` after iteration 1, before any checkpoint: the only row was in Ray's
     staging folder (/tmp/ray/session_*/...), yet ``--resume`` said "the rows so far stay in <experiment>"
@@ -182,6 +187,7 @@ def test_a_driver_killed_before_its_first_checkpoint_keeps_its_rows_and_advises_
     assert code == 2 and "has no checkpoint to continue from; pass --new" in err and "--resume" not in err, err
 
 
+@pytest.mark.subprocess
 def test_a_cut_tune_state_is_resumed_from_r3ls_copy_with_every_row(tmp_path, capsys):
     """Re-probe 3 (S1, D1): a full disk cut Tune's experiment_state-*.json (8192 bytes) and the trial's
     result.json; the advised --resume then started a NEW trial from iteration 1 with the file's own stop
@@ -363,6 +369,7 @@ def test_a_cut_search_state_is_restored_from_r3ls_copy_or_refused(tmp_path):
         resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
 
 
+@pytest.mark.subprocess
 def test_putting_the_state_back_on_a_full_disk_changes_nothing_and_a_later_resume_still_can(tmpfs):
     """Re-probe 7 (D1, issue 37): --resume while the disk was still full set Tune's cut state aside, then
     failed to write R3L's copy in its place (an empty .r3l-tmp); the next --resume, with room again, found

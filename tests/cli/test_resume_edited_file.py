@@ -5,6 +5,8 @@ reflection to the old stop, exit 0, and `--dry-run` showed the new values). Over
 
 from __future__ import annotations
 
+import pytest
+
 import glob
 import signal
 import time
@@ -16,6 +18,7 @@ from rllib_r3l.cli.saved_spec import SPEC_FILE
 from tests.cli.tiny_runs import cli_process
 
 
+@pytest.mark.subprocess
 def test_resume_of_an_edited_file_is_refused_and_of_the_same_file_planned(tmp_path, capsys):
     spec = {"edited": {"run": "R3L", "stop": {"training_iteration": 3},
                        "checkpoint_config": {"checkpoint_at_end": True},

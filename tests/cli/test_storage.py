@@ -30,6 +30,8 @@ def test_checkpoint_size_is_weights_and_adam_moments_in_fp32(tiny_model_dir, tmp
     assert checkpoint_bytes(str(tmp_path)) is None and checkpoint_bytes(None) is None
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 def test_the_estimate_covers_a_real_checkpoint_of_the_tiny_model(ray_session, tiny_model_dir, tmp_path):
     """Re-probe 3 (M6): the estimate was 42.8 MB for a 50 MB checkpoint, so a 45 MB disk passed the check
     and the save failed. A real checkpoint of the tiny model (learner state: module and AdamW)."""
@@ -45,6 +47,8 @@ def test_the_estimate_covers_a_real_checkpoint_of_the_tiny_model(ray_session, ti
     assert real <= checkpoint_bytes(tiny_model_dir) <= 1.3 * real, (real, checkpoint_bytes(tiny_model_dir))
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 def test_main_job_refuses_an_out_without_room_for_a_checkpoint(small_fs, capsys, tiny_model_dir):
     code = main_job.main(["--out", str(small_fs["small"] / "run"), "--set", "model=tiny", "--iterations", "1"])
     err = capsys.readouterr().err
@@ -53,12 +57,16 @@ def test_main_job_refuses_an_out_without_room_for_a_checkpoint(small_fs, capsys,
     assert not (small_fs["small"] / "run").exists()  # nothing was written
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 def test_main_job_refuses_an_out_it_cannot_write(small_fs, capsys, tiny_model_dir):
     code = main_job.main(["--out", str(small_fs["readonly"] / "run"), "--set", "model=tiny", "--iterations", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "cannot write there" in err and str(small_fs["readonly"]) in err, err
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 @pytest.mark.parametrize("which,needle", [("small", "one checkpoint of this model needs about"),
                                           ("readonly", "cannot write there")])
 def test_train_refuses_a_storage_path_before_ray_starts(small_fs, capsys, which, needle, tiny_model_dir):
@@ -67,6 +75,7 @@ def test_train_refuses_a_storage_path_before_ray_starts(small_fs, capsys, which,
     assert code == 2 and needle in err and "--storage-path" in err, err
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("door", ["train", "main job"])
 def test_a_file_where_the_folder_should_be_is_refused_before_ray_starts(tmp_path, capsys, door, tiny_model_dir):
     """Re-probe 9: `--storage-path FILE` passed --dry-run ("would start FILE/EXP") and the real run ended in
@@ -84,6 +93,8 @@ def test_a_file_where_the_folder_should_be_is_refused_before_ray_starts(tmp_path
     assert a_file.read_text() == "mine"
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 def test_a_disk_that_fills_mid_run_ends_train_with_one_line_and_the_resume_advice(tmp_path, tiny_model_dir):
     """Re-probe (issue 37): a storage disk that fills up during `rllib-r3l train` printed 355 lines of
     tracebacks (the trial's failed checkpoint copy, then the run plot and Tune's progress table failing on

@@ -4,6 +4,8 @@ own budget stopped the trial mid-run with no final checkpoint and the CLI report
 
 from __future__ import annotations
 
+import pytest
+
 import glob
 import os
 
@@ -12,6 +14,7 @@ import yaml
 from tests.cli.tiny_runs import cli_process
 
 
+@pytest.mark.subprocess
 def test_a_time_budget_ends_the_trial_terminated_with_a_final_checkpoint(tmp_path):
     # 30 s: the trial's start (Ray, the model) counts against the budget; 15 s ran out before the first
     # iteration on a loaded 2-core machine

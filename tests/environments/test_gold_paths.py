@@ -14,6 +14,7 @@ def _assert_solves_everywhere(env, seed, solution):
     assert r.prefixes_checked == r.steps and r.prefixes_failed == [], r
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("game", ["coin", "cookingworld", "sorting"])
 def test_twx_gold_paths_solve_after_restore_at_every_prefix(game):
     env = make("r3l/TextWorldExpress", {"game": game})
@@ -24,6 +25,7 @@ def test_twx_gold_paths_solve_after_restore_at_every_prefix(game):
         env.close()
 
 
+@pytest.mark.subprocess
 def test_scienceworld_gold_sequence_solves_after_restore_at_every_prefix():
     env = make("r3l/ScienceWorld", {"tasks": ["find-non-living-thing"], "split": "dev"})
     try:
@@ -32,6 +34,7 @@ def test_scienceworld_gold_sequence_solves_after_restore_at_every_prefix():
         env.close()
 
 
+@pytest.mark.subprocess
 def test_textworld_and_alfworld_solutions_solve_after_restore_at_every_prefix(tmp_path):
     tw = make("r3l/TextWorld", {"challenge": "tw-simple", "cache_dir": str(tmp_path / "tw")})
     try:

@@ -106,6 +106,7 @@ def coin():
     env.close()
 
 
+@pytest.mark.subprocess
 def test_coin_oracle_is_exact_search_on_hand_built_episodes(coin):
     # a game whose coin is two moves away
     seed = next(s for s in range(40) if len(coin._gold_plan(s)) == 3)
@@ -127,6 +128,7 @@ def test_coin_oracle_is_exact_search_on_hand_built_episodes(coin):
     assert term and info["won"]
 
 
+@pytest.mark.subprocess
 def test_twx_gold_path_oracle_on_arithmetic():
     env = make("r3l/TextWorldExpress", {"game": "arithmetic"})
     try:
@@ -143,6 +145,7 @@ def test_twx_gold_path_oracle_on_arithmetic():
 
 
 # ------------------------------------------------------------------------------------------- ScienceWorld
+@pytest.mark.subprocess
 def test_scienceworld_oracle_on_hand_built_episodes():
     env = make("r3l/ScienceWorld", {"tasks": ["4-3"], "split": "dev"})  # find-plant: a 12-step gold
     try:

@@ -33,6 +33,7 @@ def tw(tw_cache):
     env.close()
 
 
+@pytest.mark.subprocess
 def test_textworld_empty_env_config_generates_a_game(tw_cache, monkeypatch):
     monkeypatch.setenv("RLLIB_R3L_CACHE", tw_cache)  # the default cache folder, redirected for the test
     env = make("r3l/TextWorld")
@@ -47,6 +48,7 @@ def test_textworld_empty_env_config_generates_a_game(tw_cache, monkeypatch):
         env.close()
 
 
+@pytest.mark.subprocess
 def test_textworld_gold_path_reaches_one(tw):
     gold = tw.gold_actions(0)
     assert gold
@@ -75,6 +77,7 @@ def test_textworld_determinism_restore_and_invalid_feedback(tw, tw_cache):
     assert all(a in obs for a in info["admissible_actions"])
 
 
+@pytest.mark.subprocess
 def test_textworld_splits_use_disjoint_games_and_game_files_mode(tw, tw_cache):
     dev = TextWorldEnv(cache_dir=tw_cache, split="dev")
     try:
@@ -172,6 +175,7 @@ def test_alfworld_reference_protocol_options(alf_data):
         env.close()
 
 
+@pytest.mark.subprocess
 def test_alfworld_observations_do_not_depend_on_the_hash_seed(alf_data):
     # retries may replay in another worker process: the text must not depend on PYTHONHASHSEED
     actions = ["go to countertop 1", "go to countertop 2", "take mug 1 from countertop 2", "inventory"]

@@ -18,6 +18,7 @@ def coin():
     env.close()
 
 
+@pytest.mark.subprocess
 def test_coin_defaults_from_empty_env_config(coin):
     assert isinstance(coin, CoinCollectorEnv)
     assert coin.max_turns == 10 and coin.split == "train"
@@ -29,6 +30,7 @@ def test_coin_defaults_from_empty_env_config(coin):
     assert info["game_seed"] in coin.fold_seeds()
 
 
+@pytest.mark.subprocess
 def test_same_seed_same_episode_across_instances_and_close_stops_the_jvm(coin):
     before = java_children()
     actions, observations = random_walk(coin, seed=11, steps=10)
@@ -116,6 +118,7 @@ def test_splits_are_disjoint_folds(coin):
     assert info["game_seed"] in seeds["train"] and info["split"] == "train"
 
 
+@pytest.mark.subprocess
 def test_other_game_reward_is_normalised_to_one():
     # arithmetic has a raw max score of 2: increments are normalised, the gold path sums to 1.0
     env = make("r3l/TextWorldExpress", {"game": "arithmetic", "split": "dev", "max_turns": 40})
@@ -143,6 +146,7 @@ def test_game_params_as_string_or_dict():
         TextWorldExpressEnv(game="coin", game_params={"numLocations": "four"})
 
 
+@pytest.mark.subprocess
 def test_bad_env_config_names_the_field():
     with pytest.raises(ValueError, match="game"):
         make("r3l/TextWorldExpress", {"game": "chess"})
@@ -181,6 +185,7 @@ def test_compact_observation_drops_furniture_and_keeps_room_coin_exits_and_feedb
         "Inventory:\nYour inventory is currently empty.")
 
 
+@pytest.mark.subprocess
 def test_compact_coin_collector_plays_the_same_game_in_fewer_tokens(coin):
     assert coin.compact_observations  # the default
     compact, coin = coin, make("r3l/CoinCollector", {"compact_observations": False})

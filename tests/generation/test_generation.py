@@ -95,6 +95,7 @@ def ref_logprobs(model, prompt, cont, temperature=1.0) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 # Generation
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_token_ids_logprobs_and_lengths(backend, prompt_ids, tiny_tokenizer):
     reqs = [GenerationRequest(prompt_ids, 12), GenerationRequest(prompt_ids[7:], 5), GenerationRequest(prompt_ids[:3], 1)]
     results = backend.generate(reqs, temperature=1.0, seed=1)
@@ -183,6 +184,7 @@ def test_cpu_engine_inspects_the_model_class_in_process(vllm_backend, tiny_model
     assert register_model_classes_in_process(str(tmp_path)) == []  # no config.json: vLLM's own path
 
 
+@pytest.mark.slow
 def test_greedy_and_seed_determinism(backend, prompt_ids):
     reqs = [GenerationRequest(prompt_ids, 8), GenerationRequest(prompt_ids, 8)]
     g1 = backend.generate(reqs, temperature=0.0)
@@ -213,6 +215,7 @@ def test_stop_token_is_kept_in_token_ids(backend, prompt_ids):
     assert res.text == ""  # the text excludes the stop token
 
 
+@pytest.mark.slow
 def test_choices_always_yield_a_choice(backend, prompt_ids, tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
     reqs = [GenerationRequest(prompt_ids, 16, choices=CHOICES) for _ in range(40)]
@@ -232,6 +235,7 @@ def test_choices_always_yield_a_choice(backend, prompt_ids, tiny_tokenizer):
     assert greedy.text in CHOICES
 
 
+@pytest.mark.slow
 def test_on_done_counts_requests_as_they_finish(backend, prompt_ids):
     """The live progress line counts reflections per finished report, not once per batch (issue 49): vLLM's
     engine loop reports each request when it finishes (a 1-token request before a 40-token one), the
@@ -252,6 +256,7 @@ def test_on_done_counts_requests_as_they_finish(backend, prompt_ids):
     assert backend.generate(reqs[:1], temperature=1.0, seed=1)  # on_done is optional
 
 
+@pytest.mark.slow
 def test_json_schema(backend, prompt_ids):
     schema = {
         "type": "object",
@@ -441,6 +446,7 @@ def test_make_backend_names(monkeypatch, tiny_model_dir):
     assert isinstance(hf, HFBackend)
 
 
+@pytest.mark.subprocess
 def test_importing_generation_does_not_import_vllm():
     code = (
         "import sys, rllib_r3l.generation, rllib_r3l.models; "
