@@ -18,9 +18,12 @@ FAST_EXPRESSION = " and ".join(f"not {m}" for m in HEAVY)
 
 
 def pytest_addoption(parser):
-    parser.addoption("--fast", action="store_true",
-                     help=f"the fast tier: deselect {', '.join(HEAVY)} tests and fail one that starts Ray, vLLM "
-                          "or a child process without its marker")
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help=f"the fast tier: deselect {', '.join(HEAVY)} tests and fail one that starts Ray, vLLM "
+        "or a child process without its marker",
+    )
 
 
 def pytest_configure(config):
@@ -46,21 +49,60 @@ class _Started:
     def __enter__(self):
         subprocess.Popen.__init__ = self._counting_init
         self.vllm_before = "vllm" in sys.modules
+        self.jvms = 0
+        self._engines = []
+        # a JVM environment's first engine call starts a JVM: counted here, since the simulators' packages
+        # share one gateway per process (whichever test came first would start it)
+        from environments import sciworld, twx
+
+        for cls in (twx.TextWorldExpressEnv, sciworld.ScienceWorldEnv):
+            original = cls.__dict__["_engine"]
+            self._engines.append((cls, original))
+
+            def engine(env, _original=original):
+                self.jvms += env._env is None
+                return _original(env)
+
+            cls._engine = engine
         return self
 
     def __exit__(self, *exc):
         subprocess.Popen.__init__ = self._init
+        for cls, original in self._engines:
+            cls._engine = original
 
     def heavy(self):
-        ray = sys.modules.get("ray")
         found = []
-        if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        if _ray_up():
             found.append(("a Ray runtime", "integration"))
         if "vllm" in sys.modules and not self.vllm_before:
             found.append(("vLLM", "slow"))
-        if self.children:
-            found.append((f"{self.children} child process(es)", "subprocess"))
+        if self.children or self.jvms:
+            found.append((f"{self.children} child process(es), {self.jvms} JVM environment(s)", "subprocess"))
         return found
+
+
+# fixtures whose setup started something heavy: (the fixture's node id prefix, its name) -> what it started.
+# Every test that uses one counts as starting it, so the check does not depend on which test set it up.
+_HEAVY_FIXTURES: dict = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if not request.config.getoption("--fast"):
+        yield
+        return
+    ray_before = _ray_up()
+    with _Started() as started:
+        yield
+    heavy = [h for h in started.heavy() if h[1] != "integration" or not ray_before]
+    if heavy:
+        _HEAVY_FIXTURES[(fixturedef.baseid, fixturedef.argname)] = heavy
+
+
+def _ray_up() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -71,6 +113,9 @@ def pytest_runtest_call(item):
     with _Started() as started:
         outcome = yield
     heavy = started.heavy()
+    for (baseid, name), what in _HEAVY_FIXTURES.items():
+        if name in item.fixturenames and item.nodeid.startswith(baseid):
+            heavy += [(f"{w} (fixture {name})", m) for w, m in what]
     if heavy and outcome.excinfo is None:
         what = ", ".join(w for w, _ in heavy)
         marks = ", ".join(sorted({f"@pytest.mark.{m}" for _, m in heavy}))

@@ -57,8 +57,8 @@ def main(argv=None) -> int:
     shapes = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
 
     from rllib_r3l.learner import rl_module
-    from rllib_r3l.models import load_causal_lm, resolve_model
     from rllib_r3l.learner.precision import autocast, uses_autocast
+    from rllib_r3l.models import load_causal_lm, resolve_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -70,9 +70,12 @@ def main(argv=None) -> int:
         key, _, val = line.partition(":")
         info.setdefault(key.strip(), val.strip())
     bf16 = uses_autocast("auto", "cpu")
-    print(f"CPU: {info.get('model name', platform.processor())} (family {info.get('cpu family', '?')} model "
-          f"{info.get('model', '?')}), {torch.get_num_threads()} threads; learner bf16 autocast: {bf16}; "
-          f"reps {args.reps}", flush=True)
+    print(
+        f"CPU: {info.get('model name', platform.processor())} (family {info.get('cpu family', '?')} model "
+        f"{info.get('model', '?')}), {torch.get_num_threads()} threads; learner bf16 autocast: {bf16}; "
+        f"reps {args.reps}",
+        flush=True,
+    )
     supported = rl_module.cascade_supported
 
     def run(ids: torch.Tensor, variant: str) -> float:
@@ -81,8 +84,10 @@ def main(argv=None) -> int:
         try:
             with autocast("auto", "cpu") if bf16 else contextlib.nullcontext():
                 if variant == "flat":
-                    loss = sum(dec(input_ids=ids[i:i + 1]).last_hidden_state.float().square().mean()
-                               for i in range(ids.shape[0]))
+                    loss = sum(
+                        dec(input_ids=ids[i : i + 1]).last_hidden_state.float().square().mean()
+                        for i in range(ids.shape[0])
+                    )
                 else:
                     h = rl_module.shared_prefix_hidden(dec, ids, [ids.shape[1]] * ids.shape[0])
                     loss = h.float().square().mean()
@@ -92,7 +97,9 @@ def main(argv=None) -> int:
         lm.zero_grad(set_to_none=True)
         return time.process_time() - c0
 
-    print("\n| prefix P | leaves N x L | masked CPU s | cascade CPU s | flat CPU s | cascade / masked | cascade / flat |")
+    print(
+        "\n| prefix P | leaves N x L | masked CPU s | cascade CPU s | flat CPU s | cascade / masked | cascade / flat |"
+    )
     print("|---|---|---|---|---|---|---|")
     for p, l, n in shapes:
         ids = rows_for(p, l, n, vocab)
@@ -105,10 +112,17 @@ def main(argv=None) -> int:
         for _ in range(max(1, args.reps // 2)):
             times["flat"].append(run(ids, "flat"))
         med = {v: statistics.median(t) for v, t in times.items()}
-        print(f"| {p} | {n} x {l} | {med['masked']:.1f} | {med['cascade']:.1f} | {med['flat']:.1f} | "
-              f"{med['cascade'] / med['masked']:.2f} | {med['cascade'] / med['flat']:.2f} |", flush=True)
-        print(f"<!-- raw {p}x{l}x{n}: " + "; ".join(f"{v} {', '.join(f'{x:.1f}' for x in t)}" for v, t in times.items())
-              + " -->", flush=True)
+        print(
+            f"| {p} | {n} x {l} | {med['masked']:.1f} | {med['cascade']:.1f} | {med['flat']:.1f} | "
+            f"{med['cascade'] / med['masked']:.2f} | {med['cascade'] / med['flat']:.2f} |",
+            flush=True,
+        )
+        print(
+            f"<!-- raw {p}x{l}x{n}: "
+            + "; ".join(f"{v} {', '.join(f'{x:.1f}' for x in t)}" for v, t in times.items())
+            + " -->",
+            flush=True,
+        )
     return 0
 
 

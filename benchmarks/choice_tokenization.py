@@ -19,6 +19,12 @@ if str(ROOT) not in sys.path:
 from benchmarks import harness, main_job_ab  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main_job_ab.main(["--preset", "choice_tokenization", *sys.argv[1:]],
-                              results=harness.RESULTS / "choice_tokenization", label="choices", description=__doc__,
-                              preset_in_folder=False))
+    sys.exit(
+        main_job_ab.main(
+            ["--preset", "choice_tokenization", *sys.argv[1:]],
+            results=harness.RESULTS / "choice_tokenization",
+            label="choices",
+            description=__doc__,
+            preset_in_folder=False,
+        )
+    )

@@ -39,11 +39,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+    from rllib_r3l.cli.run_info import cpu_model
     from rllib_r3l.generation import make_backend
     from rllib_r3l.generation.base import GenerationRequest
     from rllib_r3l.models import load_tokenizer, resolve_model
     from rllib_r3l.runner.reflection.reflect import report_json_schema
-    from rllib_r3l.cli.run_info import cpu_model
 
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
@@ -55,21 +55,32 @@ def main(argv=None) -> int:
     choices = ["move north", "move south", "take coin", "look"]
 
     def wave(kind: str):
-        reqs = [GenerationRequest(p, args.steps, json_schema=schema if kind == "json" else None,
-                                  choices=choices if kind == "choice" else None) for p in prompts]
+        reqs = [
+            GenerationRequest(
+                p,
+                args.steps,
+                json_schema=schema if kind == "json" else None,
+                choices=choices if kind == "choice" else None,
+            )
+            for p in prompts
+        ]
         t0 = time.perf_counter()
         outs = engine.generate(reqs, temperature=1.0)
         return time.perf_counter() - t0, max(len(o.token_ids) for o in outs)
 
     engine.generate([GenerationRequest(p, 2) for p in prompts], temperature=1.0)  # cache the prompts
-    print(f"# {cpu_model()}, {os.cpu_count()} cores, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}; "
-          f"model {args.model}; {args.requests} requests x {len(prompt)}-token cached prompt")
+    print(
+        f"# {cpu_model()}, {os.cpu_count()} cores, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}; "
+        f"model {args.model}; {args.requests} requests x {len(prompt)}-token cached prompt"
+    )
     print("| rep | wave | s | decode steps | ms per step | load 1-min |\n|---|---|---|---|---|---|")
     for rep in range(args.reps):
         for kind in ("free", "json", "choice"):
             dt, steps = wave(kind)
-            print(f"| {rep} | {kind} | {dt:.2f} | {steps} | {1000 * dt / max(steps, 1):.1f} | {os.getloadavg()[0]:.1f} |",
-                  flush=True)
+            print(
+                f"| {rep} | {kind} | {dt:.2f} | {steps} | {1000 * dt / max(steps, 1):.1f} | {os.getloadavg()[0]:.1f} |",
+                flush=True,
+            )
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

@@ -43,17 +43,24 @@ DEFAULT_GRID = "2x10,3x10,3x15,4x10,4x15"
 def measure(rooms: int, turns: int, args) -> Dict[str, Any]:
 
     from rllib_r3l import R3LConfig
-    from rllib_r3l.cli.run_info import cpu_model
     from rllib_r3l.batch import build_train_batch, select_trainable
+    from rllib_r3l.cli.run_info import cpu_model
     from rllib_r3l.runner.env_runner import R3LEnvRunner
 
     overrides = dict(json.loads(args.set)) if args.set else {}
-    cfg = (R3LConfig()
-           .environment("r3l/CoinCollector", env_config={"num_locations": rooms, "max_turns": turns,
-                                                          **(json.loads(args.env_set) if args.env_set else {})})
-           .training(group_size=args.group_size, tasks_per_iteration=args.groups, sampling_seed=args.seed,
-                     **overrides)
-           .debugging(seed=args.seed))
+    cfg = (
+        R3LConfig()
+        .environment(
+            "r3l/CoinCollector",
+            env_config={
+                "num_locations": rooms,
+                "max_turns": turns,
+                **(json.loads(args.env_set) if args.env_set else {}),
+            },
+        )
+        .training(group_size=args.group_size, tasks_per_iteration=args.groups, sampling_seed=args.seed, **overrides)
+        .debugging(seed=args.seed)
+    )
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     runner = R3LEnvRunner(config=cfg)
@@ -68,41 +75,61 @@ def measure(rooms: int, turns: int, args) -> Dict[str, Any]:
 
     base = [t for g in groups for t in g.trajectories if t.kind.value == "base"]
     retries = [t for g in groups for t in g.trajectories if t.kind.value == "retry"]
-    trainable_groups = sum(1 for g in groups
-                           if len({round(t.reward, 6) for t in g.trajectories if t.kind.value in ("base", "retry")}) > 1)
+    trainable_groups = sum(
+        1 for g in groups if len({round(t.reward, 6) for t in g.trajectories if t.kind.value in ("base", "retry")}) > 1
+    )
     trajectories, _ = select_trainable(groups, drop_partial_groups=True)
     fwd = credited = 0
     if trajectories:
-        batch, _ = build_train_batch(trajectories, pad_token_id=0, std_normalize=cfg.std_normalize,
-                                     positive_amplification=cfg.positive_amplification,
-                                     alpha=cfg.amplification_alpha, success_reward=cfg.success_reward,
-                                     pivotal_credit=cfg.pivotal_credit, max_length=cfg.max_context_tokens)
+        batch, _ = build_train_batch(
+            trajectories,
+            pad_token_id=0,
+            std_normalize=cfg.std_normalize,
+            positive_amplification=cfg.positive_amplification,
+            alpha=cfg.amplification_alpha,
+            success_reward=cfg.success_reward,
+            pivotal_credit=cfg.pivotal_credit,
+            max_length=cfg.max_context_tokens,
+        )
         if len(batch["input_ids"]):
             fwd = int(batch["attention_mask"].sum())
             credited = int((batch["loss_mask"] > 0).sum())
     k = sum(bool(t.success) for t in base)
     rk = sum(bool(t.success) for t in retries)
     rec = {
-        "setting": f"{rooms}x{turns}", "rooms": rooms, "max_turns": turns, "groups": args.groups,
-        "group_size": args.group_size, "seed": args.seed, "overrides": overrides,
+        "setting": f"{rooms}x{turns}",
+        "rooms": rooms,
+        "max_turns": turns,
+        "groups": args.groups,
+        "group_size": args.group_size,
+        "seed": args.seed,
+        "overrides": overrides,
         "env_overrides": json.loads(args.env_set) if args.env_set else {},
-        "base_episodes": len(base), "base_successes": k, "base_success": k / max(len(base), 1),
+        "base_episodes": len(base),
+        "base_successes": k,
+        "base_success": k / max(len(base), 1),
         "base_success_ci95": harness.wilson(k, len(base)),
         "base_turns_mean": sum(t.num_turns for t in base) / max(len(base), 1),
-        "retries": len(retries), "retry_successes": rk,
+        "retries": len(retries),
+        "retry_successes": rk,
         "reflection_valid_rate": _num(r3l.get("reflection_valid_rate")),
         "pivot_accuracy": _num(r3l.get("pivot_accuracy")),
         "retry_changed_pivot_action": _num(r3l.get("retry_changed_pivot_action")),
         "retry_took_oracle_action": _num(r3l.get("retry_took_oracle_action")),
         "groups_with_update": trainable_groups,
-        "items_trained": len(trajectories), "forward_tokens": fwd, "credited_tokens": credited,
+        "items_trained": len(trajectories),
+        "forward_tokens": fwd,
+        "credited_tokens": credited,
         "prompt_tokens_computed_per_sample": _num(r3l.get("prompt_tokens_computed_per_sample")),
         "generated_tokens": _num(r3l.get("generated_tokens")),
-        "engine_start_s": round(t_start, 1), "explore_s": round(t_explore, 1),
+        "engine_start_s": round(t_start, 1),
+        "explore_s": round(t_explore, 1),
         "reflect_s": round(_num(r3l.get("timers", {}).get("reflect_s")), 1),
         "timers": {k: round(_num(v), 1) for k, v in r3l.get("timers", {}).items()},
         "cpu_s": round((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime), 1),
-        "load": os.getloadavg(), "cpu": cpu_model(), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "load": os.getloadavg(),
+        "cpu": cpu_model(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     runner.stop()
     return rec
@@ -116,17 +143,45 @@ def _num(v: Any) -> float:
 
 
 def table(records: List[Dict[str, Any]]) -> str:
-    head = ("setting", "base ok", "95% CI", "turns", "valid", "pivot acc", "retries", "retry ok", "upd groups",
-            "fwd tok", "credited", "fwd/cred", "explore s", "reflect s", "CPU s")
+    head = (
+        "setting",
+        "base ok",
+        "95% CI",
+        "turns",
+        "valid",
+        "pivot acc",
+        "retries",
+        "retry ok",
+        "upd groups",
+        "fwd tok",
+        "credited",
+        "fwd/cred",
+        "explore s",
+        "reflect s",
+        "CPU s",
+    )
     rows = []
     for r in records:
         lo, hi = r["base_success_ci95"]
-        rows.append((r["setting"], f"{r['base_successes']}/{r['base_episodes']}", f"{lo:.2f}-{hi:.2f}",
-                     f"{r['base_turns_mean']:.1f}", f"{r['reflection_valid_rate']:.2f}", f"{r['pivot_accuracy']:.2f}",
-                     str(r["retries"]), str(r["retry_successes"]), f"{r['groups_with_update']}/{r['groups']}",
-                     f"{r['forward_tokens']:,}", str(r["credited_tokens"]),
-                     f"{r['forward_tokens'] / max(r['credited_tokens'], 1):.1f}", f"{r['explore_s']:.0f}",
-                     f"{r['reflect_s']:.0f}", f"{r['cpu_s']:.0f}"))
+        rows.append(
+            (
+                r["setting"],
+                f"{r['base_successes']}/{r['base_episodes']}",
+                f"{lo:.2f}-{hi:.2f}",
+                f"{r['base_turns_mean']:.1f}",
+                f"{r['reflection_valid_rate']:.2f}",
+                f"{r['pivot_accuracy']:.2f}",
+                str(r["retries"]),
+                str(r["retry_successes"]),
+                f"{r['groups_with_update']}/{r['groups']}",
+                f"{r['forward_tokens']:,}",
+                str(r["credited_tokens"]),
+                f"{r['forward_tokens'] / max(r['credited_tokens'], 1):.1f}",
+                f"{r['explore_s']:.0f}",
+                f"{r['reflect_s']:.0f}",
+                f"{r['cpu_s']:.0f}",
+            )
+        )
     return harness.markdown_table(head, rows)
 
 
@@ -136,9 +191,17 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", type=int, default=4, help="task groups explored per setting")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", default="", help='extra R3LConfig training options as JSON, e.g. \'{"reflection_context": "transcript"}\'')
-    ap.add_argument("--env-set", default="", help='extra coin-collector options as JSON, e.g. \'{"compact_observations": true}\'')
-    ap.add_argument("--tag", default="default", help="results file name (benchmarks/results/default_setting/<tag>.jsonl)")
+    ap.add_argument(
+        "--set",
+        default="",
+        help='extra R3LConfig training options as JSON, e.g. \'{"reflection_context": "transcript"}\'',
+    )
+    ap.add_argument(
+        "--env-set", default="", help='extra coin-collector options as JSON, e.g. \'{"compact_observations": true}\''
+    )
+    ap.add_argument(
+        "--tag", default="default", help="results file name (benchmarks/results/default_setting/<tag>.jsonl)"
+    )
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--verbose", action="store_true", help="engine and library logs on the console")
     args = ap.parse_args(argv)
@@ -161,9 +224,16 @@ def main(argv=None) -> int:
                 harness.append_jsonl(path, [rec])
                 done[s] = rec
                 con.line(table([rec]).splitlines()[-1])
-    recs = [done[s.strip()] for s in args.settings.split(",") if s.strip() in done] if not args.table_only else list(done.values())
+    recs = (
+        [done[s.strip()] for s in args.settings.split(",") if s.strip() in done]
+        if not args.table_only
+        else list(done.values())
+    )
     if recs:
-        print(f"\n{recs[0]['cpu']}, {os.cpu_count()} CPUs; {recs[0]['groups']} groups x {recs[0]['group_size']} per setting, seed {recs[0]['seed']}")
+        print(
+            f"\n{recs[0]['cpu']}, {os.cpu_count()} CPUs; {recs[0]['groups']} groups x {recs[0]['group_size']} per "
+            f"setting, seed {recs[0]['seed']}"
+        )
         print(table(recs))
     return 0
 

@@ -63,10 +63,20 @@ def worker(args) -> dict:
         res = backend.generate(reqs, temperature=1.0, seed=1)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         n = sum(len(r.token_ids) for r in res)
-        rows.append({"batch": b, "tokens": n, "seconds": round(dt, 2), "tok_per_s": round(n / dt, 1),
-                     "tok_per_cpu_s": round(n / max(cpu, 1e-9), 1)})
-        print(f"[{args.worker}] batch {b}: {n} tokens in {dt:.2f} s = {n / dt:.1f} tok/s "
-              f"({n / max(cpu, 1e-9):.1f} per CPU-second)", flush=True)
+        rows.append(
+            {
+                "batch": b,
+                "tokens": n,
+                "seconds": round(dt, 2),
+                "tok_per_s": round(n / dt, 1),
+                "tok_per_cpu_s": round(n / max(cpu, 1e-9), 1),
+            }
+        )
+        print(
+            f"[{args.worker}] batch {b}: {n} tokens in {dt:.2f} s = {n / dt:.1f} tok/s "
+            f"({n / max(cpu, 1e-9):.1f} per CPU-second)",
+            flush=True,
+        )
     learner = load_causal_lm(path, dtype="float32")
     with torch.no_grad():
         for p in learner.parameters():
@@ -94,8 +104,12 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--backends", default="vllm,transformers")
-    ap.add_argument("--hf-dtype", default=None, help="transformers backend dtype (default: bf16 where "
-                    "the CPU has native bf16, else fp32; vLLM picks the same way)")
+    ap.add_argument(
+        "--hf-dtype",
+        default=None,
+        help="transformers backend dtype (default: bf16 where "
+        "the CPU has native bf16, else fp32; vLLM picks the same way)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both backends")
     ap.add_argument("--out", default=str(harness.RESULTS / "generation_benchmark.json"), help="raw results (JSON)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -117,9 +131,20 @@ def main() -> None:
     resolve_model(args.model)  # convert once before the workers start
     results = []
     for name in args.backends.split(","):
-        cmd = [sys.executable, __file__, "--worker", name, "--model", args.model,
-               "--batches", ",".join(map(str, args.batches)), "--max-tokens", str(args.max_tokens),
-               "--hf-dtype", args.hf_dtype]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            name,
+            "--model",
+            args.model,
+            "--batches",
+            ",".join(map(str, args.batches)),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--hf-dtype",
+            args.hf_dtype,
+        ]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING=os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
@@ -130,24 +155,47 @@ def main() -> None:
         results.append(got)
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"model": args.model, "max_tokens": args.max_tokens, "cpus": os.cpu_count(),
-                                   "load_start": load_start, "load_now": os.getloadavg()[0],
-                                   "date": time.strftime("%Y-%m-%d %H:%M"), "results": results}, indent=1))
+        out.write_text(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "max_tokens": args.max_tokens,
+                    "cpus": os.cpu_count(),
+                    "load_start": load_start,
+                    "load_now": os.getloadavg()[0],
+                    "date": time.strftime("%Y-%m-%d %H:%M"),
+                    "results": results,
+                },
+                indent=1,
+            )
+        )
 
     if not results:
         sys.exit(1)
     import torch
 
     threads = args.threads or torch.get_num_threads()
-    print(f"\nmodel={args.model} prompt={results[0]['prompt_tokens']} tokens, max_tokens={args.max_tokens}, "
-          f"T=1.0, threads={threads}, load average {load_start:.1f} -> {os.getloadavg()[0]:.1f} "
-          f"(on {os.cpu_count()} CPUs; a loaded machine ruins the numbers)")
+    print(
+        f"\nmodel={args.model} prompt={results[0]['prompt_tokens']} tokens, max_tokens={args.max_tokens}, "
+        f"T=1.0, threads={threads}, load average {load_start:.1f} -> {os.getloadavg()[0]:.1f} "
+        f"(on {os.cpu_count()} CPUs; a loaded machine ruins the numbers)"
+    )
     # tok/s is wall clock; in brackets tokens per CPU-second of the process (less sensitive to a
     # shared machine; with N threads on an idle machine tok/s approaches N x that figure).
-    print(harness.markdown_table(
-        ["backend", "start s", "weight sync s", *(f"batch {b} tok/s (per CPU-s)" for b in args.batches)],
-        [[f"{r['backend']} ({r['dtype']})", r["start_s"], r["weight_sync_s"],
-          *(f"{row['tok_per_s']} ({row['tok_per_cpu_s']})" for row in r["rows"])] for r in results]))
+    print(
+        harness.markdown_table(
+            ["backend", "start s", "weight sync s", *(f"batch {b} tok/s (per CPU-s)" for b in args.batches)],
+            [
+                [
+                    f"{r['backend']} ({r['dtype']})",
+                    r["start_s"],
+                    r["weight_sync_s"],
+                    *(f"{row['tok_per_s']} ({row['tok_per_cpu_s']})" for row in r["rows"]),
+                ]
+                for r in results
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -66,22 +66,70 @@ from rllib_r3l.trajectory import Kind, Segment, Trajectory  # noqa: E402
 
 MODEL_SHAPES: Dict[str, Tuple[str, Dict[str, Any]]] = {
     # HuggingFaceTB/SmolLM2-135M: 134.5 M parameters
-    "smollm2-135m": ("llama", dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                                   intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True,
-                                   rope_theta=100000.0, max_position_embeddings=8192, rms_norm_eps=1e-5)),
+    "smollm2-135m": (
+        "llama",
+        dict(
+            hidden_size=576,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            intermediate_size=1536,
+            vocab_size=49152,
+            tie_word_embeddings=True,
+            rope_theta=100000.0,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+        ),
+    ),
     # Qwen/Qwen2.5-1.5B: 1,543.7 M parameters (q/k/v biases are Qwen2's own)
-    "qwen2.5-1.5b": ("qwen2", dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                                   intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True,
-                                   rope_theta=1000000.0, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                                   use_sliding_window=False)),
+    "qwen2.5-1.5b": (
+        "qwen2",
+        dict(
+            hidden_size=1536,
+            num_hidden_layers=28,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            intermediate_size=8960,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            rope_theta=1000000.0,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            use_sliding_window=False,
+        ),
+    ),
     # the dry run's stand-ins: the same two architectures, tiny
-    "tiny-llama": ("llama", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                 intermediate_size=128, vocab_size=4096, tie_word_embeddings=True,
-                                 rope_theta=100000.0, max_position_embeddings=8192, rms_norm_eps=1e-5)),
-    "tiny-qwen2": ("qwen2", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                 intermediate_size=128, vocab_size=4096, tie_word_embeddings=True,
-                                 rope_theta=1000000.0, max_position_embeddings=8192, rms_norm_eps=1e-6,
-                                 use_sliding_window=False)),
+    "tiny-llama": (
+        "llama",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=4096,
+            tie_word_embeddings=True,
+            rope_theta=100000.0,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+        ),
+    ),
+    "tiny-qwen2": (
+        "qwen2",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=4096,
+            tie_word_embeddings=True,
+            rope_theta=1000000.0,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-6,
+            use_sliding_window=False,
+        ),
+    ),
 }
 
 
@@ -142,8 +190,9 @@ def retry_pivots(turns: int, n: int) -> List[int]:
     return [1 + (i * (turns - 2)) // max(n - 1, 1) for i in range(n)]
 
 
-def r3l_group(rng: np.random.Generator, vocab: int, layout: Layout, group_id: str,
-              aux_weight: float = 1.0) -> List[Trajectory]:
+def r3l_group(
+    rng: np.random.Generator, vocab: int, layout: Layout, group_id: str, aux_weight: float = 1.0
+) -> List[Trajectory]:
     """One task group as the explorer hands it to the driver (``runner/explore.py``): base episodes
     that share the task prompt and first observation, retries that replay their base's segments up
     to the pivot (``prefix_segments``) then continue with their own turns, the guidance stripped
@@ -154,8 +203,9 @@ def r3l_group(rng: np.random.Generator, vocab: int, layout: Layout, group_id: st
         return rng.integers(TOKEN_LOW, vocab, size=n).tolist()
 
     def response(turn: int) -> Segment:
-        return Segment("response", toks(layout.resp), turn=turn,
-                       logprobs=rng.uniform(-3.0, 0.0, size=layout.resp).tolist())
+        return Segment(
+            "response", toks(layout.resp), turn=turn, logprobs=rng.uniform(-3.0, 0.0, size=layout.resp).tolist()
+        )
 
     system, first_obs = toks(layout.prompt), toks(layout.obs)
     bases: List[Trajectory] = []
@@ -163,20 +213,36 @@ def r3l_group(rng: np.random.Generator, vocab: int, layout: Layout, group_id: st
         segs = [Segment("prompt", list(system), turn=-1)]
         for t in range(layout.turns):
             segs += [Segment("prompt", list(first_obs) if t == 0 else toks(layout.obs), turn=t), response(t)]
-        bases.append(Trajectory(segs, reward=reward, group_id=group_id, kind=Kind.BASE, success=reward >= 1.0,
-                                num_turns=layout.turns))
+        bases.append(
+            Trajectory(
+                segs, reward=reward, group_id=group_id, kind=Kind.BASE, success=reward >= 1.0, num_turns=layout.turns
+            )
+        )
     failed = [b for b in bases if not b.success]
     items: List[Trajectory] = list(bases)
     aux: List[Trajectory] = []
-    for i, (base, k, reward) in enumerate(zip(failed, retry_pivots(layout.turns, len(failed)), RETRY_REWARDS, strict=True)):
+    for i, (base, k, reward) in enumerate(
+        zip(failed, retry_pivots(layout.turns, len(failed)), RETRY_REWARDS, strict=True)
+    ):
         segs = [dataclasses.replace(s) for s in base.prefix_segments(k)]
         unguided = next(s.token_ids for s in base.segments if s.role == "prompt" and s.turn == k)  # replayed
-        segs += [Segment("prompt", list(unguided), turn=k, unguided_only=True),
-                 Segment("guidance", list(unguided) + toks(layout.guidance), turn=k), response(k)]
+        segs += [
+            Segment("prompt", list(unguided), turn=k, unguided_only=True),
+            Segment("guidance", list(unguided) + toks(layout.guidance), turn=k),
+            response(k),
+        ]
         for t in range(k + 1, layout.turns):
             segs += [Segment("prompt", toks(layout.obs), turn=t), response(t)]
-        retry = Trajectory(segs, reward=reward, group_id=group_id, kind=Kind.RETRY, success=reward >= 1.0,
-                           num_turns=layout.turns, pivot=k, credit_from_turn=k)
+        retry = Trajectory(
+            segs,
+            reward=reward,
+            group_id=group_id,
+            kind=Kind.RETRY,
+            success=reward >= 1.0,
+            num_turns=layout.turns,
+            pivot=k,
+            credit_from_turn=k,
+        )
         base.credit_from_turn = k  # pivotal credit in the base/retry pair (explore._add_retry)
         items.append(retry.strip_guidance())
         if retry.success and not aux:
@@ -190,10 +256,15 @@ def r3l_group(rng: np.random.Generator, vocab: int, layout: Layout, group_id: st
 def train_batch_options(max_length: int) -> Dict[str, Any]:
     """``build_train_batch``'s options at R3L's defaults (``options.py``; ``batch.train_batch_options``
     reads the same from an ``R3LConfig``)."""
-    return dict(std_normalize=default("std_normalize"), positive_amplification=default("positive_amplification"),
-                alpha=default("amplification_alpha"), success_reward=default("success_reward"),
-                pivotal_credit=default("pivotal_credit"), max_length=max_length,
-                loss_aggregation=default("loss_aggregation"))
+    return dict(
+        std_normalize=default("std_normalize"),
+        positive_amplification=default("positive_amplification"),
+        alpha=default("amplification_alpha"),
+        success_reward=default("success_reward"),
+        pivotal_credit=default("pivotal_credit"),
+        max_length=max_length,
+        loss_aggregation=default("loss_aggregation"),
+    )
 
 
 def make_batch(groups: int, layout: Layout, vocab: int, seed: int = 0, device: str = "cpu"):
@@ -205,9 +276,15 @@ def make_batch(groups: int, layout: Layout, vocab: int, seed: int = 0, device: s
     tb = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
     lengths = batch["attention_mask"].sum(axis=1).tolist()
     seqs = [batch["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)]
-    info = {"items": len(trajs), "rows": len(lengths), "tokens": int(sum(lengths)), "trie_tokens": trie_tokens(seqs),
-            "credited": int(batch["num_loss_tokens"].sum()), "longest": int(max(lengths)),
-            "kinds": {k.value: sum(t.kind == k for t in trajs) for k in Kind}}
+    info = {
+        "items": len(trajs),
+        "rows": len(lengths),
+        "tokens": int(sum(lengths)),
+        "trie_tokens": trie_tokens(seqs),
+        "credited": int(batch["num_loss_tokens"].sum()),
+        "longest": int(max(lengths)),
+        "kinds": {k.value: sum(t.kind == k for t in trajs) for k in Kind},
+    }
     return tb, info, trajs, adv
 
 
@@ -230,15 +307,18 @@ def layout_problems(trajs: Sequence[Trajectory], adv: Sequence[float], layout: L
             out.append(f"{gid}: kinds {[k.value for k in kinds]}")
         bases = [t for t in items if t.kind == Kind.BASE]
         prompt = bases[0].segments[0].token_ids
-        if any(t.token_ids[:len(prompt)] != prompt for t in items):
+        if any(t.token_ids[: len(prompt)] != prompt for t in items):
             out.append(f"{gid}: an item does not start with the task prompt")
         for r in (t for t in items if t.kind == Kind.RETRY):
             ids = r.token_ids
             base = max(bases, key=lambda b: _common_prefix(b.token_ids, ids))  # the one it replayed
             arr = r.to_arrays()
             # the base's tokens through the pivot turn's prompt (the observation the replay reaches)
-            cut = sum(len(s.token_ids) for s in base.segments
-                      if s.turn < r.pivot or (s.turn == r.pivot and s.role == "prompt"))
+            cut = sum(
+                len(s.token_ids)
+                for s in base.segments
+                if s.turn < r.pivot or (s.turn == r.pivot and s.role == "prompt")
+            )
             if _common_prefix(base.token_ids, ids) != cut:
                 out.append(f"{gid}: retry from turn {r.pivot} does not share exactly its base's prefix")
             for t in (r, base):
@@ -275,8 +355,13 @@ def r3l_loss(batch: Dict[str, torch.Tensor], fwd_out: Dict[str, torch.Tensor], l
     def per_token(x: torch.Tensor) -> torch.Tensor:
         return x[:, None].expand(B, Tm1)[sel]
 
-    loss, _ = core_algos.policy_gradient_loss(logp, per_token(batch["advantages"]), torch.ones_like(logp),
-                                              normalizer=float(batch["normalizer"]), weights=per_token(batch["weights"]))
+    loss, _ = core_algos.policy_gradient_loss(
+        logp,
+        per_token(batch["advantages"]),
+        torch.ones_like(logp),
+        normalizer=float(batch["normalizer"]),
+        weights=per_token(batch["weights"]),
+    )
     return loss * float(loss_scale)
 
 
@@ -288,9 +373,16 @@ class Pass:
     micro_batches: int
 
 
-def forward_backward(lm: torch.nn.Module, batch: Dict[str, torch.Tensor], *, share: bool, mixed_precision: str,
-                     micro_batch_size: int = 64, micro_batch_tokens: Optional[int] = None,
-                     keep_logprobs: bool = True) -> Pass:
+def forward_backward(
+    lm: torch.nn.Module,
+    batch: Dict[str, torch.Tensor],
+    *,
+    share: bool,
+    mixed_precision: str,
+    micro_batch_size: int = 64,
+    micro_batch_tokens: Optional[int] = None,
+    keep_logprobs: bool = True,
+) -> Pass:
     """One update's forward and backward as ``R3LTorchLearner._update`` runs it (gradients accumulate
     in ``lm``; no optimizer step): micro-batches, each under ``precision.autocast(mixed_precision)``,
     the learner's own forward (``learner.forward.token_logprobs``) and ``r3l_loss``.
@@ -306,8 +398,11 @@ def forward_backward(lm: torch.nn.Module, batch: Dict[str, torch.Tensor], *, sha
             continue
         sub["normalizer"] = normalizer
         lengths = sub["attention_mask"].sum(dim=1).tolist()
-        fwd_tokens += (computed_tokens([sub["input_ids"][i, :m].tolist() for i, m in enumerate(lengths)])
-                       if share else int(sub["input_ids"].numel()))
+        fwd_tokens += (
+            computed_tokens([sub["input_ids"][i, :m].tolist() for i, m in enumerate(lengths)])
+            if share
+            else int(sub["input_ids"].numel())
+        )
         n += 1
         with precision.autocast(mixed_precision, device.type):
             out = token_logprobs(lm, sub, share_prefixes=share)
@@ -318,7 +413,7 @@ def forward_backward(lm: torch.nn.Module, batch: Dict[str, torch.Tensor], *, sha
             continue
         full = torch.zeros(len(idx), sub["input_ids"].shape[1] - 1)
         full[out["selection"].cpu()] = out["logprobs"].detach().float().cpu()
-        logprobs[idx, :full.shape[1]] = full
+        logprobs[idx, : full.shape[1]] = full
     return Pass(float(acc), logprobs, fwd_tokens, n)
 
 
@@ -341,9 +436,11 @@ def compare(got: Pass, got_grads, want: Pass, want_grads, mask: torch.Tensor) ->
     the loss's scale (its mean |term|, so a loss near 0 is not divided by 0), gradient relative error."""
     m = mask.cpu() > 0
     scale = max(float(want.logprobs[m].abs().mean()) if m.any() else 1.0, 1e-6)
-    return {"logp": float((got.logprobs[m] - want.logprobs[m]).abs().max()) if m.any() else 0.0,
-            "loss": abs(got.loss - want.loss) / scale,
-            "grad": relative_error(got_grads, want_grads)}
+    return {
+        "logp": float((got.logprobs[m] - want.logprobs[m]).abs().max()) if m.any() else 0.0,
+        "loss": abs(got.loss - want.loss) / scale,
+        "grad": relative_error(got_grads, want_grads),
+    }
 
 
 # tolerances of ``compare``'s three numbers
@@ -399,13 +496,19 @@ class Throughput:
 
     @property
     def label(self) -> str:
-        return (f"mbt {self.micro_batch_tokens}" + ("" if self.share else ", unshared")
-                + (", bf16 weights" if self.bf16_weights else ""))
+        return (
+            f"mbt {self.micro_batch_tokens}"
+            + ("" if self.share else ", unshared")
+            + (", bf16 weights" if self.bf16_weights else "")
+        )
 
     @property
     def key(self) -> str:
-        return (f"mbt{self.micro_batch_tokens}" + ("" if self.share else "-unshared")
-                + ("-bf16w" if self.bf16_weights else ""))
+        return (
+            f"mbt{self.micro_batch_tokens}"
+            + ("" if self.share else "-unshared")
+            + ("-bf16w" if self.bf16_weights else "")
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,16 +527,38 @@ class Plan:
 # (4 groups of GPU_LAYOUT: 45,760 tokens, 28,256 in the prefix trie; at 16384 two micro-batches of
 # up to 15,564 trie tokens, about 60 GiB of 1.5B activations under autocast besides 24 GiB of fp32
 # weights, gradients and AdamW state)
-GPU_PLAN = Plan(shapes=("smollm2-135m", "qwen2.5-1.5b"), layout=GPU_LAYOUT, short_layout=SHORT_LAYOUT, groups=4,
-                check_micro_batch_tokens=4096,
-                throughput=(Throughput(2048), Throughput(8192), Throughput(8192, share=False),
-                            Throughput(8192, bf16_weights=True), Throughput(16384)),
-                reps=3, budget_s=420.0)
-DRY_PLAN = Plan(shapes=("tiny-llama", "tiny-qwen2"), layout=DRY_LAYOUT, short_layout=DRY_LAYOUT, groups=2,
-                check_micro_batch_tokens=512,
-                throughput=(Throughput(256), Throughput(1024), Throughput(1024, share=False),
-                            Throughput(1024, bf16_weights=True), Throughput(4096)),
-                reps=1, budget_s=600.0)
+GPU_PLAN = Plan(
+    shapes=("smollm2-135m", "qwen2.5-1.5b"),
+    layout=GPU_LAYOUT,
+    short_layout=SHORT_LAYOUT,
+    groups=4,
+    check_micro_batch_tokens=4096,
+    throughput=(
+        Throughput(2048),
+        Throughput(8192),
+        Throughput(8192, share=False),
+        Throughput(8192, bf16_weights=True),
+        Throughput(16384),
+    ),
+    reps=3,
+    budget_s=420.0,
+)
+DRY_PLAN = Plan(
+    shapes=("tiny-llama", "tiny-qwen2"),
+    layout=DRY_LAYOUT,
+    short_layout=DRY_LAYOUT,
+    groups=2,
+    check_micro_batch_tokens=512,
+    throughput=(
+        Throughput(256),
+        Throughput(1024),
+        Throughput(1024, share=False),
+        Throughput(1024, bf16_weights=True),
+        Throughput(4096),
+    ),
+    reps=1,
+    budget_s=600.0,
+)
 
 
 def row_ids(plan: Plan) -> List[str]:
@@ -508,21 +633,37 @@ def synchronize(device: torch.device) -> None:
 
 def imports_row() -> Row:
     loaded = sorted(n for n, m in sys.modules.items() if m is not None and n.split(".")[0] in BLOCKED)
-    return Row("imports", "runs without Ray, vLLM, gymnasium, DeepSpeed", "-", "-",
-               "loaded: " + (", ".join(loaded[:5]) if loaded else "none"), "none loaded",
-               "FAIL" if loaded else "PASS", {"loaded": loaded})
+    return Row(
+        "imports",
+        "runs without Ray, vLLM, gymnasium, DeepSpeed",
+        "-",
+        "-",
+        "loaded: " + (", ".join(loaded[:5]) if loaded else "none"),
+        "none loaded",
+        "FAIL" if loaded else "PASS",
+        {"loaded": loaded},
+    )
 
 
 def layout_row(plan: Plan, vocab: int) -> Row:
     _, info, trajs, adv = make_batch(plan.groups, plan.layout, vocab)
     problems = layout_problems(trajs, adv, plan.layout)
     k = info["kinds"]
-    measured = (f"{info['items']} items ({k['base']} base, {k['retry']} retry, {k['retry_sft']} retry_sft), "
-                f"{info['tokens']:,} tokens, {info['trie_tokens']:,} in the prefix trie, {info['credited']:,} credited"
-                + ("; " + "; ".join(problems[:3]) if problems else ""))
-    return Row("layout", "R3L group layout (kinds, shared prefixes, pivotal credit, advantages)", "-",
-               f"{plan.groups} groups", measured, "4 base + 3 retry + 1 retry_sft per group, exact",
-               "FAIL" if problems else "PASS", {**info, "problems": problems})
+    measured = (
+        f"{info['items']} items ({k['base']} base, {k['retry']} retry, {k['retry_sft']} retry_sft), "
+        f"{info['tokens']:,} tokens, {info['trie_tokens']:,} in the prefix trie, {info['credited']:,} credited"
+        + ("; " + "; ".join(problems[:3]) if problems else "")
+    )
+    return Row(
+        "layout",
+        "R3L group layout (kinds, shared prefixes, pivotal credit, advantages)",
+        "-",
+        f"{plan.groups} groups",
+        measured,
+        "4 base + 3 retry + 1 retry_sft per group, exact",
+        "FAIL" if problems else "PASS",
+        {**info, "problems": problems},
+    )
 
 
 def shared_vs_plain_row(lm, shape: str, plan: Plan, device: torch.device) -> Row:
@@ -535,8 +676,9 @@ def shared_vs_plain_row(lm, shape: str, plan: Plan, device: torch.device) -> Row
     for name, share, mp in (("plain", False, "bfloat16"), ("shared", True, "bfloat16"), ("fp32", False, "none")):
         lm.zero_grad(set_to_none=True)
         with cascade_everywhere(device), no_tf32():
-            p = forward_backward(lm, batch, share=share, mixed_precision=mp,
-                                 micro_batch_tokens=plan.check_micro_batch_tokens)
+            p = forward_backward(
+                lm, batch, share=share, mixed_precision=mp, micro_batch_tokens=plan.check_micro_batch_tokens
+            )
         runs[name] = (p, grads_of(lm))
     lm.zero_grad(set_to_none=True)
     v = compare(*runs["shared"], *runs["plain"], mask)
@@ -544,11 +686,21 @@ def shared_vs_plain_row(lm, shape: str, plan: Plan, device: torch.device) -> Row
     saved = 1 - runs["shared"][0].forward_tokens / max(runs["plain"][0].forward_tokens, 1)
     ok = within(v, TOL_BF16) and math.isfinite(runs["shared"][0].loss)
     how = "cascade attention" if device.type == "cpu" else "SDPA on the KV cache"
-    return Row(f"shared_vs_plain/{shape}", f"shared prefix ({how}) = plain SDPA, bf16", shape,
-               f"1 group, {info['tokens']:,} tokens ({saved:.0%} fewer computed)",
-               f"{fmt_cmp(v)} (bf16 vs fp32 itself: {fmt_cmp(noise)})", fmt_tol(TOL_BF16), "PASS" if ok else "FAIL",
-               {**v, "bf16_vs_fp32": noise, "forward_tokens_shared": runs["shared"][0].forward_tokens,
-                "forward_tokens_plain": runs["plain"][0].forward_tokens})
+    return Row(
+        f"shared_vs_plain/{shape}",
+        f"shared prefix ({how}) = plain SDPA, bf16",
+        shape,
+        f"1 group, {info['tokens']:,} tokens ({saved:.0%} fewer computed)",
+        f"{fmt_cmp(v)} (bf16 vs fp32 itself: {fmt_cmp(noise)})",
+        fmt_tol(TOL_BF16),
+        "PASS" if ok else "FAIL",
+        {
+            **v,
+            "bf16_vs_fp32": noise,
+            "forward_tokens_shared": runs["shared"][0].forward_tokens,
+            "forward_tokens_plain": runs["plain"][0].forward_tokens,
+        },
+    )
 
 
 def device_vs_cpu_rows(lm, shape: str, plan: Plan, device: torch.device) -> List[Row]:
@@ -573,14 +725,24 @@ def device_vs_cpu_rows(lm, shape: str, plan: Plan, device: torch.device) -> List
         v = compare(got, grads_of(lm), want, want_grads, mask)
         lm.zero_grad(set_to_none=True)
         ok = within(v, tol)
-        rows.append(Row(f"device_vs_cpu_{tag}/{shape}", f"{device.type} {tag} loss = CPU fp32 loss{stand_in}", shape,
-                        f"1 group, {info['tokens']:,} tokens", f"loss {got.loss:.6f} vs {want.loss:.6f}; {fmt_cmp(v)}",
-                        fmt_tol(tol), "PASS" if ok else "FAIL", {**v, "loss_device": got.loss, "loss_cpu": want.loss}))
+        rows.append(
+            Row(
+                f"device_vs_cpu_{tag}/{shape}",
+                f"{device.type} {tag} loss = CPU fp32 loss{stand_in}",
+                shape,
+                f"1 group, {info['tokens']:,} tokens",
+                f"loss {got.loss:.6f} vs {want.loss:.6f}; {fmt_cmp(v)}",
+                fmt_tol(tol),
+                "PASS" if ok else "FAIL",
+                {**v, "loss_device": got.loss, "loss_cpu": want.loss},
+            )
+        )
     return rows
 
 
-def throughput_row(lm, shape: str, spec: Throughput, plan: Plan, device: torch.device, guard: TimeGuard,
-                   batch=None, info=None) -> Row:
+def throughput_row(
+    lm, shape: str, spec: Throughput, plan: Plan, device: torch.device, guard: TimeGuard, batch=None, info=None
+) -> Row:
     """Forward + backward of a ``plan.groups``-group batch as the learner runs it (fp32 master weights
     under bf16 autocast, or bf16 weights), ``plan.reps`` times after a warm-up, then a fused AdamW
     step (its state counts in the peak memory). Passes when the loss and gradients are finite."""
@@ -614,13 +776,21 @@ def _timed(lm, shape, spec, plan, device, guard, batch, info, rid, check, label)
         lm.zero_grad(set_to_none=True)
         synchronize(device)
         t0 = time.perf_counter()
-        last = forward_backward(lm, batch, share=spec.share, mixed_precision=mp, micro_batch_size=64,
-                                micro_batch_tokens=spec.micro_batch_tokens, keep_logprobs=False)
+        last = forward_backward(
+            lm,
+            batch,
+            share=spec.share,
+            mixed_precision=mp,
+            micro_batch_size=64,
+            micro_batch_tokens=spec.micro_batch_tokens,
+            keep_logprobs=False,
+        )
         synchronize(device)
         if rep:
             times.append(time.perf_counter() - t0)
-    finite = math.isfinite(last.loss) and all(bool(torch.isfinite(p.grad).all()) for p in lm.parameters()
-                                              if p.grad is not None)
+    finite = math.isfinite(last.loss) and all(
+        bool(torch.isfinite(p.grad).all()) for p in lm.parameters() if p.grad is not None
+    )
     opt = torch.optim.AdamW(lm.parameters(), lr=1e-6, fused=True if device.type == "cuda" else None)
     opt.step()
     synchronize(device)
@@ -630,13 +800,24 @@ def _timed(lm, shape, spec, plan, device, guard, batch, info, rid, check, label)
     lm.zero_grad(set_to_none=True)
     sec = statistics.median(times)
     guard.record(shape, sec, last.forward_tokens)
-    v = {"seconds": sec, "tokens": info["tokens"], "forward_tokens": last.forward_tokens,
-         "credited_tokens": info["credited"], "micro_batches": last.micro_batches,
-         "tokens_per_s": info["tokens"] / sec, "forward_tokens_per_s": last.forward_tokens / sec,
-         "peak_gib": peak, "peak_reserved_gib": reserved, "loss": last.loss, "times": times}
+    v = {
+        "seconds": sec,
+        "tokens": info["tokens"],
+        "forward_tokens": last.forward_tokens,
+        "credited_tokens": info["credited"],
+        "micro_batches": last.micro_batches,
+        "tokens_per_s": info["tokens"] / sec,
+        "forward_tokens_per_s": last.forward_tokens / sec,
+        "peak_gib": peak,
+        "peak_reserved_gib": reserved,
+        "loss": last.loss,
+        "times": times,
+    }
     mem = f"peak {peak:.1f} GiB" if peak is not None else "peak n/a (CPU)"
-    measured = (f"{sec:.3f} s, {v['tokens_per_s']:,.0f} tok/s ({v['forward_tokens_per_s']:,.0f} computed tok/s, "
-                f"{last.micro_batches} micro-batch{'es' if last.micro_batches != 1 else ''}); {mem}")
+    measured = (
+        f"{sec:.3f} s, {v['tokens_per_s']:,.0f} tok/s ({v['forward_tokens_per_s']:,.0f} computed tok/s, "
+        f"{last.micro_batches} micro-batch{'es' if last.micro_batches != 1 else ''}); {mem}"
+    )
     return Row(rid, check, shape, label, measured, "loss and gradients finite", "PASS" if finite else "FAIL", v)
 
 
@@ -658,15 +839,26 @@ def default_out(dry_run: bool) -> Path:
 def environment(device: torch.device) -> Dict[str, Any]:
     import transformers
 
-    env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    env = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(device=torch.cuda.get_device_name(device), memory_gib=round(props.total_memory / 2**30, 1),
-                   cuda=torch.version.cuda, bf16=bool(torch.cuda.is_bf16_supported()))
+        env.update(
+            device=torch.cuda.get_device_name(device),
+            memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+            bf16=bool(torch.cuda.is_bf16_supported()),
+        )
     else:
-        env.update(device=f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''})",
-                   bf16_native=precision.native_bf16("cpu"))
+        env.update(
+            device=f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} thread"
+            f"{'s' if torch.get_num_threads() != 1 else ''})",
+            bf16_native=precision.native_bf16("cpu"),
+        )
     return env
 
 
@@ -677,8 +869,11 @@ def run(plan: Plan, device: torch.device, out: Path, dry_run: bool) -> int:
     warnings.filterwarnings("ignore")
     guard = TimeGuard(plan.budget_s, start=T0)
     env = environment(device)
-    print(f"gpu_kit{' --dry-run' if dry_run else ''}: {env['device']}, torch {env['torch']}, "
-          f"transformers {env['transformers']}; budget {plan.budget_s:.0f} s", flush=True)
+    print(
+        f"gpu_kit{' --dry-run' if dry_run else ''}: {env['device']}, torch {env['torch']}, "
+        f"transformers {env['transformers']}; budget {plan.budget_s:.0f} s",
+        flush=True,
+    )
     print(TABLE_HEADER, flush=True)
     rows: List[Row] = []
 
@@ -690,7 +885,7 @@ def run(plan: Plan, device: torch.device, out: Path, dry_run: bool) -> int:
         t0 = time.perf_counter()
         try:
             out_rows = fn(*args)
-            for r in (out_rows if isinstance(out_rows, list) else [out_rows]):
+            for r in out_rows if isinstance(out_rows, list) else [out_rows]:
                 r.values["wall_s"] = round(time.perf_counter() - t0, 3)  # of the call that made the row(s)
                 emit(r)
         except Exception as exc:  # a check that raises is a FAIL row; the others still run
@@ -712,24 +907,47 @@ def run(plan: Plan, device: torch.device, out: Path, dry_run: bool) -> int:
             attempt(f"device_vs_cpu/{shape}", shape, device_vs_cpu_rows, lm, shape, plan, device)
         batch, info, _, _ = make_batch(plan.groups, plan.layout, lm.config.vocab_size, seed=3, device=str(device))
         for spec in plan.throughput:
-            attempt(f"throughput/{shape}/{spec.key}", shape, throughput_row, lm, shape, spec, plan, device, guard,
-                    batch, info)
+            attempt(
+                f"throughput/{shape}/{spec.key}",
+                shape,
+                throughput_row,
+                lm,
+                shape,
+                spec,
+                plan,
+                device,
+                guard,
+                batch,
+                info,
+            )
         del lm, batch
         if device.type == "cuda":
             torch.cuda.empty_cache()
     wall = guard.elapsed()
     counts = {k: sum(r.result == k for r in rows) for k in ("PASS", "FAIL", "SKIP")}
-    summary = (f"{len(rows)} rows: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP; "
-               f"{wall:.0f} s")
+    summary = f"{len(rows)} rows: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP; {wall:.0f} s"
     out.parent.mkdir(parents=True, exist_ok=True)
-    head = (f"# GPU kit{' (dry run)' if dry_run else ''}: {env['device']}\n\n"
-            f"{env['date']}; torch {env['torch']}, transformers {env['transformers']}"
-            + (f", CUDA {env['cuda']}, {env['memory_gib']} GiB" if device.type == "cuda" else "")
-            + f"; `python benchmarks/gpu_kit.py{' --dry-run' if dry_run else ''}`; budget {plan.budget_s:.0f} s\n\n")
+    head = (
+        f"# GPU kit{' (dry run)' if dry_run else ''}: {env['device']}\n\n"
+        f"{env['date']}; torch {env['torch']}, transformers {env['transformers']}"
+        + (f", CUDA {env['cuda']}, {env['memory_gib']} GiB" if device.type == "cuda" else "")
+        + f"; `python benchmarks/gpu_kit.py{' --dry-run' if dry_run else ''}`; budget {plan.budget_s:.0f} s\n\n"
+    )
     out.write_text(head + TABLE_HEADER + "\n" + "\n".join(r.markdown() for r in rows) + f"\n\n{summary}\n")
-    out.with_suffix(".json").write_text(json.dumps(
-        {"dry_run": dry_run, "environment": env, "plan": dataclasses.asdict(plan), "wall_s": wall, "counts": counts,
-         "rows": [dataclasses.asdict(r) for r in rows]}, indent=1, default=str))
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "dry_run": dry_run,
+                "environment": env,
+                "plan": dataclasses.asdict(plan),
+                "wall_s": wall,
+                "counts": counts,
+                "rows": [dataclasses.asdict(r) for r in rows],
+            },
+            indent=1,
+            default=str,
+        )
+    )
     print(f"{summary}; table: {out}", flush=True)
     return 1 if counts["FAIL"] or len(rows) < len(row_ids(plan)) else 0
 
@@ -737,10 +955,18 @@ def run(plan: Plan, device: torch.device, out: Path, dry_run: bool) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny random models (about a minute on 2 cores)")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="markdown table (FILE.json beside it); default $OUT/gpu_kit.md, else benchmarks/results/gpu_kit/")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help=f"time guard, seconds from start (default {GPU_PLAN.budget_s:.0f}; dry run {DRY_PLAN.budget_s:.0f})")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="markdown table (FILE.json beside it); default $OUT/gpu_kit.md, else benchmarks/results/gpu_kit/",
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help=f"time guard, seconds from start (default {GPU_PLAN.budget_s:.0f}; dry run {DRY_PLAN.budget_s:.0f})",
+    )
     ap.add_argument("--threads", type=int, default=None, help="CPU threads of the dry run (default 1)")
     args = ap.parse_args(argv)
     plan = DRY_PLAN if args.dry_run else GPU_PLAN

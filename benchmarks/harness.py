@@ -101,11 +101,21 @@ def paired_ratio(a: Mapping[Any, Optional[float]], b: Mapping[Any, Optional[floa
     ``ratios`` still lists what is defined. Units missing or NaN on either side are left out, as in
     ``paired_difference``."""
     units = sorted(k for k in set(a) & set(b) if _finite([a[k]]) and _finite([b[k]]))
-    zero = {k: ("both" if a[k] == 0 and b[k] == 0 else "a" if a[k] == 0 else "b")
-            for k in units if a[k] == 0 or b[k] == 0}
+    zero = {
+        k: ("both" if a[k] == 0 and b[k] == 0 else "a" if a[k] == 0 else "b") for k in units if a[k] == 0 or b[k] == 0
+    }
     ratios = {k: (float(a[k]) / float(b[k]) if b[k] else math.nan) for k in units}
-    out: Dict[str, Any] = {"units": units, "ratios": ratios, "zero": zero, "n": len(units),
-                           "mean": math.nan, "ratio": math.nan, "lo": math.nan, "hi": math.nan, "log_std": math.nan}
+    out: Dict[str, Any] = {
+        "units": units,
+        "ratios": ratios,
+        "zero": zero,
+        "n": len(units),
+        "mean": math.nan,
+        "ratio": math.nan,
+        "lo": math.nan,
+        "hi": math.nan,
+        "log_std": math.nan,
+    }
     if zero or not units:
         return out
     logs = mean_interval([math.log(r) for r in ratios.values()])
@@ -192,13 +202,14 @@ def emit_result(result: Mapping[str, Any]) -> None:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
-def run_child(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None,
-              cwd: Path = ROOT) -> Tuple[Optional[Dict[str, Any]], subprocess.CompletedProcess]:
+def run_child(
+    cmd: Sequence[str], env: Optional[Mapping[str, str]] = None, cwd: Path = ROOT
+) -> Tuple[Optional[Dict[str, Any]], subprocess.CompletedProcess]:
     """Run ``cmd`` (a benchmark's worker in a fresh process: its own engine, threads and peak
     memory) and return its last ``RESULT`` line (None when it failed or printed none) and the
     process (``stderr`` for the failure's cause)."""
     p = subprocess.run(list(cmd), capture_output=True, text=True, env=dict(env) if env else child_env(), cwd=str(cwd))
-    got = [line[len(RESULT_PREFIX):] for line in p.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    got = [line[len(RESULT_PREFIX) :] for line in p.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     return (json.loads(got[-1]) if p.returncode == 0 and got else None), p
 
 
@@ -226,12 +237,16 @@ def parse_variant(spec: str) -> Tuple[str, List[str]]:
     """``name=key=value key=value`` -> (name, ["key=value", ...]); ``name=`` is the plain default."""
     name, sep, rest = spec.partition("=")
     if not sep or not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise SystemExit(f"--variant expects NAME=OVERRIDES (NAME of letters, digits, '_' or '-'; "
-                         f"OVERRIDES 'key=value key=value' or empty), got {spec!r}")
+        raise SystemExit(
+            f"--variant expects NAME=OVERRIDES (NAME of letters, digits, '_' or '-'; "
+            f"OVERRIDES 'key=value key=value' or empty), got {spec!r}"
+        )
     try:
         return name, split_overrides(rest)
     except ValueError:
-        raise SystemExit(f"--variant {name}: overrides must be key=value with balanced brackets, got {rest!r}") from None
+        raise SystemExit(
+            f"--variant {name}: overrides must be key=value with balanced brackets, got {rest!r}"
+        ) from None
 
 
 @dataclass
@@ -261,8 +276,9 @@ class MainJob:
         its = ["--iterations", str(self.iterations)] if self.iterations is not None else []
         # a job that is not done is run again from the start: what an interrupted run left is replaced
         # (the main job refuses an --out that holds a run, unless told to overwrite it)
-        return ([*MAIN_JOB_COMMAND, "--out", str(self.out), "--overwrite", *its]
-                + (["--set", *self.sets] if self.sets else []))
+        return [*MAIN_JOB_COMMAND, "--out", str(self.out), "--overwrite", *its] + (
+            ["--set", *self.sets] if self.sets else []
+        )
 
 
 def run_main_job(job: MainJob, verbose: bool = False) -> Dict[str, Any]:
@@ -279,10 +295,17 @@ def run_main_job(job: MainJob, verbose: bool = False) -> Dict[str, Any]:
     shutil.rmtree(job.out / "checkpoint", ignore_errors=True)  # summary, console, log and plot stay
     from rllib_r3l.cli.run_info import cpu_model
 
-    meta = {"variant": job.name, "rc": rc, "cmd": cmd, "wall_s": time.time() - t0,
-            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-            "load_after": os.getloadavg()[0], "cpu_model": cpu_model(), "cpus": os.cpu_count(),
-            "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    meta = {
+        "variant": job.name,
+        "rc": rc,
+        "cmd": cmd,
+        "wall_s": time.time() - t0,
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "load_after": os.getloadavg()[0],
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     if rc == 0:
         job.meta.write_text(json.dumps(meta, indent=1))
     return meta

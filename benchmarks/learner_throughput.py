@@ -88,10 +88,10 @@ def run_bare(args, path, head_at_completion: bool):
 
     def forward_loss():
         if head_at_completion:
-            h = model.get_decoder()(input_ids=ids).last_hidden_state[:, P - 1:-1]
+            h = model.get_decoder()(input_ids=ids).last_hidden_state[:, P - 1 : -1]
             logits = model.get_output_embeddings()(h).float()
         else:
-            logits = model(input_ids=ids).logits[:, P - 1:-1].float()
+            logits = model(input_ids=ids).logits[:, P - 1 : -1].float()
         logp = torch.log_softmax(logits, -1).gather(-1, ids[:, P:].unsqueeze(-1)).squeeze(-1)
         return -(adv[:, None] * logp).mean()
 
@@ -109,9 +109,16 @@ def run_r3l(args, path):
     from rllib_r3l import R3LConfig
     from rllib_r3l.cli.main import find_r3l_metrics
 
-    cfg = R3LConfig().training(model=path, model_dtype=args.dtype, micro_batch_size=args.micro_batch or args.batch,
-                               micro_batch_tokens=None, mixed_precision=args.autocast,
-                               lr=1e-6, backend="transformers", num_threads=args.threads)
+    cfg = R3LConfig().training(
+        model=path,
+        model_dtype=args.dtype,
+        micro_batch_size=args.micro_batch or args.batch,
+        micro_batch_tokens=None,
+        mixed_precision=args.autocast,
+        lr=1e-6,
+        backend="transformers",
+        num_threads=args.threads,
+    )
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     algo = cfg.build_algo()
     from transformers import AutoConfig
@@ -119,16 +126,26 @@ def run_r3l(args, path):
     ids, adv = fixed_batch(args, AutoConfig.from_pretrained(path).vocab_size)
     B, T = ids.shape
     loss_mask = np.zeros((B, T), dtype=np.float32)
-    loss_mask[:, args.prompt:] = 1.0
-    batch = {"input_ids": ids.numpy().astype(np.int64), "attention_mask": np.ones((B, T), dtype=np.int64),
-             "loss_mask": loss_mask, "sampler_logprobs": np.zeros((B, T), dtype=np.float32),
-             "advantages": adv.numpy().astype(np.float32), "weights": np.ones(B, dtype=np.float32),
-             "on_policy": np.ones(B, dtype=np.float32), "num_loss_tokens": loss_mask.sum(1).astype(np.float32)}
+    loss_mask[:, args.prompt :] = 1.0
+    batch = {
+        "input_ids": ids.numpy().astype(np.int64),
+        "attention_mask": np.ones((B, T), dtype=np.int64),
+        "loss_mask": loss_mask,
+        "sampler_logprobs": np.zeros((B, T), dtype=np.float32),
+        "advantages": adv.numpy().astype(np.float32),
+        "weights": np.ones(B, dtype=np.float32),
+        "on_policy": np.ones(B, dtype=np.float32),
+        "num_loss_tokens": loss_mask.sum(1).astype(np.float32),
+    }
     internal = []
 
     def step():
-        res = algo.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=B),
-                                        timesteps={}, num_epochs=1, minibatch_size=None)
+        res = algo.learner_group.update(
+            batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=B),
+            timesteps={},
+            num_epochs=1,
+            minibatch_size=None,
+        )
         r = res[0] if isinstance(res, list) else res
         found = find_r3l_metrics(r, "learner")
         internal.append(found or {})
@@ -158,9 +175,14 @@ def run_trl(args, path):
     tok = AutoTokenizer.from_pretrained(path)
     ids, adv = fixed_batch(args, model.config.vocab_size)
     P = args.prompt
-    fixed = {"prompt_ids": ids[:, :P], "prompt_mask": torch.ones(args.batch, P, dtype=torch.long),
-             "completion_ids": ids[:, P:], "completion_mask": torch.ones(args.batch, args.completion, dtype=torch.long),
-             "advantages": adv, "num_items_in_batch": torch.tensor(float(args.batch * args.completion))}
+    fixed = {
+        "prompt_ids": ids[:, :P],
+        "prompt_mask": torch.ones(args.batch, P, dtype=torch.long),
+        "completion_ids": ids[:, P:],
+        "completion_mask": torch.ones(args.batch, args.completion, dtype=torch.long),
+        "advantages": adv,
+        "num_items_in_batch": torch.tensor(float(args.batch * args.completion)),
+    }
 
     class FixedBatchGRPO(GRPOTrainer):
         def _generate_and_score_completions(self, inputs):  # no generation: the same batch every step
@@ -173,18 +195,44 @@ def run_trl(args, path):
             marks.update(w=time.perf_counter(), c=time.process_time(), l=os.getloadavg()[0])
 
         def on_step_end(self, a, state, control, **kw):
-            steps.append({"wall_s": time.perf_counter() - marks["w"], "cpu_s": time.process_time() - marks["c"],
-                          "load": marks["l"]})
+            steps.append(
+                {
+                    "wall_s": time.perf_counter() - marks["w"],
+                    "cpu_s": time.process_time() - marks["c"],
+                    "load": marks["l"],
+                }
+            )
 
     tmp = tempfile.mkdtemp(prefix="trl-bench-")
-    conf = GRPOConfig(output_dir=tmp, per_device_train_batch_size=args.batch, num_generations=args.batch,
-                      max_completion_length=args.completion, max_steps=1 + args.steps, learning_rate=1e-6,
-                      weight_decay=0.01, max_grad_norm=1.0, beta=0.0, bf16=args.autocast == "bfloat16", fp16=False, use_cpu=True,
-                      gradient_checkpointing=False, logging_steps=10_000, save_strategy="no", report_to="none",
-                      dataloader_num_workers=0, seed=0)
+    conf = GRPOConfig(
+        output_dir=tmp,
+        per_device_train_batch_size=args.batch,
+        num_generations=args.batch,
+        max_completion_length=args.completion,
+        max_steps=1 + args.steps,
+        learning_rate=1e-6,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        beta=0.0,
+        bf16=args.autocast == "bfloat16",
+        fp16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,
+        logging_steps=10_000,
+        save_strategy="no",
+        report_to="none",
+        dataloader_num_workers=0,
+        seed=0,
+    )
     ds = Dataset.from_dict({"prompt": ["x"] * (args.batch * (args.steps + 2))})
-    trainer = FixedBatchGRPO(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                             args=conf, train_dataset=ds, processing_class=tok, callbacks=[Timer()])
+    trainer = FixedBatchGRPO(
+        model=model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=conf,
+        train_dataset=ds,
+        processing_class=tok,
+        callbacks=[Timer()],
+    )
     torch.set_num_threads(args.threads)
     trainer.train()
     return steps[1:]
@@ -219,7 +267,8 @@ def runs_from_log(path, tokens):
         if m:
             rep, impl, w, cw, load = int(m[1]), m[2], float(m[3]), float(m[4]), float(m[5])
             runs.setdefault((rep, impl), {"impl": impl, "rep": rep, "steps": []})["steps"].append(
-                {"wall_s": w, "cpu_s": w * cw, "load": load})
+                {"wall_s": w, "cpu_s": w * cw, "load": load}
+            )
     return list(runs.values())
 
 
@@ -231,8 +280,12 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=200)
     ap.add_argument("--completion", type=int, default=64)
     ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    ap.add_argument("--autocast", default="none", choices=["none", "bfloat16"],
-                    help="bf16 autocast over the --dtype weights, in all implementations")
+    ap.add_argument(
+        "--autocast",
+        default="none",
+        choices=["none", "bfloat16"],
+        help="bf16 autocast over the --dtype weights, in all implementations",
+    )
     ap.add_argument("--micro-batch", type=int, default=0, help="r3l micro_batch_size (0 = the batch size)")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per run (after 1 warm-up step)")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
@@ -251,11 +304,32 @@ def main() -> None:
     tokens = args.batch * (args.prompt + args.completion)
     runs = []
     for rep in range(args.reps):
-        order = impls[rep % len(impls):] + impls[:rep % len(impls)]
+        order = impls[rep % len(impls) :] + impls[: rep % len(impls)]
         for impl in order:
-            cmd = [sys.executable, __file__, "--worker", impl, "--model", args.model, "--batch", str(args.batch),
-                   "--prompt", str(args.prompt), "--completion", str(args.completion), "--dtype", args.dtype,
-                   "--autocast", args.autocast, "--micro-batch", str(args.micro_batch), "--steps", str(args.steps), "--threads", str(args.threads)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                impl,
+                "--model",
+                args.model,
+                "--batch",
+                str(args.batch),
+                "--prompt",
+                str(args.prompt),
+                "--completion",
+                str(args.completion),
+                "--dtype",
+                args.dtype,
+                "--autocast",
+                args.autocast,
+                "--micro-batch",
+                str(args.micro_batch),
+                "--steps",
+                str(args.steps),
+                "--threads",
+                str(args.threads),
+            ]
             r, p = harness.run_child(cmd, dict(os.environ, RAY_AUTH_MODE="disabled", TOKENIZERS_PARALLELISM="false"))
             if r is None:
                 print(f"{impl} failed (rc={p.returncode}):\n{p.stderr[-4000:]}", file=sys.stderr)
@@ -263,8 +337,11 @@ def main() -> None:
             r["rep"] = rep
             runs.append(r)
             for s in r["steps"]:
-                print(f"rep {rep} {impl:8s} step {s['wall_s']:6.2f} s  {tokens / s['wall_s']:6.1f} tok/s  "
-                      f"cpu/wall {s['cpu_s'] / s['wall_s']:.2f}  load {s['load']:.1f}", flush=True)
+                print(
+                    f"rep {rep} {impl:8s} step {s['wall_s']:6.2f} s  {tokens / s['wall_s']:6.1f} tok/s  "
+                    f"cpu/wall {s['cpu_s'] / s['wall_s']:.2f}  load {s['load']:.1f}",
+                    flush=True,
+                )
     summarise(args, impls, runs)
 
 
@@ -280,38 +357,70 @@ def summarise(args, impls, runs) -> None:
         if not st:
             continue
         walls = sorted(s["wall_s"] for s in st)
-        summ[impl] = {"steps": len(st), "median_step_s": statistics.median(walls), "best_step_s": walls[0],
-                      "median_tok_per_s": tokens / statistics.median(walls), "best_tok_per_s": tokens / walls[0],
-                      "median_completion_tok_per_s": args.batch * args.completion / statistics.median(walls),
-                      "median_tok_per_cpu_s": statistics.median(tokens / s["cpu_s"] for s in st),
-                      "mean_cpu_over_wall": statistics.mean(s["cpu_s"] / s["wall_s"] for s in st),
-                      "mean_load": statistics.mean(s["load"] for s in st)}
-    print(f"\nmodel {args.model}, {args.dtype} weights, autocast {args.autocast}, {args.batch} x ({args.prompt} + {args.completion}) tokens, "
-          f"threads={args.threads}, {args.reps} interleaved reps x {args.steps} steps, {os.cpu_count()} CPUs")
-    print("| learner | steps | median step s | median tok/s | best tok/s | completion tok/s | tok per CPU-s | cpu/wall | load |")
+        summ[impl] = {
+            "steps": len(st),
+            "median_step_s": statistics.median(walls),
+            "best_step_s": walls[0],
+            "median_tok_per_s": tokens / statistics.median(walls),
+            "best_tok_per_s": tokens / walls[0],
+            "median_completion_tok_per_s": args.batch * args.completion / statistics.median(walls),
+            "median_tok_per_cpu_s": statistics.median(tokens / s["cpu_s"] for s in st),
+            "mean_cpu_over_wall": statistics.mean(s["cpu_s"] / s["wall_s"] for s in st),
+            "mean_load": statistics.mean(s["load"] for s in st),
+        }
+    print(
+        f"\nmodel {args.model}, {args.dtype} weights, autocast {args.autocast}, {args.batch} x ({args.prompt} + "
+        f"{args.completion}) tokens, "
+        f"threads={args.threads}, {args.reps} interleaved reps x {args.steps} steps, {os.cpu_count()} CPUs"
+    )
+    print(
+        "| learner | steps | median step s | median tok/s | best tok/s | completion tok/s | tok per CPU-s | cpu/wall "
+        "| load |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for impl, s in summ.items():
-        print(f"| {impl} | {s['steps']} | {s['median_step_s']:.2f} | {s['median_tok_per_s']:.1f} | {s['best_tok_per_s']:.1f} | "
-              f"{s['median_completion_tok_per_s']:.1f} | {s['median_tok_per_cpu_s']:.1f} | {s['mean_cpu_over_wall']:.2f} | "
-              f"{s['mean_load']:.1f} |")
+        print(
+            f"| {impl} | {s['steps']} | {s['median_step_s']:.2f} | {s['median_tok_per_s']:.1f} | "
+            f"{s['best_tok_per_s']:.1f} | "
+            f"{s['median_completion_tok_per_s']:.1f} | {s['median_tok_per_cpu_s']:.1f} | "
+            f"{s['mean_cpu_over_wall']:.2f} | "
+            f"{s['mean_load']:.1f} |"
+        )
     ratios = {}
     for a, b in (("r3l", "trl"), ("r3l", "bare"), ("trl", "bare"), ("r3l", "bare_sel")):
         if a in summ and b in summ:
-            ratios[f"{a}/{b}"] = {k: summ[a][k] / summ[b][k] for k in
-                                  ("median_tok_per_s", "best_tok_per_s", "median_tok_per_cpu_s")}
+            ratios[f"{a}/{b}"] = {
+                k: summ[a][k] / summ[b][k] for k in ("median_tok_per_s", "best_tok_per_s", "median_tok_per_cpu_s")
+            }
             r = ratios[f"{a}/{b}"]
-            print(f"ratio {a}/{b}: wall median {r['median_tok_per_s']:.2f}, wall best {r['best_tok_per_s']:.2f}, "
-                  f"per CPU-s {r['median_tok_per_cpu_s']:.2f}")
+            print(
+                f"ratio {a}/{b}: wall median {r['median_tok_per_s']:.2f}, wall best {r['best_tok_per_s']:.2f}, "
+                f"per CPU-s {r['median_tok_per_cpu_s']:.2f}"
+            )
     OUT.mkdir(parents=True, exist_ok=True)
-    name = f"learner_throughput_{args.dtype}{'_autocast_bf16' if args.autocast == 'bfloat16' else ''}{('_' + args.tag) if args.tag else ''}"
+    autocast = "_autocast_bf16" if args.autocast == "bfloat16" else ""
+    name = f"learner_throughput_{args.dtype}{autocast}{('_' + args.tag) if args.tag else ''}"
     with open(OUT / f"{name}.json", "w") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items()}, "tokens_per_step": tokens, "runs": runs,
-                   "summary": summ, "ratios": ratios, "when": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
+        json.dump(
+            {
+                "args": {k: v for k, v in vars(args).items()},
+                "tokens_per_step": tokens,
+                "runs": runs,
+                "summary": summ,
+                "ratios": ratios,
+                "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+            },
+            f,
+            indent=1,
+        )
     with open(OUT / f"{name}.csv", "w") as f:
         f.write("rep,impl,step,wall_s,cpu_s,load,tok_per_s\n")
         for r in runs:
             for i, s in enumerate(r["steps"]):
-                f.write(f"{r['rep']},{r['impl']},{i},{s['wall_s']:.3f},{s['cpu_s']:.3f},{s['load']:.2f},{tokens / s['wall_s']:.1f}\n")
+                f.write(
+                    f"{r['rep']},{r['impl']},{i},{s['wall_s']:.3f},{s['cpu_s']:.3f},{s['load']:.2f},"
+                    f"{tokens / s['wall_s']:.1f}\n"
+                )
     print(f"wrote {OUT / (name + '.json')}")
 
 

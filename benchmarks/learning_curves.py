@@ -3,7 +3,8 @@ baselines at one trajectory budget (issue 39, item 4; the v3 sweep of issue 11 k
 
     .venv/bin/python benchmarks/learning_curves.py --seeds 0,1,2 --parallel 2    # the sweep; resumable
     .venv/bin/python benchmarks/learning_curves.py --variants grpo_ds,r3l --seeds 0
-    .venv/bin/python benchmarks/learning_curves.py --report-only                  # tables, CSV and PNG from what is there
+    .venv/bin/python benchmarks/learning_curves.py --report-only                  # tables, CSV and PNG from what is
+                                                                                # there
 
 Every variant starts from ``R3LConfig()``'s defaults, what a user gets, plus the common setting
 (``DEFAULT_SETTING``: environment, model, group, budget, numerics); only its own options go on top:
@@ -74,8 +75,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from benchmarks import harness  # noqa: E402
-from benchmarks.learning_curves_report import (BASE, PAIRS, folder_variants, read_curve, read_setting,  # noqa: E402,F401
-                                               report, run_dir, run_numbers, summarize)
+from benchmarks.learning_curves_report import (  # noqa: F401 - also lc.<name>
+    BASE,
+    PAIRS,
+    folder_variants,
+    read_curve,
+    read_setting,
+    report,
+    run_dir,
+    run_numbers,
+    summarize,
+)
 from rllib_r3l.cli.main import MAIN_JOB_SETTINGS  # noqa: E402
 from rllib_r3l.cli.run_info import cpu_model  # noqa: E402
 from tuned_examples.generate import GRPO as PAPER_GRPO  # noqa: E402  (the paper's GRPO, set once there)
@@ -84,9 +94,14 @@ OUT = harness.RESULTS / "learning_curves_v4"
 
 # R3L in the paper's mode. max_reflection_tokens is ours: the paper's 4096 (K.1) would let one free
 # report of a small policy run for minutes on a 2-core CPU; 512 holds the authors' report form.
-PAPER_R3L: Dict[str, Any] = dict(reflection_style="paper", reflection_temperature=0.7,
-                                 aux_items=["reflection_sft", "retry_sft"], loss_aggregation="paper",
-                                 max_reflection_tokens=512, dynamic_sampling_rounds=0)
+PAPER_R3L: Dict[str, Any] = dict(
+    reflection_style="paper",
+    reflection_temperature=0.7,
+    aux_items=["reflection_sft", "retry_sft"],
+    loss_aggregation="paper",
+    max_reflection_tokens=512,
+    dynamic_sampling_rounds=0,
+)
 
 # variant -> its options on top of R3LConfig()'s defaults and the common setting
 VARIANTS: Dict[str, Dict[str, Any]] = {
@@ -103,12 +118,25 @@ LOCK = "running.pid"  # a run's child writes its pid here while it runs
 # The common setting (v3's: the CPU default environment and model; lr 1e-5 as in the first version,
 # which moved held-out success from 0-0.06 to 0.25 within 80 samples on this setting).
 DEFAULT_SETTING: Dict[str, Any] = {
-    "env": "r3l/CoinCollector", "env_config": {"compact_observations": True}, "model": None, "backend": "vllm",
-    "group_size": 8, "tasks_per_iteration": 2, "lr": 1e-5, "micro_batch_size": 4, "micro_batch_tokens": 1024,
-    "budget": 64, "max_iterations": 12, "eval_episodes": 32, "num_threads": 1, "training": {},
-    "choice_tokenization": "canonical", "share_prefixes": True,
+    "env": "r3l/CoinCollector",
+    "env_config": {"compact_observations": True},
+    "model": None,
+    "backend": "vllm",
+    "group_size": 8,
+    "tasks_per_iteration": 2,
+    "lr": 1e-5,
+    "micro_batch_size": 4,
+    "micro_batch_tokens": 1024,
+    "budget": 64,
+    "max_iterations": 12,
+    "eval_episodes": 32,
+    "num_threads": 1,
+    "training": {},
+    "choice_tokenization": "canonical",
+    "share_prefixes": True,
     # the same numerics on every CPU a session may draw (bf16 is native on some, emulated on others)
-    "engine_dtype": "float32", "mixed_precision": "none",
+    "engine_dtype": "float32",
+    "mixed_precision": "none",
 }
 # What setting.json compares with R3LConfig(): every R3L option and the RLlib options this script
 # sets, less those that differ by seed rather than by setting (RLlib's seed is not among them).
@@ -122,20 +150,33 @@ def build_config(setting: Dict[str, Any], variant: str, seed: int):
     """The config of ``variant`` at ``seed``: ``R3LConfig()``, the common setting, the variant's options."""
     from rllib_r3l import R3LConfig
 
-    training = dict(group_size=setting["group_size"], tasks_per_iteration=setting["tasks_per_iteration"],
-                    lr=setting["lr"], micro_batch_size=setting["micro_batch_size"],
-                    micro_batch_tokens=setting["micro_batch_tokens"], backend=setting["backend"],
-                    num_threads=setting["num_threads"], sampling_seed=seed, share_prefixes=setting["share_prefixes"],
-                    backend_options={"choice_tokenization": setting["choice_tokenization"],
-                                     **({"dtype": setting["engine_dtype"]} if setting.get("engine_dtype") else {})})
+    training = dict(
+        group_size=setting["group_size"],
+        tasks_per_iteration=setting["tasks_per_iteration"],
+        lr=setting["lr"],
+        micro_batch_size=setting["micro_batch_size"],
+        micro_batch_tokens=setting["micro_batch_tokens"],
+        backend=setting["backend"],
+        num_threads=setting["num_threads"],
+        sampling_seed=seed,
+        share_prefixes=setting["share_prefixes"],
+        backend_options={
+            "choice_tokenization": setting["choice_tokenization"],
+            **({"dtype": setting["engine_dtype"]} if setting.get("engine_dtype") else {}),
+        },
+    )
     if setting.get("mixed_precision"):
         training["mixed_precision"] = setting["mixed_precision"]
     if setting.get("model"):
         training["model"] = setting["model"]
     training.update({} if variant == BASE else VARIANTS[variant])
     training.update(setting.get("training") or {})
-    return (R3LConfig().environment(setting["env"], env_config=dict(setting["env_config"]))
-            .training(**training).debugging(seed=seed))
+    return (
+        R3LConfig()
+        .environment(setting["env"], env_config=dict(setting["env_config"]))
+        .training(**training)
+        .debugging(seed=seed)
+    )
 
 
 def _jsonable(x: Any) -> Any:
@@ -174,8 +215,11 @@ _UNSET = "(R3LConfig default)"
 
 
 def _changes(old: Mapping[str, Any], new: Mapping[str, Any], missing: Any = None) -> List[str]:
-    return [f"{k}: {old.get(k, missing)!r} there, {new.get(k, missing)!r} now"
-            for k in sorted(set(old) | set(new)) if old.get(k, missing) != new.get(k, missing)]
+    return [
+        f"{k}: {old.get(k, missing)!r} there, {new.get(k, missing)!r} now"
+        for k in sorted(set(old) | set(new))
+        if old.get(k, missing) != new.get(k, missing)
+    ]
 
 
 def check_setting(out: Path, setting: Dict[str, Any], diffs: Dict[str, Dict[str, Any]]) -> None:
@@ -184,16 +228,20 @@ def check_setting(out: Path, setting: Dict[str, Any], diffs: Dict[str, Dict[str,
     field), and add the variants not yet recorded."""
     p = out / "setting.json"
     if p.exists() and "common" not in json.loads(p.read_text()):
-        raise SystemExit(f"{out} holds a sweep whose setting.json predates per-variant options (v3): report it with "
-                         f"--report-only, and run new sweeps with --out <new folder>")
+        raise SystemExit(
+            f"{out} holds a sweep whose setting.json predates per-variant options (v3): report it with "
+            f"--report-only, and run new sweeps with --out <new folder>"
+        )
     rec = read_setting(out) if p.exists() else {"common": _jsonable(setting), "variants": {}}
     problems = _changes(rec["common"], _jsonable(setting))
     for v, d in diffs.items():
         if v in rec["variants"]:
             problems += [f"variant {v}: {c}" for c in _changes(rec["variants"][v], d, _UNSET)]
     if problems:
-        raise SystemExit(f"{out} holds a sweep with another setting ({'; '.join(problems)}); pass the same options "
-                         f"to resume it, or --out <new folder> for a new sweep")
+        raise SystemExit(
+            f"{out} holds a sweep with another setting ({'; '.join(problems)}); pass the same options "
+            f"to resume it, or --out <new folder> for a new sweep"
+        )
     new = {v: d for v, d in diffs.items() if v not in rec["variants"]}
     if new or not p.exists():
         out.mkdir(parents=True, exist_ok=True)
@@ -206,9 +254,11 @@ def check_recorded(out: Path, variant: str, options: Dict[str, Any]) -> None:
     variant (the code's defaults changed since the sweep began)."""
     recorded = read_setting(out)["variants"].get(variant) if (out / "setting.json").exists() else None
     if recorded is not None and recorded != options:
-        raise SystemExit(f"{out}: variant {variant} would run with other options than the folder records "
-                         f"({'; '.join(_changes(recorded, options, _UNSET))}); restore the code it ran, or "
-                         f"--out <new folder>")
+        raise SystemExit(
+            f"{out}: variant {variant} would run with other options than the folder records "
+            f"({'; '.join(_changes(recorded, options, _UNSET))}); restore the code it ran, or "
+            f"--out <new folder>"
+        )
 
 
 def git_commit() -> str:
@@ -216,10 +266,17 @@ def git_commit() -> str:
     outside a checkout. Read-only (no index refresh is written: ``GIT_OPTIONAL_LOCKS=0``)."""
     env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, env=env, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, env=env,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
@@ -285,23 +342,34 @@ def evaluate_heldout(algo, episodes: int, batch: Optional[int] = None) -> Dict[s
     runner = algo.env_runner  # local runner (num_env_runners=0): holds the synced engine
     c = algo.config
     env_config = dict(c.env_config, split="test")
-    opts = RolloutOptions(max_turns=c.max_turns, max_response_tokens=c.max_response_tokens,
-                          max_context_tokens=c.max_context_tokens, temperature=c.evaluation_temperature,
-                          top_p=c.top_p, action_decoding=c.action_decoding, system_prompt=c.system_prompt)
+    opts = RolloutOptions(
+        max_turns=c.max_turns,
+        max_response_tokens=c.max_response_tokens,
+        max_context_tokens=c.max_context_tokens,
+        temperature=c.evaluation_temperature,
+        top_p=c.top_p,
+        action_decoding=c.action_decoding,
+        system_prompt=c.system_prompt,
+    )
     counters: Counter = Counter()
     er = EpisodeRunner(runner.backend, runner._chat, lambda: environments.make(c.env, env_config), opts, counters)
     t0, c0 = time.perf_counter(), time.process_time()
     try:
         specs = [EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in range(episodes)]
         step = batch or max(episodes, 1)
-        trajs = [t for i in range(0, episodes, step) for t in er.run(specs[i:i + step])]
+        trajs = [t for i in range(0, episodes, step) for t in er.run(specs[i : i + step])]
     finally:
         er.close()
     ok = [t for t in trajs if t is not None]
-    return {"eval_successes": sum(bool(t.success) for t in ok), "eval_episodes": episodes,
-            "eval_lost": episodes - len(ok), "eval_return_mean": sum(float(t.reward) for t in ok) / max(len(ok), 1),
-            "eval_temperature": c.evaluation_temperature, "eval_seconds": round(time.perf_counter() - t0, 1),
-            "eval_cpu_s": round(time.process_time() - c0, 1)}
+    return {
+        "eval_successes": sum(bool(t.success) for t in ok),
+        "eval_episodes": episodes,
+        "eval_lost": episodes - len(ok),
+        "eval_return_mean": sum(float(t.reward) for t in ok) / max(len(ok), 1),
+        "eval_temperature": c.evaluation_temperature,
+        "eval_seconds": round(time.perf_counter() - t0, 1),
+        "eval_cpu_s": round(time.process_time() - c0, 1),
+    }
 
 
 def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
@@ -311,13 +379,33 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
     rec = iteration_record(0, result)
     r3l, learner = rec["r3l"], rec["learner"]
     keep = {"success_rate": rec["success_rate"], "num_episodes": result.get("env_runners", {}).get("num_episodes")}
-    for k in ("num_retries", "retry_success_rate", "reflection_valid", "reflection_total", "reflection_valid_rate",
-              "pivot_accuracy", "pivot_error_mean", "pivot_early_rate", "mean_pivot_turn", "generated_tokens",
-              "generated_tokens_per_sample", "prompt_tokens_computed_per_sample", "retry_changed_pivot_action",
-              "retry_took_oracle_action", "rollout_seconds", "prompt_tokens_computed_reflect",
-              "reflections_skipped_successes", "generated_tokens_reflect", "reflections_truncated",
-              "episodes_started", "retries_cut_by_budget", "pivot_exact_rate", "pivot_in_time_rate",
-              "control_success_rate", "hindsight_pivot_shift"):
+    for k in (
+        "num_retries",
+        "retry_success_rate",
+        "reflection_valid",
+        "reflection_total",
+        "reflection_valid_rate",
+        "pivot_accuracy",
+        "pivot_error_mean",
+        "pivot_early_rate",
+        "mean_pivot_turn",
+        "generated_tokens",
+        "generated_tokens_per_sample",
+        "prompt_tokens_computed_per_sample",
+        "retry_changed_pivot_action",
+        "retry_took_oracle_action",
+        "rollout_seconds",
+        "prompt_tokens_computed_reflect",
+        "reflections_skipped_successes",
+        "generated_tokens_reflect",
+        "reflections_truncated",
+        "episodes_started",
+        "retries_cut_by_budget",
+        "pivot_exact_rate",
+        "pivot_in_time_rate",
+        "control_success_rate",
+        "hindsight_pivot_shift",
+    ):
         keep[k] = r3l.get(k)
     # the report's name for the tokens the reflector wrote
     keep["reflection_generated_tokens"] = keep.pop("generated_tokens_reflect")
@@ -369,8 +457,9 @@ def holding(d: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def opened_run(d: Path, out: Path, setting: Dict[str, Any], variant: str,
-               seed: int) -> Iterator[Tuple[Any, Dict[str, Any], List[dict]]]:
+def opened_run(
+    d: Path, out: Path, setting: Dict[str, Any], variant: str, seed: int
+) -> Iterator[Tuple[Any, Dict[str, Any], List[dict]]]:
     """The run's algorithm with its curve, ``(algo, header, records)``: resumed from ``d/checkpoint``
     (the records cut back to its iteration, the resume noted in the header) or built fresh (a new
     header, no records); Ray is started for it unless it runs, and both are stopped afterwards."""
@@ -388,8 +477,10 @@ def opened_run(d: Path, out: Path, setting: Dict[str, Any], variant: str,
     shutil.rmtree(tmp, ignore_errors=True)  # a save that was cut short
     shutil.rmtree(old, ignore_errors=True)
     if header is not None and recs and not ckpt.exists():
-        raise SystemExit(f"{d}: the curve records {len(recs)} iteration(s) but there is no checkpoint to resume "
-                         f"them from; delete the folder to rerun it")
+        raise SystemExit(
+            f"{d}: the curve records {len(recs)} iteration(s) but there is no checkpoint to resume "
+            f"them from; delete the folder to rerun it"
+        )
     own_ray = not ray.is_initialized()
     if own_ray:
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
@@ -399,10 +490,18 @@ def opened_run(d: Path, out: Path, setting: Dict[str, Any], variant: str,
             algo = R3L.from_checkpoint(str(ckpt))  # the config it started with, whatever the code's defaults now
             recs = [r for r in recs if r["iteration"] <= algo.iteration]  # a record written after the save
             if not recs or recs[-1]["iteration"] != algo.iteration:
-                raise RuntimeError(f"{d}: checkpoint at iteration {algo.iteration} but the curve's last record "
-                                   f"is {recs[-1]['iteration'] if recs else None}; delete the folder to rerun")
-            header.setdefault("resumed", []).append({"iteration": algo.iteration, "git_commit": git_commit(),
-                                                     "cpu_model": cpu_model(), "at": time.strftime("%Y-%m-%d %H:%M:%S")})
+                raise RuntimeError(
+                    f"{d}: checkpoint at iteration {algo.iteration} but the curve's last record "
+                    f"is {recs[-1]['iteration'] if recs else None}; delete the folder to rerun"
+                )
+            header.setdefault("resumed", []).append(
+                {
+                    "iteration": algo.iteration,
+                    "git_commit": git_commit(),
+                    "cpu_model": cpu_model(),
+                    "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                }
+            )
             _write_curve(d, header, recs)
             print(f"[{variant} seed {seed}] resumed at iteration {algo.iteration}", flush=True)
         else:
@@ -411,9 +510,16 @@ def opened_run(d: Path, out: Path, setting: Dict[str, Any], variant: str,
             options = option_diff(config)
             check_recorded(out, variant, options)
             algo = config.build_algo()
-            header = {"variant": variant, "seed": seed, "options": options, "setting": setting,
-                      "git_commit": git_commit(), "build_seconds": round(time.perf_counter() - t0, 1),
-                      "cpu_model": cpu_model(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            header = {
+                "variant": variant,
+                "seed": seed,
+                "options": options,
+                "setting": setting,
+                "git_commit": git_commit(),
+                "build_seconds": round(time.perf_counter() - t0, 1),
+                "cpu_model": cpu_model(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            }
             recs = []
             _write_curve(d, header, recs)
         # the run's retry ledger in its folder: a restore's rows are the checkpoint's (what ran after it reruns)
@@ -435,10 +541,15 @@ def train_iteration(d: Path, algo, header: Dict[str, Any], recs: List[dict]) -> 
     result = algo.train()
     num = iteration_numbers(result)
     samples = (recs[-1]["samples_cumulative"] if recs else 0.0) + _samples_of(num)
-    rec = {"iteration": algo.iteration, **num, "samples_cumulative": samples,
-           "wall_s": round(time.perf_counter() - w0, 2), "cpu_s": round(time.process_time() - c0, 2),
-           "loadavg_1m": round(os.getloadavg()[0], 2),
-           "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+    rec = {
+        "iteration": algo.iteration,
+        **num,
+        "samples_cumulative": samples,
+        "wall_s": round(time.perf_counter() - w0, 2),
+        "cpu_s": round(time.process_time() - c0, 2),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    }
     save_and_record(d, algo, header, recs, rec)
     return rec
 
@@ -460,29 +571,40 @@ def save_and_record(d: Path, algo, header: Dict[str, Any], recs: List[dict], rec
 
 def iteration_line(variant: str, seed: int, rec: Dict[str, Any], progress: str) -> str:
     """The console's line for one iteration's record (``progress``: e.g. the samples against the budget)."""
-    return (f"[{variant} seed {seed}] iteration {rec['iteration']}: {progress} "
-            f"success {_fmt(rec.get('success_rate'))} retries {rec.get('num_retries') or 0:.0f} "
-            f"retry success {_fmt(rec.get('retry_success_rate'))} update {_fmt(rec.get('trained_tokens'))} tok "
-            f"reflection {_fmt(rec.get('reflection_generated_tokens'))} tok {_fmt(rec.get('reflect_s'))} s "
-            f"{rec['wall_s']:.0f} s (cpu {rec['cpu_s']:.0f})")
+    return (
+        f"[{variant} seed {seed}] iteration {rec['iteration']}: {progress} "
+        f"success {_fmt(rec.get('success_rate'))} retries {rec.get('num_retries') or 0:.0f} "
+        f"retry success {_fmt(rec.get('retry_success_rate'))} update {_fmt(rec.get('trained_tokens'))} tok "
+        f"reflection {_fmt(rec.get('reflection_generated_tokens'))} tok {_fmt(rec.get('reflect_s'))} s "
+        f"{rec['wall_s']:.0f} s (cpu {rec['cpu_s']:.0f})"
+    )
 
 
 def _train_and_evaluate(d: Path, out: Path, setting: Dict[str, Any], variant: str, seed: int) -> Dict[str, Any]:
     with opened_run(d, out, setting, variant, seed) as (algo, header, recs):
         samples = recs[-1]["samples_cumulative"] if recs else 0.0
-        while (variant != BASE and keep_training(samples, setting["budget"])
-               and algo.iteration < setting["max_iterations"]):
+        while (
+            variant != BASE and keep_training(samples, setting["budget"]) and algo.iteration < setting["max_iterations"]
+        ):
             algo.episode_cap = int(setting["budget"] - samples)  # the last iteration stops at the budget
             rec = train_iteration(d, algo, header, recs)
             samples = rec["samples_cumulative"]
             print(iteration_line(variant, seed, rec, f"samples {samples:.0f}/{setting['budget']}"), flush=True)
-        final = {"variant": variant, "seed": seed, "iterations": algo.iteration, "samples": samples,
-                 **evaluate_heldout(algo, setting["eval_episodes"]),
-                 "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        final = {
+            "variant": variant,
+            "seed": seed,
+            "iterations": algo.iteration,
+            "samples": samples,
+            **evaluate_heldout(algo, setting["eval_episodes"]),
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         (d / "final.json").write_text(json.dumps(final, indent=1))
         shutil.rmtree(d / "checkpoint", ignore_errors=True)
-        print(f"[{variant} seed {seed}] held-out {final['eval_successes']}/{final['eval_episodes']} "
-              f"({final['eval_seconds']:.0f} s)", flush=True)
+        print(
+            f"[{variant} seed {seed}] held-out {final['eval_successes']}/{final['eval_episodes']} "
+            f"({final['eval_seconds']:.0f} s)",
+            flush=True,
+        )
         return final
 
 
@@ -498,7 +620,8 @@ def _fmt(x) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Sequence[int], parallel: int) -> None:
-    """Run what is left (``next_runs``), ``parallel`` child processes at a time (``run_children``); report after each."""
+    """Run what is left (``next_runs``), ``parallel`` child processes at a time (``run_children``); report after
+    each."""
     todo = next_runs(out, variants, seeds)
     print(f"{len(todo)} run(s) to do in {out}: {', '.join(f'{v}/seed{s}' for v, s in todo)}", flush=True)
 
@@ -509,10 +632,17 @@ def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Se
     run_children(out, todo, parallel, setting["num_threads"], finished)
 
 
-def run_children(out: Path, todo: List[Tuple[str, int]], parallel: int, threads: Optional[int],
-                 finished: Callable[[str, int, Optional[float]], None], script: str = __file__,
-                 child_args: Sequence[str] = (), done: Optional[Callable[[Path], bool]] = None,
-                 poll: Optional[Callable[[], None]] = None) -> None:
+def run_children(
+    out: Path,
+    todo: List[Tuple[str, int]],
+    parallel: int,
+    threads: Optional[int],
+    finished: Callable[[str, int, Optional[float]], None],
+    script: str = __file__,
+    child_args: Sequence[str] = (),
+    done: Optional[Callable[[Path], bool]] = None,
+    poll: Optional[Callable[[], None]] = None,
+) -> None:
     """Run ``todo``'s (variant, seed) runs as ``script --out OUT --child V:S CHILD_ARGS``, ``parallel``
     at a time (``threads`` threads each; output in the run folder's ``run.log``); ``finished`` is called
     after each run that ends ``done`` (default: its ``final.json`` exists); a failed run is retried once
@@ -535,8 +665,11 @@ def run_children(out: Path, todo: List[Tuple[str, int]], parallel: int, threads:
             if done(run_dir(out, v, s)):
                 finished(v, s, None)
             else:
-                print(f"{time.strftime('%H:%M:%S')} {v}/seed{s}: its process (pid {pid}) ended before the run "
-                      f"finished; resuming it from its checkpoint", flush=True)
+                print(
+                    f"{time.strftime('%H:%M:%S')} {v}/seed{s}: its process (pid {pid}) ended before the run "
+                    f"finished; resuming it from its checkpoint",
+                    flush=True,
+                )
                 todo.insert(0, (v, s))
         while todo and len(running) + len(held) < parallel:
             v, s = todo.pop(0)
@@ -544,15 +677,18 @@ def run_children(out: Path, todo: List[Tuple[str, int]], parallel: int, threads:
             pid = held_by(d, script)
             if pid:
                 held[(v, s)] = pid
-                print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} is running in process {pid}; waiting for it", flush=True)
+                print(
+                    f"{time.strftime('%H:%M:%S')} {v}/seed{s} is running in process {pid}; waiting for it", flush=True
+                )
                 continue
             if done(d):
                 continue
             d.mkdir(parents=True, exist_ok=True)
             log = open(d / "run.log", "a")
             cmd = [sys.executable, script, "--out", str(out), "--child", f"{v}:{s}", *child_args]
-            running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env),
-                            v, s, time.time()))
+            running.append(
+                (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env), v, s, time.time())
+            )
             print(f"{time.strftime('%H:%M:%S')} started {v}/seed{s}", flush=True)
         time.sleep(5)
         if poll is not None:
@@ -565,8 +701,11 @@ def run_children(out: Path, todo: List[Tuple[str, int]], parallel: int, threads:
             took = (time.time() - t0) / 60
             if p.returncode != 0:
                 failed[(v, s)] += 1
-                print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} FAILED rc={p.returncode} after {took:.1f} min "
-                      f"(log: {run_dir(out, v, s) / 'run.log'})", flush=True)
+                print(
+                    f"{time.strftime('%H:%M:%S')} {v}/seed{s} FAILED rc={p.returncode} after {took:.1f} min "
+                    f"(log: {run_dir(out, v, s) / 'run.log'})",
+                    flush=True,
+                )
                 if failed[(v, s)] < 2:
                     todo.insert(0, (v, s))  # once more, from its checkpoint
                 continue
@@ -577,8 +716,11 @@ def run_children(out: Path, todo: List[Tuple[str, int]], parallel: int, threads:
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variants", default=None,
-                    help=f"comma list of {list(VARIANTS)} (default: all; with --report-only: those in --out)")
+    ap.add_argument(
+        "--variants",
+        default=None,
+        help=f"comma list of {list(VARIANTS)} (default: all; with --report-only: those in --out)",
+    )
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--budget", type=int, default=DEFAULT_SETTING["budget"], help="trajectories per run (base + retry)")
@@ -596,8 +738,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     if args.report_only:
         if not (out / "setting.json").exists():
-            raise SystemExit(f"--report-only: {out} holds no sweep (no setting.json); run the sweep first or "
-                             f"pass --out <its folder>")
+            raise SystemExit(
+                f"--report-only: {out} holds no sweep (no setting.json); run the sweep first or pass --out <its folder>"
+            )
         print(report(out, variants or [v for v in folder_variants(out) if v != BASE], seeds))
         return
     variants = variants or list(VARIANTS)

@@ -26,16 +26,27 @@ from benchmarks.harness import mean_interval
 BASE = "base"  # the untrained model, evaluated once per seed
 ORDER = (BASE, "grpo", "grpo_paper", "grpo_ds", "r3l", "r3l_oracle", "r3l_paper")  # table order (others after, by name)
 # variant -> its reference: the same dynamic sampling on both sides of a pair
-PAIRS: Dict[str, str] = {"r3l": "grpo_ds", "r3l_oracle": "grpo_ds", "r3l_paper": "grpo_paper",
-                         "grpo_ds": "grpo_paper"}
+PAIRS: Dict[str, str] = {"r3l": "grpo_ds", "r3l_oracle": "grpo_ds", "r3l_paper": "grpo_paper", "grpo_ds": "grpo_paper"}
 LEGACY_REFERENCE = "grpo"  # a v3 folder: every variant against its one GRPO
 GOAL_RATIO = 1.3  # issue 39: >= 1.3x GRPO's held-out success, the paired interval above 1.0
 # the options the summary states per variant (the rest of each variant's differences are listed)
-STATED = ("reflect", "reflect_on", "dynamic_sampling_rounds", "temperature", "evaluation_temperature",
-          "reflection_temperature", "reflection_style", "aux_items", "loss_aggregation", "kl_coef",
-          "use_importance_ratio")
-POOLED_NOTE = ("Pooled k/n describes the counts only: the same held-out games repeat at every seed, so they are "
-               "not independent trials; the evidence is the paired seed-level comparison below.")
+STATED = (
+    "reflect",
+    "reflect_on",
+    "dynamic_sampling_rounds",
+    "temperature",
+    "evaluation_temperature",
+    "reflection_temperature",
+    "reflection_style",
+    "aux_items",
+    "loss_aggregation",
+    "kl_coef",
+    "use_importance_ratio",
+)
+POOLED_NOTE = (
+    "Pooled k/n describes the counts only: the same held-out games repeat at every seed, so they are "
+    "not independent trials; the evidence is the paired seed-level comparison below."
+)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -114,10 +125,13 @@ def run_numbers(out: Path, variant: str, seed: int) -> Optional[Dict[str, Any]]:
     pivots = [(p, w) for p, w in pivots if p is not None and not math.isnan(p) and w > 0]
     samples = trained[-1]["samples_cumulative"] if trained else 0.0
     return {
-        "variant": variant, "seed": seed,
+        "variant": variant,
+        "seed": seed,
         "eval_success": final["eval_successes"] / max(final["eval_episodes"], 1),
-        "eval_successes": int(final["eval_successes"]), "eval_episodes": int(final["eval_episodes"]),
-        "iterations": len(trained), "samples": samples,
+        "eval_successes": int(final["eval_successes"]),
+        "eval_episodes": int(final["eval_episodes"]),
+        "iterations": len(trained),
+        "samples": samples,
         "updates": sum(1 for r in trained if (r.get("trained_tokens") or 0) > 0),
         "train_success_last": trained[-1].get("success_rate") if trained else math.nan,
         "retry_success": per_retry("retry_success_rate"),
@@ -132,18 +146,35 @@ def run_numbers(out: Path, variant: str, seed: int) -> Optional[Dict[str, Any]]:
         "reflection_prompt_tokens": tot_logged("prompt_tokens_computed_reflect"),
         "reflections_truncated": tot_logged("reflections_truncated"),
         "dynamic_extra_rounds": tot_logged("dynamic_extra_rounds"),
-        "cpu_s": tot("cpu_s"), "wall_s": tot("wall_s"),
+        "cpu_s": tot("cpu_s"),
+        "wall_s": tot("wall_s"),
         "cpu_s_per_iteration": tot("cpu_s") / len(trained) if trained else math.nan,
         "cpu_s_per_sample": tot("cpu_s") / samples if samples else math.nan,
-        "generated_tokens": tot("generated_tokens"), "learner_forward_tokens": tot("forward_tokens"),
+        "generated_tokens": tot("generated_tokens"),
+        "learner_forward_tokens": tot("forward_tokens"),
         "trained_tokens": tot("trained_tokens"),
     }
 
 
-MEANS = ("samples", "iterations", "updates", "retry_success", "retry_changed_pivot_action", "retry_took_oracle_action",
-         "pivot_accuracy", "cpu_s_per_iteration", "cpu_s_per_sample", "generated_tokens", "learner_forward_tokens",
-         "trained_tokens", "reflection_tokens", "reflection_seconds", "reflection_prompt_tokens",
-         "reflections_truncated", "dynamic_extra_rounds")
+MEANS = (
+    "samples",
+    "iterations",
+    "updates",
+    "retry_success",
+    "retry_changed_pivot_action",
+    "retry_took_oracle_action",
+    "pivot_accuracy",
+    "cpu_s_per_iteration",
+    "cpu_s_per_sample",
+    "generated_tokens",
+    "learner_forward_tokens",
+    "trained_tokens",
+    "reflection_tokens",
+    "reflection_seconds",
+    "reflection_prompt_tokens",
+    "reflections_truncated",
+    "dynamic_extra_rounds",
+)
 
 
 def goal_met(ratio: Dict[str, Any]) -> Optional[bool]:
@@ -169,8 +200,11 @@ def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[
         rows = list(by_seed.values())
         k = sum(r["eval_successes"] for r in rows)
         n = sum(r["eval_episodes"] for r in rows)
-        entry = {"seeds": sorted(by_seed), "eval_success": mean_interval([r["eval_success"] for r in rows]),
-                 "pooled": {"k": k, "n": n, "rate": k / n if n else math.nan}}
+        entry = {
+            "seeds": sorted(by_seed),
+            "eval_success": mean_interval([r["eval_success"] for r in rows]),
+            "pooled": {"k": k, "n": n, "rate": k / n if n else math.nan},
+        }
         entry.update({key: mean_interval([r[key] for r in rows]) for key in MEANS})
         entry["retries_total"] = sum(r["retries"] for r in rows)
         table[v] = entry
@@ -182,13 +216,28 @@ def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[
         if not ratio["units"]:
             continue
         common = ratio["units"]
-        pairs.append({
-            "variant": v, "reference": ref, "seeds": common,
-            "diff": harness.paired_difference(a, b), "ratio": ratio, "goal_met": goal_met(ratio),
-            "cpu_s_per_sample_ratio": mean_interval([per[v][s]["cpu_s_per_sample"] / per[ref][s]["cpu_s_per_sample"]
-                                                     for s in common if per[ref][s]["cpu_s_per_sample"]]),
-        })
-    return {"variants": table, "pairs": pairs, "per_seed": {v: {str(s): r for s, r in d.items()} for v, d in per.items()}}
+        pairs.append(
+            {
+                "variant": v,
+                "reference": ref,
+                "seeds": common,
+                "diff": harness.paired_difference(a, b),
+                "ratio": ratio,
+                "goal_met": goal_met(ratio),
+                "cpu_s_per_sample_ratio": mean_interval(
+                    [
+                        per[v][s]["cpu_s_per_sample"] / per[ref][s]["cpu_s_per_sample"]
+                        for s in common
+                        if per[ref][s]["cpu_s_per_sample"]
+                    ]
+                ),
+            }
+        )
+    return {
+        "variants": table,
+        "pairs": pairs,
+        "per_seed": {v: {str(s): r for s, r in d.items()} for v, d in per.items()},
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -214,22 +263,35 @@ def setting_lines(out: Path, variants: Sequence[str]) -> List[str]:
     c = s["common"]
     if not c:
         return []
-    lines = [f"Setting (setting.json): model {c.get('model') or 'the default'}, {c.get('env')} {c.get('env_config')}, "
-             f"group {c.get('group_size')}, {c.get('tasks_per_iteration')} tasks an iteration, lr {c.get('lr')}, "
-             f"a budget of {c.get('budget')} trajectories a run (base + retry), {c.get('eval_episodes')} held-out "
-             f"games per seed; engine {c.get('engine_dtype')}, mixed_precision {c.get('mixed_precision')}, "
-             f"choices {c.get('choice_tokenization')}, share_prefixes {c.get('share_prefixes')}, "
-             f"{c.get('num_threads')} thread(s).", ""]
+    lines = [
+        f"Setting (setting.json): model {c.get('model') or 'the default'}, {c.get('env')} {c.get('env_config')}, "
+        f"group {c.get('group_size')}, {c.get('tasks_per_iteration')} tasks an iteration, lr {c.get('lr')}, "
+        f"a budget of {c.get('budget')} trajectories a run (base + retry), {c.get('eval_episodes')} held-out "
+        f"games per seed; engine {c.get('engine_dtype')}, mixed_precision {c.get('mixed_precision')}, "
+        f"choices {c.get('choice_tokenization')}, share_prefixes {c.get('share_prefixes')}, "
+        f"{c.get('num_threads')} thread(s).",
+        "",
+    ]
     recorded = [v for v in dict.fromkeys([BASE, *variants]) if v in s["variants"]]
     if not recorded:
-        return lines + ["(This folder's setting.json records no per-variant options: each curve header has the "
-                        "variant's switches.)", ""]
-    rows = [[v, *[json.dumps(x) if not isinstance(x, str) else x
-                  for x in stated_options(s["variants"][v]).values()]] for v in recorded]
-    lines += [harness.markdown_table(["variant", *STATED], rows), "",
-              "Every option that differs from `R3LConfig()` (setting.json):", ""]
-    lines += [f"- {v}: " + ", ".join(f"`{k}={json.dumps(x)}`" for k, x in sorted(s["variants"][v].items()))
-              for v in recorded]
+        return lines + [
+            "(This folder's setting.json records no per-variant options: each curve header has the "
+            "variant's switches.)",
+            "",
+        ]
+    rows = [
+        [v, *[json.dumps(x) if not isinstance(x, str) else x for x in stated_options(s["variants"][v]).values()]]
+        for v in recorded
+    ]
+    lines += [
+        harness.markdown_table(["variant", *STATED], rows),
+        "",
+        "Every option that differs from `R3LConfig()` (setting.json):",
+        "",
+    ]
+    lines += [
+        f"- {v}: " + ", ".join(f"`{k}={json.dumps(x)}`" for k, x in sorted(s["variants"][v].items())) for v in recorded
+    ]
     return lines + [""]
 
 
@@ -246,7 +308,10 @@ def _ci(e: Dict[str, float], digits: int = 3) -> str:
 def _each(per: Dict[str, Dict[str, Any]], key: str, digits: int = 0) -> str:
     """A run field per seed, ``"14, 20, 25"`` (``-`` where unknown)."""
     xs = [r[key] for _, r in sorted(per.items(), key=lambda kv: int(kv[0]))]
-    return ", ".join("-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}" for x in xs) or "-"
+    return (
+        ", ".join("-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}" for x in xs)
+        or "-"
+    )
 
 
 def ratio_text(r: Dict[str, Any]) -> Tuple[str, str, str]:
@@ -271,31 +336,78 @@ def report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
             continue
         per, p = s["per_seed"][v], e["pooled"]
         games = sorted({r["eval_episodes"] for r in per.values()})
-        rows.append([v, len(e["seeds"]), f"{_each(per, 'eval_successes')} of {'/'.join(map(str, games))}",
-                     _ci(e["eval_success"]), f"{p['k']}/{p['n']}", _ci(e["samples"], 0), _ci(e["iterations"], 1),
-                     _ci(e["updates"], 1), _each(per, "reflection_tokens"), _each(per, "reflection_seconds"),
-                     _each(per, "reflection_prompt_tokens"), _ci(e["retry_success"], 2), _ci(e["pivot_accuracy"], 2),
-                     _ci(e["cpu_s_per_sample"], 1)])
+        rows.append(
+            [
+                v,
+                len(e["seeds"]),
+                f"{_each(per, 'eval_successes')} of {'/'.join(map(str, games))}",
+                _ci(e["eval_success"]),
+                f"{p['k']}/{p['n']}",
+                _ci(e["samples"], 0),
+                _ci(e["iterations"], 1),
+                _ci(e["updates"], 1),
+                _each(per, "reflection_tokens"),
+                _each(per, "reflection_seconds"),
+                _each(per, "reflection_prompt_tokens"),
+                _ci(e["retry_success"], 2),
+                _ci(e["pivot_accuracy"], 2),
+                _ci(e["cpu_s_per_sample"], 1),
+            ]
+        )
     held = harness.markdown_table(
-        ["variant", "seeds", "held-out successes per seed", "held-out success: mean ± sd [95 % t]",
-         "pooled k/n (description)", "samples", "iterations", "updates", "reflection tokens generated per seed",
-         "reflection s per seed", "reflection prompt tokens computed per seed", "retry success", "pivot acc.",
-         "CPU s / sample"], rows)
+        [
+            "variant",
+            "seeds",
+            "held-out successes per seed",
+            "held-out success: mean ± sd [95 % t]",
+            "pooled k/n (description)",
+            "samples",
+            "iterations",
+            "updates",
+            "reflection tokens generated per seed",
+            "reflection s per seed",
+            "reflection prompt tokens computed per seed",
+            "retry success",
+            "pivot acc.",
+            "CPU s / sample",
+        ],
+        rows,
+    )
     prow = []
     for p in s["pairs"]:
         d, r = p["diff"], p["ratio"]
         each, mean, geo = ratio_text(r)
-        diffs = ", ".join(f"{s['per_seed'][p['variant']][str(k)]['eval_success'] - s['per_seed'][p['reference']][str(k)]['eval_success']:+.3f}"
-                          for k in p["seeds"])
+        ours, theirs = s["per_seed"][p["variant"]], s["per_seed"][p["reference"]]
+        diffs = ", ".join(f"{ours[str(k)]['eval_success'] - theirs[str(k)]['eval_success']:+.3f}" for k in p["seeds"])
         ci = _ci(d) + (f" ({d['n'] - 1} df)" if d.get("n", 0) > 1 else "")
         goal = {True: "yes", False: "no", None: "n/a"}[p["goal_met"]]
         prow.append([p["variant"], p["reference"], ", ".join(map(str, p["seeds"])), diffs, ci, each, mean, geo, goal])
     paired = harness.markdown_table(
-        ["variant", "against", "seeds", "differences per seed", "difference: mean ± sd [95 % t]", "ratios per seed",
-         "mean ratio", "geometric mean ratio [95 % t on the log ratio]",
-         f">= {GOAL_RATIO}x with the interval above 1"], prow)
-    text = "\n".join([*setting_lines(out, variants), held, "", POOLED_NOTE, "",
-                      "Paired, seed-level (each variant against its reference at the same seeds):", "", paired])
+        [
+            "variant",
+            "against",
+            "seeds",
+            "differences per seed",
+            "difference: mean ± sd [95 % t]",
+            "ratios per seed",
+            "mean ratio",
+            "geometric mean ratio [95 % t on the log ratio]",
+            f">= {GOAL_RATIO}x with the interval above 1",
+        ],
+        prow,
+    )
+    text = "\n".join(
+        [
+            *setting_lines(out, variants),
+            held,
+            "",
+            POOLED_NOTE,
+            "",
+            "Paired, seed-level (each variant against its reference at the same seeds):",
+            "",
+            paired,
+        ]
+    )
     (out / "summary.md").write_text(text + "\n")
     (out / "summary.json").write_text(json.dumps(s, indent=1, default=float))
     _write_csv(out, s)

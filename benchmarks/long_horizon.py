@@ -53,8 +53,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from benchmarks import harness  # noqa: E402
 from benchmarks import learning_curves as lc  # noqa: E402
-from benchmarks.learning_curves_report import (BASE, ORDER, folder_variants, pairs_for, ratio_text,  # noqa: E402
-                                               read_curve, read_setting, run_dir)
+from benchmarks.learning_curves_report import (
+    BASE,
+    ORDER,
+    folder_variants,
+    pairs_for,
+    ratio_text,  # noqa: E402
+    read_curve,
+    read_setting,
+    run_dir,
+)
 
 OUT = harness.RESULTS / "long_horizon"
 VARIANTS = ("grpo_paper", "r3l_paper")  # the default pair (learning_curves_report.PAIRS)
@@ -62,16 +70,28 @@ ITERATIONS, EVAL_EVERY, EVAL_EPISODES = 40, 5, 32
 # Held-out games run 16 at a time: 32 untrained 25-turn games at once outgrew the CPU engine's 1 GiB
 # KV cache (over 450 s, killed), two rounds of 16 took 147 s (2026-12-05, Xeon, 2 cores).
 EVAL_BATCH = 16
-EVAL_KEYS = ("eval_successes", "eval_episodes", "eval_lost", "eval_return_mean", "eval_temperature", "eval_seconds",
-             "eval_cpu_s")
+EVAL_KEYS = (
+    "eval_successes",
+    "eval_episodes",
+    "eval_lost",
+    "eval_return_mean",
+    "eval_temperature",
+    "eval_seconds",
+    "eval_cpu_s",
+)
 
 
 def setting_for(eval_every: int = EVAL_EVERY, eval_episodes: int = EVAL_EPISODES) -> Dict[str, Any]:
     """``learning_curves.DEFAULT_SETTING`` on 8-room, 25-turn coin collector, with the evaluation
     schedule instead of a trajectory budget."""
     base = {k: v for k, v in lc.DEFAULT_SETTING.items() if k not in ("budget", "max_iterations")}
-    return dict(base, env_config={**lc.DEFAULT_SETTING["env_config"], "num_locations": 8, "max_turns": 25},
-                eval_every=eval_every, eval_episodes=eval_episodes, eval_batch=EVAL_BATCH)
+    return dict(
+        base,
+        env_config={**lc.DEFAULT_SETTING["env_config"], "num_locations": 8, "max_turns": 25},
+        eval_every=eval_every,
+        eval_episodes=eval_episodes,
+        eval_batch=EVAL_BATCH,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -90,22 +110,26 @@ def is_done(d: Path, iterations: int) -> bool:
 def next_runs(out: Path, variants: Sequence[str], seeds: Sequence[int], iterations: int) -> List[Tuple[str, int]]:
     """The runs not done: those already started first (they resume), then seed by seed the shared
     iteration 0 (``base``) and the variants."""
-    runs = [(v, s) for s in seeds for v in dict.fromkeys([BASE, *variants])
-            if not is_done(run_dir(out, v, s), iterations)]
+    runs = [
+        (v, s) for s in seeds for v in dict.fromkeys([BASE, *variants]) if not is_done(run_dir(out, v, s), iterations)
+    ]
     return sorted(runs, key=lambda r: not (run_dir(out, *r) / "curve.jsonl").exists())
 
 
 def line_of(variant: str, seed: int, rec: Dict[str, Any], iterations: int) -> str:
     """One console line for an iteration's record: trajectories, training success, held-out."""
-    held = (f"held-out {rec['eval_successes']}/{rec['eval_episodes']}" if "eval_successes" in rec else "")
+    held = f"held-out {rec['eval_successes']}/{rec['eval_episodes']}" if "eval_successes" in rec else ""
     if rec["iteration"] == 0:
         return f"{variant}/seed{seed} iteration 0 (untrained): {held}"
-    return (f"{variant}/seed{seed} iteration {rec['iteration']}/{iterations}: {rec['samples_cumulative']:.0f} "
-            f"trajectories, success {lc._fmt(rec.get('success_rate'))}, {rec.get('wall_s', 0):.0f} s {held}").rstrip()
+    return (
+        f"{variant}/seed{seed} iteration {rec['iteration']}/{iterations}: {rec['samples_cumulative']:.0f} "
+        f"trajectories, success {lc._fmt(rec.get('success_rate'))}, {rec.get('wall_s', 0):.0f} s {held}"
+    ).rstrip()
 
 
-def progress_lines(out: Path, runs: Sequence[Tuple[str, int]], seen: Dict[Tuple[str, int], int], every: int,
-                   iterations: int) -> List[str]:
+def progress_lines(
+    out: Path, runs: Sequence[Tuple[str, int]], seen: Dict[Tuple[str, int], int], every: int, iterations: int
+) -> List[str]:
     """Lines for the records of ``runs`` past ``seen`` (updated) that are complete: evaluated, or not
     due for an evaluation."""
     lines = []
@@ -142,8 +166,12 @@ def run_one(out: Path, setting: Dict[str, Any], variant: str, seed: int, iterati
         while algo.iteration < target:
             rec = lc.train_iteration(d, algo, header, recs)
             n = rec["samples_cumulative"] - (recs[-2]["samples_cumulative"] if len(recs) > 1 else 0.0)
-            print(lc.iteration_line(variant, seed, rec, f"(of {target}) trajectories "
-                                    f"{rec['samples_cumulative']:.0f} (+{n:.0f})"), flush=True)
+            print(
+                lc.iteration_line(
+                    variant, seed, rec, f"(of {target}) trajectories {rec['samples_cumulative']:.0f} (+{n:.0f})"
+                ),
+                flush=True,
+            )
             if algo.iteration % setting["eval_every"] == 0:
                 _evaluate(d, algo, header, recs, setting, variant, seed)
         if recs and "eval_successes" not in recs[-1]:
@@ -151,19 +179,24 @@ def run_one(out: Path, setting: Dict[str, Any], variant: str, seed: int, iterati
         return recs
 
 
-def _evaluate(d: Path, algo, header: Dict[str, Any], recs: List[dict], setting: Dict[str, Any], variant: str,
-              seed: int) -> None:
+def _evaluate(
+    d: Path, algo, header: Dict[str, Any], recs: List[dict], setting: Dict[str, Any], variant: str, seed: int
+) -> None:
     """The held-out evaluation of the last record's policy, written into that record."""
     rec = recs[-1]
     rec.update(lc.evaluate_heldout(algo, setting["eval_episodes"], setting.get("eval_batch")))
     lc._write_curve(d, header, recs)
-    print(f"[{variant} seed {seed}] iteration {rec['iteration']}: held-out {rec['eval_successes']}/"
-          f"{rec['eval_episodes']} ({rec['eval_seconds']:.0f} s, cpu {rec['eval_cpu_s']:.0f})", flush=True)
+    print(
+        f"[{variant} seed {seed}] iteration {rec['iteration']}: held-out {rec['eval_successes']}/"
+        f"{rec['eval_episodes']} ({rec['eval_seconds']:.0f} s, cpu {rec['eval_cpu_s']:.0f})",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
-def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Sequence[int], parallel: int,
-          iterations: int) -> None:
+def sweep(
+    out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Sequence[int], parallel: int, iterations: int
+) -> None:
     """Run what is left (``next_runs``), ``parallel`` children at a time (``learning_curves.run_children``),
     a console line per iteration as its record is complete."""
     todo = next_runs(out, variants, seeds, iterations)
@@ -179,8 +212,17 @@ def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Se
         poll()
         print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} done" + (f" in {took:.1f} min" if took else ""), flush=True)
 
-    lc.run_children(out, todo, parallel, setting["num_threads"], finished, script=__file__,
-                    child_args=("--iterations", str(iterations)), done=lambda d: is_done(d, iterations), poll=poll)
+    lc.run_children(
+        out,
+        todo,
+        parallel,
+        setting["num_threads"],
+        finished,
+        script=__file__,
+        child_args=("--iterations", str(iterations)),
+        done=lambda d: is_done(d, iterations),
+        poll=poll,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -190,9 +232,17 @@ def curve_points(out: Path, variant: str, seed: int) -> List[Dict[str, Any]]:
     from the seed's untrained model (``base``)."""
     recs = [r for r in read_curve(run_dir(out, BASE, seed))[1] if r["iteration"] == 0] if variant != BASE else []
     recs += read_curve(run_dir(out, variant, seed))[1]
-    return [{"iteration": r["iteration"], "samples": float(r.get("samples_cumulative") or 0.0),
-             "k": int(r["eval_successes"]), "n": int(r["eval_episodes"]),
-             "success": r["eval_successes"] / max(r["eval_episodes"], 1)} for r in recs if "eval_successes" in r]
+    return [
+        {
+            "iteration": r["iteration"],
+            "samples": float(r.get("samples_cumulative") or 0.0),
+            "k": int(r["eval_successes"]),
+            "n": int(r["eval_episodes"]),
+            "success": r["eval_successes"] / max(r["eval_episodes"], 1),
+        }
+        for r in recs
+        if "eval_successes" in r
+    ]
 
 
 def run_summary(out: Path, variant: str, seed: int) -> Optional[Dict[str, Any]]:
@@ -204,13 +254,18 @@ def run_summary(out: Path, variant: str, seed: int) -> Optional[Dict[str, Any]]:
     trained = [r for r in recs if r["iteration"] > 0]
     its = trained[-1]["iteration"] if trained else 0
     samples = trained[-1]["samples_cumulative"] if trained else 0.0
-    return {"variant": variant, "seed": seed, "iterations": its, "samples": samples,
-            "samples_per_iteration": samples / its if its else math.nan,
-            "updates": sum(1 for r in trained if (r.get("trained_tokens") or 0) > 0),
-            "cpu_s": sum(r.get("cpu_s") or 0.0 for r in trained),
-            "eval_cpu_s": sum(r.get("eval_cpu_s") or 0.0 for r in recs),
-            "reflection_tokens": sum(r.get("reflection_generated_tokens") or 0.0 for r in trained),
-            "points": curve_points(out, variant, seed)}
+    return {
+        "variant": variant,
+        "seed": seed,
+        "iterations": its,
+        "samples": samples,
+        "samples_per_iteration": samples / its if its else math.nan,
+        "updates": sum(1 for r in trained if (r.get("trained_tokens") or 0) > 0),
+        "cpu_s": sum(r.get("cpu_s") or 0.0 for r in trained),
+        "eval_cpu_s": sum(r.get("eval_cpu_s") or 0.0 for r in recs),
+        "reflection_tokens": sum(r.get("reflection_generated_tokens") or 0.0 for r in trained),
+        "points": curve_points(out, variant, seed),
+    }
 
 
 def summaries(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> List[Dict[str, Any]]:
@@ -224,12 +279,35 @@ def held_out_table(rows: Sequence[Dict[str, Any]]) -> str:
     body = []
     for r in rows:
         at = {p["iteration"]: f"{p['k']}/{p['n']}" for p in r["points"]}
-        body.append([r["variant"], r["seed"], r["iterations"], *[at.get(i, "-") for i in its], f"{r['samples']:.0f}",
-                     "-" if math.isnan(r["samples_per_iteration"]) else f"{r['samples_per_iteration']:.1f}",
-                     r["updates"], f"{r['cpu_s']:.0f}", f"{r['eval_cpu_s']:.0f}", f"{r['reflection_tokens']:.0f}"])
-    return harness.markdown_table(["variant", "seed", "iterations", *[f"held-out @{i}" for i in its], "trajectories",
-                                   "per iteration", "updates", "CPU s (training)", "CPU s (held-out)",
-                                   "reflection tokens"], body)
+        body.append(
+            [
+                r["variant"],
+                r["seed"],
+                r["iterations"],
+                *[at.get(i, "-") for i in its],
+                f"{r['samples']:.0f}",
+                "-" if math.isnan(r["samples_per_iteration"]) else f"{r['samples_per_iteration']:.1f}",
+                r["updates"],
+                f"{r['cpu_s']:.0f}",
+                f"{r['eval_cpu_s']:.0f}",
+                f"{r['reflection_tokens']:.0f}",
+            ]
+        )
+    return harness.markdown_table(
+        [
+            "variant",
+            "seed",
+            "iterations",
+            *[f"held-out @{i}" for i in its],
+            "trajectories",
+            "per iteration",
+            "updates",
+            "CPU s (training)",
+            "CPU s (held-out)",
+            "reflection tokens",
+        ],
+        body,
+    )
 
 
 def paired_at_last_common(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -245,8 +323,18 @@ def paired_at_last_common(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]
             continue
         at = max(common)
         a, b = {s: by[(v, s)][at] for s in seeds}, {s: by[(ref, s)][at] for s in seeds}
-        out.append({"variant": v, "reference": ref, "iteration": at, "seeds": seeds, "a": a, "b": b,
-                    "diff": harness.paired_difference(a, b), "ratio": harness.paired_ratio(a, b)})
+        out.append(
+            {
+                "variant": v,
+                "reference": ref,
+                "iteration": at,
+                "seeds": seeds,
+                "a": a,
+                "b": b,
+                "diff": harness.paired_difference(a, b),
+                "ratio": harness.paired_ratio(a, b),
+            }
+        )
     return out
 
 
@@ -254,12 +342,31 @@ def paired_table(pairs: Sequence[Dict[str, Any]]) -> str:
     body = []
     for p in pairs:
         each, _, geo = ratio_text(p["ratio"])
-        body.append([p["variant"], p["reference"], p["iteration"], ", ".join(map(str, p["seeds"])),
-                     ", ".join(f"{p['a'][s] - p['b'][s]:+.3f}" for s in p["seeds"]),
-                     harness.fmt_interval(p["diff"], 3, signed=True), each, geo])
-    return harness.markdown_table(["variant", "against", "at iteration", "seeds", "differences per seed",
-                                   "difference: mean [95 % t]", "ratios per seed",
-                                   "geometric mean ratio [95 % t on the log ratio]"], body)
+        body.append(
+            [
+                p["variant"],
+                p["reference"],
+                p["iteration"],
+                ", ".join(map(str, p["seeds"])),
+                ", ".join(f"{p['a'][s] - p['b'][s]:+.3f}" for s in p["seeds"]),
+                harness.fmt_interval(p["diff"], 3, signed=True),
+                each,
+                geo,
+            ]
+        )
+    return harness.markdown_table(
+        [
+            "variant",
+            "against",
+            "at iteration",
+            "seeds",
+            "differences per seed",
+            "difference: mean [95 % t]",
+            "ratios per seed",
+            "geometric mean ratio [95 % t on the log ratio]",
+        ],
+        body,
+    )
 
 
 def plot(out: Path, rows: Sequence[Dict[str, Any]]) -> Path:
@@ -277,8 +384,13 @@ def plot(out: Path, rows: Sequence[Dict[str, Any]]) -> Path:
         pts = r["points"]
         if not pts:
             continue
-        kw = dict(color=f"C{names.index(r['variant']) % 10}", linestyle=styles[r["seed"] % len(styles)], marker="o",
-                  markersize=3, label=f"{r['variant']} seed {r['seed']}")
+        kw = dict(
+            color=f"C{names.index(r['variant']) % 10}",
+            linestyle=styles[r["seed"] % len(styles)],
+            marker="o",
+            markersize=3,
+            label=f"{r['variant']} seed {r['seed']}",
+        )
         axes[0].plot([p["iteration"] for p in pts], [p["success"] for p in pts], **kw)
         axes[1].plot([p["samples"] for p in pts], [p["success"] for p in pts], **kw)
     axes[0].set_xlabel("training iteration")
@@ -302,11 +414,15 @@ def report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
     c = read_setting(out)["common"]
     rows = summaries(out, variants, seeds)
     pairs = paired_at_last_common(rows)
-    lines = [f"Setting (setting.json, with each variant's options): model {c.get('model') or 'the default'}, "
-             f"{c.get('env')} {c.get('env_config')}, group {c.get('group_size')}, {c.get('tasks_per_iteration')} "
-             f"tasks an iteration, lr {c.get('lr')}; held-out: {c.get('eval_episodes')} test-fold games every "
-             f"{c.get('eval_every')} iterations and at a run's last (iteration 0: the untrained model, per seed).", "",
-             held_out_table(rows), ""]
+    lines = [
+        f"Setting (setting.json, with each variant's options): model {c.get('model') or 'the default'}, "
+        f"{c.get('env')} {c.get('env_config')}, group {c.get('group_size')}, {c.get('tasks_per_iteration')} "
+        f"tasks an iteration, lr {c.get('lr')}; held-out: {c.get('eval_episodes')} test-fold games every "
+        f"{c.get('eval_every')} iterations and at a run's last (iteration 0: the untrained model, per seed).",
+        "",
+        held_out_table(rows),
+        "",
+    ]
     if any(len(p["seeds"]) >= 2 for p in pairs):
         lines += ["Paired, seed-level, at the last iteration every run of the pair evaluated:", "", paired_table(pairs)]
     else:
@@ -319,8 +435,11 @@ def report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variants", default=None,
-                    help=f"comma list of {list(lc.VARIANTS)} (default {','.join(VARIANTS)}; report: those in --out)")
+    ap.add_argument(
+        "--variants",
+        default=None,
+        help=f"comma list of {list(lc.VARIANTS)} (default {','.join(VARIANTS)}; report: those in --out)",
+    )
     ap.add_argument("--seeds", default="0", help="comma list of seeds (training tasks and sampling seeds)")
     ap.add_argument("--iterations", type=int, default=ITERATIONS, help="iterations per run; a larger one extends")
     ap.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="held-out evaluation every N iterations")

@@ -59,8 +59,15 @@ def iteration_counts(it: Dict[str, Any], base_per_iteration: int) -> Dict[str, f
     base = it.get("episodes")  # the iteration's base episodes; older summaries: the planned number
     base = int(base) if isinstance(base, (int, float)) and base == base else base_per_iteration
     rounds = float(it.get("dynamic_sampling", {}).get("extra_rounds", 0.0) or 0.0)
-    return {"update": trained > 0, "trained": trained, "base": base, "extra_rounds": rounds,
-            "base_ok": round(float(it["success_rate"]) * base), "retries": retries, "retry_ok": round(ok)}
+    return {
+        "update": trained > 0,
+        "trained": trained,
+        "base": base,
+        "extra_rounds": rounds,
+        "base_ok": round(float(it["success_rate"]) * base),
+        "retries": retries,
+        "retry_ok": round(ok),
+    }
 
 
 def summarize(out: Path, variants: Sequence[str], base_per_iteration: int = 8) -> List[Dict[str, Any]]:
@@ -68,8 +75,11 @@ def summarize(out: Path, variants: Sequence[str], base_per_iteration: int = 8) -
     and each run's base success in the later iterations (``later_success``: run number -> rate)."""
     rows = []
     for variant in variants:
-        runs = sorted((int(p.name[len(variant) + 1:]), p) for p in out.glob(f"{variant}_*")
-                      if p.name[len(variant) + 1:].isdigit() and (p / "summary.json").exists())
+        runs = sorted(
+            (int(p.name[len(variant) + 1 :]), p)
+            for p in out.glob(f"{variant}_*")
+            if p.name[len(variant) + 1 :].isdigit() and (p / "summary.json").exists()
+        )
         if not runs:
             continue
         agg = {"variant": variant, "runs": len(runs), "seconds": [], "first": [], "later": [], "later_success": {}}
@@ -89,25 +99,45 @@ def summarize(out: Path, variants: Sequence[str], base_per_iteration: int = 8) -
 def table(rows: List[Dict[str, Any]], label: str = "variant") -> str:
     f = lambda k, n: f"{k}/{n} ({harness.wilson(k, n)[0]:.2f}-{harness.wilson(k, n)[1]:.2f})"  # noqa: E731
     ref = rows[0] if rows else None
-    head = (label, "runs", "iterations with an update", "base ok, iteration 1", "base ok, iterations 2-3",
-            "retries ok, iteration 1", "retries ok, iterations 2-3", "extra rounds / run", "trained tok / run",
-            "s after set-up", "base success 2-3, per run",
-            f"vs {ref['variant'] if ref else '-'}: paired diff 2-3 [95 % t]")
+    head = (
+        label,
+        "runs",
+        "iterations with an update",
+        "base ok, iteration 1",
+        "base ok, iterations 2-3",
+        "retries ok, iteration 1",
+        "retries ok, iterations 2-3",
+        "extra rounds / run",
+        "trained tok / run",
+        "s after set-up",
+        "base success 2-3, per run",
+        f"vs {ref['variant'] if ref else '-'}: paired diff 2-3 [95 % t]",
+    )
     out = []
     for r in rows:
         its = r["first"] + r["later"]
         per_run = r.get("later_success", {})
-        vs = ("-" if r is ref else
-              harness.fmt_interval(harness.paired_difference(per_run, ref.get("later_success", {})), signed=True))
-        out.append((r["variant"], str(r["runs"]), f(sum(c["update"] for c in its), len(its)),
-                    f(sum(c["base_ok"] for c in r["first"]), sum(c["base"] for c in r["first"])),
-                    f(sum(c["base_ok"] for c in r["later"]), sum(c["base"] for c in r["later"])),
-                    f(int(sum(c["retry_ok"] for c in r["first"])), int(sum(c["retries"] for c in r["first"]))),
-                    f(int(sum(c["retry_ok"] for c in r["later"])), int(sum(c["retries"] for c in r["later"]))),
-                    f"{sum(c.get('extra_rounds', 0) for c in its) / r['runs']:.1f}",
-                    f"{sum(c['trained'] for c in its) / r['runs']:.0f}",
-                    " / ".join(f"{s:.0f}" for s in r["seconds"]),
-                    ", ".join(f"{x:.2f}" for _, x in sorted(per_run.items())) or "-", vs))
+        vs = (
+            "-"
+            if r is ref
+            else harness.fmt_interval(harness.paired_difference(per_run, ref.get("later_success", {})), signed=True)
+        )
+        out.append(
+            (
+                r["variant"],
+                str(r["runs"]),
+                f(sum(c["update"] for c in its), len(its)),
+                f(sum(c["base_ok"] for c in r["first"]), sum(c["base"] for c in r["first"])),
+                f(sum(c["base_ok"] for c in r["later"]), sum(c["base"] for c in r["later"])),
+                f(int(sum(c["retry_ok"] for c in r["first"])), int(sum(c["retries"] for c in r["first"]))),
+                f(int(sum(c["retry_ok"] for c in r["later"])), int(sum(c["retries"] for c in r["later"]))),
+                f"{sum(c.get('extra_rounds', 0) for c in its) / r['runs']:.1f}",
+                f"{sum(c['trained'] for c in its) / r['runs']:.0f}",
+                " / ".join(f"{s:.0f}" for s in r["seconds"]),
+                ", ".join(f"{x:.2f}" for _, x in sorted(per_run.items())) or "-",
+                vs,
+            )
+        )
     return harness.markdown_table(head, out)
 
 
@@ -115,17 +145,28 @@ def sweep(out: Path, variants: Dict[str, List[str]], pairs: int, verbose: bool =
     """``pairs`` main jobs per variant, alternating; resumes what ``out`` already holds."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "variants.json").write_text(json.dumps(variants, indent=1))
-    return harness.sweep(harness.alternating(variants, pairs, out), verbose=verbose,
-                         log=lambda line: print(line, flush=True))
+    return harness.sweep(
+        harness.alternating(variants, pairs, out), verbose=verbose, log=lambda line: print(line, flush=True)
+    )
 
 
-def main(argv: Optional[List[str]] = None, results: Path = OUT, label: str = "variant",
-         description: str = __doc__, preset_in_folder: bool = True) -> int:
+def main(
+    argv: Optional[List[str]] = None,
+    results: Path = OUT,
+    label: str = "variant",
+    description: str = __doc__,
+    preset_in_folder: bool = True,
+) -> int:
     """The command line; ``--out`` defaults to ``results/<date>``, plus ``-<preset>`` with a preset
     when ``preset_in_folder``."""
     ap = argparse.ArgumentParser(description=description.split("\n\n")[0])
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME='key=value ...'",
-                    help="a setting to run (repeat; at least one); NAME= alone is the plain default")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME='key=value ...'",
+        help="a setting to run (repeat; at least one); NAME= alone is the plain default",
+    )
     ap.add_argument("--preset", choices=sorted(PRESETS), help="a named comparison instead of --variant")
     ap.add_argument("--pairs", type=int, default=3, help="main jobs per variant")
     ap.add_argument("--out", default=None, help=f"results folder (default {results}/<date>[-<preset>])")
@@ -140,8 +181,10 @@ def main(argv: Optional[List[str]] = None, results: Path = OUT, label: str = "va
     if not variants and (out / "variants.json").exists():
         variants = json.loads((out / "variants.json").read_text())
     if not variants:
-        raise SystemExit("--variant: name at least one setting (e.g. --variant default=), or --preset, or point "
-                         "--out at a folder that holds variants.json")
+        raise SystemExit(
+            "--variant: name at least one setting (e.g. --variant default=), or --preset, or point "
+            "--out at a folder that holds variants.json"
+        )
     if not args.table_only and (rc := sweep(out, variants, args.pairs, args.verbose)) != 0:
         return rc
     print(f"\n{harness.machine()}; main job, 3 iterations, unseeded; {out}")

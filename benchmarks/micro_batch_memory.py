@@ -38,11 +38,18 @@ def coin_batch(rows: int = 8, length: int = 1200) -> Dict[str, Any]:
     for i in range(rows):
         for t in range(10):  # 10 responses of 6 tokens spread over the episode
             s = 260 + t * 94
-            lm[i, s:s + 6] = 1.0
+            lm[i, s : s + 6] = 1.0
     adv = np.where(np.arange(rows) % 2 == 0, 1.0, -1.0).astype(np.float32)
-    return {"input_ids": ids, "attention_mask": np.ones((rows, length), np.int64), "loss_mask": lm,
-            "sampler_logprobs": np.zeros((rows, length), np.float32), "advantages": adv,
-            "weights": np.ones(rows, np.float32), "on_policy": np.ones(rows, np.float32), "num_loss_tokens": lm.sum(1)}
+    return {
+        "input_ids": ids,
+        "attention_mask": np.ones((rows, length), np.int64),
+        "loss_mask": lm,
+        "sampler_logprobs": np.zeros((rows, length), np.float32),
+        "advantages": adv,
+        "weights": np.ones(rows, np.float32),
+        "on_policy": np.ones(rows, np.float32),
+        "num_loss_tokens": lm.sum(1),
+    }
 
 
 def measure(micro_batch_tokens: int, updates: int = 2, model: str = MODEL) -> Dict[str, Any]:
@@ -56,8 +63,13 @@ def measure(micro_batch_tokens: int, updates: int = 2, model: str = MODEL) -> Di
     from rllib_r3l.cli.main import find_r3l_metrics
     from rllib_r3l.models import resolve_model
 
-    cfg = R3LConfig().training(model=resolve_model(model), micro_batch_size=4, micro_batch_tokens=micro_batch_tokens,
-                               lr=1e-6, backend="transformers")
+    cfg = R3LConfig().training(
+        model=resolve_model(model),
+        micro_batch_size=4,
+        micro_batch_tokens=micro_batch_tokens,
+        lr=1e-6,
+        backend="transformers",
+    )
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     algo = cfg.build_algo()
     batch = coin_batch()
@@ -68,15 +80,21 @@ def measure(micro_batch_tokens: int, updates: int = 2, model: str = MODEL) -> Di
             t0, c0 = time.time(), time.process_time()
             res = algo.learner_group.update(
                 batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=len(batch["input_ids"])),
-                timesteps={}, num_epochs=1, minibatch_size=None)
+                timesteps={},
+                num_epochs=1,
+                minibatch_size=None,
+            )
             m = find_r3l_metrics(res[0] if isinstance(res, list) else res, "learner") or {}
             times.append((round(time.time() - t0, 1), round(time.process_time() - c0, 1)))
     finally:
         algo.stop()
         ray.shutdown()
-    return {"micro_batch_tokens": micro_batch_tokens, "steps_wall_cpu": times,
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
-            **{k: _value(m.get(k)) for k in ("micro_batches", "forward_tokens")}}
+    return {
+        "micro_batch_tokens": micro_batch_tokens,
+        "steps_wall_cpu": times,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        **{k: _value(m.get(k)) for k in ("micro_batches", "forward_tokens")},
+    }
 
 
 def _value(v: Any) -> Any:

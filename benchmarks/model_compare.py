@@ -51,10 +51,17 @@ def _config(model: str, args):
     from rllib_r3l import R3LConfig
 
     overrides = dict(json.loads(args.set)) if args.set else {}
-    return (R3LConfig()
-            .training(model_id=model, group_size=args.group_size, tasks_per_iteration=args.chunk,
-                      sampling_seed=args.seed, **overrides)
-            .debugging(seed=args.seed))
+    return (
+        R3LConfig()
+        .training(
+            model_id=model,
+            group_size=args.group_size,
+            tasks_per_iteration=args.chunk,
+            sampling_seed=args.seed,
+            **overrides,
+        )
+        .debugging(seed=args.seed)
+    )
 
 
 def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
@@ -62,8 +69,8 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
     import environments
     from rllib_r3l.cli.run_info import cpu_model
     from rllib_r3l.runner.env_runner import R3LEnvRunner
-    from rllib_r3l.runner.sample_metrics import generated_anew
     from rllib_r3l.runner.reflection.pivot_metrics import pivot_quality
+    from rllib_r3l.runner.sample_metrics import generated_anew
 
     cfg = _config(model, args)
     load0 = os.getloadavg()
@@ -102,33 +109,62 @@ def run_chunk(model: str, chunk_index: int, args) -> List[Dict[str, Any]]:
                 pivot = parsed.report.pivot if parsed is not None and parsed.ok and parsed.report is not None else None
                 oracle = env.oracle_pivot(b.seed, list(b.actions)) if b.actions else None
                 q = pivot_quality(pivot, oracle)
-                refl.append({"status": parsed.status.value if parsed is not None else "generation_error",
-                             "ok": bool(parsed is not None and parsed.ok), "pivot": pivot, "oracle_pivot": oracle,
-                             "turns": len(b.actions), "success": bool(b.success),
-                             "tokens": len(out.token_ids) if out is not None else 0,
-                             "pivot_accuracy": None if q is None else q["pivot_accuracy"],
-                             "pivot_error": None if q is None else q["pivot_error"]})
-            records.append({
-                "model": model, "chunk": chunk_index, "chunk_size": args.chunk, "group": chunk_index * args.chunk + gi, "task_seed": base[0].seed if base else None,
-                "env": cfg.env, "env_config": dict(cfg.env_config or {}), "group_size": args.group_size,
-                "seed": args.seed, "overrides": json.loads(args.set) if args.set else {},
-                "base_successes": sum(bool(t.success) for t in base), "base_episodes": len(base),
-                "base_turns": [t.num_turns for t in base], "lost": len(g.lost),
-                "reflections": refl, "retries": len(retries), "retry_successes": sum(bool(t.success) for t in retries),
-                # generated tokens as the env runner counts them (a retry's replayed prefix is not generated again)
-                "base_generated_tokens": sum(generated_anew(t) for t in base),
-                "retry_generated_tokens": sum(generated_anew(t) for t in retries),
-                # actions and reports not in the tokenizer's own tokens (vLLM's character grammar)
-                "actions": sum(1 for t in base for s in t.segments if s.role == "response"),
-                "actions_non_canonical": sum(non_canonical(s.token_ids) for t in base for s in t.segments
-                                             if s.role == "response"),
-                "reports_non_canonical": sum(non_canonical(b.info["reflection"][2].token_ids) for b in base
-                                             if b.info.get("reflection") and b.info["reflection"][2] is not None),
-                "chunk_explore_s": round(explore_s, 1), "chunk_engine_start_s": round(start_s, 1),
-                "chunk_cpu_s": round((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime), 1),
-                "load_before": load0, "load_after": load1, "cpu": cpu_model(), "cpus": os.cpu_count(),
-                "backend": getattr(runner.backend, "name", "?"), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-            })
+                refl.append(
+                    {
+                        "status": parsed.status.value if parsed is not None else "generation_error",
+                        "ok": bool(parsed is not None and parsed.ok),
+                        "pivot": pivot,
+                        "oracle_pivot": oracle,
+                        "turns": len(b.actions),
+                        "success": bool(b.success),
+                        "tokens": len(out.token_ids) if out is not None else 0,
+                        "pivot_accuracy": None if q is None else q["pivot_accuracy"],
+                        "pivot_error": None if q is None else q["pivot_error"],
+                    }
+                )
+            records.append(
+                {
+                    "model": model,
+                    "chunk": chunk_index,
+                    "chunk_size": args.chunk,
+                    "group": chunk_index * args.chunk + gi,
+                    "task_seed": base[0].seed if base else None,
+                    "env": cfg.env,
+                    "env_config": dict(cfg.env_config or {}),
+                    "group_size": args.group_size,
+                    "seed": args.seed,
+                    "overrides": json.loads(args.set) if args.set else {},
+                    "base_successes": sum(bool(t.success) for t in base),
+                    "base_episodes": len(base),
+                    "base_turns": [t.num_turns for t in base],
+                    "lost": len(g.lost),
+                    "reflections": refl,
+                    "retries": len(retries),
+                    "retry_successes": sum(bool(t.success) for t in retries),
+                    # generated tokens as the env runner counts them (a retry's replayed prefix is not generated again)
+                    "base_generated_tokens": sum(generated_anew(t) for t in base),
+                    "retry_generated_tokens": sum(generated_anew(t) for t in retries),
+                    # actions and reports not in the tokenizer's own tokens (vLLM's character grammar)
+                    "actions": sum(1 for t in base for s in t.segments if s.role == "response"),
+                    "actions_non_canonical": sum(
+                        non_canonical(s.token_ids) for t in base for s in t.segments if s.role == "response"
+                    ),
+                    "reports_non_canonical": sum(
+                        non_canonical(b.info["reflection"][2].token_ids)
+                        for b in base
+                        if b.info.get("reflection") and b.info["reflection"][2] is not None
+                    ),
+                    "chunk_explore_s": round(explore_s, 1),
+                    "chunk_engine_start_s": round(start_s, 1),
+                    "chunk_cpu_s": round((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime), 1),
+                    "load_before": load0,
+                    "load_after": load1,
+                    "cpu": cpu_model(),
+                    "cpus": os.cpu_count(),
+                    "backend": getattr(runner.backend, "name", "?"),
+                    "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+                }
+            )
     finally:
         env.close()
         runner.stop()
@@ -147,11 +183,20 @@ def summarize(records: List[Dict[str, Any]], model: str) -> Dict[str, Any]:
     tokens = _generated_tokens(rs, refl)
     return {
         **tokens,
-        "model": model, "groups": len(rs), "base_successes": k, "base_episodes": n,
-        "base_success_ci95": wilson(k, n), "reflections": len(refl), "valid": v, "valid_ci95": wilson(v, len(refl)),
-        "pivot_scored": len(scored), "pivot_correct": int(acc), "pivot_ci95": wilson(int(acc), len(scored)),
+        "model": model,
+        "groups": len(rs),
+        "base_successes": k,
+        "base_episodes": n,
+        "base_success_ci95": wilson(k, n),
+        "reflections": len(refl),
+        "valid": v,
+        "valid_ci95": wilson(v, len(refl)),
+        "pivot_scored": len(scored),
+        "pivot_correct": int(acc),
+        "pivot_ci95": wilson(int(acc), len(scored)),
         "pivot_error_mean": (sum(x["pivot_error"] for x in scored) / len(scored)) if scored else float("nan"),
-        "retries": sum(r["retries"] for r in rs), "retry_successes": sum(r["retry_successes"] for r in rs),
+        "retries": sum(r["retries"] for r in rs),
+        "retry_successes": sum(r["retry_successes"] for r in rs),
         "explore_s_per_group": sum(c["chunk_explore_s"] for c in chunks.values()) / max(len(rs), 1),
         "cpu_s_per_group": sum(c["chunk_cpu_s"] for c in chunks.values()) / max(len(rs), 1),
         "load": [round(x, 1) for c in chunks.values() for x in (c["load_before"][0], c["load_after"][0])],
@@ -169,8 +214,12 @@ def _generated_tokens(rs: List[Dict[str, Any]], refl: List[Dict[str, Any]]) -> D
     NaN where the records predate the token fields."""
     nan = float("nan")
     if not rs or any("base_generated_tokens" not in r for r in rs):
-        return {"tokens_per_reflection": nan, "generated_per_sample": nan, "generated_per_base_episode": nan,
-                "generated_ratio_vs_grpo": nan}
+        return {
+            "tokens_per_reflection": nan,
+            "generated_per_sample": nan,
+            "generated_per_base_episode": nan,
+            "generated_ratio_vs_grpo": nan,
+        }
     base = sum(r["base_generated_tokens"] for r in rs)
     retry = sum(r["retry_generated_tokens"] for r in rs)
     report = sum(x.get("tokens", 0) for x in refl)
@@ -178,25 +227,59 @@ def _generated_tokens(rs: List[Dict[str, Any]], refl: List[Dict[str, Any]]) -> D
     n = n_base + sum(r["retries"] for r in rs)
     per_sample = (base + retry + report) / max(n, 1)
     per_base = base / max(n_base, 1)
-    return {"tokens_per_reflection": report / max(len(refl), 1), "generated_per_sample": per_sample,
-            "generated_per_base_episode": per_base, "generated_ratio_vs_grpo": per_sample / per_base if per_base else nan}
+    return {
+        "tokens_per_reflection": report / max(len(refl), 1),
+        "generated_per_sample": per_sample,
+        "generated_per_base_episode": per_base,
+        "generated_ratio_vs_grpo": per_sample / per_base if per_base else nan,
+    }
 
 
 def table(records: List[Dict[str, Any]], models: List[str]) -> str:
-    head = ("model", "groups", "base ok", "95% CI", "valid refl", "95% CI", "pivot acc", "95% CI", "pivot err",
-            "retries ok", "tok/report", "gen tok/sample", "R3L/GRPO gen", "s/group", "CPU s/group", "load 1-min")
+    head = (
+        "model",
+        "groups",
+        "base ok",
+        "95% CI",
+        "valid refl",
+        "95% CI",
+        "pivot acc",
+        "95% CI",
+        "pivot err",
+        "retries ok",
+        "tok/report",
+        "gen tok/sample",
+        "R3L/GRPO gen",
+        "s/group",
+        "CPU s/group",
+        "load 1-min",
+    )
     f = lambda ci: f"{ci[0]:.2f}-{ci[1]:.2f}"  # noqa: E731
     rows = []
     for m in models:
         s = summarize(records, m)
         if not s["groups"]:
             continue
-        rows.append((m, str(s["groups"]), f"{s['base_successes']}/{s['base_episodes']}", f(s["base_success_ci95"]),
-                     f"{s['valid']}/{s['reflections']}", f(s["valid_ci95"]),
-                     f"{s['pivot_correct']}/{s['pivot_scored']}", f(s["pivot_ci95"]), f"{s['pivot_error_mean']:+.1f}",
-                     f"{s['retry_successes']}/{s['retries']}", f"{s['tokens_per_reflection']:.1f}",
-                     f"{s['generated_per_sample']:.1f}", f"{s['generated_ratio_vs_grpo']:.2f}", f"{s['explore_s_per_group']:.0f}",
-                     f"{s['cpu_s_per_group']:.0f}", f"{min(s['load']):.1f}-{max(s['load']):.1f}"))
+        rows.append(
+            (
+                m,
+                str(s["groups"]),
+                f"{s['base_successes']}/{s['base_episodes']}",
+                f(s["base_success_ci95"]),
+                f"{s['valid']}/{s['reflections']}",
+                f(s["valid_ci95"]),
+                f"{s['pivot_correct']}/{s['pivot_scored']}",
+                f(s["pivot_ci95"]),
+                f"{s['pivot_error_mean']:+.1f}",
+                f"{s['retry_successes']}/{s['retries']}",
+                f"{s['tokens_per_reflection']:.1f}",
+                f"{s['generated_per_sample']:.1f}",
+                f"{s['generated_ratio_vs_grpo']:.2f}",
+                f"{s['explore_s_per_group']:.0f}",
+                f"{s['cpu_s_per_group']:.0f}",
+                f"{min(s['load']):.1f}-{max(s['load']):.1f}",
+            )
+        )
     return harness.markdown_table(head, rows)  # as docs/benchmarks.md quotes it
 
 
@@ -224,8 +307,10 @@ def main(argv=None) -> int:
         with routed_output(str(OUT / f"{args.tag}.log"), verbose=False) as con:
             recs = run_chunk(model, chunk, args)
             harness.append_jsonl(path, recs)
-            con.line(f"{model} chunk {chunk}: {sum(r['base_successes'] for r in recs)}/"
-                     f"{sum(r['base_episodes'] for r in recs)} base successes, {recs[0]['chunk_explore_s']:.0f} s")
+            con.line(
+                f"{model} chunk {chunk}: {sum(r['base_successes'] for r in recs)}/"
+                f"{sum(r['base_episodes'] for r in recs)} base successes, {recs[0]['chunk_explore_s']:.0f} s"
+            )
         return 0
 
     if not args.table_only:
@@ -241,9 +326,16 @@ def main(argv=None) -> int:
                     continue
                 print(f"{m} chunk {c}: exploring {args.chunk} groups (load {os.getloadavg()[0]:.1f}) ...", flush=True)
                 cmd = [sys.executable, __file__, "--one", m, str(c)] + [
-                    f"--{k.replace('_', '-')}={v}" for k, v in (("models", args.models), ("chunk", args.chunk),
-                                                                 ("group_size", args.group_size), ("seed", args.seed),
-                                                                 ("set", args.set), ("tag", args.tag))]
+                    f"--{k.replace('_', '-')}={v}"
+                    for k, v in (
+                        ("models", args.models),
+                        ("chunk", args.chunk),
+                        ("group_size", args.group_size),
+                        ("seed", args.seed),
+                        ("set", args.set),
+                        ("tag", args.tag),
+                    )
+                ]
                 rc = subprocess.call(cmd)
                 if rc != 0:
                     print(f"{m} chunk {c}: failed (exit {rc}); see {OUT / (args.tag + '.log')}", flush=True)
@@ -251,14 +343,18 @@ def main(argv=None) -> int:
     recs = harness.read_jsonl(path)
     if recs:
         r0 = recs[0]
-        print(f"\n{r0['cpu']}, {r0['cpus']} CPUs; {r0['env']} {r0['env_config'] or '(defaults)'}, group size "
-              f"{r0['group_size']}, seed {r0['seed']}, backend {r0['backend']}")
+        print(
+            f"\n{r0['cpu']}, {r0['cpus']} CPUs; {r0['env']} {r0['env_config'] or '(defaults)'}, group size "
+            f"{r0['group_size']}, seed {r0['seed']}, backend {r0['backend']}"
+        )
         print(table(recs, models))
         for m in models:
             s = summarize(recs, m)
             if s["groups"] and s["actions"] is not None:
-                print(f"{m}: base-episode actions not in the tokenizer's own tokens {s['actions_non_canonical']}/"
-                      f"{s['actions']}; reports {s['reports_non_canonical']}/{s['reflections']}")
+                print(
+                    f"{m}: base-episode actions not in the tokenizer's own tokens {s['actions_non_canonical']}/"
+                    f"{s['actions']}; reports {s['reports_non_canonical']}/{s['reflections']}"
+                )
     return 0
 
 

@@ -58,7 +58,9 @@ def child(block_size: int, episodes: int, turns: int) -> Dict[str, Any]:
     def ids(s: str) -> List[int]:
         return tok(s, add_special_tokens=False)["input_ids"]
 
-    prompts = [ids(f"<|im_start|>system\nYou are an agent. Episode {i}. {text(180)}<|im_end|>\n") for i in range(episodes)]
+    prompts = [
+        ids(f"<|im_start|>system\nYou are an agent. Episode {i}. {text(180)}<|im_end|>\n") for i in range(episodes)
+    ]
     submitted = computed = 0
     c0, w0 = time.process_time(), time.perf_counter()
     for _ in range(turns):
@@ -70,9 +72,15 @@ def child(block_size: int, episodes: int, turns: int) -> Dict[str, Any]:
             prompts[i] = prompts[i] + list(o.token_ids) + ids("\n")
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     engine.close()
-    return {"block_size": block_size, "prompt_submitted": submitted, "prompt_computed": computed,
-            "cpu_s": round(cpu, 1), "wall_s": round(wall, 1), "engine_start_s": round(start_s, 1),
-            "final_prompt_tokens": len(prompts[0])}
+    return {
+        "block_size": block_size,
+        "prompt_submitted": submitted,
+        "prompt_computed": computed,
+        "cpu_s": round(cpu, 1),
+        "wall_s": round(wall, 1),
+        "engine_start_s": round(start_s, 1),
+        "final_prompt_tokens": len(prompts[0]),
+    }
 
 
 def table(rows: List[Dict[str, Any]], sizes: List[int]) -> List[str]:
@@ -82,18 +90,40 @@ def table(rows: List[Dict[str, Any]], sizes: List[int]) -> List[str]:
     def mean(rs, k):
         return statistics.mean(r[k] for r in rs) if rs else float("nan")
 
-    head = ("block size", "runs", "prompt tokens submitted", "computed", "computed ratio", "rollout CPU s", "CPU ratio",
-            "wall s")
-    return harness.markdown_table(head, [
-        (s, len(rs), f"{mean(rs, 'prompt_submitted'):,.0f}", f"{mean(rs, 'prompt_computed'):,.0f}",
-         f"{mean(rs, 'prompt_computed') / mean(ref, 'prompt_computed'):.2f}", ", ".join(f"{r['cpu_s']:.1f}" for r in rs),
-         f"{mean(rs, 'cpu_s') / mean(ref, 'cpu_s'):.2f}", ", ".join(f"{r['wall_s']:.1f}" for r in rs))
-        for s, rs in by.items() if rs]).splitlines()
+    head = (
+        "block size",
+        "runs",
+        "prompt tokens submitted",
+        "computed",
+        "computed ratio",
+        "rollout CPU s",
+        "CPU ratio",
+        "wall s",
+    )
+    return harness.markdown_table(
+        head,
+        [
+            (
+                s,
+                len(rs),
+                f"{mean(rs, 'prompt_submitted'):,.0f}",
+                f"{mean(rs, 'prompt_computed'):,.0f}",
+                f"{mean(rs, 'prompt_computed') / mean(ref, 'prompt_computed'):.2f}",
+                ", ".join(f"{r['cpu_s']:.1f}" for r in rs),
+                f"{mean(rs, 'cpu_s') / mean(ref, 'cpu_s'):.2f}",
+                ", ".join(f"{r['wall_s']:.1f}" for r in rs),
+            )
+            for s, rs in by.items()
+            if rs
+        ],
+    ).splitlines()
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="128,32", help="block sizes (multiples of 32 on CPU); the first is the reference")
+    ap.add_argument(
+        "--sizes", default="128,32", help="block sizes (multiples of 32 on CPU); the first is the reference"
+    )
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--turns", type=int, default=10)
@@ -113,7 +143,16 @@ def main(argv=None) -> None:
     rows: List[Dict[str, Any]] = []
     for rep in range(args.reps):
         for s in sizes:
-            cmd = [sys.executable, __file__, "--child", str(s), "--episodes", str(args.episodes), "--turns", str(args.turns)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                str(s),
+                "--episodes",
+                str(args.episodes),
+                "--turns",
+                str(args.turns),
+            ]
             got, p = harness.run_child(cmd, env)
             if got is None:
                 raise SystemExit(f"block size {s} failed (rc {p.returncode}):\n{p.stderr[-3000:]}")

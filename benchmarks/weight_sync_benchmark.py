@@ -47,12 +47,28 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-SYNTHETIC = {"qwen2.5-1.5b": dict(  # Qwen2.5-1.5B-Instruct's config.json, the shapes that matter
-    architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=1536, intermediate_size=8960,
-    num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, hidden_act="silu",
-    max_position_embeddings=32768, max_window_layers=28, rope_theta=1000000.0, rms_norm_eps=1e-6,
-    tie_word_embeddings=True, torch_dtype="bfloat16", use_sliding_window=False, bos_token_id=151643,
-    eos_token_id=151645)}
+SYNTHETIC = {
+    "qwen2.5-1.5b": dict(  # Qwen2.5-1.5B-Instruct's config.json, the shapes that matter
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        hidden_act="silu",
+        max_position_embeddings=32768,
+        max_window_layers=28,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+        use_sliding_window=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    )
+}
 
 
 def _engine_actor_cls():
@@ -112,12 +128,16 @@ class SyntheticLearner:
         cfg = transformers.AutoConfig.for_model(**config)
         with torch.device("meta"):
             meta = transformers.AutoModelForCausalLM.from_config(cfg)
-        shapes = {n: p.shape for n, p in meta.state_dict().items()
-                  if not (n == "lm_head.weight" and cfg.tie_word_embeddings)}
+        shapes = {
+            n: p.shape for n, p in meta.state_dict().items() if not (n == "lm_head.weight" and cfg.tie_word_embeddings)
+        }
         self.n_params = sum(math.prod(s) for s in shapes.values())
         gen = torch.Generator().manual_seed(0)
-        self.weights = {n: (torch.randn(s, generator=gen, dtype=torch.float32) * 0.02).to(torch.bfloat16)
-                        for n, s in shapes.items() if layers is None or _layer(n) < layers}
+        self.weights = {
+            n: (torch.randn(s, generator=gen, dtype=torch.float32) * 0.02).to(torch.bfloat16)
+            for n, s in shapes.items()
+            if layers is None or _layer(n) < layers
+        }
 
     def object_store_state(self, layers: int) -> dict:
         """The fp32 state of the embeddings, the final norm and the first ``layers`` decoder layers (the
@@ -154,8 +174,16 @@ def transfer_plan(handles, buffer_bytes, sender):
     for i in infos:
         offsets.append(n)
         n += i["world_size"]
-    return ws.TransferPlan(uuid.uuid4().hex, choose_backend(infos, sender, infos[0]["requested"]), runner_engines,
-                           offsets, n, infos[0]["dtype"], infos[0]["skip"], buffer_bytes)
+    return ws.TransferPlan(
+        uuid.uuid4().hex,
+        choose_backend(infos, sender, infos[0]["requested"]),
+        runner_engines,
+        offsets,
+        n,
+        infos[0]["dtype"],
+        infos[0]["skip"],
+        buffer_bytes,
+    )
 
 
 _REAL_PROBE: list = []  # shm_plane.create_probe, put back after a transfer_socket path
@@ -166,8 +194,8 @@ def run_one(model: str, backend: str, args) -> list:
     import torch
 
     from rllib_r3l.learner import weight_sync as ws
-    from rllib_r3l.learner.rl_module import hf_named_tensors
     from rllib_r3l.learner.engine_state import num_buckets, state_nbytes
+    from rllib_r3l.learner.rl_module import hf_named_tensors
     from rllib_r3l.models import load_tokenizer, resolve_model
 
     synthetic = model.startswith("synthetic:")
@@ -194,8 +222,13 @@ def run_one(model: str, backend: str, args) -> list:
     res = {"num_gpus": 1.0 / args.runners} if args.gpu else {"num_cpus": 0}
     engines = [Engine.options(**res).remote(backend, path, options, args.threads) for _ in range(args.runners)]
     start_s = max(ray.get([e.start_seconds.remote() for e in engines]))
-    base = {"model": model, "backend": backend, "params_m": n_params / 1e6, "runners": args.runners,
-            "engine_start_s": start_s}
+    base = {
+        "model": model,
+        "backend": backend,
+        "params_m": n_params / 1e6,
+        "runners": args.runners,
+        "engine_start_s": start_s,
+    }
 
     tok = load_tokenizer(path)
     prompt = tok("You are in the kitchen. Your task: find the coin.", add_special_tokens=False)["input_ids"]
@@ -231,8 +264,11 @@ def run_one(model: str, backend: str, args) -> list:
             for _ in range(args.reps):
                 perturb()
                 t0 = time.perf_counter()
-                state = (learner.object_store_state(args.synthetic_layers) if synthetic
-                         else module.get_state(inference_only=True))
+                state = (
+                    learner.object_store_state(args.synthetic_layers)
+                    if synthetic
+                    else module.get_state(inference_only=True)
+                )
                 t["state_s"].append(time.perf_counter() - t0)
                 t1 = time.perf_counter()
                 ref = ray.put(state)
@@ -247,12 +283,16 @@ def run_one(model: str, backend: str, args) -> list:
             del state
         else:
             cuda = module is not None and next(module.parameters()).is_cuda
-            sender = {"cuda": cuda, "gpu_uuid": str(torch.cuda.get_device_properties(0).uuid) if cuda else None,
-                      "ranks": 1}
+            sender = {
+                "cuda": cuda,
+                "gpu_uuid": str(torch.cuda.get_device_properties(0).uuid) if cuda else None,
+                "ranks": 1,
+            }
             plan = transfer_plan(engines, args.transfer_buffer_mib << 20 if args.transfer_buffer_mib else None, sender)
             row["engine"] = plan.backend
-            named = (lambda: list(learner.weights.items())) if synthetic else \
-                (lambda: list(module.hf_state_dict().items()))
+            named = (
+                (lambda: list(learner.weights.items())) if synthetic else (lambda: list(module.hf_state_dict().items()))
+            )
             row["init_s"] = ws.send_weights(plan, named())
             for _ in range(args.reps):
                 perturb()
@@ -262,8 +302,11 @@ def run_one(model: str, backend: str, args) -> list:
                 t["e2e_s"].append(ws.send_weights(plan, items))
                 t["update_s"].append(statistics.median(ray.get([e.last_update.remote() for e in engines])))
             dtype = getattr(torch, plan.dtype)
-            row["wire_mib"] = sum(x.numel() * (dtype.itemsize if x.is_floating_point() else x.element_size())
-                                  for n, x in items if n not in plan.skip) / (1 << 20)
+            row["wire_mib"] = sum(
+                x.numel() * (dtype.itemsize if x.is_floating_point() else x.element_size())
+                for n, x in items
+                if n not in plan.skip
+            ) / (1 << 20)
             if synthetic:
                 names = ["model.embed_tokens.weight", "model.norm.weight", "model.layers.27.input_layernorm.weight"]
                 got = ray.get(engines[0].params.remote(names))
@@ -284,9 +327,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tiny,default")
     ap.add_argument("--backends", default="vllm")
-    ap.add_argument("--paths", default="transfer,object_store",
-                    help="transfer (shared memory where the engines are on this machine), transfer_socket (the "
-                         "gloo socket only, as for other machines), object_store; synthetic: the object store last")
+    ap.add_argument(
+        "--paths",
+        default="transfer,object_store",
+        help="transfer (shared memory where the engines are on this machine), transfer_socket (the "
+        "gloo socket only, as for other machines), object_store; synthetic: the object store last",
+    )
     ap.add_argument("--runners", type=int, default=1, help="engines (Ray actors) receiving every sync")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bucket-mib", type=int, default=1024, help="vLLM weight_bucket_bytes in MiB (object store)")
@@ -308,8 +354,11 @@ def main() -> None:
     from rllib_r3l.cli.run_info import cpu_model
 
     torch.set_num_threads(args.threads)
-    meta = {"cpu": cpu_model(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "loadavg_start": os.getloadavg()}
+    meta = {
+        "cpu": cpu_model(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "loadavg_start": os.getloadavg(),
+    }
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     results = []
     try:
@@ -320,12 +369,29 @@ def main() -> None:
         ray.shutdown()
     meta["loadavg_end"] = os.getloadavg()
     print(json.dumps(meta))
-    cols = ("model", "path", "engine", "params_m", "wire_mib", "runners", "state_s", "put_s", "update_s", "e2e_s",
-            "mib_s", "init_s", "extrapolated_e2e_s", "max_logprob_err", "baseline_err", "exact")
+    cols = (
+        "model",
+        "path",
+        "engine",
+        "params_m",
+        "wire_mib",
+        "runners",
+        "state_s",
+        "put_s",
+        "update_s",
+        "e2e_s",
+        "mib_s",
+        "init_s",
+        "extrapolated_e2e_s",
+        "max_logprob_err",
+        "baseline_err",
+        "exact",
+    )
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in results:
-        print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "–")) for c in cols)
-              + " |")
+        print(
+            "| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "–")) for c in cols) + " |"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
 

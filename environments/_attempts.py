@@ -62,8 +62,14 @@ class MultiAttemptEnv(TextEnv):
 
     # ------------------------------------------------------------------ gym API
     def _info(self, **kw: Any) -> Dict[str, Any]:
-        info = {"task": self._task, "admissible_actions": None, "won": False, "invalid_action": False,
-                "attempt": self._attempt, "split": self.split}
+        info = {
+            "task": self._task,
+            "admissible_actions": None,
+            "won": False,
+            "invalid_action": False,
+            "attempt": self._attempt,
+            "split": self.split,
+        }
         info.update(self._meta)
         info.update(kw)
         return info
@@ -71,7 +77,7 @@ class MultiAttemptEnv(TextEnv):
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> Tuple[str, Dict[str, Any]]:
         super().reset(seed=seed)
         if seed is None:
-            seed = int(self.np_random.integers(0, 2 ** 31 - 1))
+            seed = int(self.np_random.integers(0, 2**31 - 1))
         prompt, gold, meta = self._problem(int(seed))
         self._task, self._gold, self._meta = prompt, gold, dict(meta)
         self._attempt, self._done = 0, False

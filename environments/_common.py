@@ -152,6 +152,14 @@ def sorted_unique(actions: Sequence[str]) -> List[str]:
 
 
 __all__ = [
-    "SPLITS", "check_split", "check_positive_int", "normalize_action", "invalid_feedback",
-    "java_heap", "check_heap", "disarm_close", "stop_py4j_wrapper", "sorted_unique",
+    "SPLITS",
+    "check_split",
+    "check_positive_int",
+    "normalize_action",
+    "invalid_feedback",
+    "java_heap",
+    "check_heap",
+    "disarm_close",
+    "stop_py4j_wrapper",
+    "sorted_unique",
 ]

@@ -76,8 +76,11 @@ def check_solution(env: Any, seed: int, solution: Sequence[str], stride: Optiona
                 # of the solution is played to its end
                 before = float(info["score"]) if "score" in info else sum(rewards[:k])
                 cont, _obs, info, _ended = _play(env, solution[k:])
-                ok = (obs == observations[k] and bool(info.get("won"))
-                      and math.isclose(before + sum(cont), 1.0, abs_tol=1e-6))
+                ok = (
+                    obs == observations[k]
+                    and bool(info.get("won"))
+                    and math.isclose(before + sum(cont), 1.0, abs_tol=1e-6)
+                )
             except Exception:  # a restore that raises is a failed prefix
                 ok = False
             if not ok:

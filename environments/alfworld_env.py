@@ -19,8 +19,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from environments.textworld_games import TextWorldGameEnv
 
-TASK_TYPES = {1: "pick_and_place_simple", 2: "look_at_obj_in_light", 3: "pick_clean_then_place_in_recep",
-              4: "pick_heat_then_place_in_recep", 5: "pick_cool_then_place_in_recep", 6: "pick_two_obj_and_place"}
+TASK_TYPES = {
+    1: "pick_and_place_simple",
+    2: "look_at_obj_in_light",
+    3: "pick_clean_then_place_in_recep",
+    4: "pick_heat_then_place_in_recep",
+    5: "pick_cool_then_place_in_recep",
+    6: "pick_two_obj_and_place",
+}
 SPLIT_DIRS = {"train": "train", "dev": "valid_seen", "test": "valid_unseen"}
 _WELCOME = "-= Welcome to TextWorld, ALFRED! =-"
 
@@ -30,9 +36,11 @@ _CACHE_LOCK = threading.Lock()
 
 def missing_data_message(data_path: Optional[str], detail: str) -> str:
     where = data_path if data_path else "(not set)"
-    return (f"r3l/ALFWorld found no ALFWorld games: {detail}. Data path: {where}. Set env_config['data_path'] or "
-            "the ALFWORLD_DATA environment variable to a folder holding json_2.1.1/{train,valid_seen,valid_unseen}; "
-            "fetch the data with `alfworld-download` (pip install alfworld), which puts it under $ALFWORLD_DATA.")
+    return (
+        f"r3l/ALFWorld found no ALFWorld games: {detail}. Data path: {where}. Set env_config['data_path'] or "
+        "the ALFWORLD_DATA environment variable to a folder holding json_2.1.1/{train,valid_seen,valid_unseen}; "
+        "fetch the data with `alfworld-download` (pip install alfworld), which puts it under $ALFWORLD_DATA."
+    )
 
 
 def collect_games(split_dir: str, task_types: Sequence[str]) -> List[str]:
@@ -75,16 +83,28 @@ class ALFWorldEnv(TextWorldGameEnv):
         "'use desklamp 1'); answer with exactly one of them."
     )
 
-    def __init__(self, data_path: Optional[str] = None, split: str = "train", max_turns: int = 25,
-                 task_types: Union[None, Sequence[Union[int, str]]] = None, end_on_invalid: bool = False,
-                 max_repeats: Optional[int] = None, max_listed_actions: int = 60) -> None:
-        super().__init__(split=split, max_turns=max_turns, end_on_invalid=end_on_invalid,
-                         max_repeats=max_repeats, max_listed_actions=max_listed_actions)
+    def __init__(
+        self,
+        data_path: Optional[str] = None,
+        split: str = "train",
+        max_turns: int = 25,
+        task_types: Union[None, Sequence[Union[int, str]]] = None,
+        end_on_invalid: bool = False,
+        max_repeats: Optional[int] = None,
+        max_listed_actions: int = 60,
+    ) -> None:
+        super().__init__(
+            split=split,
+            max_turns=max_turns,
+            end_on_invalid=end_on_invalid,
+            max_repeats=max_repeats,
+            max_listed_actions=max_listed_actions,
+        )
         if data_path is not None and not isinstance(data_path, str):
             raise ValueError(f"data_path must be a folder path; got {data_path!r}")
         self.data_path = os.path.expanduser(data_path or os.environ.get("ALFWORLD_DATA", "")) or None
         names = []
-        for t in (task_types if task_types is not None else sorted(TASK_TYPES)):
+        for t in task_types if task_types is not None else sorted(TASK_TYPES):
             if t in TASK_TYPES:
                 names.append(TASK_TYPES[t])
             elif t in TASK_TYPES.values():
@@ -106,8 +126,11 @@ class ALFWorldEnv(TextWorldGameEnv):
                 raise FileNotFoundError(missing_data_message(self.data_path, f"missing folder {split_dir}"))
             games = collect_games(split_dir, self.task_types)
             if not games:
-                raise FileNotFoundError(missing_data_message(
-                    self.data_path, f"zero solvable games of types {self.task_types} under {split_dir}"))
+                raise FileNotFoundError(
+                    missing_data_message(
+                        self.data_path, f"zero solvable games of types {self.task_types} under {split_dir}"
+                    )
+                )
             self._split_games[split] = games
         return self._split_games[split]
 
@@ -129,7 +152,7 @@ class ALFWorldEnv(TextWorldGameEnv):
     def _task_text(self, state: Any, obs: str) -> str:
         marker = "Your task is to:"
         i = obs.rfind(marker)
-        return obs[i + len(marker):].strip() if i >= 0 else ""
+        return obs[i + len(marker) :].strip() if i >= 0 else ""
 
     def _norm_score(self, state: Any) -> float:
         return 1.0 if state.get("won") else 0.0

@@ -61,7 +61,6 @@ class TextEnv(gym.Env):
                 raise RuntimeError(f"episode ended at replayed action {i} of {len(actions)}")
         return obs, info
 
-
     # -------------------------------------------------------------------------------------- oracle
     has_oracle: bool = False
 
@@ -91,9 +90,12 @@ class TextEnv(gym.Env):
         return plan[0]
 
 
-def follow_plan(actions: Sequence[str], plan: Sequence[str],
-                replan: Callable[[int, List[str], str], Optional[List[str]]],
-                same: Callable[[str, str], bool] = lambda a, b: a == b) -> Tuple[Optional[int], List[str]]:
+def follow_plan(
+    actions: Sequence[str],
+    plan: Sequence[str],
+    replan: Callable[[int, List[str], str], Optional[List[str]]],
+    same: Callable[[str, str], bool] = lambda a, b: a == b,
+) -> Tuple[Optional[int], List[str]]:
     """Walk ``actions`` along an optimal ``plan`` (from the start state); returns ``(pivot, plan)``.
 
     An action equal to the plan's next one keeps the episode optimal. Any other action at turn ``k``
@@ -120,14 +122,15 @@ def repair_candidates(plan: Sequence[str], action: str) -> List[List[str]]:
     out: List[List[str]] = []
     if action in plan:
         i = list(plan).index(action)
-        out.append(list(plan[:i]) + list(plan[i + 1:]))
+        out.append(list(plan[:i]) + list(plan[i + 1 :]))
     if plan and list(plan[1:]) not in out:
         out.append(list(plan[1:]))
     return out
 
 
-def minimize_plan(plan: Sequence[str], wins: Callable[[List[str]], Optional[int]],
-                  max_checks: Optional[int] = None) -> List[str]:
+def minimize_plan(
+    plan: Sequence[str], wins: Callable[[List[str]], Optional[int]], max_checks: Optional[int] = None
+) -> List[str]:
     """A solution no single action of which can be left out: ``plan`` cut at its win, then, one
     action at a time (up to ``max_checks`` replays), without each action whose removal still wins.
     ``wins(actions)`` replays from the start and returns how many actions were played when the task
@@ -138,7 +141,7 @@ def minimize_plan(plan: Sequence[str], wins: Callable[[List[str]], Optional[int]
     plan = list(plan[:n])
     checks, i = 0, len(plan) - 1
     while i >= 0 and (max_checks is None or checks < max_checks):
-        cand = plan[:i] + plan[i + 1:]
+        cand = plan[:i] + plan[i + 1 :]
         checks += 1
         m = wins(cand)
         if m is not None:
@@ -170,8 +173,9 @@ def replay_wins(env: Any, seed: Optional[int], actions: Sequence[str], **overrid
         env._done = True
 
 
-def plan_walk(actions: Sequence[str], plan: Sequence[str],
-              wins: Callable[[List[str]], Optional[int]]) -> Tuple[Optional[int], List[str]]:
+def plan_walk(
+    actions: Sequence[str], plan: Sequence[str], wins: Callable[[List[str]], Optional[int]]
+) -> Tuple[Optional[int], List[str]]:
     """:func:`follow_plan` whose deviations are repaired by :func:`repair_candidates` checked with
     ``wins`` (a replay from the start); actions are compared normalised."""
     from environments._common import normalize_action
@@ -198,7 +202,7 @@ class GoldPlanOracle:
 
     has_oracle = True
     oracle_checks: Optional[int] = None
-    _replay_overrides: Dict[str, Any] = {"max_turns": 10 ** 6}
+    _replay_overrides: Dict[str, Any] = {"max_turns": 10**6}
 
     def _wins(self, seed: Optional[int], actions: Sequence[str]) -> Optional[int]:
         return replay_wins(self, seed, actions, **self._replay_overrides)
@@ -213,8 +217,10 @@ class GoldPlanOracle:
             try:
                 cache[key] = minimize_plan(gold, lambda acts: self._wins(seed, acts), max_checks=self.oracle_checks)
             except RuntimeError:
-                raise RuntimeError(f"{type(self).__name__}: the environment's own solution does not solve seed "
-                                   f"{seed} through this adapter") from None
+                raise RuntimeError(
+                    f"{type(self).__name__}: the environment's own solution does not solve seed "
+                    f"{seed} through this adapter"
+                ) from None
         return list(cache[key])
 
     def _oracle_walk(self, seed, actions):
@@ -228,5 +234,13 @@ def check_action(action: Any) -> str:
     return action
 
 
-__all__ = ["TextEnv", "check_action", "follow_plan", "repair_candidates", "minimize_plan", "replay_wins", "plan_walk",
-           "GoldPlanOracle"]
+__all__ = [
+    "TextEnv",
+    "check_action",
+    "follow_plan",
+    "repair_candidates",
+    "minimize_plan",
+    "replay_wins",
+    "plan_walk",
+    "GoldPlanOracle",
+]

@@ -20,9 +20,13 @@ from typing import Any, List, Optional, Sequence, Tuple
 from environments._attempts import MultiAttemptEnv
 from environments._common import check_positive_int
 
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.Div: lambda a, b: a / b}
-_MAX_ABS = 10 ** 12
+_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
+_MAX_ABS = 10**12
 
 
 class ExpressionError(ValueError):
@@ -56,8 +60,10 @@ def evaluate(expr: str) -> Tuple[Fraction, List[int]]:
             return value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             raise ExpressionError("unary minus is not allowed; use the given numbers only")
-        raise ExpressionError(f"'{ast.unparse(node) if hasattr(ast, 'unparse') else node}' is not allowed "
-                              "(only integers, + - * / and parentheses)")
+        raise ExpressionError(
+            f"'{ast.unparse(node) if hasattr(ast, 'unparse') else node}' is not allowed "
+            "(only integers, + - * / and parentheses)"
+        )
 
     return walk(tree), used
 
@@ -78,8 +84,15 @@ def extract_expression(response: str) -> Optional[str]:
     else:
         boxed = last_boxed(response)
         if boxed is not None:
-            cands.append(boxed.replace("\\times", "*").replace("\\div", "/").replace("\\cdot", "*")
-                         .replace("\\left", "").replace("\\right", "").replace("{", "(").replace("}", ")"))
+            cands.append(
+                boxed.replace("\\times", "*")
+                .replace("\\div", "/")
+                .replace("\\cdot", "*")
+                .replace("\\left", "")
+                .replace("\\right", "")
+                .replace("{", "(")
+                .replace("}", ")")
+            )
         cands += [ln for ln in reversed(response.strip().splitlines()) if ln.strip()]
     for c in cands:
         c = c.strip().strip("$`").strip()
@@ -102,8 +115,14 @@ def check_countdown(response: str, numbers: Sequence[int], target: int) -> Tuple
     avail, need = Counter(numbers), Counter(used)
     extra = [n for n in need if need[n] > avail.get(n, 0)]
     if extra:
-        return False, expr, (f"it uses {', '.join(map(str, sorted(extra)))} more often than given; use each of "
-                             f"{', '.join(map(str, numbers))} at most once")
+        return (
+            False,
+            expr,
+            (
+                f"it uses {', '.join(map(str, sorted(extra)))} more often than given; use each of "
+                f"{', '.join(map(str, numbers))} at most once"
+            ),
+        )
     if value != target:
         shown = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
         return False, expr, f"it equals {shown}, not {target}"
@@ -116,8 +135,9 @@ def _fold_of(numbers: Sequence[int], target: int) -> str:
     return "train" if h < 8 else ("dev" if h == 8 else "test")
 
 
-def generate_puzzle(seed: int, split: str, num_numbers: int = 4, max_number: int = 100,
-                    max_target: int = 1000) -> Tuple[List[int], int, str]:
+def generate_puzzle(
+    seed: int, split: str, num_numbers: int = 4, max_number: int = 100, max_target: int = 1000
+) -> Tuple[List[int], int, str]:
     """(numbers, target, one solution) for ``seed``, hashing into ``split``'s fold."""
     for k in range(100_000):
         rng = random.Random(f"r3l-countdown/{num_numbers}/{max_number}/{split}/{seed}/{k}")
@@ -147,13 +167,22 @@ def generate_puzzle(seed: int, split: str, num_numbers: int = 4, max_number: int
 class CountdownEnv(MultiAttemptEnv):
     """Reach the target from the given numbers; answer ``<answer>expression</answer>``."""
 
-    rules = ("Countdown: combine the given numbers with +, -, *, / and parentheses to reach the target. "
-             "Use each number at most once. Give your final expression as <answer>expression</answer>.")
+    rules = (
+        "Countdown: combine the given numbers with +, -, *, / and parentheses to reach the target. "
+        "Use each number at most once. Give your final expression as <answer>expression</answer>."
+    )
 
     option_bounds = {"num_numbers": (2, 8), "max_number": (1, None), "max_target": (1, None)}
 
-    def __init__(self, num_numbers: int = 4, max_number: int = 100, max_target: int = 1000, split: str = "train",
-                 max_attempts: int = 3, reveal_answer: bool = False) -> None:
+    def __init__(
+        self,
+        num_numbers: int = 4,
+        max_number: int = 100,
+        max_target: int = 1000,
+        split: str = "train",
+        max_attempts: int = 3,
+        reveal_answer: bool = False,
+    ) -> None:
         super().__init__(split=split, max_attempts=max_attempts, reveal_answer=reveal_answer)
         self.num_numbers = check_positive_int("num_numbers", num_numbers)
         if self.num_numbers < 2 or self.num_numbers > 8:
@@ -163,12 +192,15 @@ class CountdownEnv(MultiAttemptEnv):
         self._solution = ""
 
     def _problem(self, seed: int):
-        numbers, target, solution = generate_puzzle(seed, self.split, self.num_numbers, self.max_number,
-                                                    self.max_target)
+        numbers, target, solution = generate_puzzle(
+            seed, self.split, self.num_numbers, self.max_number, self.max_target
+        )
         self._solution = solution
-        prompt = (f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. You may use "
-                  "+, -, *, / and parentheses, and each number at most once. Show your work, then give the "
-                  "expression as <answer>expression</answer>.")
+        prompt = (
+            f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. You may use "
+            "+, -, *, / and parentheses, and each number at most once. Show your work, then give the "
+            "expression as <answer>expression</answer>."
+        )
         return prompt, (numbers, target), {"numbers": list(numbers), "target": target}
 
     def _check(self, response: str, gold: Any):
@@ -179,8 +211,9 @@ class CountdownEnv(MultiAttemptEnv):
         return f"{self._solution} = {gold[1]}"
 
     def _oracle_answer(self, seed: int):
-        numbers, target, solution = generate_puzzle(seed, self.split, self.num_numbers, self.max_number,
-                                                    self.max_target)
+        numbers, target, solution = generate_puzzle(
+            seed, self.split, self.num_numbers, self.max_number, self.max_target
+        )
         return (numbers, target), f"<answer>{solution}</answer>"
 
     def solution(self) -> str:

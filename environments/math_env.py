@@ -78,7 +78,7 @@ def last_boxed(text: str) -> Optional[str]:
         elif text[j] == "}":
             depth -= 1
         j += 1
-    return text[i:j - 1].strip() if depth == 0 else None
+    return text[i : j - 1].strip() if depth == 0 else None
 
 
 def parse_gold(answer: Any):
@@ -127,12 +127,25 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     "amc23": {"question": ["question", "problem"], "answer": ["answer"], "extract": "plain"},
     "minerva": {"question": ["question", "problem"], "answer": ["answer", "solution"], "extract": "boxed"},
     "olympiadbench": {"question": ["question", "problem"], "answer": ["final_answer", "answer"], "extract": "first"},
-    "dapo": {"question": ["prompt", "problem"], "answer": ["reward_model.ground_truth", "solution", "answer"],
-             "extract": "plain"},
+    "dapo": {
+        "question": ["prompt", "problem"],
+        "answer": ["reward_model.ground_truth", "solution", "answer"],
+        "extract": "plain",
+    },
 }
-_ALIASES = {"math-500": "math500", "aime2024": "aime24", "aime_2024": "aime24", "aime2025": "aime25",
-            "aime_2025": "aime25", "amc": "amc23", "minervamath": "minerva", "minerva_math": "minerva",
-            "olympiad": "olympiadbench", "dapo-math-17k": "dapo", "dapo17k": "dapo"}
+_ALIASES = {
+    "math-500": "math500",
+    "aime2024": "aime24",
+    "aime_2024": "aime24",
+    "aime2025": "aime25",
+    "aime_2025": "aime25",
+    "amc": "amc23",
+    "minervamath": "minerva",
+    "minerva_math": "minerva",
+    "olympiad": "olympiadbench",
+    "dapo-math-17k": "dapo",
+    "dapo17k": "dapo",
+}
 
 
 def extract_reference(value: Any, how: str) -> str:
@@ -208,15 +221,20 @@ def _read_json_lines(path: str):
             try:
                 record = json.loads(line)
             except ValueError as e:
-                raise ValueError(f"data_files: {path}:{lineno}: not valid JSON ({e}); fix or remove that line") from None
+                raise ValueError(
+                    f"data_files: {path}:{lineno}: not valid JSON ({e}); fix or remove that line"
+                ) from None
             if not isinstance(record, dict):
-                raise ValueError(f"data_files: {path}:{lineno}: expected one JSON object per line, got "
-                                 f"{type(record).__name__}; fix or remove that line")
+                raise ValueError(
+                    f"data_files: {path}:{lineno}: expected one JSON object per line, got "
+                    f"{type(record).__name__}; fix or remove that line"
+                )
     raise ValueError(f"data_files: {path}: not readable as JSON lines ({reason})")
 
 
-def load_problems(files: Sequence[str], question_keys: Sequence[str], answer_keys: Sequence[str],
-                  extract: str) -> List[Tuple[str, str]]:
+def load_problems(
+    files: Sequence[str], question_keys: Sequence[str], answer_keys: Sequence[str], extract: str
+) -> List[Tuple[str, str]]:
     rows: List[Tuple[str, str]] = []
     for path in files:
         if not os.path.isfile(path):
@@ -227,7 +245,7 @@ def load_problems(files: Sequence[str], question_keys: Sequence[str], answer_key
             continue
         cols = set(df.columns)
 
-        def pick(keys: Sequence[str], field: str) -> str:
+        def pick(keys: Sequence[str], field: str, cols: set = cols, path: str = path) -> str:
             for k in keys:
                 if k in cols or ("." in k and k.split(".")[0] in cols):
                     return k
@@ -246,17 +264,30 @@ def load_problems(files: Sequence[str], question_keys: Sequence[str], answer_key
 class MathEnv(MultiAttemptEnv):
     """Math word problems / competition problems with ``math-verify`` answer checking."""
 
-    rules = ("Solve the math problem. Reason step by step, then give the final answer in \\boxed{}. "
-             "If the answer is wrong you may try again.")
+    rules = (
+        "Solve the math problem. Reason step by step, then give the final answer in \\boxed{}. "
+        "If the answer is wrong you may try again."
+    )
     instruction = "Put your final answer within \\boxed{}."
 
     option_bounds = {"difficulty": (0, 3)}
 
-    def __init__(self, data_files: Union[None, str, Sequence[str], Mapping[str, Any]] = None,
-                 preset: Optional[str] = None, question_key: Optional[str] = None, answer_key: Optional[str] = None,
-                 partition: bool = True, hf_dataset: Optional[str] = None, hf_config: Optional[str] = None,
-                 hf_splits: Optional[Mapping[str, str]] = None, difficulty: int = 1, split: str = "train",
-                 max_attempts: int = 3, require_boxed: bool = False, reveal_answer: bool = False) -> None:
+    def __init__(
+        self,
+        data_files: Union[None, str, Sequence[str], Mapping[str, Any]] = None,
+        preset: Optional[str] = None,
+        question_key: Optional[str] = None,
+        answer_key: Optional[str] = None,
+        partition: bool = True,
+        hf_dataset: Optional[str] = None,
+        hf_config: Optional[str] = None,
+        hf_splits: Optional[Mapping[str, str]] = None,
+        difficulty: int = 1,
+        split: str = "train",
+        max_attempts: int = 3,
+        require_boxed: bool = False,
+        reveal_answer: bool = False,
+    ) -> None:
         super().__init__(split=split, max_attempts=max_attempts, reveal_answer=reveal_answer)
         if isinstance(difficulty, bool) or not isinstance(difficulty, int) or not 0 <= difficulty <= 3:
             raise ValueError(f"difficulty must be 0 (bare arithmetic), 1, 2 or 3 (word problems); got {difficulty!r}")
@@ -269,8 +300,11 @@ class MathEnv(MultiAttemptEnv):
                 raise ValueError(f"preset must be one of {sorted(PRESETS)}; got {preset!r}")
             spec = PRESETS[key]
         else:
-            spec = {"question": ["question", "problem", "prompt"], "answer": ["answer", "final_answer", "solution"],
-                    "extract": "boxed"}
+            spec = {
+                "question": ["question", "problem", "prompt"],
+                "answer": ["answer", "final_answer", "solution"],
+                "extract": "boxed",
+            }
         self.preset = preset
         qkeys = [question_key] if question_key else spec["question"]
         akeys = [answer_key] if answer_key else spec["answer"]
@@ -308,27 +342,38 @@ class MathEnv(MultiAttemptEnv):
             raise ValueError(f"data_files must be a path, a list of paths or a dict of them; got {files!r}")
         return [os.path.expanduser(f) for f in files]
 
-    def _load_hf(self, name: str, config: Optional[str], hf_splits: Optional[Mapping[str, str]],
-                 qkeys: Sequence[str], akeys: Sequence[str], extract: str) -> List[Tuple[str, str]]:
+    def _load_hf(
+        self,
+        name: str,
+        config: Optional[str],
+        hf_splits: Optional[Mapping[str, str]],
+        qkeys: Sequence[str],
+        akeys: Sequence[str],
+        extract: str,
+    ) -> List[Tuple[str, str]]:
         try:
             import datasets
         except ImportError as e:
-            raise ImportError("hf_dataset needs the optional `datasets` package (pip install datasets) and the "
-                              "dataset in its local cache; or pass data_files") from e
+            raise ImportError(
+                "hf_dataset needs the optional `datasets` package (pip install datasets) and the "
+                "dataset in its local cache; or pass data_files"
+            ) from e
         splits = {"train": "train", "dev": "validation", "test": "test"}
         splits.update(hf_splits or {})
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         try:
             ds = datasets.load_dataset(name, config, split=splits[self.split])
         except Exception as e:
-            raise ValueError(f"hf_dataset: cannot load {name!r} split {splits[self.split]!r} from the local cache "
-                             f"(offline): {e}") from e
+            raise ValueError(
+                f"hf_dataset: cannot load {name!r} split {splits[self.split]!r} from the local cache (offline): {e}"
+            ) from e
         cols = set(ds.column_names)
         qk = next((k for k in qkeys if k.split(".")[0] in cols), None)
         ak = next((k for k in akeys if k.split(".")[0] in cols), None)
         if qk is None or ak is None:
-            raise ValueError(f"question_key/answer_key: columns {sorted(cols)} hold none of {list(qkeys)} / "
-                             f"{list(akeys)}")
+            raise ValueError(
+                f"question_key/answer_key: columns {sorted(cols)} hold none of {list(qkeys)} / {list(akeys)}"
+            )
         return [(_question_text(_get(r, qk)), extract_reference(_get(r, ak), extract)) for r in ds]
 
     def num_problems(self) -> Optional[int]:
@@ -351,5 +396,13 @@ class MathEnv(MultiAttemptEnv):
         return str(self._gold)
 
 
-__all__ = ["MathEnv", "check_math_answer", "parse_gold", "last_boxed", "generate_problem", "PRESETS",
-           "extract_reference", "load_problems"]
+__all__ = [
+    "MathEnv",
+    "check_math_answer",
+    "parse_gold",
+    "last_boxed",
+    "generate_problem",
+    "PRESETS",
+    "extract_reference",
+    "load_problems",
+]

@@ -18,7 +18,10 @@ from typing import Any, Callable, Dict, Optional, Tuple
 # Bounds every environment shares for these names: a count of turns, attempts or listed actions below 1
 # ends every episode before its first action.
 COMMON_BOUNDS: Dict[str, Tuple[Optional[float], Optional[float]]] = {
-    "max_turns": (1, None), "max_attempts": (1, None), "max_listed_actions": (1, None), "max_repeats": (1, None),
+    "max_turns": (1, None),
+    "max_attempts": (1, None),
+    "max_listed_actions": (1, None),
+    "max_repeats": (1, None),
 }
 
 
@@ -70,8 +73,14 @@ def _fits(value: Any, hint: Any) -> Optional[bool]:
 
 def describe(hint: Any) -> str:
     """``"an integer"``, ``"None or a list of strings"``, ... for a message."""
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "None",
-             Any: "any value"}
+    names = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        type(None): "None",
+        Any: "any value",
+    }
     if hint in names:
         return names[hint]
     origin, args = typing.get_origin(hint), typing.get_args(hint)

@@ -50,8 +50,7 @@ def make(env_id: Union[str, Callable[..., TextEnv]], env_config: Optional[Dict[s
         if isinstance(env_id, str) and ":" in env_id:  # "package.module:Class"
             return _load(env_id)(**env_config)
         raise ValueError(
-            f"unknown environment id {env_id!r}; registered ids: {', '.join(registered())} "
-            "(or pass 'module:Class')"
+            f"unknown environment id {env_id!r}; registered ids: {', '.join(registered())} (or pass 'module:Class')"
         )
     factory = _load(_REGISTRY[env_id])
     try:

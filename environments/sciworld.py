@@ -3,7 +3,8 @@
 The episode seed picks a task and one of its variations from the package's own train/dev/test
 variation lists: with ``tasks`` = [t0, ..., tn-1], ``task = tasks[seed % n]`` and
 ``variation = split_variations(task)[(seed // n) % len]``. Reward increments are score/100 (the first
-step also carries any score the start state already has), so a solved task returns 1.0; a failed task's negative score is clipped to 0 unless
+step also carries any score the start state already has), so a solved task returns 1.0; a failed task's negative score
+is clipped to 0 unless
 ``clip_negative_score=False``. One JVM per environment instance (started on the first reset,
 heap capped at ``java_max_heap``), stopped by ``close()``.
 
@@ -30,8 +31,15 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from environments._common import (
-    check_heap, check_positive_int, check_split, disarm_close, invalid_feedback, java_heap, normalize_action,
-    sorted_unique, stop_py4j_wrapper,
+    check_heap,
+    check_positive_int,
+    check_split,
+    disarm_close,
+    invalid_feedback,
+    java_heap,
+    normalize_action,
+    sorted_unique,
+    stop_py4j_wrapper,
 )
 from environments.base import GoldPlanOracle, TextEnv, check_action
 
@@ -89,7 +97,7 @@ class ScienceWorldEnv(GoldPlanOracle, TextEnv):
     # oracle (GoldPlanOracle): replays list no valid actions (that dominates a step's cost); the gold
     # sequence is only cut at its win (a removal check replays the whole sequence: seconds here)
     oracle_checks = 0
-    _replay_overrides = {"list_actions": False, "max_turns": 10 ** 6}
+    _replay_overrides = {"list_actions": False, "max_turns": 10**6}
     rules = (
         "You are an agent in a simulated world doing a science experiment. Type one action per turn, "
         "e.g. 'look around', 'open door to kitchen', 'go to kitchen', 'pick up thermometer', "
@@ -97,10 +105,18 @@ class ScienceWorldEnv(GoldPlanOracle, TextEnv):
         "the task), 'wait'. Answer with exactly one of the valid actions."
     )
 
-    def __init__(self, tasks: Union[None, str, Sequence[str]] = None, split: str = "train",
-                 max_turns: int = 30, simplifications: str = "easy", list_actions: bool = True,
-                 clip_negative_score: bool = True, java_max_heap: Optional[str] = "768m",
-                 max_listed_actions: int = 60, task: Union[None, str, Sequence[str]] = None) -> None:
+    def __init__(
+        self,
+        tasks: Union[None, str, Sequence[str]] = None,
+        split: str = "train",
+        max_turns: int = 30,
+        simplifications: str = "easy",
+        list_actions: bool = True,
+        clip_negative_score: bool = True,
+        java_max_heap: Optional[str] = "768m",
+        max_listed_actions: int = 60,
+        task: Union[None, str, Sequence[str]] = None,
+    ) -> None:
         super().__init__()
         if task is not None and tasks is not None:
             raise ValueError("give either tasks or task, not both")
@@ -117,8 +133,14 @@ class ScienceWorldEnv(GoldPlanOracle, TextEnv):
         self.max_turns = check_positive_int("max_turns", max_turns)
         if not isinstance(simplifications, str):
             raise ValueError(f"simplifications must be a comma-separated string; got {simplifications!r}")
-        allowed = {"easy", "teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors",
-                   "noElectricalAction"}
+        allowed = {
+            "easy",
+            "teleportAction",
+            "selfWateringFlowerPots",
+            "openContainers",
+            "openDoors",
+            "noElectricalAction",
+        }
         bad = [s for s in simplifications.split(",") if s and s not in allowed]
         if bad:
             raise ValueError(f"simplifications: unknown {bad}; allowed: {sorted(allowed)}")
@@ -147,7 +169,7 @@ class ScienceWorldEnv(GoldPlanOracle, TextEnv):
             except ImportError as e:  # pragma: no cover - a project requirement
                 raise ImportError("r3l/ScienceWorld needs `pip install scienceworld` (and Java)") from e
             with java_heap(self.java_max_heap):
-                env = _SW("", envStepLimit=10 ** 6)
+                env = _SW("", envStepLimit=10**6)
             self._env = disarm_close(env)
         return self._env
 
@@ -163,9 +185,11 @@ class ScienceWorldEnv(GoldPlanOracle, TextEnv):
         if task not in self._variations:
             server = self._engine().server
             server.load(task, 0, self.simplifications, False)
-            self._variations[task] = {"train": list(server.getVariationsTrain()),
-                                      "dev": list(server.getVariationsDev()),
-                                      "test": list(server.getVariationsTest())}
+            self._variations[task] = {
+                "train": list(server.getVariationsTrain()),
+                "dev": list(server.getVariationsDev()),
+                "test": list(server.getVariationsTest()),
+            }
         return list(self._variations[task][check_split(split or self.split)])
 
     def task_for_seed(self, seed: int) -> Tuple[str, int]:
@@ -180,18 +204,26 @@ class ScienceWorldEnv(GoldPlanOracle, TextEnv):
         return sorted_unique([str(v["action"]) for v in data.get("validActions", [])])
 
     def _info(self, **kw: Any) -> Dict[str, Any]:
-        info = {"task": self._task_desc, "admissible_actions": None if self._valid is None else list(self._valid),
-                "won": False, "invalid_action": False, "score": self._score, "task_name": self._task_name,
-                "variation": self._variation, "split": self.split}
+        info = {
+            "task": self._task_desc,
+            "admissible_actions": None if self._valid is None else list(self._valid),
+            "won": False,
+            "invalid_action": False,
+            "score": self._score,
+            "task_name": self._task_name,
+            "variation": self._variation,
+            "split": self.split,
+        }
         info.update(kw)
         return info
 
     # ------------------------------------------------------------------ gym API
-    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None,
-              _gold: bool = False) -> Tuple[str, Dict[str, Any]]:
+    def reset(
+        self, *, seed: Optional[int] = None, options: Optional[dict] = None, _gold: bool = False
+    ) -> Tuple[str, Dict[str, Any]]:
         super().reset(seed=seed)
         if seed is None:
-            seed = int(self.np_random.integers(0, 2 ** 31 - 1))
+            seed = int(self.np_random.integers(0, 2**31 - 1))
         env = self._engine()
         task, var = self.task_for_seed(seed)
         env.server.load(task, var, self.simplifications, bool(_gold))
@@ -245,8 +277,10 @@ class ScienceWorldEnv(GoldPlanOracle, TextEnv):
                 server.step("")  # a blank line cancels the request; the engine acts normally again
                 obs = "The request was cancelled."
                 invalid = True
-                reason = (f"the engine was waiting for the number of one of the options "
-                          f"({'; '.join(f'{i}: {o}' for i, o in enumerate(pending))}); the request was cancelled.")
+                reason = (
+                    f"the engine was waiting for the number of one of the options "
+                    f"({'; '.join(f'{i}: {o}' for i, o in enumerate(pending))}); the request was cancelled."
+                )
             else:
                 obs = str(server.step(str(choice)))
         else:
@@ -274,17 +308,28 @@ class ScienceWorldEnv(GoldPlanOracle, TextEnv):
         if options and not self._done:
             self._pending = options
             self._valid = [str(i) for i in range(len(options))] if self.list_actions else None
-            obs = (f"{obs.strip()}\nAnswer with the number of the one you mean "
-                   f"(0 to {len(options) - 1}); any other action cancels the request.")
+            obs = (
+                f"{obs.strip()}\nAnswer with the number of the one you mean "
+                f"(0 to {len(options) - 1}); any other action cancels the request."
+            )
         else:
             self._valid = self._valid_actions() if not self._done else []
         if invalid:
             obs = invalid_feedback(action, reason, self._valid, self.max_listed_actions)
         elif terminated and not won:
             obs = f"{obs.strip()}\nThe task failed."
-        return obs, reward, terminated, truncated, self._info(won=won, invalid_action=invalid,
-                                                               task_failed=terminated and not won,
-                                                               ambiguous=bool(options) and not self._done)
+        return (
+            obs,
+            reward,
+            terminated,
+            truncated,
+            self._info(
+                won=won,
+                invalid_action=invalid,
+                task_failed=terminated and not won,
+                ambiguous=bool(options) and not self._done,
+            ),
+        )
 
     def close(self) -> None:
         env, self._env = self._env, None

@@ -22,19 +22,16 @@ the plan cannot express count as pivots: a conservative oracle.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import hashlib
-import json
 import os
 import re
-import shutil
-import tempfile
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from environments._common import check_positive_int, check_split, invalid_feedback, normalize_action
 from environments.base import GoldPlanOracle, TextEnv, check_action
+from environments.textworld_generate import _DEFAULT_SETTINGS, CHALLENGES, default_cache_dir, generate_game
 
 GAME_EXTENSIONS = (".z8", ".z5", ".z3", ".tw-pddl")
 
@@ -44,8 +41,9 @@ def _import_textworld():
         import textworld  # noqa: F401
         import textworld.core  # noqa: F401
     except ImportError as e:
-        raise ImportError("TextWorld environments need `pip install textworld` "
-                          "(ALFWorld: `pip install alfworld`, which brings it)") from e
+        raise ImportError(
+            "TextWorld environments need `pip install textworld` (ALFWorld: `pip install alfworld`, which brings it)"
+        ) from e
     return textworld
 
 
@@ -57,8 +55,14 @@ class TextWorldGameEnv(GoldPlanOracle, TextEnv):
         "and the list of admissible commands; answer with exactly one of them."
     )
 
-    def __init__(self, split: str = "train", max_turns: int = 30, end_on_invalid: bool = False,
-                 max_repeats: Optional[int] = None, max_listed_actions: int = 60) -> None:
+    def __init__(
+        self,
+        split: str = "train",
+        max_turns: int = 30,
+        end_on_invalid: bool = False,
+        max_repeats: Optional[int] = None,
+        max_listed_actions: int = 60,
+    ) -> None:
         super().__init__()
         self.split = check_split(split)
         self.max_turns = check_positive_int("max_turns", max_turns)
@@ -85,8 +89,15 @@ class TextWorldGameEnv(GoldPlanOracle, TextEnv):
 
     def _request_infos(self):
         textworld = _import_textworld()
-        return textworld.EnvInfos(admissible_commands=True, won=True, lost=True, score=True, max_score=True,
-                                  objective=True, policy_commands=False)
+        return textworld.EnvInfos(
+            admissible_commands=True,
+            won=True,
+            lost=True,
+            score=True,
+            max_score=True,
+            objective=True,
+            policy_commands=False,
+        )
 
     def _clean_observation(self, text: str) -> str:
         return text.strip()
@@ -131,8 +142,15 @@ class TextWorldGameEnv(GoldPlanOracle, TextEnv):
         return float(score) / float(max_score)
 
     def _info(self, **kw: Any) -> Dict[str, Any]:
-        info = {"task": self._task, "admissible_actions": list(self._valid), "won": False, "invalid_action": False,
-                "score": self._score, "game_file": self._file, "split": self.split}
+        info = {
+            "task": self._task,
+            "admissible_actions": list(self._valid),
+            "won": False,
+            "invalid_action": False,
+            "score": self._score,
+            "game_file": self._file,
+            "split": self.split,
+        }
         info.update(kw)
         return info
 
@@ -140,7 +158,7 @@ class TextWorldGameEnv(GoldPlanOracle, TextEnv):
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> Tuple[str, Dict[str, Any]]:
         super().reset(seed=seed)
         if seed is None:
-            seed = int(self.np_random.integers(0, 2 ** 31 - 1))
+            seed = int(self.np_random.integers(0, 2**31 - 1))
         path = self._game_for_seed(self.split, int(seed))
         if self._env is None or path != self._file:
             self._close_engine()
@@ -173,8 +191,11 @@ class TextWorldGameEnv(GoldPlanOracle, TextEnv):
         invalid = a not in before
         self._turn += 1
         self._last_actions.append(a)
-        repeated = (self.max_repeats is not None and len(self._last_actions) >= self.max_repeats
-                    and len(set(self._last_actions[-self.max_repeats:])) == 1)
+        repeated = (
+            self.max_repeats is not None
+            and len(self._last_actions) >= self.max_repeats
+            and len(set(self._last_actions[-self.max_repeats :])) == 1
+        )
         if invalid and self.end_on_invalid:
             self._done = True
             obs = invalid_feedback(action, "it is not an admissible command. The episode ends.", None)
@@ -194,12 +215,18 @@ class TextWorldGameEnv(GoldPlanOracle, TextEnv):
         truncated = not terminated and self._turn >= self.max_turns
         self._done = terminated or truncated
         if invalid:
-            obs = invalid_feedback(action, f"{obs} It is not an admissible command.", self._valid,
-                                   self.max_listed_actions)
+            obs = invalid_feedback(
+                action, f"{obs} It is not an admissible command.", self._valid, self.max_listed_actions
+            )
         elif lost:
             obs = f"{obs}\nThe game is lost."
-        return obs, reward, terminated, truncated, self._info(won=won, invalid_action=invalid, lost=lost,
-                                                               repeated=repeated)
+        return (
+            obs,
+            reward,
+            terminated,
+            truncated,
+            self._info(won=won, invalid_action=invalid, lost=lost, repeated=repeated),
+        )
 
     def _close_engine(self) -> None:
         env, self._env = self._env, None
@@ -212,15 +239,7 @@ class TextWorldGameEnv(GoldPlanOracle, TextEnv):
         self._close_engine()
 
 
-# ============================================================================ generic TextWorld
-CHALLENGES = ("tw-coin_collector", "tw-treasure_hunter", "tw-simple", "tw-cooking")
 _SPLIT_SEED_OFFSET = {"train": 0, "dev": 1_000_000, "test": 2_000_000}
-_DEFAULT_SETTINGS = {
-    "tw-coin_collector": {"level": 2},
-    "tw-treasure_hunter": {"level": 1},
-    "tw-simple": {"rewards": "dense", "goal": "detailed"},
-    "tw-cooking": {"recipe": 1, "take": 1, "go": 1},
-}
 
 
 _BANNER_CHARS = set("$|\\/_<>-=")
@@ -229,75 +248,9 @@ _BANNER_CHARS = set("$|\\/_<>-=")
 def _is_banner(line: str) -> bool:
     chars = line.replace(" ", "")
     return len(chars) >= 3 and set(chars) <= _BANNER_CHARS
+
+
 _BLANKS = re.compile(r"\n\s*\n(\s*\n)+")
-
-
-def default_cache_dir() -> str:
-    base = os.environ.get("RLLIB_R3L_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rllib_r3l")
-    return os.path.join(base, "textworld_games")
-
-
-def _settings_args(challenge: str, settings: Mapping[str, Any]) -> List[str]:
-    args: List[str] = []
-    for k, v in settings.items():
-        flag = "--" + str(k).replace("_", "-")
-        if isinstance(v, bool):
-            if v:
-                args.append(flag)
-        else:
-            args += [flag, str(v)]
-    return args
-
-
-def generate_game(challenge: str, settings: Mapping[str, Any], gen_seed: int, out_dir: str) -> str:
-    """Generate (or find cached) one game of a TextWorld challenge; returns the .z8 path.
-
-    Games are written to a temporary folder and renamed into place, so concurrent generators of the
-    same game do not see half-written files.
-    """
-    textworld = _import_textworld()
-    import textworld.challenges
-    import textworld.generator
-
-    if challenge not in textworld.challenges.CHALLENGES:
-        raise ValueError(f"challenge must be one of {sorted(textworld.challenges.CHALLENGES)}; got {challenge!r}")
-    _desc, make, add_arguments = textworld.challenges.CHALLENGES[challenge]
-    parser = argparse.ArgumentParser(prog=challenge, add_help=False, exit_on_error=False)
-    add_arguments(parser)
-    args = _settings_args(challenge, settings)
-    try:
-        ns, unknown = parser.parse_known_args(args)
-    except (argparse.ArgumentError, SystemExit) as e:
-        raise ValueError(f"settings: invalid settings {dict(settings)!r} for {challenge}: {e}") from e
-    if unknown:
-        raise ValueError(f"settings: unknown settings {unknown} for {challenge}")
-    key = hashlib.sha1(json.dumps([challenge, sorted(vars(ns).items(), key=str), gen_seed],
-                                  default=str).encode()).hexdigest()[:16]
-    final_dir = os.path.join(out_dir, f"{challenge}-{gen_seed}-{key}")
-    final_path = os.path.join(final_dir, "game.z8")
-    if os.path.isfile(final_path):
-        return final_path
-    os.makedirs(out_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".gen-", dir=out_dir)
-    try:
-        options = textworld.GameOptions()
-        options.seeds = gen_seed
-        options.path = os.path.join(tmp, "game.z8")
-        options.file_ext = ".z8"
-        options.force_recompile = True
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*is not fully supported.*")
-            game = make(settings=vars(ns), options=options)
-            textworld.generator.compile_game(game, options)
-        try:
-            os.rename(tmp, final_dir)
-        except OSError:  # another process won the race
-            if not os.path.isfile(final_path):
-                raise
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final_path
 
 
 def _expand_files(spec: Union[str, Sequence[str]], field: str) -> List[str]:
@@ -321,8 +274,15 @@ def _expand_files(spec: Union[str, Sequence[str]], field: str) -> List[str]:
 
 
 def _hash_split(path: str) -> str:
-    h = int(hashlib.sha1(os.path.basename(os.path.dirname(path)).encode() + os.path.basename(path).encode())
-            .hexdigest(), 16) % 10
+    h = (
+        int(
+            hashlib.sha1(
+                os.path.basename(os.path.dirname(path)).encode() + os.path.basename(path).encode()
+            ).hexdigest(),
+            16,
+        )
+        % 10
+    )
     return "train" if h < 8 else ("dev" if h == 8 else "test")
 
 
@@ -337,13 +297,26 @@ class TextWorldEnv(TextWorldGameEnv):
     disjoint across splits. Generating a game takes a few seconds; later resets reuse it.
     """
 
-    def __init__(self, game_files: Union[None, str, Sequence[str], Mapping[str, Any]] = None,
-                 challenge: str = "tw-coin_collector", settings: Optional[Mapping[str, Any]] = None,
-                 num_games: int = 1000, cache_dir: Optional[str] = None, split: str = "train",
-                 max_turns: int = 20, end_on_invalid: bool = False, max_repeats: Optional[int] = None,
-                 max_listed_actions: int = 60) -> None:
-        super().__init__(split=split, max_turns=max_turns, end_on_invalid=end_on_invalid,
-                         max_repeats=max_repeats, max_listed_actions=max_listed_actions)
+    def __init__(
+        self,
+        game_files: Union[None, str, Sequence[str], Mapping[str, Any]] = None,
+        challenge: str = "tw-coin_collector",
+        settings: Optional[Mapping[str, Any]] = None,
+        num_games: int = 1000,
+        cache_dir: Optional[str] = None,
+        split: str = "train",
+        max_turns: int = 20,
+        end_on_invalid: bool = False,
+        max_repeats: Optional[int] = None,
+        max_listed_actions: int = 60,
+    ) -> None:
+        super().__init__(
+            split=split,
+            max_turns=max_turns,
+            end_on_invalid=end_on_invalid,
+            max_repeats=max_repeats,
+            max_listed_actions=max_listed_actions,
+        )
         if challenge not in CHALLENGES:
             raise ValueError(f"challenge must be one of {', '.join(CHALLENGES)}; got {challenge!r}")
         if settings is not None and not isinstance(settings, Mapping):
@@ -358,16 +331,19 @@ class TextWorldEnv(TextWorldGameEnv):
                 bad = [k for k in game_files if check_split(k) != k]
                 if bad:
                     raise ValueError(f"game_files keys must be train/dev/test; got {bad}")
-                self._split_files = {s: _expand_files(game_files.get(s, []), f"game_files[{s!r}]") for s in
-                                     ("train", "dev", "test")}
+                self._split_files = {
+                    s: _expand_files(game_files.get(s, []), f"game_files[{s!r}]") for s in ("train", "dev", "test")
+                }
             else:
                 files = _expand_files(game_files, "game_files")
                 if not files:
                     raise ValueError(f"game_files: no game files ({', '.join(GAME_EXTENSIONS)}) in {game_files!r}")
                 self._split_files = {s: [f for f in files if _hash_split(f) == s] for s in ("train", "dev", "test")}
             if not self._split_files[self.split]:
-                raise ValueError(f"game_files: no game falls in split {self.split!r}; pass a dict "
-                                 "{'train': [...], 'dev': [...], 'test': [...]}")
+                raise ValueError(
+                    f"game_files: no game falls in split {self.split!r}; pass a dict "
+                    "{'train': [...], 'dev': [...], 'test': [...]}"
+                )
 
     def _clean_observation(self, text: str) -> str:
         """Drop the ASCII-art title banner, the '>' prompt/status line and runs of blank lines."""

@@ -56,8 +56,12 @@ class ToyCorridorEnv(TextEnv):
         return f"You are in room {self._pos + 1} of {self.num_rooms}. {here}"
 
     def _info(self, **kw: Any) -> Dict[str, Any]:
-        info = {"task": "Find the coin and take it.", "admissible_actions": self._actions(), "won": False,
-                "invalid_action": False}
+        info = {
+            "task": "Find the coin and take it.",
+            "admissible_actions": self._actions(),
+            "won": False,
+            "invalid_action": False,
+        }
         info.update(kw)
         return info
 
@@ -92,8 +96,13 @@ class ToyCorridorEnv(TextEnv):
             self._pos += 1
         else:
             valid = ", ".join(self._actions())
-            return (f"'{action}' is not a valid action here. Valid actions: {valid}.", 0.0, False, False,
-                    self._info(invalid_action=True))
+            return (
+                f"'{action}' is not a valid action here. Valid actions: {valid}.",
+                0.0,
+                False,
+                False,
+                self._info(invalid_action=True),
+            )
         return self._describe(), 0.0, False, False, self._info()
 
     def _oracle_walk(self, seed, actions):
@@ -127,13 +136,23 @@ class ToyWordEnv(TextEnv):
 
     rules = "Answer with exactly the word you are asked for."
 
-    def __init__(self, vocabulary: Optional[List[str]] = None, max_turns: int = 1, split: str = "train",
-                 fixed_target: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        vocabulary: Optional[List[str]] = None,
+        max_turns: int = 1,
+        split: str = "train",
+        fixed_target: Optional[str] = None,
+    ) -> None:
         super().__init__()
-        if vocabulary is not None and (isinstance(vocabulary, str) or not list(vocabulary)
-                                       or not all(isinstance(w, str) and w.strip() for w in vocabulary)):
+        if vocabulary is not None and (
+            isinstance(vocabulary, str)
+            or not list(vocabulary)
+            or not all(isinstance(w, str) and w.strip() for w in vocabulary)
+        ):
             # else [] falls back to the default words without a word
-            raise ValueError(f"vocabulary must be a non-empty list of words (None = the default four), got {vocabulary!r}")
+            raise ValueError(
+                f"vocabulary must be a non-empty list of words (None = the default four), got {vocabulary!r}"
+            )
         self.vocabulary = list(vocabulary or ["apple", "river", "stone", "cloud"])
         self.split = check_split(split)
         self.max_turns = max_turns
@@ -143,16 +162,24 @@ class ToyWordEnv(TextEnv):
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
         super().reset(seed=seed)
         self._target = self.fixed_target or random.Random(seed).choice(self.vocabulary)
-        info = {"task": f"Say the word '{self._target}'.", "admissible_actions": list(self.vocabulary),
-                "won": False, "invalid_action": False}
+        info = {
+            "task": f"Say the word '{self._target}'.",
+            "admissible_actions": list(self.vocabulary),
+            "won": False,
+            "invalid_action": False,
+        }
         return f"Say the word '{self._target}'.", info
 
     def step(self, action: str):
         action = check_action(action).strip().strip(".").lower()
         won = action == self._target
         obs = "Correct." if won else f"Wrong: you said '{action}', the word was '{self._target}'."
-        info = {"task": "", "admissible_actions": list(self.vocabulary), "won": won,
-                "invalid_action": action not in self.vocabulary}
+        info = {
+            "task": "",
+            "admissible_actions": list(self.vocabulary),
+            "won": won,
+            "invalid_action": action not in self.vocabulary,
+        }
         return obs, float(won), True, False, info
 
     def _oracle_walk(self, seed, actions):

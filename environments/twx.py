@@ -29,8 +29,15 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from environments._common import (
-    check_heap, check_positive_int, check_split, disarm_close, invalid_feedback, java_heap, normalize_action,
-    sorted_unique, stop_py4j_wrapper,
+    check_heap,
+    check_positive_int,
+    check_split,
+    disarm_close,
+    invalid_feedback,
+    java_heap,
+    normalize_action,
+    sorted_unique,
+    stop_py4j_wrapper,
 )
 from environments.base import GoldPlanOracle, TextEnv, check_action, follow_plan
 
@@ -70,9 +77,16 @@ class TextWorldExpressEnv(GoldPlanOracle, TextEnv):
         "room, 'inventory' lists what you carry."
     )
 
-    def __init__(self, game: str = "coin", game_params: Union[None, str, Mapping[str, Any]] = None,
-                 split: str = "train", max_turns: int = 30, clip_negative_score: bool = True,
-                 java_max_heap: Optional[str] = "512m", max_listed_actions: int = 40) -> None:
+    def __init__(
+        self,
+        game: str = "coin",
+        game_params: Union[None, str, Mapping[str, Any]] = None,
+        split: str = "train",
+        max_turns: int = 30,
+        clip_negative_score: bool = True,
+        java_max_heap: Optional[str] = "512m",
+        max_listed_actions: int = 40,
+    ) -> None:
         super().__init__()
         if game not in GAMES:
             raise ValueError(f"game must be one of {', '.join(GAMES)}; got {game!r}")
@@ -100,11 +114,12 @@ class TextWorldExpressEnv(GoldPlanOracle, TextEnv):
             except ImportError as e:  # pragma: no cover - the package is a project requirement
                 raise ImportError("r3l TextWorldExpress environments need `pip install textworld-express`") from e
             with java_heap(self.java_max_heap, quick_start=True):
-                env = disarm_close(_TWX(envStepLimit=10 ** 6))
+                env = disarm_close(_TWX(envStepLimit=10**6))
             try:
                 env.load(self.game, self.game_params)  # raises ValueError naming bad parameters
-                getter = {"train": env.getValidSeedsTrain, "dev": env.getValidSeedsDev,
-                          "test": env.getValidSeedsTest}[self.split]
+                getter = {"train": env.getValidSeedsTrain, "dev": env.getValidSeedsDev, "test": env.getValidSeedsTest}[
+                    self.split
+                ]
                 self._fold_seeds = sorted(getter())
             except Exception as e:
                 stop_py4j_wrapper(env)
@@ -134,16 +149,23 @@ class TextWorldExpressEnv(GoldPlanOracle, TextEnv):
 
     # ------------------------------------------------------------------ gym API
     def _info(self, **kw: Any) -> Dict[str, Any]:
-        info = {"task": self._task, "admissible_actions": list(self._valid), "won": False,
-                "invalid_action": False, "score": self._score, "game": self.game,
-                "game_seed": self._game_seed, "split": self.split}
+        info = {
+            "task": self._task,
+            "admissible_actions": list(self._valid),
+            "won": False,
+            "invalid_action": False,
+            "score": self._score,
+            "game": self.game,
+            "game_seed": self._game_seed,
+            "split": self.split,
+        }
         info.update(kw)
         return info
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> Tuple[str, Dict[str, Any]]:
         super().reset(seed=seed)
         if seed is None:
-            seed = int(self.np_random.integers(0, 2 ** 31 - 1))
+            seed = int(self.np_random.integers(0, 2**31 - 1))
         env = self._engine()
         self._game_seed = self._fold_seeds[int(seed) % len(self._fold_seeds)]
         obs, raw = env.reset(seed=self._game_seed, gameFold=self.split, generateGoldPath=False)
@@ -186,8 +208,9 @@ class TextWorldExpressEnv(GoldPlanOracle, TextEnv):
         self._done = terminated or truncated
         invalid = a not in before and a != "help"
         if invalid:
-            obs = invalid_feedback(action, f"{obs.strip()} It is not one of the valid actions.", self._valid,
-                                   self.max_listed_actions)
+            obs = invalid_feedback(
+                action, f"{obs.strip()} It is not one of the valid actions.", self._valid, self.max_listed_actions
+            )
         elif failed:
             obs = f"{obs.strip()}\nThe task failed."
         return obs, reward, terminated, truncated, self._info(won=won, invalid_action=invalid, task_failed=failed)
@@ -254,7 +277,9 @@ class TextWorldExpressEnv(GoldPlanOracle, TextEnv):
                         continue
                     seen.add((key2, new_doors))
                     if len(seen) > _MAX_SEARCH_NODES:
-                        raise RuntimeError(f"oracle search for {self.game} seed {seed} exceeded {_MAX_SEARCH_NODES} states")
+                        raise RuntimeError(
+                            f"oracle search for {self.game} seed {seed} exceeded {_MAX_SEARCH_NODES} states"
+                        )
                     nxt.append((path + [a], valid2, key2[0].split(".")[0], new_doors))
             frontier = nxt
             if not frontier:
@@ -267,7 +292,7 @@ class TextWorldExpressEnv(GoldPlanOracle, TextEnv):
         cache = self.__dict__.setdefault("_oracle_plans", {})
         key = int(seed or 0)
         if key not in cache:
-            plan = self._search(seed, [], 10 ** 6)
+            plan = self._search(seed, [], 10**6)
             if plan is None:
                 raise RuntimeError(f"no solution found for TextWorldExpress {self.game} seed {seed}")
             cache[key] = plan
@@ -307,8 +332,9 @@ def compact_observation(text: str) -> str:
     With no distractor items the furniture cannot be acted on; it is ~3/4 of a turn's tokens."""
     lines = []
     for line in str(text).split("\n"):
-        kept = [x for x in re.split(r"(?<=\.)\s+", line.strip())
-                if x and (not _FURNITURE.match(x) or "coin" in x.lower())]
+        kept = [
+            x for x in re.split(r"(?<=\.)\s+", line.strip()) if x and (not _FURNITURE.match(x) or "coin" in x.lower())
+        ]
         if kept:
             lines.append(" ".join(kept))
     return "\n".join(lines)
@@ -331,21 +357,40 @@ class CoinCollectorEnv(TextWorldExpressEnv):
 
     option_bounds = {"num_locations": (1, None), "num_distractor_items": (0, None)}
 
-    def __init__(self, num_locations: int = 4, num_distractor_items: int = 0, include_doors: bool = False,
-                 limit_inventory_size: bool = False, split: str = "train", max_turns: int = 10,
-                 clip_negative_score: bool = True, java_max_heap: Optional[str] = "512m",
-                 max_listed_actions: int = 40, compact_observations: bool = True) -> None:
+    def __init__(
+        self,
+        num_locations: int = 4,
+        num_distractor_items: int = 0,
+        include_doors: bool = False,
+        limit_inventory_size: bool = False,
+        split: str = "train",
+        max_turns: int = 10,
+        clip_negative_score: bool = True,
+        java_max_heap: Optional[str] = "512m",
+        max_listed_actions: int = 40,
+        compact_observations: bool = True,
+    ) -> None:
         if not isinstance(compact_observations, bool):
             raise ValueError(f"compact_observations must be true or false; got {compact_observations!r}")
         self.compact_observations = compact_observations
         for name, v in (("num_locations", num_locations), ("num_distractor_items", num_distractor_items)):
             if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "num_locations" else 0):
                 raise ValueError(f"{name} must be an int >= {1 if name == 'num_locations' else 0}; got {v!r}")
-        params = {"numLocations": num_locations, "numDistractorItems": num_distractor_items,
-                  "includeDoors": int(bool(include_doors)), "limitInventorySize": int(bool(limit_inventory_size))}
-        super().__init__(game="coin", game_params=params, split=split, max_turns=max_turns,
-                         clip_negative_score=clip_negative_score, java_max_heap=java_max_heap,
-                         max_listed_actions=max_listed_actions)
+        params = {
+            "numLocations": num_locations,
+            "numDistractorItems": num_distractor_items,
+            "includeDoors": int(bool(include_doors)),
+            "limitInventorySize": int(bool(limit_inventory_size)),
+        }
+        super().__init__(
+            game="coin",
+            game_params=params,
+            split=split,
+            max_turns=max_turns,
+            clip_negative_score=clip_negative_score,
+            java_max_heap=java_max_heap,
+            max_listed_actions=max_listed_actions,
+        )
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> Tuple[str, Dict[str, Any]]:
         obs, info = super().reset(seed=seed, options=options)
@@ -356,5 +401,11 @@ class CoinCollectorEnv(TextWorldExpressEnv):
         return (compact_observation(obs) if self.compact_observations else obs), reward, terminated, truncated, info
 
 
-__all__ = ["TextWorldExpressEnv", "CoinCollectorEnv", "GAMES", "COIN_DEFAULT_PARAMS", "params_to_string",
-           "compact_observation"]
+__all__ = [
+    "TextWorldExpressEnv",
+    "CoinCollectorEnv",
+    "GAMES",
+    "COIN_DEFAULT_PARAMS",
+    "params_to_string",
+    "compact_observation",
+]

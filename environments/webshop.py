@@ -58,10 +58,12 @@ def goal_range(split: str, num_goals: int) -> range:
 
 def missing_message(path: Optional[str], detail: str) -> str:
     where = path if path else "(not set)"
-    return (f"r3l/WebShop needs the official WebShop environment: {detail}. WebShop path: {where}. Set "
-            "env_config['webshop_path'] or the WEBSHOP_PATH environment variable to a checkout of the WebShop "
-            "repository (princeton-nlp/WebShop) installed with its setup script (its Python requirements, "
-            "product data under data/ and the search-engine index), so that `web_agent_site` imports.")
+    return (
+        f"r3l/WebShop needs the official WebShop environment: {detail}. WebShop path: {where}. Set "
+        "env_config['webshop_path'] or the WEBSHOP_PATH environment variable to a checkout of the WebShop "
+        "repository (princeton-nlp/WebShop) installed with its setup script (its Python requirements, "
+        "product data under data/ and the search-engine index), so that `web_agent_site` imports."
+    )
 
 
 @contextlib.contextmanager
@@ -97,15 +99,24 @@ def default_factory(webshop_path: str, num_products: Optional[int], human_goals:
 class WebShopEnv(TextEnv):
     """WebShop: find and buy the product that matches the instruction."""
 
-    rules = ("You shop on a web site for the product the instruction describes. Actions: search[query] on a page "
-             "with a search bar, click[button] to press a button, open a product or choose an option, and "
-             "click[buy now] to buy. Answer with exactly one action.")
+    rules = (
+        "You shop on a web site for the product the instruction describes. Actions: search[query] on a page "
+        "with a search bar, click[button] to press a button, open a product or choose an option, and "
+        "click[buy now] to buy. Answer with exactly one action."
+    )
 
     option_bounds = {"num_products": (1, None)}
 
-    def __init__(self, webshop_path: Optional[str] = None, split: str = "train", max_turns: int = 15,
-                 failure_reward: float = -0.1, num_products: Optional[int] = None, human_goals: bool = True,
-                 engine_factory: Optional[Callable[[], Any]] = None) -> None:
+    def __init__(
+        self,
+        webshop_path: Optional[str] = None,
+        split: str = "train",
+        max_turns: int = 15,
+        failure_reward: float = -0.1,
+        num_products: Optional[int] = None,
+        human_goals: bool = True,
+        engine_factory: Optional[Callable[[], Any]] = None,
+    ) -> None:
         super().__init__()
         self.split = check_split(split)
         self.max_turns = check_positive_int("max_turns", max_turns)
@@ -148,15 +159,20 @@ class WebShopEnv(TextEnv):
         return sorted(f"click[{c}]" for c in avail.get("clickables", []) if c != "search")
 
     def _info(self, **kw: Any) -> Dict[str, Any]:
-        info = {"task": self._task, "admissible_actions": None if self._valid is None else list(self._valid),
-                "won": False, "invalid_action": False, "split": self.split}
+        info = {
+            "task": self._task,
+            "admissible_actions": None if self._valid is None else list(self._valid),
+            "won": False,
+            "invalid_action": False,
+            "split": self.split,
+        }
         info.update(kw)
         return info
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> Tuple[str, Dict[str, Any]]:
         super().reset(seed=seed)
         if seed is None:
-            seed = int(self.np_random.integers(0, 2 ** 31 - 1))
+            seed = int(self.np_random.integers(0, 2**31 - 1))
         goals = goal_range(self.split, self._goals)
         session = goals[int(seed) % len(goals)]
         obs, _ = self._engine.reset(session=session)
@@ -193,8 +209,13 @@ class WebShopEnv(TextEnv):
         self._done = terminated or truncated
         reward = episode_reward(raw_reward, self._done, self.failure_reward)
         won = terminated and raw_reward >= 1.0
-        return obs, reward, terminated, truncated, self._info(won=won, invalid_action=invalid,
-                                                               webshop_reward=raw_reward)
+        return (
+            obs,
+            reward,
+            terminated,
+            truncated,
+            self._info(won=won, invalid_action=invalid, webshop_reward=raw_reward),
+        )
 
     def close(self) -> None:
         self._done = True

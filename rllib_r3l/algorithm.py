@@ -1,9 +1,9 @@
 """The R3L Algorithm: ``training_step`` reads like the paper's loop (§4, Algorithm 1).
 
-    explore   -> env runners: base rollouts, reflect, retry from the pivot (language-guided)
-    credit    -> driver: group-relative advantages, positive amplification, pivotal credit masks
-    optimize  -> learner(s): one accumulated policy-gradient step
-    sync      -> every S steps, the new weights into every engine, in place
+explore   -> env runners: base rollouts, reflect, retry from the pivot (language-guided)
+credit    -> driver: group-relative advantages, positive amplification, pivotal credit masks
+optimize  -> learner(s): one accumulated policy-gradient step
+sync      -> every S steps, the new weights into every engine, in place
 """
 
 from __future__ import annotations
@@ -30,11 +30,17 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_r3l import preflight, ray_internals, retry_ledger, stopping
-from rllib_r3l.reliability import resilience
-from rllib_r3l.batch import (build_train_batch, drop_overlong, kind_counts, loss_share_by_kind, select_trainable,
-                             train_batch_options)
+from rllib_r3l.batch import (
+    build_train_batch,
+    drop_overlong,
+    kind_counts,
+    loss_share_by_kind,
+    select_trainable,
+    train_batch_options,
+)
 from rllib_r3l.config import R3LConfig
 from rllib_r3l.learner.distributed import pad_batch_for_learners
+from rllib_r3l.reliability import resilience
 from rllib_r3l.replay_buffer import replay_from_config
 
 logger = logging.getLogger(__name__)
@@ -121,8 +127,9 @@ class R3L(Algorithm):
             groups, runner_metrics = self._explore()
         self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
         retry_ledger.append(self.retry_ledger_path, self.iteration + 1, (r for g in groups for r in g.ledger))
-        preflight.raise_if_no_environment(groups, self.metrics.peek(
-            (ENV_RUNNER_RESULTS, "r3l", "faults", "env_create_errors"), default=0))
+        preflight.raise_if_no_environment(
+            groups, self.metrics.peek((ENV_RUNNER_RESULTS, "r3l", "faults", "env_create_errors"), default=0)
+        )
 
         # 2. Credit: group-relative advantages, positive amplification, pivotal credit.
         trajectories, counts = select_trainable(groups, drop_partial_groups=True)
@@ -134,8 +141,9 @@ class R3L(Algorithm):
         self.metrics.log_value(("r3l", "faults", "items_too_long"), n_long, reduce="sum")
         batch, adv = None, None
         if trajectories:
-            batch, adv = build_train_batch(trajectories, pad_token_id=self._get_pad_token_id(),
-                                           **train_batch_options(c))
+            batch, adv = build_train_batch(
+                trajectories, pad_token_id=self._get_pad_token_id(), **train_batch_options(c)
+            )
             self._log_batch_metrics(trajectories, batch, adv)
 
         # 3. Optimize: one accumulated step on the learner(s).
@@ -151,8 +159,11 @@ class R3L(Algorithm):
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)), resilience.learner_lost_is_clear(self):
             learner_results = self.learner_group.update(
                 batch=ma_batch,
-                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
-                    (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)},
+                timesteps={
+                    NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+                    )
+                },
                 num_epochs=1,
                 minibatch_size=None,
             )
@@ -163,11 +174,13 @@ class R3L(Algorithm):
         if self._num_updates % c.weight_sync_interval == 0:
             t_sync = time.perf_counter()
             with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)), resilience.learner_lost_is_clear(self):
-                self._sync_weights()  # a learner process outlives its lost node for a moment: this may be the call that fails
+                self._sync_weights()  # a learner process outlives its lost node for a moment: this may be the call
+                # that fails
             self._synced_update = self._num_updates
             # this iteration's sync, exact (RLlib's timer above is a moving average): the console's split
-            self.metrics.log_value(("r3l", "timers", "weight_sync_s"), time.perf_counter() - t_sync, reduce="mean",
-                                   window=1)
+            self.metrics.log_value(
+                ("r3l", "timers", "weight_sync_s"), time.perf_counter() - t_sync, reduce="mean", window=1
+            )
         if c.colocate_engine_sleep:  # queued after the weight sync on every runner
             self._foreach_runner(lambda r: r.wake_engine())
 
@@ -182,15 +195,17 @@ class R3L(Algorithm):
         for key, v in rb.stats(self._num_updates).items():
             self.metrics.log_value(("r3l", "replay", key), v, reduce="mean", window=1)
         if rb.last_sample_ages:
-            self.metrics.log_value(("r3l", "replay", "sampled_policy_lag"), float(np.mean(rb.last_sample_ages)),
-                                   reduce="mean", window=1)
+            self.metrics.log_value(
+                ("r3l", "replay", "sampled_policy_lag"), float(np.mean(rb.last_sample_ages)), reduce="mean", window=1
+            )
         return select_trainable(sampled, drop_partial_groups=True)[0]
 
     def _sync_weights(self) -> None:
         """The learner's weights into every engine, in place.
 
         Through vLLM's weight-transfer engines where the engines have them (learner/weight_sync.py: in
-        the engine's dtype, packed, no driver and no object store); otherwise, with remote runners, RLlib's ``sync_weights``: one ``ray.put`` shared by every runner.
+        the engine's dtype, packed, no driver and no object store); otherwise, with remote runners, RLlib's
+        ``sync_weights``: one ``ray.put`` shared by every runner.
         timeout_seconds=None: first collect the previous sync's acknowledgements (long done), else
         RLlib silently drops this sync for a runner whose previous one it has not yet seen complete
         (max_requests_in_flight_per_env_runner), leaving a stale engine. With only the driver's runner
@@ -202,11 +217,13 @@ class R3L(Algorithm):
             return
         group = self.env_runner_group
         if group.num_remote_workers() > 0 or group.local_env_runner is None:
-            group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,
-                               timeout_seconds=None)
+            group.sync_weights(
+                from_worker_or_learner_group=self.learner_group, inference_only=True, timeout_seconds=None
+            )
             return
-        state = self.learner_group.get_state(components=[f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}"],
-                                             inference_only=True)[COMPONENT_LEARNER]
+        state = self.learner_group.get_state(
+            components=[f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}"], inference_only=True
+        )[COMPONENT_LEARNER]
         group.local_env_runner.set_state({k: v for k, v in state.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)})
 
     @override(Algorithm)
@@ -217,7 +234,8 @@ class R3L(Algorithm):
         ``evaluation_temperature``, spread over the training env runners and their engines (no second
         engine). Engines that hold older weights (``weight_sync_interval`` > 1) are synced first.
         Returns ``{"env_runners": {...}}``, what ``train()`` reports under ``"evaluation"`` with
-        ``evaluation_interval``; episodes of a runner that died, or that an environment or the engine lost, are counted in ``lost_episodes``."""
+        ``evaluation_interval``; episodes of a runner that died, or that an environment or the engine lost, are
+        counted in ``lost_episodes``."""
         from rllib_r3l.runner.evaluation import split_seeds, summarize
 
         c = self.config
@@ -233,17 +251,28 @@ class R3L(Algorithm):
         else:
             ids = list(group.healthy_worker_ids())
             shares = dict(zip(ids, split_seeds(seeds, len(ids)))) if ids else {}
-            out = group.foreach_env_runner([(lambda r, _s=shares[i]: (r.worker_index, r.evaluate_episodes(_s)))
-                                            for i in ids], remote_worker_ids=ids, local_env_runner=False)
+            out = group.foreach_env_runner(
+                [(lambda r, _s=shares[i]: (r.worker_index, r.evaluate_episodes(_s))) for i in ids],
+                remote_worker_ids=ids,
+                local_env_runner=False,
+            )
             done = dict(out)
             rows = [row for i in ids if i in done for row in done[i]]
             lost = sum(len(s) for i, s in shares.items() if i not in done) + (len(seeds) if not ids else 0)
         s = summarize(rows)
-        return {ENV_RUNNER_RESULTS: {
-            "num_episodes": s["episodes"], "episode_return_mean": s["mean_return"], "episode_len_mean": s["mean_turns"],
-            "success_rate": s["success_rate"], "lost_episodes": s["errors"] + lost,
-            "split": (c.env_config or {}).get("eval_split", "dev"), "temperature": c.evaluation_temperature,
-            "policy_updates": self._num_updates, "seconds": round(time.perf_counter() - t0, 2)}}
+        return {
+            ENV_RUNNER_RESULTS: {
+                "num_episodes": s["episodes"],
+                "episode_return_mean": s["mean_return"],
+                "episode_len_mean": s["mean_turns"],
+                "success_rate": s["success_rate"],
+                "lost_episodes": s["errors"] + lost,
+                "split": (c.env_config or {}).get("eval_split", "dev"),
+                "temperature": c.evaluation_temperature,
+                "policy_updates": self._num_updates,
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        }
 
     def _foreach_runner(self, fn):
         local = self.env_runner_group.num_remote_workers() <= 0
@@ -264,14 +293,19 @@ class R3L(Algorithm):
 
     @override(Algorithm)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> Dict[str, Any]:
-        if self.config.deepspeed and self.config.num_learners > 1 and self._check_component(
-                COMPONENT_LEARNER_GROUP, components, not_components):
+        if (
+            self.config.deepspeed
+            and self.config.num_learners > 1
+            and self._check_component(COMPONENT_LEARNER_GROUP, components, not_components)
+        ):
             from rllib_r3l.learner.deepspeed_learner import prepare_checkpoints
 
             prepare_checkpoints(self.learner_group)  # RLlib asks only the first learner: it gathers every partition
         state = super().get_state(components, not_components=not_components, **kwargs)
-        state["r3l_scaling"] = {"num_updates": self._num_updates,
-                                "replay": self._replay.get_state() if self._replay is not None else None}
+        state["r3l_scaling"] = {
+            "num_updates": self._num_updates,
+            "replay": self._replay.get_state() if self._replay is not None else None,
+        }
         if self._check_component(LEDGER_STATE_KEY, components, not_components):  # the ledger up to here, for a resume
             state[LEDGER_STATE_KEY] = retry_ledger.read(self.retry_ledger_path)
         extra = resilience.get_extra_state(self, components, not_components)  # remote runners' task RNGs
@@ -336,11 +370,15 @@ def _refuse_incomplete_checkpoint(path: Any) -> None:
 
     local = str(getattr(path, "path", path))  # a ray.train.Checkpoint, or a path
     if os.path.isfile(local):  # else RLlib calls a YAML experiment file "a v0 checkpoint"
-        raise ValueError(f"{local}: a file, not a checkpoint folder; pass a checkpoint_* folder of a run (the "
-                         "folder Algorithm.save() returned, or one inside a trial's folder)")
+        raise ValueError(
+            f"{local}: a file, not a checkpoint folder; pass a checkpoint_* folder of a run (the "
+            "folder Algorithm.save() returned, or one inside a trial's folder)"
+        )
     if not os.path.isdir(local):
         return
     found = problem(local)
     if found:
-        raise ValueError(f"{local}: not a complete R3L checkpoint ({found}); restore from an earlier checkpoint "
-                         "(`rllib-r3l train ... --resume` picks the newest complete one)")
+        raise ValueError(
+            f"{local}: not a complete R3L checkpoint ({found}); restore from an earlier checkpoint "
+            "(`rllib-r3l train ... --resume` picks the newest complete one)"
+        )

@@ -43,10 +43,15 @@ def drop_overlong(trajectories: Sequence[Trajectory], max_length: int) -> Tuple[
 def train_batch_options(config) -> Dict[str, object]:
     """``build_train_batch``'s keyword arguments (all but the pad token) from an ``R3LConfig``: the one
     place the driver's credit step and the runners' dynamic sampling read them from."""
-    return dict(std_normalize=config.std_normalize, positive_amplification=config.positive_amplification,
-                alpha=config.amplification_alpha, success_reward=config.success_reward,
-                pivotal_credit=config.pivotal_credit, max_length=config.max_context_tokens,
-                loss_aggregation=config.loss_aggregation)
+    return dict(
+        std_normalize=config.std_normalize,
+        positive_amplification=config.positive_amplification,
+        alpha=config.amplification_alpha,
+        success_reward=config.success_reward,
+        pivotal_credit=config.pivotal_credit,
+        max_length=config.max_context_tokens,
+        loss_aggregation=config.loss_aggregation,
+    )
 
 
 def carries_signal(group, **options) -> bool:
@@ -94,8 +99,14 @@ def build_train_batch(
     fixed = [t.fixed_advantage for t in trajectories]
     success = [core_algos.is_success(t.reward, t.success, success_reward=success_reward) for t in trajectories]
     adv = core_algos.compute_advantages(
-        rewards, gids, std_normalize=std_normalize, amplify=positive_amplification, alpha=alpha,
-        success_reward=success_reward, fixed=fixed, success=success,
+        rewards,
+        gids,
+        std_normalize=std_normalize,
+        amplify=positive_amplification,
+        alpha=alpha,
+        success_reward=success_reward,
+        fixed=fixed,
+        success=success,
     )
     batch = collate(trajectories, adv, pad_token_id=pad_token_id, pivotal_credit=pivotal_credit, max_length=max_length)
     keep = batch["num_loss_tokens"] > 0
@@ -106,8 +117,9 @@ def build_train_batch(
     aux = np.isin(batch["kind"], [KINDS.index(Kind.REFLECTION_SFT), KINDS.index(Kind.RETRY_SFT)])
     # the paper's L_RL averages over every RL trajectory of the groups, the zero-advantage ones left out above too
     num_rl = sum(1 for t in trajectories if t.kind in (Kind.BASE, Kind.RETRY))
-    factors = core_algos.loss_aggregation_weights(batch["num_loss_tokens"], loss_aggregation, is_aux=aux,
-                                                  num_rl_trajectories=num_rl)
+    factors = core_algos.loss_aggregation_weights(
+        batch["num_loss_tokens"], loss_aggregation, is_aux=aux, num_rl_trajectories=num_rl
+    )
     batch["weights"] = (batch["weights"] * factors).astype(batch["weights"].dtype)
     return batch, adv
 
@@ -124,18 +136,24 @@ def loss_share_by_kind(batch: Dict[str, np.ndarray]) -> Dict[str, Dict[str, floa
     before the model's own log-prob gradients). Shows when auxiliary SFT items, whose advantage is
     fixed at 1.0, outweigh the policy-gradient items (docs/benchmarks.md, 'Does R3L learn better than GRPO here?')."""
     n = np.asarray(batch["num_loss_tokens"], dtype=np.float64)
-    mass = np.abs(np.asarray(batch["advantages"], dtype=np.float64) * np.asarray(batch["weights"], dtype=np.float64)) * n
+    mass = (
+        np.abs(np.asarray(batch["advantages"], dtype=np.float64) * np.asarray(batch["weights"], dtype=np.float64)) * n
+    )
     total = float(mass.sum())
     kinds = np.asarray(batch["kind"])
     out: Dict[str, Dict[str, float]] = {}
     for i, k in enumerate(KINDS):
         sel = kinds == i
-        out[k.value] = {"credited_tokens": float(n[sel].sum()),
-                        "loss_share": float(mass[sel].sum()) / total if total > 0 else 0.0}
+        out[k.value] = {
+            "credited_tokens": float(n[sel].sum()),
+            "loss_share": float(mass[sel].sum()) / total if total > 0 else 0.0,
+        }
     return out
 
 
-def plan_micro_batches(lengths: Sequence[int], *, max_sequences: int, max_tokens: Optional[int] = None) -> List[List[int]]:
+def plan_micro_batches(
+    lengths: Sequence[int], *, max_sequences: int, max_tokens: Optional[int] = None
+) -> List[List[int]]:
     """Group trajectory indices into micro-batches for gradient accumulation.
 
     Longest first, so each micro-batch holds trajectories of similar length (little padding); a
@@ -150,8 +168,10 @@ def plan_micro_batches(lengths: Sequence[int], *, max_sequences: int, max_tokens
     plan: List[List[int]] = []
     for i in order:
         cur = plan[-1] if plan else None
-        if cur is not None and len(cur) < max_sequences and (
-            max_tokens is None or (len(cur) + 1) * int(lengths[cur[0]]) <= max_tokens
+        if (
+            cur is not None
+            and len(cur) < max_sequences
+            and (max_tokens is None or (len(cur) + 1) * int(lengths[cur[0]]) <= max_tokens)
         ):
             cur.append(i)
         else:

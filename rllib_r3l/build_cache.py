@@ -53,7 +53,7 @@ def file_lock(lock_path: Path, timeout_s: float = 1800.0) -> Iterator[None]:
                         f"waited {timeout_s:.0f} s for the lock {lock_path}; "
                         "another process seems stuck building the model (delete the lock file "
                         "if no such process exists)"
-                    )
+                    ) from None
                 time.sleep(0.2)
         yield
     finally:

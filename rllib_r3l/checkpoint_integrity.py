@@ -115,8 +115,11 @@ def _content_problem(root: str) -> Optional[str]:
     for d, _dirs, names in os.walk(root):
         p = os.path.join(d, "module_state.pkl")
         # rl_module/<module id>/module_state.pkl holds a module's weights (rl_module/module_state.pkl is {})
-        if ("module_state.pkl" in names and os.path.basename(os.path.dirname(d)) == "rl_module"
-                and os.path.getsize(p) < SMALL_STATE):
+        if (
+            "module_state.pkl" in names
+            and os.path.basename(os.path.dirname(d)) == "rl_module"
+            and os.path.getsize(p) < SMALL_STATE
+        ):
             try:
                 weights = small_pickle(p)
             except Exception as e:  # noqa: BLE001
@@ -202,8 +205,10 @@ def _age_key(path: str) -> Tuple[float, float]:
     m = marker(path)
     it = m.get("iteration")
     saved = m.get("saved_at")
-    return (float(it) if isinstance(it, (int, float)) else -1.0,
-            float(saved) if isinstance(saved, (int, float)) else os.path.getmtime(path))
+    return (
+        float(it) if isinstance(it, (int, float)) else -1.0,
+        float(saved) if isinstance(saved, (int, float)) else os.path.getmtime(path),
+    )
 
 
 def newest_complete(paths: Sequence[str]) -> Tuple[Optional[str], List[Tuple[str, str]]]:

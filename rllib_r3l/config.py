@@ -17,15 +17,24 @@ from typing import Any, Dict, Optional
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.util import log_once
 
-from rllib_r3l import ray_internals, validation
+from rllib_r3l import config_keys as keys
+from rllib_r3l import validation
 from rllib_r3l.errors import template_problem
-from rllib_r3l.options import (CHOICES, DEFAULT_ENV, DEFAULT_MODEL, R3L_OPTIONS, REFLECTOR_ROLES, UNUSED_RLLIB,
-                               default, removed_option_error, resolve_reflection_context,
-                               resolve_reflection_structured, separate_reflector)
+from rllib_r3l.not_options import removed_option_error
+from rllib_r3l.options import (
+    CHOICES,
+    DEFAULT_ENV,
+    DEFAULT_MODEL,
+    R3L_OPTIONS,
+    REFLECTOR_ROLES,
+    default,
+    resolve_reflection_context,
+    resolve_reflection_structured,
+    separate_reflector,
+)
 from rllib_r3l.training_args import TrainingArgs
 
 __all__ = ["R3LConfig", "R3L_OPTIONS", "DEFAULT_ENV", "DEFAULT_MODEL", "check_config_keys"]
-
 
 
 class R3LConfig(TrainingArgs, AlgorithmConfig):
@@ -117,8 +126,10 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
         if env_config is None:
             env_config = NotProvided
         if env_config is not NotProvided and not isinstance(env_config, dict):
-            raise ValueError(f"R3LConfig.env_config: must be a mapping of the environment's options, e.g. "
-                             f"{{'num_rooms': 3}}, got {env_config!r}")
+            raise ValueError(
+                f"R3LConfig.env_config: must be a mapping of the environment's options, e.g. "
+                f"{{'num_rooms': 3}}, got {env_config!r}"
+            )
         super().environment(env, env_config=env_config, **kwargs)
         return self
 
@@ -130,8 +141,10 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
             self.training(evaluation_temperature=evaluation_temperature)
         misplaced = [k for k in kwargs if k in R3L_OPTIONS]
         if misplaced:
-            raise ValueError(f"evaluation({misplaced[0]}=...): {misplaced[0]!r} is an R3L option; set it with "
-                             f".training({misplaced[0]}=...)")
+            raise ValueError(
+                f"evaluation({misplaced[0]}=...): {misplaced[0]!r} is an R3L option; set it with "
+                f".training({misplaced[0]}=...)"
+            )
         try:
             super().evaluation(**kwargs)
         except TypeError as e:
@@ -178,12 +191,12 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
         log_once(f"{self.algo_class.__name__}_on_new_api_stack")
         super().validate()
         self.validate_r3l()
-        check_no_dropped_values(self)
+        keys.check_no_dropped_values(self, fresh_defaults())
 
     def get_state(self) -> Dict[str, Any]:
         # RLlib's get_state() (build_algo copies the config through it) silently drops every value
         # equal to -1: such a value is rejected here with its field name instead.
-        check_no_dropped_values(self)
+        keys.check_no_dropped_values(self, fresh_defaults())
         return super().get_state()
 
     @property
@@ -226,38 +239,66 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
             except ValueError as e:
                 err("guidance_template", f"{e} (None = the built-in guidance)")
         if self.reflect and self.group_size < 2:
-            err("group_size", f"must be >= 2 with reflect=True (N/2 base rollouts + N/2 retries), got {self.group_size}")
+            err(
+                "group_size", f"must be >= 2 with reflect=True (N/2 base rollouts + N/2 retries), got {self.group_size}"
+            )
         if self.reflect and self.group_size % (1 + self.retries_per_failure):
             r = self.retries_per_failure
-            err("group_size", f"must be a multiple of 1 + retries_per_failure = {1 + r} with reflect=True "
-                f"(N/{1 + r} base rollouts + up to {r} retries each), got {self.group_size}; use e.g. {4 * (1 + r)}")
+            err(
+                "group_size",
+                f"must be a multiple of 1 + retries_per_failure = {1 + r} with reflect=True "
+                f"(N/{1 + r} base rollouts + up to {r} retries each), got {self.group_size}; use e.g. {4 * (1 + r)}",
+            )
         if self.max_response_tokens >= self.max_context_tokens:
-            err("max_response_tokens", f"({self.max_response_tokens}) must be smaller than max_context_tokens ({self.max_context_tokens})")
+            err(
+                "max_response_tokens",
+                f"({self.max_response_tokens}) must be smaller than max_context_tokens ({self.max_context_tokens})",
+            )
         if not isinstance(self.reflector, str) or not self.reflector:
-            err("reflector", f"must be 'policy', 'oracle' or a reflector model's HF id or local path, got {self.reflector!r}")
+            err(
+                "reflector",
+                f"must be 'policy', 'oracle' or a reflector model's HF id or local path, got {self.reflector!r}",
+            )
         close = difflib.get_close_matches(self.reflector, REFLECTOR_ROLES, n=1, cutoff=0.7)
         if self.reflector_model and close and not os.path.exists(self.reflector):
-            err("reflector", f"{self.reflector!r} is neither 'policy', 'oracle' nor a local model directory; "
-                f"did you mean {close[0]!r}? (an HF id or a path names a separate reflector model)")
+            err(
+                "reflector",
+                f"{self.reflector!r} is neither 'policy', 'oracle' nor a local model directory; "
+                f"did you mean {close[0]!r}? (an HF id or a path names a separate reflector model)",
+            )
         if self.reflection_context == "transcript" and self.reflector_model:
-            err("reflection_context", "'transcript' continues the policy's own context, so the policy must reflect: "
-                "set reflector='policy' or reflection_context='log'")
+            err(
+                "reflection_context",
+                "'transcript' continues the policy's own context, so the policy must reflect: "
+                "set reflector='policy' or reflection_context='log'",
+            )
         aux_kinds = ("reflection_sft", "retry_sft")
-        if (not isinstance(self.aux_items, (list, tuple)) or any(k not in aux_kinds for k in self.aux_items)
-                or len(set(self.aux_items)) != len(self.aux_items)):
-            err("aux_items", f"must be a list of distinct kinds from {list(aux_kinds)} ([] = none), "
-                f"got {self.aux_items!r}")
+        if (
+            not isinstance(self.aux_items, (list, tuple))
+            or any(k not in aux_kinds for k in self.aux_items)
+            or len(set(self.aux_items)) != len(self.aux_items)
+        ):
+            err(
+                "aux_items",
+                f"must be a list of distinct kinds from {list(aux_kinds)} ([] = none), got {self.aux_items!r}",
+            )
         for f, allowed in CHOICES.items():
             if getattr(self, f) not in allowed:
                 err(f, f"must be one of {allowed}, got {getattr(self, f)!r}")
         if self.reflector == "oracle":
             _validate_oracle_reflector(self, err)
         if self.reflection_structured not in (None, True, False):
-            err("reflection_structured", f"must be True, False or None (by reflection_style), got {self.reflection_structured!r}")
+            err(
+                "reflection_structured",
+                f"must be True, False or None (by reflection_style), got {self.reflection_structured!r}",
+            )
         if self.reflection_style == "paper" and self.reflection_structured:
-            err("reflection_structured", "True holds the report to a JSON grammar, but reflection_style='paper' "
+            err(
+                "reflection_structured",
+                "True holds the report to a JSON grammar, but reflection_style='paper' "
                 "samples the report freely (the authors' form); drop reflection_structured (None = by style) or "
-                "use reflection_style='structured'")
+                "use reflection_style='structured'",
+            )
         if not isinstance(self.model_id, str) or not self.model_id:
             err("model_id", f"set training(model='<HF id or local path>'), got {self.model_id!r}")
         from rllib_r3l.generation.base import CHOICE_TOKENIZATIONS
@@ -265,8 +306,11 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
         if not isinstance(self.backend_options, dict):
             err("backend_options", f"must be a dict, got {type(self.backend_options).__name__}")
         elif self.backend_options.get("choice_tokenization", "canonical") not in CHOICE_TOKENIZATIONS:
-            err("backend_options", "choice_tokenization must be 'canonical' (the tokenizer's own tokens of an "
-                f"action) or 'any' (vLLM's character grammar), got {self.backend_options['choice_tokenization']!r}")
+            err(
+                "backend_options",
+                "choice_tokenization must be 'canonical' (the tokenizer's own tokens of an "
+                f"action) or 'any' (vLLM's character grammar), got {self.backend_options['choice_tokenization']!r}",
+            )
         else:
             from rllib_r3l.generation import unknown_backend_option
 
@@ -311,6 +355,32 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
         return R3LTorchLearner
 
 
+def _validate_oracle_reflector(cfg: "R3LConfig", err) -> None:
+    """``reflector="oracle"`` (a diagnostic) needs reflection on and an environment whose truth is computable
+    (``has_oracle``)."""
+    from rllib_r3l.runner.reflection.oracle import env_has_oracle
+
+    if not cfg.reflect:
+        err("reflector", "'oracle' replaces the reflections of reflect-then-retry; it needs reflect=True")
+    try:
+        ok = env_has_oracle(cfg.env)
+    except ValueError as e:
+        err("env", str(e))
+    if not ok:
+        err(
+            "reflector",
+            f"'oracle' needs an environment with an oracle (has_oracle=True); {cfg.env!r} has none. "
+            "Environments with one: r3l/CoinCollector, r3l/TextWorldExpress, r3l/ScienceWorld, r3l/TextWorld, "
+            "r3l/ALFWorld, r3l/Math, r3l/Countdown, r3l/ToyCorridor, r3l/ToyWord",
+        )
+
+
+def _rllib_training_args() -> set:
+    import inspect
+
+    return set(inspect.signature(AlgorithmConfig.training).parameters) - {"self"}
+
+
 # --------------------------------------------------------------------------------------------------
 # Every door (build_algo, tune.run with an R3LConfig or a dict, YAML, CLI) goes through these checks.
 _KEYS: Optional[frozenset] = None
@@ -338,64 +408,4 @@ def fresh_defaults() -> Dict[str, Any]:
 
 def check_config_keys(config_dict: Dict[str, Any]) -> None:
     """``ValueError("R3LConfig.<key>: unknown config key ...")`` for the first key no config has."""
-    known = config_keys()
-    for key in config_dict:
-        removed = removed_option_error(str(key))
-        if removed:
-            raise ValueError(removed)
-        if key in known or ray_internals.translate_config_key(str(key)) in known:
-            continue
-        if key in UNUSED_RLLIB:  # a known RLlib option (a property): validate() names what R3L uses instead
-            continue
-        if str(key).startswith("__") and str(key).endswith("__"):  # Tune's own (__trial_info__, __stdout_file__)
-            continue
-        concept = validation.unknown_key_hint(str(key))
-        if concept:
-            raise ValueError(f"R3LConfig.{key}: unknown config key {key!r}: {concept}")
-        public = [k for k in known if not str(k).startswith("_")]
-        close = (difflib.get_close_matches(str(key), list(R3L_OPTIONS) + ["model"], n=1)
-                 or difflib.get_close_matches(str(key), public, n=1))
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"R3LConfig.{key}: unknown config key {key!r}{hint}; rllib_r3l.config.R3L_OPTIONS lists "
-                         "the R3L options (RLlib's AlgorithmConfig attribute names work too)")
-
-
-def check_no_dropped_values(cfg: "R3LConfig") -> None:
-    """Reject a value RLlib would silently drop: ``AlgorithmConfig.get_state`` leaves out every
-    attribute equal to -1 (its ``DEPRECATED_VALUE``), so the copy the algorithm runs with would hold
-    the default instead."""
-    DEPRECATED_VALUE = ray_internals.deprecated_value()
-    config_keys()  # fills _DEFAULTS
-    dropped = [k for k, v in vars(cfg).items()
-               if not isinstance(v, bool) and isinstance(v, (int, float)) and v == DEPRECATED_VALUE
-               and _DEFAULTS.get(k, None) != DEPRECATED_VALUE]
-    if not dropped:
-        return
-    cfg.validate_r3l()  # a field where -1 is invalid anyway gets its own message first
-    field = dropped[0]
-    default = R3L_OPTIONS[field][0] if field in R3L_OPTIONS else _DEFAULTS.get(field)
-    raise ValueError(f"R3LConfig.{field}: the value -1 cannot be used: RLlib's AlgorithmConfig.get_state() drops "
-                     f"every value equal to -1 (its DEPRECATED_VALUE), so the algorithm would silently run with "
-                     f"the default {default!r}; {validation.minus_one_advice(field)}")
-
-
-def _validate_oracle_reflector(cfg: "R3LConfig", err) -> None:
-    """``reflector="oracle"`` (a diagnostic) needs reflection on and an environment whose truth is computable (``has_oracle``)."""
-    from rllib_r3l.runner.reflection.oracle import env_has_oracle
-
-    if not cfg.reflect:
-        err("reflector", "'oracle' replaces the reflections of reflect-then-retry; it needs reflect=True")
-    try:
-        ok = env_has_oracle(cfg.env)
-    except ValueError as e:
-        err("env", str(e))
-    if not ok:
-        err("reflector", f"'oracle' needs an environment with an oracle (has_oracle=True); {cfg.env!r} has none. "
-            "Environments with one: r3l/CoinCollector, r3l/TextWorldExpress, r3l/ScienceWorld, r3l/TextWorld, "
-            "r3l/ALFWorld, r3l/Math, r3l/Countdown, r3l/ToyCorridor, r3l/ToyWord")
-
-
-def _rllib_training_args() -> set:
-    import inspect
-
-    return set(inspect.signature(AlgorithmConfig.training).parameters) - {"self"}
+    keys.check_config_keys(config_dict, config_keys())

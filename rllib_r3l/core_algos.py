@@ -36,8 +36,9 @@ SUCCESS_TOLERANCE = 1e-6
 ADVANTAGE_TOLERANCE = 1e-9
 
 
-def is_success(reward: float, won: bool = False, *, success_reward: float = 1.0,
-               tol: float = SUCCESS_TOLERANCE) -> bool:
+def is_success(
+    reward: float, won: bool = False, *, success_reward: float = 1.0, tol: float = SUCCESS_TOLERANCE
+) -> bool:
     """Whether a trajectory counts as a success (amplification, auxiliary items and metrics alike).
 
     The environment's own verdict (``won``) decides where it gives one; otherwise the return must
@@ -47,11 +48,7 @@ def is_success(reward: float, won: bool = False, *, success_reward: float = 1.0,
 
 
 def group_relative_advantages(
-    rewards: Sequence[float],
-    group_ids: Sequence[Hashable],
-    *,
-    std_normalize: bool = False,
-    eps: float = 1e-6,
+    rewards: Sequence[float], group_ids: Sequence[Hashable], *, std_normalize: bool = False, eps: float = 1e-6
 ) -> np.ndarray:
     """Group-relative advantages (paper §3, GRPO): ``A_i = r_i - mean(r_group)``.
 
@@ -182,9 +179,12 @@ def pivotal_credit_mask(response_mask: np.ndarray, turn_ids: np.ndarray, pivot: 
 LOSS_AGGREGATIONS = ("token_mean", "sequence_mean", "paper")
 
 
-def loss_aggregation_weights(num_loss_tokens: Sequence[float], mode: str = "token_mean",
-                             is_aux: Optional[Sequence[bool]] = None,
-                             num_rl_trajectories: Optional[int] = None) -> np.ndarray:
+def loss_aggregation_weights(
+    num_loss_tokens: Sequence[float],
+    mode: str = "token_mean",
+    is_aux: Optional[Sequence[bool]] = None,
+    num_rl_trajectories: Optional[int] = None,
+) -> np.ndarray:
     """Per-item factors on the token weights so that ``policy_gradient_loss``'s token mean (the sum
     over the batch's N credited tokens, divided by N) aggregates as ``mode``:
 

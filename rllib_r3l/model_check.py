@@ -22,8 +22,10 @@ HUB_TIMEOUT_S = 5.0
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def _hub_cache_dir() -> str:
@@ -60,16 +62,24 @@ def check_model(model_id: Any, field: str = "model_id") -> None:
             raise ValueError(f"R3LConfig.{field}: {' '.join(str(e).split())}") from None
         return
     if os.path.isabs(path) or model_id.startswith((".", "~")) or os.path.exists(path):
-        raise ValueError(f"R3LConfig.{field}: {model_id!r}: no such model directory; give an existing local "
-                         "directory or a Hugging Face id such as 'Qwen/Qwen2.5-1.5B-Instruct'")
+        raise ValueError(
+            f"R3LConfig.{field}: {model_id!r}: no such model directory; give an existing local "
+            "directory or a Hugging Face id such as 'Qwen/Qwen2.5-1.5B-Instruct'"
+        )
     _check_hub_model(model_id, field)
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".index.json")
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
 # what a tokenizer loads from: fast (tokenizer.json), BPE (vocab.json + merges), sentencepiece, WordPiece
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
-                   "vocab.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.txt",
+)
 
 
 def _read_json(path: str) -> Any:
@@ -100,20 +110,27 @@ def local_model_problem(path: str) -> Optional[str]:
         if damaged:
             return f"{os.path.join(path, n)}: {damaged}; copy or download the model again"
     if not any(n in names for n in TOKENIZER_FILES):
-        return (f"{path}: no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...) beside the weights; copy the "
-                "tokenizer files of the model it was trained from into the folder")
+        return (
+            f"{path}: no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...) beside the weights; copy the "
+            "tokenizer files of the model it was trained from into the folder"
+        )
     tokenizer_config = _read_json(os.path.join(path, "tokenizer_config.json"))
     has_template = bool(isinstance(tokenizer_config, dict) and tokenizer_config.get("chat_template")) or any(
-        n in names for n in CHAT_TEMPLATE_FILES)
+        n in names for n in CHAT_TEMPLATE_FILES
+    )
     if not has_template:
-        return (f"{path}: the tokenizer has no chat template (tokenizer_config.json has no chat_template, no "
-                "chat_template.jinja); R3L needs an instruct/chat model, or add a template to the tokenizer")
+        return (
+            f"{path}: the tokenizer has no chat template (tokenizer_config.json has no chat_template, no "
+            "chat_template.jinja); R3L needs an instruct/chat model, or add a template to the tokenizer"
+        )
+
     def stamp(*prefixes: str) -> tuple:
         return tuple((n, os.stat(os.path.join(path, n)).st_mtime_ns) for n in sorted(names) if n.startswith(prefixes))
 
     weights = tuple(n for n in names if n.endswith(".safetensors"))
-    return (_shapes_problem(path, stamp("config.json", *weights))
-            or _tokenizer_problem(path, stamp("tokenizer", "chat_template", "special_tokens", "vocab", "merges")))
+    return _shapes_problem(path, stamp("config.json", *weights)) or _tokenizer_problem(
+        path, stamp("tokenizer", "chat_template", "special_tokens", "vocab", "merges")
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -136,29 +153,40 @@ def _shapes_problem(path: str, stamp: tuple) -> Optional[str]:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     except Exception as e:  # noqa: BLE001 - a config transformers cannot build is the finding
-        return (f"{path}: transformers cannot build a causal LM from its config.json ({one_line(e)[:300]}); "
-                "copy config.json of the model the weights belong to")
+        return (
+            f"{path}: transformers cannot build a causal LM from its config.json ({one_line(e)[:300]}); "
+            "copy config.json of the model the weights belong to"
+        )
     built = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     for name, shape in saved.items():
         want = built.get(name, built.get(name.split(".", 1)[-1]))
         if want is not None and want != shape:
-            return (f"{path}: config.json does not fit the weights: {name} is {list(shape)} in the weights, "
-                    f"config.json makes it {list(want)}; copy config.json of the model the weights belong to")
+            return (
+                f"{path}: config.json does not fit the weights: {name} is {list(shape)} in the weights, "
+                f"config.json makes it {list(want)}; copy config.json of the model the weights belong to"
+            )
     # num_hidden_layers 4 over 2 layers' weights: transformers would initialise the
     # other two at random (its report only in the log). A tied head is one parameter (named once here).
     known = set(saved) | {n.split(".", 1)[-1] for n in saved}
     missing = [k for k, _ in model.named_parameters() if k not in known and k.split(".", 1)[-1] not in known]
     if missing:
-        return (f"{path}: config.json describes {len(missing)} tensor(s) the weights lack (e.g. {missing[0]}), which "
-                "transformers would initialise at random; copy config.json of the model the weights belong to")
+        return (
+            f"{path}: config.json describes {len(missing)} tensor(s) the weights lack (e.g. {missing[0]}), which "
+            "transformers would initialise at random; copy config.json of the model the weights belong to"
+        )
     # num_hidden_layers 1 over 2 layers' weights would train a cut model (the rest dropped unread)
     prefix = getattr(model, "base_model_prefix", "") or "model"
     names = set(built) | {k.split(".", 1)[-1] for k in built}
-    unread = [n for n in saved if not n.endswith("rotary_emb.inv_freq")
-              and not {n, n.split(".", 1)[-1], f"{prefix}.{n}"} & names]
+    unread = [
+        n
+        for n in saved
+        if not n.endswith("rotary_emb.inv_freq") and not {n, n.split(".", 1)[-1], f"{prefix}.{n}"} & names
+    ]
     if unread:
-        return (f"{path}: the weights hold {len(unread)} tensor(s) config.json has no place for (e.g. {unread[0]}), "
-                "which transformers would drop; copy config.json of the model the weights belong to")
+        return (
+            f"{path}: the weights hold {len(unread)} tensor(s) config.json has no place for (e.g. {unread[0]}), "
+            "which transformers would drop; copy config.json of the model the weights belong to"
+        )
     return None
 
 
@@ -167,8 +195,11 @@ def _safetensors_shapes(path: str) -> dict:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
-    return {k: tuple(v["shape"]) for k, v in header.items()
-            if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("shape"), list)}
+    return {
+        k: tuple(v["shape"])
+        for k, v in header.items()
+        if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("shape"), list)
+    }
 
 
 @functools.lru_cache(maxsize=16)
@@ -186,8 +217,10 @@ def _tokenizer_problem(path: str, stamp: tuple) -> Optional[str]:
     try:
         ChatFormat(tokenizer)
     except Exception as e:  # noqa: BLE001 - a template error (jinja) or R3L's own ValueError
-        return (f"{path}: its chat template cannot render a conversation ({one_line(e)[:300]}); fix "
-                "chat_template.jinja / tokenizer_config.json's chat_template, or copy them from the base model")
+        return (
+            f"{path}: its chat template cannot render a conversation ({one_line(e)[:300]}); fix "
+            "chat_template.jinja / tokenizer_config.json's chat_template, or copy them from the base model"
+        )
     return None
 
 
@@ -200,12 +233,16 @@ def _check_hub_model(model_id: str, field: str) -> None:
     try:
         cached = try_to_load_from_cache(model_id, "config.json")
     except HFValidationError as e:
-        raise ValueError(f"R3LConfig.{field}: {model_id!r} is not a local directory and not a valid Hugging Face id "
-                         f"({' '.join(str(e).split())}); give a local model directory or an id like 'org/name'") from None
+        raise ValueError(
+            f"R3LConfig.{field}: {model_id!r} is not a local directory and not a valid Hugging Face id "
+            f"({' '.join(str(e).split())}); give a local model directory or an id like 'org/name'"
+        ) from None
     if isinstance(cached, str):
         return
-    missing = (f"R3LConfig.{field}: {model_id!r} is not a local directory and not in the local Hugging Face cache "
-               f"({_hub_cache_dir()})")
+    missing = (
+        f"R3LConfig.{field}: {model_id!r} is not a local directory and not in the local Hugging Face cache "
+        f"({_hub_cache_dir()})"
+    )
     fix = f"download it first (`hf download {model_id}`) or give a local model directory"
     if _offline():
         raise ValueError(f"{missing}, and the hub is off (HF_HUB_OFFLINE); {fix}")
@@ -215,14 +252,13 @@ def _check_hub_model(model_id: str, field: str) -> None:
     try:
         HfApi().model_info(model_id, timeout=HUB_TIMEOUT_S)
     except GatedRepoError:
-        raise ValueError(f"{missing}, and it is gated on the hub; log in (`hf auth login`) after accepting its "
-                         f"license, then {fix}") from None
+        raise ValueError(
+            f"{missing}, and it is gated on the hub; log in (`hf auth login`) after accepting its license, then {fix}"
+        ) from None
     except RepositoryNotFoundError:
         raise ValueError(f"{missing}, and the hub has no model {model_id!r}; check the spelling or {fix}") from None
     except Exception as e:  # noqa: BLE001 - no network, proxy, DNS ...
         raise ValueError(f"{missing}, and huggingface.co cannot be reached ({one_line(e)[:160]}); {fix}") from None
-
-
 
 
 # --------------------------------------------------------------------------------------------------
@@ -243,8 +279,11 @@ def _safetensors_problem(path: str) -> Optional[str]:
             header = json.loads(f.read(n))
         except ValueError:
             return "not a safetensors file (its header is not JSON)"
-    ends = [v["data_offsets"][1] for k, v in header.items()
-            if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("data_offsets"), list)]
+    ends = [
+        v["data_offsets"][1]
+        for k, v in header.items()
+        if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("data_offsets"), list)
+    ]
     need = 8 + n + max(ends, default=0)
     return f"truncated: {size} bytes, its header says {need}" if size < need else None
 

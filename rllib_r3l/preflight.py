@@ -46,16 +46,18 @@ def env_options(factory: Callable[..., Any]) -> Optional[List[str]]:
     return [p for p in params if p != "self"] + list(RUNNER_ENV_KEYS)
 
 
-def unknown_env_option(env_id: str, factory: Callable[..., Any],
-                       env_config: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+def unknown_env_option(
+    env_id: str, factory: Callable[..., Any], env_config: Dict[str, Any]
+) -> Optional[Tuple[str, str]]:
     """``(key, message)`` for the first key of ``env_config`` the environment does not take, or None."""
     allowed = env_options(factory)
     if allowed is None:
         return None
     for key in env_config:
         if key not in allowed:
-            return key, (f"{env_id} has no option {key!r}{did_you_mean(key, allowed)}; "
-                         f"its options: {', '.join(sorted(allowed))}")
+            return key, (
+                f"{env_id} has no option {key!r}{did_you_mean(key, allowed)}; its options: {', '.join(sorted(allowed))}"
+            )
     return None
 
 
@@ -83,8 +85,12 @@ def env_kwargs(factory: Callable[..., Any], env_config: Dict[str, Any], split: O
     return kwargs
 
 
-def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: Optional[str] = None,
-              on_env: Optional[Callable[[Any], None]] = None) -> None:
+def check_env(
+    env_id: Any,
+    env_config: Optional[Dict[str, Any]] = None,
+    split: Optional[str] = None,
+    on_env: Optional[Callable[[Any], None]] = None,
+) -> None:
     """Raise ``ValueError("R3LConfig.env...: ...")`` unless ``env_id`` builds with ``env_config``;
     ``on_env(env)`` looks at the built environment before it is closed."""
     from environments import registry
@@ -113,16 +119,20 @@ def check_env(env_id: Any, env_config: Optional[Dict[str, Any]] = None, split: O
     try:
         _build(factory, kwargs, on_env)
     except Exception as e:  # noqa: BLE001 - the environment's own error is the message
-        if "split" in kwargs and "split" not in (env_config or {}) and _builds(factory, env_kwargs(factory, env_config, None)):
+        if (
+            "split" in kwargs
+            and "split" not in (env_config or {})
+            and _builds(factory, env_kwargs(factory, env_config, None))
+        ):
             # task_split='nope' is not env_config's fault: it holds no split
             raise ValueError(f"R3LConfig.task_split: {name} has no task split {split!r} ({one_line(e)})") from None
-        raise ValueError(f"R3LConfig.env_config: {name} cannot be created with env_config={env_config!r}: "
-                         f"{one_line(e)}") from None
+        raise ValueError(
+            f"R3LConfig.env_config: {name} cannot be created with env_config={env_config!r}: {one_line(e)}"
+        ) from None
     _ENVS_OK.add(key)
 
 
-def _build(factory: Callable[..., Any], kwargs: Dict[str, Any],
-           on_env: Optional[Callable[[Any], None]] = None) -> None:
+def _build(factory: Callable[..., Any], kwargs: Dict[str, Any], on_env: Optional[Callable[[Any], None]] = None) -> None:
     """Build the environment (or only validate its config, where the factory offers that) and close it;
     the environment's own exception (or ``on_env``'s) propagates. A failed close is not a failed build."""
     validate = getattr(factory, "validate_config", None)
@@ -163,8 +173,11 @@ def _tokenizer_source(model_id: str) -> Optional[str]:
 
     if os.path.isdir(os.path.expanduser(model_id)):
         return os.path.expanduser(model_id)
-    for alias, name in ((models.is_default_model, models._DEFAULT_DIRNAME), (models.is_tiny_model, models._TINY_DIRNAME),
-                        (models.is_gemma_model, models._GEMMA_DIRNAME)):
+    for alias, name in (
+        (models.is_default_model, models._DEFAULT_DIRNAME),
+        (models.is_tiny_model, models._TINY_DIRNAME),
+        (models.is_gemma_model, models._GEMMA_DIRNAME),
+    ):
         if alias(model_id):  # built into the cache once; not built yet: not here
             return str(cache_root() / name) if is_complete(cache_root() / name) else None
     return model_id  # a hub id: read from the local Hugging Face cache only
@@ -204,8 +217,10 @@ def first_prompt_tokens(config: Any, env: Any) -> Optional[int]:
 
 
 def _reset_error(config: Any, last_line: str) -> "EnvResetError":
-    return EnvResetError(f"R3LConfig.env: {config.env} fails at reset(seed=0) ({last_line.strip()[:300]}), so every "
-                         "episode would be lost and nothing trained; fix the environment or its env_config")
+    return EnvResetError(
+        f"R3LConfig.env: {config.env} fails at reset(seed=0) ({last_line.strip()[:300]}), so every "
+        "episode would be lost and nothing trained; fix the environment or its env_config"
+    )
 
 
 class EnvResetError(ValueError):
@@ -215,12 +230,14 @@ class EnvResetError(ValueError):
 def check_first_prompt(config: Any, tokens: Optional[int]) -> None:
     """``ValueError`` when the first prompt (``tokens``) plus ``max_response_tokens`` exceeds ``max_context_tokens``."""
     if tokens is not None and config.max_context_tokens < (need := tokens + config.max_response_tokens):
-        raise ValueError(f"R3LConfig.max_context_tokens: {config.max_context_tokens} is below the first prompt of "
-                         f"{config.env} ({tokens} tokens: system prompt and first observation of task seed 0 in the "
-                         f"chat template of {config.model_id}) plus max_response_tokens ({config.max_response_tokens})"
-                         f" = {need}: every episode would overflow at turn 0 and nothing would be trained; set "
-                         f"max_context_tokens to {need} or more (that fits the first turn alone: every further turn "
-                         f"adds its response and observation; default 4096), or lower max_response_tokens")
+        raise ValueError(
+            f"R3LConfig.max_context_tokens: {config.max_context_tokens} is below the first prompt of "
+            f"{config.env} ({tokens} tokens: system prompt and first observation of task seed 0 in the "
+            f"chat template of {config.model_id}) plus max_response_tokens ({config.max_response_tokens})"
+            f" = {need}: every episode would overflow at turn 0 and nothing would be trained; set "
+            f"max_context_tokens to {need} or more (that fits the first turn alone: every further turn "
+            f"adds its response and observation; default 4096), or lower max_response_tokens"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -254,8 +271,13 @@ def _cpu_option(config: Any) -> str:
     return "num_learners" if (config.num_learners or 0) > 0 else "num_cpus_for_main_process"
 
 
-def check_resources(config: Any, cpus: Optional[float] = None, gpus: Optional[float] = None,
-                    source: str = "this machine", count_driver: bool = True) -> None:
+def check_resources(
+    config: Any,
+    cpus: Optional[float] = None,
+    gpus: Optional[float] = None,
+    source: str = "this machine",
+    count_driver: bool = True,
+) -> None:
     """Raise ``ValueError("R3LConfig.<option>: ...")`` when the run asks for more GPUs or CPUs than there are.
 
     ``cpus``/``gpus``: what Ray has (None: the CPU check is skipped, GPUs are the machine's).
@@ -265,32 +287,42 @@ def check_resources(config: Any, cpus: Optional[float] = None, gpus: Optional[fl
     have_gpu = machine_gpus() if gpus is None else gpus
     tp = (config.backend_options or {}).get("tensor_parallel_size", 1)
     if isinstance(tp, int) and tp > max(have_gpu, 1):  # vLLM splits the engine over tp GPUs: none on CPU
-        raise ValueError(f"R3LConfig.backend_options: tensor_parallel_size={tp} splits the vLLM engine over {tp} "
-                         f"GPUs, {'this machine' if gpus is None else source} has {have_gpu:g}; drop it (1) on CPU")
+        raise ValueError(
+            f"R3LConfig.backend_options: tensor_parallel_size={tp} splits the vLLM engine over {tp} "
+            f"GPUs, {'this machine' if gpus is None else source} has {have_gpu:g}; drop it (1) on CPU"
+        )
     device = (config.backend_options or {}).get("device")
     if isinstance(device, str) and device.startswith("cuda") and have_gpu == 0:  # else passes --dry-run
-        raise ValueError(f"R3LConfig.backend_options: device={device!r} puts the generation engines on a GPU, "
-                         f"{'this machine' if gpus is None else source} has none; use 'cpu' or drop it (None)")
+        raise ValueError(
+            f"R3LConfig.backend_options: device={device!r} puts the generation engines on a GPU, "
+            f"{'this machine' if gpus is None else source} has none; use 'cpu' or drop it (None)"
+        )
     if need_gpu > have_gpu:
         option = _gpu_option(config)
-        raise ValueError(f"R3LConfig.{option}: the run asks for {need_gpu:g} GPU(s) ({option}="
-                         f"{getattr(config, option)!r}), {'this machine' if gpus is None else source} has "
-                         f"{have_gpu:g}; set {option}=0 to train on CPU, "
-                         "or run on a machine with GPUs")
+        raise ValueError(
+            f"R3LConfig.{option}: the run asks for {need_gpu:g} GPU(s) ({option}="
+            f"{getattr(config, option)!r}), {'this machine' if gpus is None else source} has "
+            f"{have_gpu:g}; set {option}=0 to train on CPU, "
+            "or run on a machine with GPUs"
+        )
     if cpus is None:
         return
     need_cpu = sum(b.get("CPU", 0.0) for b in (bundles if count_driver else bundles[1:]))
     if need_cpu > cpus:
         option = _cpu_option(config)
-        raise ValueError(f"R3LConfig.{option}: the run needs {need_cpu:g} CPUs ({_cpu_split(config, count_driver)}), "
-                         f"{source} gives {cpus:g}; {_more_cpus(source, need_cpu)}, or lower {option}")
+        raise ValueError(
+            f"R3LConfig.{option}: the run needs {need_cpu:g} CPUs ({_cpu_split(config, count_driver)}), "
+            f"{source} gives {cpus:g}; {_more_cpus(source, need_cpu)}, or lower {option}"
+        )
 
 
 def _more_cpus(source: str, need: float) -> str:
     """How to give the run more logical CPUs, for where the count came from (a flag, or a running cluster)."""
     if "Ray cluster" in source:  # the Python door (build_algo, tune.run) or --address: Ray was started by the user
-        return (f"start Ray with {need:g} logical CPUs or more (ray.init(num_cpus={need:g}), or "
-                f"`ray start --num-cpus {need:g}`; logical CPUs may exceed the cores)")
+        return (
+            f"start Ray with {need:g} logical CPUs or more (ray.init(num_cpus={need:g}), or "
+            f"`ray start --num-cpus {need:g}`; logical CPUs may exceed the cores)"
+        )
     return f"use --num-cpus {need:g} or more"
 
 
@@ -298,9 +330,11 @@ def check_local_learner_gpu(config: Any) -> None:
     """A local learner (``num_learners=0``) runs in this process: a GPU it asks for must be one this process
     sees (RLlib would fail later with a raw ``local_gpu_idx`` assertion)."""
     if not config.num_learners and (config.num_gpus_per_learner or 0) > 0 and machine_gpus() == 0:
-        raise ValueError(f"R3LConfig.num_gpus_per_learner: {config.num_gpus_per_learner!r} GPU(s) for the local "
-                         "learner (num_learners=0), which runs in this process, and this process sees no GPU; set "
-                         "num_gpus_per_learner=0 to train on CPU, or run on a machine with GPUs")
+        raise ValueError(
+            f"R3LConfig.num_gpus_per_learner: {config.num_gpus_per_learner!r} GPU(s) for the local "
+            "learner (num_learners=0), which runs in this process, and this process sees no GPU; set "
+            "num_gpus_per_learner=0 to train on CPU, or run on a machine with GPUs"
+        )
 
 
 def _cpu_split(config: Any, count_driver: bool) -> str:
@@ -329,8 +363,13 @@ def ray_capacity() -> Tuple[Optional[float], Optional[float]]:
 def check_config(config: Any) -> None:
     """The checks for an ``R3LConfig``: the environment with the training split, policy and reflector models,
     the first prompt against max_context_tokens, and, where Ray runs (``build_algo()``), its resources."""
-    key = (config.model_id, repr(config.env), json.dumps(config.env_config, sort_keys=True, default=repr),
-           config.task_split, config.system_prompt)
+    key = (
+        config.model_id,
+        repr(config.env),
+        json.dumps(config.env_config, sort_keys=True, default=repr),
+        config.task_split,
+        config.system_prompt,
+    )
 
     def measure(env: Any) -> None:  # on the environment check_env builds anyway
         try:
@@ -348,8 +387,10 @@ def check_config(config: Any) -> None:
         try:
             check_env(config.env, config.env_config, split=eval_split)
         except ValueError as e:
-            raise ValueError(f"R3LConfig.env_config: eval_split={eval_split!r} (the held-out tasks of R3L.evaluate()): "
-                             f"{str(e).split(': ', 1)[-1]}") from None
+            raise ValueError(
+                f"R3LConfig.env_config: eval_split={eval_split!r} (the held-out tasks of R3L.evaluate()): "
+                f"{str(e).split(': ', 1)[-1]}"
+            ) from None
     check_model(config.model_id, "model_id")
     if config.reflector_model:  # reflector names a separate model
         check_model(config.reflector_model, "reflector")
@@ -369,5 +410,7 @@ def raise_if_no_environment(groups: List[Any], create_errors: int) -> None:
         return
     errors = [str(t.info.get("error", "")).strip() for t in lost]
     last = next((e.splitlines()[-1] for e in errors if e), "no error message")
-    raise RuntimeError(f"every episode of this iteration ({len(lost)}) was lost because the environment could not "
-                       f"be created: {last}; fix env/env_config (docs/reliability.md)")
+    raise RuntimeError(
+        f"every episode of this iteration ({len(lost)}) was lost because the environment could not "
+        f"be created: {last}; fix env/env_config (docs/reliability.md)"
+    )

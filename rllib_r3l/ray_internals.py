@@ -31,7 +31,8 @@ def check_version(version: Optional[str] = None) -> None:
         raise RayInternalsError(
             f"rllib-r3l reads Ray's private state (Tune's saved experiment state, RLlib's actor managers) as Ray "
             f"{WRITTEN_FOR}.x writes it; this is Ray {version}: install ray[rllib]=={WRITTEN_FOR}.* (what "
-            "pyproject.toml pins), or port rllib_r3l/ray_internals.py to it")
+            "pyproject.toml pins), or port rllib_r3l/ray_internals.py to it"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------

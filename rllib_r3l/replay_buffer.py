@@ -85,8 +85,14 @@ class GroupReplayBuffer:
         seed: RNG seed (None: nondeterministic).
     """
 
-    def __init__(self, capacity: int, decay: float = 0.5, limit: float = 0.1, max_uses: Optional[int] = None,
-                 seed: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        decay: float = 0.5,
+        limit: float = 0.1,
+        max_uses: Optional[int] = None,
+        seed: Optional[int] = None,
+    ) -> None:
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
         if not (0 < decay <= 1):
@@ -178,8 +184,9 @@ class GroupReplayBuffer:
     def set_state(self, state: Dict[str, Any]) -> None:
         """Restore entries, counters and RNG (the sampling parameters stay those of this buffer, so
         a restored run may change them)."""
-        self._entries = [ReplayEntry(group=g, version=int(v), seq=int(s), uses=int(u))
-                         for g, v, s, u in state.get("entries", [])]
+        self._entries = [
+            ReplayEntry(group=g, version=int(v), seq=int(s), uses=int(u)) for g, v, s, u in state.get("entries", [])
+        ]
         self._seq = int(state.get("seq", len(self._entries)))
         self.num_added, self.num_evicted, self.num_sampled = state.get("counters", (0, 0, 0))
         if "rng" in state:

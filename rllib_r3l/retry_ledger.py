@@ -6,7 +6,8 @@ same task (``retry_control``)?
 Rows are written by the driver as JSON lines, ``retries.jsonl`` in the trial's folder under Tune (beside
 ``result.json``; with remote storage, in ``R3L.logdir``, which ``SyncConfig(sync_artifacts=True)`` copies
 there), the main job's ``--out``, or ``R3L.logdir`` outside Tune. A checkpoint holds the rows up to it, and
-restoring it puts them back (a resume, a PBT exploit), so the ledger goes on like ``result.json``. One row per reflection on a base episode, and per retry of it
+restoring it puts them back (a resume, a PBT exploit), so the ledger goes on like ``result.json``. One row per
+reflection on a base episode, and per retry of it
 (``retries_per_failure`` > 1: one row each, the reflection's fields repeated; ``attempt`` counts them):
 
 =====================  ==========================================================================
@@ -43,29 +44,50 @@ LEDGER_FILE = "retries.jsonl"
 RETRIED = ("ok", "empty", "lost")  # retry statuses of a retry that started (skipped: its replay mismatched)
 
 
-def reflection_row(base: Any, parsed: Any, out: Any, *, style: str, group_base_success: float,
-                   reflection: int) -> Dict[str, Any]:
+def reflection_row(
+    base: Any, parsed: Any, out: Any, *, style: str, group_base_success: float, reflection: int
+) -> Dict[str, Any]:
     """The reflection's part of a row (the retry fields empty): ``base`` the reflected trajectory,
     ``parsed`` its ParseResult (None: generation failed), ``out`` the GenerationResult (None: oracle)."""
     report = getattr(parsed, "report", None) if parsed is not None else None
     reported = getattr(report, "pivot", None) if report is not None else None
     return {
-        "group_id": base.group_id, "task_seed": base.seed, "reflection": reflection, "attempt": 0,
-        "style": style, "status": getattr(getattr(parsed, "status", None), "value", None) if parsed else "no_output",
+        "group_id": base.group_id,
+        "task_seed": base.seed,
+        "reflection": reflection,
+        "attempt": 0,
+        "style": style,
+        "status": getattr(getattr(parsed, "status", None), "value", None) if parsed else "no_output",
         "valid": bool(parsed is not None and parsed.ok),
         "reported_pivot": reported if isinstance(reported, int) and not isinstance(reported, bool) else None,
-        "hindsight_pivot": None, "pivot": None, "oracle_pivot": base.info.get("oracle_pivot"),
-        "base_action": None, "retry_action": None, "action_changed": None,
-        "retry_status": "none", "retry_success": None, "control_success": None,
-        "base_reward": float(base.reward), "retry_reward": None,
-        "base_turns": int(base.num_turns), "retry_turns": None,
+        "hindsight_pivot": None,
+        "pivot": None,
+        "oracle_pivot": base.info.get("oracle_pivot"),
+        "base_action": None,
+        "retry_action": None,
+        "action_changed": None,
+        "retry_status": "none",
+        "retry_success": None,
+        "control_success": None,
+        "base_reward": float(base.reward),
+        "retry_reward": None,
+        "base_turns": int(base.num_turns),
+        "retry_turns": None,
         "group_base_success": float(group_base_success),
-        "reflection_tokens": len(out.token_ids) if out is not None else 0, "retry_tokens": None,
+        "reflection_tokens": len(out.token_ids) if out is not None else 0,
+        "retry_tokens": None,
     }
 
 
-def with_retry(row: Dict[str, Any], base: Any, pivot: int, retry: Optional[Any], status: str, attempt: int,
-               control: Optional[Any] = None) -> Dict[str, Any]:
+def with_retry(
+    row: Dict[str, Any],
+    base: Any,
+    pivot: int,
+    retry: Optional[Any],
+    status: str,
+    attempt: int,
+    control: Optional[Any] = None,
+) -> Dict[str, Any]:
     """``row`` completed with one retry from ``pivot`` (``retry`` None: skipped) and its control episode."""
     from environments._common import normalize_action  # how the environments compare actions
 
@@ -75,10 +97,12 @@ def with_retry(row: Dict[str, Any], base: Any, pivot: int, retry: Optional[Any],
         out["retry_action"] = retry.actions[pivot] if pivot < len(retry.actions) else None
         if out["retry_action"] is not None and out["base_action"] is not None:
             out["action_changed"] = normalize_action(out["retry_action"]) != normalize_action(out["base_action"])
-        out.update(retry_success=bool(retry.success), retry_reward=float(retry.reward),
-                   retry_turns=int(retry.num_turns),
-                   retry_tokens=sum(len(s.token_ids) for s in retry.segments
-                                    if s.role == "response" and s.turn >= pivot))
+        out.update(
+            retry_success=bool(retry.success),
+            retry_reward=float(retry.reward),
+            retry_turns=int(retry.num_turns),
+            retry_tokens=sum(len(s.token_ids) for s in retry.segments if s.role == "response" and s.turn >= pivot),
+        )
     if control is not None and control.status.value not in ("env_error", "generation_error"):
         out["control_success"] = bool(control.success)
     return out
@@ -164,19 +188,40 @@ def control_comparison(rows: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
     control (``retry_success - control_success`` per task, a t interval), and the ratio of the rates.
     What cannot be computed (no pair; no control success for the ratio; one pair for the interval) is None."""
     rows = list(rows)
-    pairs = [(bool(r["retry_success"]), bool(r["control_success"])) for r in rows
-             if r.get("retry_status") in RETRIED and r.get("retry_success") is not None
-             and r.get("control_success") is not None]
+    pairs = [
+        (bool(r["retry_success"]), bool(r["control_success"]))
+        for r in rows
+        if r.get("retry_status") in RETRIED
+        and r.get("retry_success") is not None
+        and r.get("control_success") is not None
+    ]
     n = len(pairs)
-    tasks = len({(r.get("iteration"), r.get("group_id")) for r in rows if r.get("retry_status") in RETRIED
-                 and r.get("retry_success") is not None and r.get("control_success") is not None})
+    tasks = len(
+        {
+            (r.get("iteration"), r.get("group_id"))
+            for r in rows
+            if r.get("retry_status") in RETRIED
+            and r.get("retry_success") is not None
+            and r.get("control_success") is not None
+        }
+    )
     retry, control = sum(a for a, _ in pairs), sum(b for _, b in pairs)
-    diff = {k: (None if isinstance(v, float) and math.isnan(v) else v)
-            for k, v in paired_interval([float(a) - float(b) for a, b in pairs]).items()}
-    return {"pairs": n, "tasks": tasks, "retry_successes": retry, "control_successes": control,
-            "retry_rate": retry / n if n else None, "control_rate": control / n if n else None,
-            "ratio": retry / control if control else None,
-            "difference": diff["mean"], "difference_low": diff["low"], "difference_high": diff["high"]}
+    diff = {
+        k: (None if isinstance(v, float) and math.isnan(v) else v)
+        for k, v in paired_interval([float(a) - float(b) for a, b in pairs]).items()
+    }
+    return {
+        "pairs": n,
+        "tasks": tasks,
+        "retry_successes": retry,
+        "control_successes": control,
+        "retry_rate": retry / n if n else None,
+        "control_rate": control / n if n else None,
+        "ratio": retry / control if control else None,
+        "difference": diff["mean"],
+        "difference_low": diff["low"],
+        "difference_high": diff["high"],
+    }
 
 
 def funnel_lines(rows: List[Dict[str, Any]]) -> List[str]:
@@ -184,20 +229,40 @@ def funnel_lines(rows: List[Dict[str, Any]]) -> List[str]:
     if not rows:
         return []
     f = funnel(rows)
-    pivots = (f"{f['pivot_in_time']}/{f['pivot_scored']} pivots at or before the first mistake "
-              f"({f['pivot_exact']} exact)" if f["pivot_scored"] else "pivots not scored (no oracle)")
-    lines = [f"retry chain: {f['reflections']} reflections -> {f['valid']} valid -> {pivots} -> "
-             f"{f['retried']} retries -> {f['action_changed']}/{f['action_compared']} changed the action at the "
-             f"pivot -> {f['retry_success']} succeeded"]
+    pivots = (
+        f"{f['pivot_in_time']}/{f['pivot_scored']} pivots at or before the first mistake ({f['pivot_exact']} exact)"
+        if f["pivot_scored"]
+        else "pivots not scored (no oracle)"
+    )
+    lines = [
+        f"retry chain: {f['reflections']} reflections -> {f['valid']} valid -> {pivots} -> "
+        f"{f['retried']} retries -> {f['action_changed']}/{f['action_compared']} changed the action at the "
+        f"pivot -> {f['retry_success']} succeeded"
+    ]
     c = control_comparison(rows)
     if c["pairs"]:
-        interval = ("" if c["difference_low"] is None else
-                    f" [{c['difference_low']:+.2f}, {c['difference_high']:+.2f}] 95% paired t")
-        lines.append(f"retry vs a fresh sample of the same task: {c['retry_successes']}/{c['pairs']} vs "
-                     f"{c['control_successes']}/{c['pairs']}, difference {c['difference']:+.2f}{interval} over "
-                     f"{c['pairs']} retry/control pairs ({c['tasks']} task{'s' if c['tasks'] != 1 else ''})")
+        interval = (
+            ""
+            if c["difference_low"] is None
+            else f" [{c['difference_low']:+.2f}, {c['difference_high']:+.2f}] 95% paired t"
+        )
+        lines.append(
+            f"retry vs a fresh sample of the same task: {c['retry_successes']}/{c['pairs']} vs "
+            f"{c['control_successes']}/{c['pairs']}, difference {c['difference']:+.2f}{interval} over "
+            f"{c['pairs']} retry/control pairs ({c['tasks']} task{'s' if c['tasks'] != 1 else ''})"
+        )
     return lines
 
 
-__all__ = ["LEDGER_FILE", "append", "control_comparison", "funnel", "funnel_lines", "read", "reflection_row",
-           "adopt", "replace", "with_retry"]
+__all__ = [
+    "LEDGER_FILE",
+    "append",
+    "control_comparison",
+    "funnel",
+    "funnel_lines",
+    "read",
+    "reflection_row",
+    "adopt",
+    "replace",
+    "with_retry",
+]

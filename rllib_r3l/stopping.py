@@ -26,32 +26,74 @@ from rllib_r3l.errors import UsageError, did_you_mean
 
 TUNE_DEFAULT_METRIC = "_metric"  # what Tune's schedulers hold when nobody named a metric (ray.tune.result)
 # Tune's own (auto-filled) result keys.
-TUNE_KEYS = ("training_iteration", "time_total_s", "time_this_iter_s", "time_since_restore", "timestamp",
-             "iterations_since_restore", "timesteps_total", "timesteps_since_restore", "episodes_total")
+TUNE_KEYS = (
+    "training_iteration",
+    "time_total_s",
+    "time_this_iter_s",
+    "time_since_restore",
+    "timestamp",
+    "iterations_since_restore",
+    "timesteps_total",
+    "timesteps_since_restore",
+    "episodes_total",
+)
 # What an R3L training result holds (RLlib's keys and R3L's; see README "Metrics" and docs/reliability.md).
 RESULT_KEYS = (
-    "num_env_steps_sampled_lifetime", "num_training_step_calls_per_iteration",
-    "env_runners/episode_return_mean", "env_runners/success_rate", "env_runners/episode_len_mean",
-    "env_runners/num_episodes", "env_runners/num_groups",
-    "env_runners/r3l/reflection_valid_rate", "env_runners/r3l/retry_trigger_rate",
-    "env_runners/r3l/retry_success_rate", "env_runners/r3l/retry_improvement_rate", "env_runners/r3l/reward_gain",
-    "env_runners/r3l/mean_pivot_turn", "env_runners/r3l/num_retries", "env_runners/r3l/rollout_turns_per_sample",
-    "env_runners/r3l/generated_tokens", "env_runners/r3l/generated_tokens_per_sample",
-    "env_runners/r3l/generated_tokens_per_s", "env_runners/r3l/prompt_tokens",
-    "env_runners/r3l/prompt_tokens_per_sample", "env_runners/r3l/rollout_seconds",
-    "env_runners/r3l/faults/episodes_lost", "env_runners/r3l/faults/env_errors",
-    "env_runners/r3l/faults/env_create_errors", "env_runners/r3l/faults/generation_errors",
-    "env_runners/r3l/faults/context_overflow", "env_runners/r3l/faults/truncated_responses",
-    "r3l/trained_tokens", "r3l/trained_tokens_per_sample", "r3l/advantage_mean",
-    "r3l/batch/items", "r3l/batch/groups", "r3l/batch/empty_batches", "r3l/batch/zero_advantage_items",
-    "r3l/batch/num_base", "r3l/batch/num_retry", "r3l/faults/episodes_lost", "r3l/faults/partial_groups",
-    "learners/default_policy/total_loss", "learners/default_policy/policy_loss",
+    "num_env_steps_sampled_lifetime",
+    "num_training_step_calls_per_iteration",
+    "env_runners/episode_return_mean",
+    "env_runners/success_rate",
+    "env_runners/episode_len_mean",
+    "env_runners/num_episodes",
+    "env_runners/num_groups",
+    "env_runners/r3l/reflection_valid_rate",
+    "env_runners/r3l/retry_trigger_rate",
+    "env_runners/r3l/retry_success_rate",
+    "env_runners/r3l/retry_improvement_rate",
+    "env_runners/r3l/reward_gain",
+    "env_runners/r3l/mean_pivot_turn",
+    "env_runners/r3l/num_retries",
+    "env_runners/r3l/rollout_turns_per_sample",
+    "env_runners/r3l/generated_tokens",
+    "env_runners/r3l/generated_tokens_per_sample",
+    "env_runners/r3l/generated_tokens_per_s",
+    "env_runners/r3l/prompt_tokens",
+    "env_runners/r3l/prompt_tokens_per_sample",
+    "env_runners/r3l/rollout_seconds",
+    "env_runners/r3l/faults/episodes_lost",
+    "env_runners/r3l/faults/env_errors",
+    "env_runners/r3l/faults/env_create_errors",
+    "env_runners/r3l/faults/generation_errors",
+    "env_runners/r3l/faults/context_overflow",
+    "env_runners/r3l/faults/truncated_responses",
+    "r3l/trained_tokens",
+    "r3l/trained_tokens_per_sample",
+    "r3l/advantage_mean",
+    "r3l/batch/items",
+    "r3l/batch/groups",
+    "r3l/batch/empty_batches",
+    "r3l/batch/zero_advantage_items",
+    "r3l/batch/num_base",
+    "r3l/batch/num_retry",
+    "r3l/faults/episodes_lost",
+    "r3l/faults/partial_groups",
+    "learners/default_policy/total_loss",
+    "learners/default_policy/policy_loss",
     "learners/default_policy/gradients_default_optimizer_global_norm",
-    "evaluation/env_runners/episode_return_mean", "evaluation/env_runners/success_rate",
+    "evaluation/env_runners/episode_return_mean",
+    "evaluation/env_runners/success_rate",
 )
 # Namespaces with run-dependent names: a key there passes unless it looks like a typo of a known one.
-OPEN_NAMESPACES = ("learners/", "evaluation/", "env_runners/r3l/", "r3l/", "timers/", "perf/", "fault_tolerance/",
-                   "env_runner_group/")
+OPEN_NAMESPACES = (
+    "learners/",
+    "evaluation/",
+    "env_runners/r3l/",
+    "r3l/",
+    "timers/",
+    "perf/",
+    "fault_tolerance/",
+    "env_runner_group/",
+)
 EXAMPLES = "training_iteration, time_total_s, env_runners/success_rate, env_runners/episode_return_mean"
 
 
@@ -60,8 +102,14 @@ def known_stop_keys() -> frozenset:
 
 
 # counters that start at 0 and only grow: a stop value below 1 is met by the first result
-COUNTERS = ("training_iteration", "time_total_s", "timesteps_total", "episodes_total",
-            "num_env_steps_sampled_lifetime", "num_episodes_lifetime")
+COUNTERS = (
+    "training_iteration",
+    "time_total_s",
+    "timesteps_total",
+    "episodes_total",
+    "num_env_steps_sampled_lifetime",
+    "num_episodes_lifetime",
+)
 
 
 def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[str] = ()) -> None:
@@ -71,23 +119,32 @@ def check_stop_criteria(stop: Dict[str, Any], where: str, overridden: Iterable[s
         src = f"--stop {key}=..." if key in overridden else f"{where}.stop.{key}" if where else f"stop[{key!r}]"
         if isinstance(value, dict):
             inner = next(iter(value), "KEY")
-            raise UsageError(f"{src}: nested stop criteria are not read; write the flattened key, e.g. "
-                             f"{key}/{inner}: {value.get(inner, 'VALUE')!r}")
+            raise UsageError(
+                f"{src}: nested stop criteria are not read; write the flattened key, e.g. "
+                f"{key}/{inner}: {value.get(inner, 'VALUE')!r}"
+            )
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UsageError(f"{src}: a stop value must be a number (the trial stops when the metric reaches it), "
-                             f"got {value!r}")
+            raise UsageError(
+                f"{src}: a stop value must be a number (the trial stops when the metric reaches it), got {value!r}"
+            )
         if not math.isfinite(value):  # .inf would pass and the trial never stop on it
             raise UsageError(f"{src}: a stop value must be a finite number, got {value!r}")
         if isinstance(key, str) and key.endswith("_rate") and value > 1:  # rates are in [0, 1]: never reached
-            raise UsageError(f"{src}: {key!r} is a rate between 0 and 1, so {value!r} is never reached and the trial "
-                             "would never stop on it; give a value <= 1, e.g. 0.9")
+            raise UsageError(
+                f"{src}: {key!r} is a rate between 0 and 1, so {value!r} is never reached and the trial "
+                "would never stop on it; give a value <= 1, e.g. 0.9"
+            )
         if key in COUNTERS and value < 1:  # reached before the first result: one iteration, then "done"
-            raise UsageError(f"{src}: must be >= 1 (a count that is reached from the start stops the trial after "
-                             f"one iteration), got {value!r}")
+            raise UsageError(
+                f"{src}: must be >= 1 (a count that is reached from the start stops the trial after "
+                f"one iteration), got {value!r}"
+            )
         hint = unknown_metric_hint(key)
         if hint is not None:
-            raise UsageError(f"{src}: {key!r} is not a metric of R3L's results{hint}, so the trial would never stop "
-                             f"on it; e.g. {EXAMPLES} (nested metrics are joined with '/')")
+            raise UsageError(
+                f"{src}: {key!r} is not a metric of R3L's results{hint}, so the trial would never stop "
+                f"on it; e.g. {EXAMPLES} (nested metrics are joined with '/')"
+            )
 
 
 def unknown_metric_hint(key: Any) -> Optional[str]:
@@ -109,8 +166,10 @@ def check_checkpoint_score(attribute: Any, src: str) -> None:
         return
     hint = unknown_metric_hint(attribute)
     if hint is not None:
-        raise UsageError(f"{src}: {attribute!r} is not a metric of R3L's results{hint}, so checkpoints could not be "
-                         f"ranked by it (num_to_keep would delete the best); e.g. {EXAMPLES}")
+        raise UsageError(
+            f"{src}: {attribute!r} is not a metric of R3L's results{hint}, so checkpoints could not be "
+            f"ranked by it (num_to_keep would delete the best); e.g. {EXAMPLES}"
+        )
 
 
 ENV_CALLBACK = "rllib_r3l.stopping.StopCriteriaCheck"
@@ -149,8 +208,10 @@ def check_search_metric(metric: Any, src: str) -> None:
         return
     hint = unknown_metric_hint(metric)
     if hint is not None:
-        raise UsageError(f"{src}: {metric!r} is not a metric of R3L's results{hint}, so Tune would stop the run at "
-                         f"the first result; e.g. {EXAMPLES} (nested metrics are joined with '/')")
+        raise UsageError(
+            f"{src}: {metric!r} is not a metric of R3L's results{hint}, so Tune would stop the run at "
+            f"the first result; e.g. {EXAMPLES} (nested metrics are joined with '/')"
+        )
 
 
 def controller_metrics() -> list:
@@ -169,12 +230,15 @@ def controller_metrics() -> list:
     scheduler, search = owner.scheduler_alg, owner.search_alg
     name = type(scheduler).__name__
     # FIFOScheduler takes no metric of its own: it holds TuneConfig's / tune.run's
-    where = ("tune.TuneConfig(metric=...) / tune.run(metric=...)" if name == "FIFOScheduler" else
-             f"{name}(metric=...) (or tune.TuneConfig(metric=...) / tune.run(metric=...))")
+    where = (
+        "tune.TuneConfig(metric=...) / tune.run(metric=...)"
+        if name == "FIFOScheduler"
+        else f"{name}(metric=...) (or tune.TuneConfig(metric=...) / tune.run(metric=...))"
+    )
     found.append((where, getattr(scheduler, "metric", None)))
     searcher = getattr(search, "searcher", search)
     metrics = getattr(searcher, "metric", None)
-    for m in ([metrics] if isinstance(metrics, str) else list(metrics or [])):
+    for m in [metrics] if isinstance(metrics, str) else list(metrics or []):
         found.append((f"{type(searcher).__name__}(metric=...)", m))
     return found
 

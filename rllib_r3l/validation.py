@@ -1,6 +1,6 @@
 """Checks of ``R3LConfig`` that read tables rather than one field at a time (``R3LConfig.validate_r3l``
 calls them): numeric ranges (``rllib_r3l.options.RANGES``), RLlib options R3L does not read
-(``options.UNUSED_RLLIB``), configs that run but can never learn, and the scale-out options.
+(``not_options.UNUSED_RLLIB``), configs that run but can never learn, and the scale-out options.
 
 Every error is ``ValueError("R3LConfig.<field>: <what is wrong and the fix>")``; no message suggests a
 value that is itself invalid.
@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional
 
-from rllib_r3l.options import R3L_OPTIONS, RANGES, UNUSED_RLLIB
+from rllib_r3l.not_options import UNUSED_RLLIB
+from rllib_r3l.options import R3L_OPTIONS, RANGES
 
 # switches whose default is None (resolved from another option) but whose value is a bool
 _OPTIONAL_BOOLS = ("reflection_structured",)
@@ -31,8 +32,10 @@ def check_ranges(cfg: Any) -> None:
             _check_lr_schedule(value)
             continue
         if name == "evaluation_duration" and getattr(cfg, "evaluation_duration_unit", "episodes") != "episodes":
-            _err("evaluation_duration_unit", f"R3L.evaluate() runs whole episodes: must be 'episodes', got "
-                                             f"{cfg.evaluation_duration_unit!r}")
+            _err(
+                "evaluation_duration_unit",
+                f"R3L.evaluate() runs whole episodes: must be 'episodes', got {cfg.evaluation_duration_unit!r}",
+            )
         if not rng.contains(value):
             finite = "" if not isinstance(value, float) or math.isfinite(value) else " (finite)"
             _err(name, f"must be {rng.describe()}{finite}, got {value!r}")
@@ -70,18 +73,30 @@ def _check_lr_schedule(schedule) -> None:
     for entry in schedule:
         lr = entry[1] if isinstance(entry, (list, tuple)) and len(entry) == 2 else entry
         if not rng.contains(lr):
-            _err("lr", f"every learning rate of a schedule [[timestep, lr], ...] must be {rng.describe()}, "
-                 f"got {lr!r} in {list(schedule)!r}")
+            _err(
+                "lr",
+                f"every learning rate of a schedule [[timestep, lr], ...] must be {rng.describe()}, "
+                f"got {lr!r} in {list(schedule)!r}",
+            )
         if isinstance(entry, (list, tuple)) and len(entry) == 2:
             steps.append(entry[0])
     # else timesteps out of order reach RLlib's bare `assert idxes == sorted(idxes)` in the trial
     # a whole float (1e6, as in RLlib's own example) is a timestep too
-    bad = [t for t in steps if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0
-           or (isinstance(t, float) and not t.is_integer())]
+    bad = [
+        t
+        for t in steps
+        if isinstance(t, bool)
+        or not isinstance(t, (int, float))
+        or t < 0
+        or (isinstance(t, float) and not t.is_integer())
+    ]
     if bad or steps != sorted(steps):
         what = f"{bad[0]!r} is not a whole number >= 0" if bad else "they are not in increasing order"
-        _err("lr", f"the timesteps of a schedule [[timestep, lr], ...] must be whole numbers >= 0 in increasing "
-             f"order (env steps sampled), starting at 0; {what} in {list(schedule)!r}")
+        _err(
+            "lr",
+            f"the timesteps of a schedule [[timestep, lr], ...] must be whole numbers >= 0 in increasing "
+            f"order (env steps sampled), starting at 0; {what} in {list(schedule)!r}",
+        )
 
 
 def minus_one_advice(field: str) -> str:
@@ -120,15 +135,21 @@ def check_unused_rllib(cfg: Any, defaults: Dict[str, Any]) -> None:
 def check_learning_signal(cfg: Any) -> None:
     """Configs that run to the end and can never update the policy, refused before anything starts."""
     if cfg.temperature == 0:
-        _err("temperature", "0 (greedy) samples the same episode for every base rollout of a task group, so "
-             "their rewards are equal and their group-relative advantages (reward - group mean) 0: nothing "
-             "to learn from; use a temperature > 0 for training (paper: 1.0; evaluation_temperature may be 0)")
+        _err(
+            "temperature",
+            "0 (greedy) samples the same episode for every base rollout of a task group, so "
+            "their rewards are equal and their group-relative advantages (reward - group mean) 0: nothing "
+            "to learn from; use a temperature > 0 for training (paper: 1.0; evaluation_temperature may be 0)",
+        )
     env_config = cfg.env_config if isinstance(cfg.env_config, dict) else {}
     if "max_turns" in env_config:
         v = env_config["max_turns"]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            _err("env_config", f"max_turns must be an integer >= 1 (an episode of 0 turns ends before the "
-                 f"policy acts: nothing to learn from), got {v!r}; leave it out for the environment's default")
+            _err(
+                "env_config",
+                f"max_turns must be an integer >= 1 (an episode of 0 turns ends before the "
+                f"policy acts: nothing to learn from), got {v!r}; leave it out for the environment's default",
+            )
 
 
 _LORA_KEYS = {"r", "alpha", "target_modules", "dropout"}
@@ -159,7 +180,11 @@ def validate_scaling(cfg: Any, err) -> None:
 
 def _validate_lora(lora: Any, err) -> None:
     if not isinstance(lora, dict):
-        err("lora", f"must be None or a dict like {{'r': 16, 'alpha': 32, 'target_modules': ['q_proj', 'v_proj']}}, got {lora!r}")
+        err(
+            "lora",
+            f"must be None or a dict like {{'r': 16, 'alpha': 32, 'target_modules': ['q_proj', 'v_proj']}}, got "
+            f"{lora!r}",
+        )
     unknown = set(lora) - _LORA_KEYS
     if unknown:
         err("lora", f"unknown keys {sorted(unknown)}; allowed: {sorted(_LORA_KEYS)}")
@@ -191,9 +216,12 @@ def check_callbacks(cfg: Any) -> None:
             inspect.signature(item).bind()
         except TypeError as e:
             name = getattr(item, "__qualname__", repr(item))
-            _err("callbacks", f"{getattr(item, '__module__', '')}.{name} cannot be called without arguments "
-                 f"({e}), as RLlib calls it in every worker; give an RLlibCallback subclass (callbacks: "
-                 "my_module.MyCallbacks)")
+            _err(
+                "callbacks",
+                f"{getattr(item, '__module__', '')}.{name} cannot be called without arguments "
+                f"({e}), as RLlib calls it in every worker; give an RLlibCallback subclass (callbacks: "
+                "my_module.MyCallbacks)",
+            )
         except ValueError:  # no signature to read (some builtins): RLlib's call will tell
             continue
 
@@ -202,20 +230,27 @@ def check_stack(cfg: Any) -> None:
     """What R3L runs on, checked before RLlib's own validate (each is a traceback later otherwise): the new
     API stack, one policy, and an ``env_config`` that is a mapping."""
     if not getattr(cfg, "enable_rl_module_and_learner", True) or not getattr(
-            cfg, "enable_env_runner_and_connector_v2", True):
-        _err("api_stack", "R3L runs on RLlib's new API stack only (RLModule, Learner, EnvRunner): remove "
-             "api_stack(enable_rl_module_and_learner=False, ...)")
+        cfg, "enable_env_runner_and_connector_v2", True
+    ):
+        _err(
+            "api_stack",
+            "R3L runs on RLlib's new API stack only (RLModule, Learner, EnvRunner): remove "
+            "api_stack(enable_rl_module_and_learner=False, ...)",
+        )
     if getattr(cfg, "is_multi_agent", False):
-        _err("multi_agent", "R3L trains one policy (the LLM) on single-agent text environments: remove multi_agent(...)")
+        _err(
+            "multi_agent", "R3L trains one policy (the LLM) on single-agent text environments: remove multi_agent(...)"
+        )
     env_config = getattr(cfg, "env_config", None)
     if env_config is not None and not isinstance(env_config, dict):
-        _err("env_config", f"must be a mapping of the environment's options, e.g. {{'num_rooms': 3}}, got "
-             f"{env_config!r}")
+        _err(
+            "env_config", f"must be a mapping of the environment's options, e.g. {{'num_rooms': 3}}, got {env_config!r}"
+        )
 
 
 def unknown_key_hint(key: str) -> Optional[str]:
     """Where what an unknown key asks for lives (a run's length, a stop metric, greedy decoding), or None."""
-    from rllib_r3l.options import CONCEPT_HINTS, RUN_LENGTH_HINT, RUN_LENGTH_WORDS
+    from rllib_r3l.not_options import CONCEPT_HINTS, RUN_LENGTH_HINT, RUN_LENGTH_WORDS
     from rllib_r3l.stopping import known_stop_keys
 
     if key in RUN_LENGTH_WORDS or key in known_stop_keys():
@@ -224,8 +259,13 @@ def unknown_key_hint(key: str) -> Optional[str]:
 
 
 # options that act only on retries, and the value that leaves them off
-RETRY_OPTIONS = {"retry_control": False, "pivot_action": "any", "pivot_backoff": 0, "pivot_selector": "reflection",
-                 "pivot_temperature": None}
+RETRY_OPTIONS = {
+    "retry_control": False,
+    "pivot_action": "any",
+    "pivot_backoff": 0,
+    "pivot_selector": "reflection",
+    "pivot_temperature": None,
+}
 
 
 def check_retry_options(cfg: Any) -> None:
@@ -234,6 +274,8 @@ def check_retry_options(cfg: Any) -> None:
         return
     for name, off in RETRY_OPTIONS.items():
         if getattr(cfg, name, off) != off:
-            _err(name, f"{getattr(cfg, name)!r} acts on retries, and reflect=False runs none (GRPO-style "
-                       f"exploration); drop it (back to {off!r}) or set reflect=True")
-
+            _err(
+                name,
+                f"{getattr(cfg, name)!r} acts on retries, and reflect=False runs none (GRPO-style "
+                f"exploration); drop it (back to {off!r}) or set reflect=True",
+            )

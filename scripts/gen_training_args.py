@@ -58,17 +58,24 @@ def render() -> str:
         lines.append(f"        {name}: {annotation(name, default, _help, CHOICES)} = NotProvided,")
     lines.append("        **kwargs: Any,")
     lines.append('    ) -> "TrainingArgs":')
-    lines.append('        """Set R3L\'s training options, and RLlib\'s own through ``**kwargs`` (``lr``, ``grad_clip``, ...).')
+    lines.append(
+        '        """Set R3L\'s training options, and RLlib\'s own through ``**kwargs`` (``lr``, ``grad_clip``, ...).'
+    )
     lines.append("")
     lines.append("        Args:")
-    wrap = textwrap.TextWrapper(width=116, initial_indent=" " * 12, subsequent_indent=" " * 16,
-                                break_on_hyphens=False, break_long_words=False)
-    lines += wrap.wrap("model: the policy model as a Hugging Face id or local path (stored as model_id); "
-                       "a dict is RLlib's old-stack model config.")
+    wrap = textwrap.TextWrapper(
+        width=116, initial_indent=" " * 12, subsequent_indent=" " * 16, break_on_hyphens=False, break_long_words=False
+    )
+    lines += wrap.wrap(
+        "model: the policy model as a Hugging Face id or local path (stored as model_id); "
+        "a dict is RLlib's old-stack model config."
+    )
     for name, (default, help_text) in R3L_OPTIONS.items():
         lines += wrap.wrap(f"{name}: {help_text} (default {default!r})")
     lines.append('        """')
-    lines.append("        given = {k: v for k, v in locals().items() if k not in ('self', 'kwargs') and v is not NotProvided}")
+    lines.append(
+        "        given = {k: v for k, v in locals().items() if k not in ('self', 'kwargs') and v is not NotProvided}"
+    )
     lines.append("        return self._set_training(**given, **kwargs)")
     return "\n".join(lines) + "\n"
 

@@ -48,25 +48,50 @@ def _cases(args) -> List[Tuple[str, str, Any, List[int]]]:
         for i, t in enumerate(task_names()):
             if args.sw_tasks and t not in {resolve_task(x) for x in args.sw_tasks}:
                 continue
-            out.append(("ScienceWorld", t, lambda i=i: make("r3l/ScienceWorld", {"tasks": task_names()[i],
-                                                                                "split": args.sw_split}), [0]))
+            out.append(
+                (
+                    "ScienceWorld",
+                    t,
+                    lambda i=i: make("r3l/ScienceWorld", {"tasks": task_names()[i], "split": args.sw_split}),
+                    [0],
+                )
+            )
     if "twx" in args.only:
         for g in TWX_GAMES:
-            out.append(("TextWorldExpress", g, lambda g=g: make("r3l/TextWorldExpress", {"game": g} if g != "coin"
-                                                                 else {"game": "coin", "game_params": _coin()}),
-                        list(range(args.twx_seeds))))
+            out.append(
+                (
+                    "TextWorldExpress",
+                    g,
+                    lambda g=g: make(
+                        "r3l/TextWorldExpress", {"game": g} if g != "coin" else {"game": "coin", "game_params": _coin()}
+                    ),
+                    list(range(args.twx_seeds)),
+                )
+            )
     if "textworld" in args.only:
         cache = tempfile.mkdtemp(prefix="gold_tw_")
         for c in TW_CHALLENGES:
-            out.append(("TextWorld", c, lambda c=c: make("r3l/TextWorld", {"challenge": c, "cache_dir": cache}),
-                        list(range(args.tw_seeds))))
+            out.append(
+                (
+                    "TextWorld",
+                    c,
+                    lambda c=c: make("r3l/TextWorld", {"challenge": c, "cache_dir": cache}),
+                    list(range(args.tw_seeds)),
+                )
+            )
     if "alfworld" in args.only:
         from alfworld_mini import write_mini_alfworld
 
         data = write_mini_alfworld(tempfile.mkdtemp(prefix="gold_alf_"))
         for split in ("train", "dev", "test"):
-            out.append(("ALFWorld (mini)", split, lambda s=split: make("r3l/ALFWorld", {"data_path": data, "split": s}),
-                        [0, 1] if split == "train" else [0]))
+            out.append(
+                (
+                    "ALFWorld (mini)",
+                    split,
+                    lambda s=split: make("r3l/ALFWorld", {"data_path": data, "split": s}),
+                    [0, 1] if split == "train" else [0],
+                )
+            )
     return out
 
 
@@ -80,14 +105,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", nargs="+", default=["scienceworld", "twx", "textworld", "alfworld"])
     p.add_argument("--stride", type=int, default=1, help="restore at every STRIDE-th prefix (0: no restore checks)")
-    p.add_argument("--sw-stride", type=int, default=None,
-                   help="ScienceWorld's own stride (default: --stride); every prefix of all 30 tasks replays ~84k "
-                        "steps, about an hour on a busy 2-core machine")
+    p.add_argument(
+        "--sw-stride",
+        type=int,
+        default=None,
+        help="ScienceWorld's own stride (default: --stride); every prefix of all 30 tasks replays ~84k "
+        "steps, about an hour on a busy 2-core machine",
+    )
     p.add_argument("--twx-seeds", type=int, default=3)
     p.add_argument("--tw-seeds", type=int, default=2)
     p.add_argument("--sw-split", default="train")
-    p.add_argument("--sw-prefixes", type=int, default=None,
-                   help="ScienceWorld: restore at about N evenly spaced prefixes per task instead of --sw-stride")
+    p.add_argument(
+        "--sw-prefixes",
+        type=int,
+        default=None,
+        help="ScienceWorld: restore at about N evenly spaced prefixes per task instead of --sw-stride",
+    )
     p.add_argument("--sw-tasks", nargs="+", default=None, help="ScienceWorld: only these tasks (names or ids)")
     p.add_argument("--json", default=None, help="write every case's result here")
     args = p.parse_args(argv)
@@ -109,45 +142,82 @@ def main(argv=None) -> int:
                     from environments._gold import SolutionCheck
 
                     r = SolutionCheck(error=f"{type(e).__name__}: {e}")
-                row = rows.setdefault(group, {"stride": stride if not (group == "ScienceWorld" and args.sw_prefixes)
-                                              else f"~{args.sw_prefixes} per task", "cases": 0, "pass": 0, "restore_pass": 0, "prefixes": 0,
-                                              "fits": 0, "failures": []})
+                row = rows.setdefault(
+                    group,
+                    {
+                        "stride": stride
+                        if not (group == "ScienceWorld" and args.sw_prefixes)
+                        else f"~{args.sw_prefixes} per task",
+                        "cases": 0,
+                        "pass": 0,
+                        "restore_pass": 0,
+                        "prefixes": 0,
+                        "fits": 0,
+                        "failures": [],
+                    },
+                )
                 row["cases"] += 1
                 row["pass"] += r.passed
                 row["restore_pass"] += r.restore_passed
                 row["prefixes"] += r.prefixes_checked
                 row["fits"] += r.fits_max_turns and r.passed
                 if not r.restore_passed:
-                    why = r.error or (f"return {r.ret:.3f}, won={r.won}" if not r.passed
-                                      else f"restore failed at prefixes {r.prefixes_failed[:8]}")
+                    why = r.error or (
+                        f"return {r.ret:.3f}, won={r.won}"
+                        if not r.passed
+                        else f"restore failed at prefixes {r.prefixes_failed[:8]}"
+                    )
                     row["failures"].append(f"{label} seed {seed}: {why}")
-                records.append({"env": group, "case": label, "seed": seed, "length": r.length, "steps": r.steps,
-                                "return": r.ret, "won": r.won, "passed": r.passed, "restore_passed": r.restore_passed,
-                                "prefixes_checked": r.prefixes_checked, "prefixes_failed": r.prefixes_failed,
-                                "fits_max_turns": r.fits_max_turns, "error": r.error,
-                                "seconds": round(time.perf_counter() - t0, 2)})
-                print(f"  {group:18s} {label:45s} seed {seed}: steps {r.steps:3d}/{r.length:3d} return {r.ret:.3f} "
-                      f"won {r.won!s:5s} restore {r.prefixes_checked - len(r.prefixes_failed)}/{r.prefixes_checked} "
-                      f"({time.perf_counter() - t0:.1f}s){'  ' + r.error if r.error else ''}", flush=True)
+                records.append(
+                    {
+                        "env": group,
+                        "case": label,
+                        "seed": seed,
+                        "length": r.length,
+                        "steps": r.steps,
+                        "return": r.ret,
+                        "won": r.won,
+                        "passed": r.passed,
+                        "restore_passed": r.restore_passed,
+                        "prefixes_checked": r.prefixes_checked,
+                        "prefixes_failed": r.prefixes_failed,
+                        "fits_max_turns": r.fits_max_turns,
+                        "error": r.error,
+                        "seconds": round(time.perf_counter() - t0, 2),
+                    }
+                )
+                print(
+                    f"  {group:18s} {label:45s} seed {seed}: steps {r.steps:3d}/{r.length:3d} return {r.ret:.3f} "
+                    f"won {r.won!s:5s} restore {r.prefixes_checked - len(r.prefixes_failed)}/{r.prefixes_checked} "
+                    f"({time.perf_counter() - t0:.1f}s){'  ' + r.error if r.error else ''}",
+                    flush=True,
+                )
         finally:
             env.close()
     print()
-    print("| environment | solutions | solved (return 1.0, won) | solved after restore at every prefix "
-          "(stride) | prefixes restored | within the env's max_turns |")
+    print(
+        "| environment | solutions | solved (return 1.0, won) | solved after restore at every prefix "
+        "(stride) | prefixes restored | within the env's max_turns |"
+    )
     print("|---|---|---|---|---|---|")
     for group, row in rows.items():
         st = row["stride"]
-        print(f"| {group} | {row['cases']} | {row['pass']} | "
-              f"{(str(row['restore_pass']) + ('' if st == 1 else f' (every {st}th)' if isinstance(st, int) else f' ({st})')) if st else '-'} | "
-              f"{row['prefixes']} | {row['fits']} |")
+        every = "" if st == 1 else f" (every {st}th)" if isinstance(st, int) else f" ({st})"
+        print(
+            f"| {group} | {row['cases']} | {row['pass']} | "
+            f"{(str(row['restore_pass']) + every) if st else '-'} "
+            f"| "
+            f"{row['prefixes']} | {row['fits']} |"
+        )
     for group, row in rows.items():
         for f in row["failures"]:
             print(f"FAIL {group}: {f}")
     print(f"\n{time.perf_counter() - t_all:.0f} s in all")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"rows": {g: {k: v for k, v in r.items()} for g, r in rows.items()}, "cases": records}, fh,
-                      indent=1)
+            json.dump(
+                {"rows": {g: {k: v for k, v in r.items()} for g, r in rows.items()}, "cases": records}, fh, indent=1
+            )
     return 0 if all(r["restore_pass"] == r["cases"] or not r["stride"] for r in rows.values()) else 1
 
 

@@ -99,13 +99,18 @@ def build_config(args):
         training["lora"] = {"r": args.lora_r, "alpha": 2 * args.lora_r, "target_modules": "all-linear"}
     if args.deepspeed_stage is not None:
         training["deepspeed"] = {"stage": args.deepspeed_stage}
-    cfg = (R3LConfig()
-           .environment(args.env, env_config=json.loads(args.env_config) if args.env_config else {})
-           .training(**training)
-           .env_runners(num_env_runners=args.num_env_runners, num_cpus_per_env_runner=1,
-                        num_gpus_per_env_runner=gpu_share * args.tp if colocate else args.tp)
-           .learners(num_learners=1, num_gpus_per_learner=gpu_share)
-           .debugging(seed=0))
+    cfg = (
+        R3LConfig()
+        .environment(args.env, env_config=json.loads(args.env_config) if args.env_config else {})
+        .training(**training)
+        .env_runners(
+            num_env_runners=args.num_env_runners,
+            num_cpus_per_env_runner=1,
+            num_gpus_per_env_runner=gpu_share * args.tp if colocate else args.tp,
+        )
+        .learners(num_learners=1, num_gpus_per_learner=gpu_share)
+        .debugging(seed=0)
+    )
     return cfg
 
 
@@ -131,16 +136,31 @@ def engine_check(algo, tol: float) -> bool:
     got = algo.env_runner_group.foreach_env_runner(lambda r: r.backend.score(prompt, cont), local_env_runner=False)
     errs = [max(abs(a - b) for a, b in zip(g, want)) for g in got]
     ok = bool(errs) and max(errs) < tol
-    print(f"weight-sync check: max |engine - learner| log-prob per runner = {[round(e, 4) for e in errs]} "
-          f"(tolerance {tol}) -> {'PASS' if ok else 'FAIL'}", flush=True)
+    print(
+        f"weight-sync check: max |engine - learner| log-prob per runner = {[round(e, 4) for e in errs]} "
+        f"(tolerance {tol}) -> {'PASS' if ok else 'FAIL'}",
+        flush=True,
+    )
     return ok
 
 
 def describe(cfg) -> dict:
     """The scale-out keys of a config (what --dry-run prints)."""
-    keys = ("model_id", "backend", "backend_options", "colocate_engine_sleep", "model_dtype", "gradient_checkpointing",
-            "lora", "deepspeed", "weight_sync_interval", "num_env_runners", "num_gpus_per_env_runner", "num_learners",
-            "num_gpus_per_learner")
+    keys = (
+        "model_id",
+        "backend",
+        "backend_options",
+        "colocate_engine_sleep",
+        "model_dtype",
+        "gradient_checkpointing",
+        "lora",
+        "deepspeed",
+        "weight_sync_interval",
+        "num_env_runners",
+        "num_gpus_per_env_runner",
+        "num_learners",
+        "num_gpus_per_learner",
+    )
     return {k: getattr(cfg, k) for k in keys}
 
 
@@ -190,25 +210,43 @@ def main(argv=None) -> None:
             er = r.get("env_runners", {})
             r3l_er = er.get("r3l", {})
             lr3l = r.get("learners", {}).get("r3l", {}).get("learner", {})
-            print(json.dumps({
-                "iteration": i + 1,
-                "wall_s": round(time.perf_counter() - t, 2),
-                "generated_tokens_per_s": r3l_er.get("generated_tokens_per_s"),
-                "trained_tokens_per_s": lr3l.get("trained_tokens_per_s"),
-                "learner_update_s": lr3l.get("update_seconds"),
-                "weight_sync_s": r3l_er.get("weight_sync_seconds"),
-                "success_rate": er.get("success_rate"),
-                "retry_success_rate": r3l_er.get("retry_success_rate"),
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "iteration": i + 1,
+                        "wall_s": round(time.perf_counter() - t, 2),
+                        "generated_tokens_per_s": r3l_er.get("generated_tokens_per_s"),
+                        "trained_tokens_per_s": lr3l.get("trained_tokens_per_s"),
+                        "learner_update_s": lr3l.get("update_seconds"),
+                        "weight_sync_s": r3l_er.get("weight_sync_seconds"),
+                        "success_rate": er.get("success_rate"),
+                        "retry_success_rate": r3l_er.get("retry_success_rate"),
+                    }
+                ),
+                flush=True,
+            )
         ok = engine_check(algo, args.tolerance)
     finally:
         algo.stop()
         ray.shutdown()
     if args.sync_benchmark:
         model = args.model or "default"
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "weight_sync_benchmark.py"), "--gpu",
-                        "--models", model, "--backends", "vllm", "--learner-dtype", "bfloat16",
-                        "--num-cpus", str(os.cpu_count() or 4)], check=False)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "weight_sync_benchmark.py"),
+                "--gpu",
+                "--models",
+                model,
+                "--backends",
+                "vllm",
+                "--learner-dtype",
+                "bfloat16",
+                "--num-cpus",
+                str(os.cpu_count() or 4),
+            ],
+            check=False,
+        )
     sys.exit(0 if ok else 1)
 
 

@@ -29,26 +29,42 @@ def main(argv) -> int:
         st = Counter(status_by_exit_code[c] for c in codes.values())
         tested = len(codes) - st["skipped"]
         killed = st["killed"] + st["timeout"]
-        rows.append({"module": m, "mutants": len(codes), "killed": st["killed"], "timeout": st["timeout"],
-                     "survived": st["survived"], "no_tests": st["no tests"], "other": tested - killed
-                     - st["survived"] - st["no tests"], "score": round(100.0 * killed / tested, 1) if tested else None})
+        rows.append(
+            {
+                "module": m,
+                "mutants": len(codes),
+                "killed": st["killed"],
+                "timeout": st["timeout"],
+                "survived": st["survived"],
+                "no_tests": st["no tests"],
+                "other": tested - killed - st["survived"] - st["no tests"],
+                "score": round(100.0 * killed / tested, 1) if tested else None,
+            }
+        )
         survivors[m] = sorted(k for k, c in codes.items() if status_by_exit_code[c] in ("survived", "no tests"))
     (work / "mutation-report.json").write_text(json.dumps({"modules": rows, "survivors": survivors}, indent=1))
-    lines = ["| module | mutants | killed | timeout | survived | no tests | other | score |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| module | mutants | killed | timeout | survived | no tests | other | score |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "mutants" not in r:
             lines.append(f"| {r['module']} | not run | | | | | | |")
             continue
-        lines.append(f"| {r['module']} | {r['mutants']} | {r['killed']} | {r['timeout']} | {r['survived']} | "
-                     f"{r['no_tests']} | {r['other']} | {r['score']} % |")
+        lines.append(
+            f"| {r['module']} | {r['mutants']} | {r['killed']} | {r['timeout']} | {r['survived']} | "
+            f"{r['no_tests']} | {r['other']} | {r['score']} % |"
+        )
     lines.append("")
     for m, names in survivors.items():
         lines.append(f"## survivors in {m} ({len(names)})")
         for n in names:
-            diff = subprocess.run([sys.executable, "-m", "mutmut", "show", n], cwd=work, capture_output=True,
-                                  text=True).stdout
-            body = "\n".join(l for l in diff.splitlines() if l.startswith(("+", "-")) and not l.startswith(("+++", "---")))
+            diff = subprocess.run(
+                [sys.executable, "-m", "mutmut", "show", n], cwd=work, capture_output=True, text=True
+            ).stdout
+            body = "\n".join(
+                l for l in diff.splitlines() if l.startswith(("+", "-")) and not l.startswith(("+++", "---"))
+            )
             lines.append(f"- `{n}`\n```diff\n{body}\n```")
     (work / "mutation-report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[: len(rows) + 2]))

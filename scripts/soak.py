@@ -121,14 +121,29 @@ def soak_config(args: argparse.Namespace, fault_overrides: Optional[Dict[str, An
     return inject(
         R3LConfig()
         .environment(args.env, env_config=env_config)
-        .training(model="tiny", backend="transformers", group_size=4, tasks_per_iteration=int(args.tasks),
-                  max_response_tokens=8, max_reflection_tokens=24, micro_batch_size=4, lr=1e-4,
-                  num_threads=1, sampling_seed=int(args.seed), runner_failure_retries=1,
-                  runner_restart_wait_s=float(args.restart_wait_s))
+        .training(
+            model="tiny",
+            backend="transformers",
+            group_size=4,
+            tasks_per_iteration=int(args.tasks),
+            max_response_tokens=8,
+            max_reflection_tokens=24,
+            micro_batch_size=4,
+            lr=1e-4,
+            num_threads=1,
+            sampling_seed=int(args.seed),
+            runner_failure_retries=1,
+            runner_restart_wait_s=float(args.restart_wait_s),
+        )
         .env_runners(num_env_runners=int(args.num_env_runners), num_cpus_per_env_runner=0.5)
-        .fault_tolerance(restart_failed_env_runners=True, delay_between_env_runner_restarts_s=1.0,
-                         env_runner_health_probe_timeout_s=30.0)
-        .debugging(seed=int(args.seed)), faults)
+        .fault_tolerance(
+            restart_failed_env_runners=True,
+            delay_between_env_runner_restarts_s=1.0,
+            env_runner_health_probe_timeout_s=30.0,
+        )
+        .debugging(seed=int(args.seed)),
+        faults,
+    )
 
 
 def _learner_steps(algo) -> int:
@@ -148,8 +163,9 @@ def _weights_finite(algo) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in module.parameters())
 
 
-def run_soak(args: argparse.Namespace, log=print, fault_overrides: Optional[Dict[str, Any]] = None
-             ) -> Tuple[List[Tuple[str, int, int, str]], List[str], Dict[str, float]]:
+def run_soak(
+    args: argparse.Namespace, log=print, fault_overrides: Optional[Dict[str, Any]] = None
+) -> Tuple[List[Tuple[str, int, int, str]], List[str], Dict[str, float]]:
     """Train ``args.iterations`` iterations with faults injected. Returns (table rows, failed checks,
     totals). A Ray session must be running."""
     cfg = soak_config(args, fault_overrides)
@@ -180,15 +196,19 @@ def run_soak(args: argparse.Namespace, log=print, fault_overrides: Optional[Dict
                 failures.append(f"iteration {it}: the learner ran no update (out of service?)")
             expected = tasks - row["groups_lost_with_runner"] + row["groups_resampled"]
             if row["groups_received"] + row["groups_lost_with_exploration_error"] != expected:
-                failures.append(f"iteration {it}: {row['groups_received']:.0f} groups received, expected "
-                                f"{tasks} - {row['groups_lost_with_runner']:.0f} lost with a runner + "
-                                f"{row['groups_resampled']:.0f} re-sampled = {expected:.0f}")
+                failures.append(
+                    f"iteration {it}: {row['groups_received']:.0f} groups received, expected "
+                    f"{tasks} - {row['groups_lost_with_runner']:.0f} lost with a runner + "
+                    f"{row['groups_resampled']:.0f} re-sampled = {expected:.0f}"
+                )
             if learned == bool(row["empty_batches"]):
                 failures.append(f"iteration {it}: updated={learned} but empty_batches={row['empty_batches']:.0f}")
             injected = {k[4:]: int(v) for k, v in row.items() if k.startswith("inj_") and v}
-            log(f"iteration {it}/{args.iterations}: {time.perf_counter() - t1:5.1f}s  groups "
+            log(
+                f"iteration {it}/{args.iterations}: {time.perf_counter() - t1:5.1f}s  groups "
                 f"{row['groups_received']:.0f}  episodes lost {row['driver_episodes_lost']:.0f}  "
-                f"updated {learned}  injected {injected or '-'}")
+                f"updated {learned}  injected {injected or '-'}"
+            )
         finite = _weights_finite(algo)
         healthy = algo.env_runner_group.num_healthy_remote_workers()
     finally:
@@ -207,39 +227,72 @@ def run_soak(args: argparse.Namespace, log=print, fault_overrides: Optional[Dict
     if T["env_errors"] < env_injected:
         failures.append(f"{env_injected:.0f} env faults injected but only {T['env_errors']:.0f} counted as env errors")
     if T["runner_episodes_lost"] < T["env_errors"]:
-        failures.append(f"{T['env_errors']:.0f} env errors but only {T['runner_episodes_lost']:.0f} lost episodes counted")
+        failures.append(
+            f"{T['env_errors']:.0f} env errors but only {T['runner_episodes_lost']:.0f} lost episodes counted"
+        )
     if T["runner_episodes_lost"] != T["driver_episodes_lost"]:
-        failures.append(f"runners counted {T['runner_episodes_lost']:.0f} lost episodes, the driver "
-                        f"{T['driver_episodes_lost']:.0f}: losses went uncounted in transit")
+        failures.append(
+            f"runners counted {T['runner_episodes_lost']:.0f} lost episodes, the driver "
+            f"{T['driver_episodes_lost']:.0f}: losses went uncounted in transit"
+        )
     if T["env_runner_failures"] < T["inj_runner_kill"]:
-        failures.append(f"{T['inj_runner_kill']:.0f} runner kills injected, {T['env_runner_failures']:.0f} runner failures counted")
+        failures.append(
+            f"{T['inj_runner_kill']:.0f} runner kills injected, {T['env_runner_failures']:.0f} runner failures counted"
+        )
     if T["env_runner_failures"] and T["env_runners_restored"] < T["env_runner_failures"]:
         failures.append(f"{T['env_runner_failures']:.0f} runner failures, {T['env_runners_restored']:.0f} restored")
     if T["engine_rebuilds"] + T["engine_failures_after_rebuild"] < T["inj_engine_death"]:
-        failures.append(f"{T['inj_engine_death']:.0f} engine deaths injected, {T['engine_rebuilds']:.0f} rebuilds + "
-                        f"{T['engine_failures_after_rebuild']:.0f} failures after a rebuild counted")
+        failures.append(
+            f"{T['inj_engine_death']:.0f} engine deaths injected, {T['engine_rebuilds']:.0f} rebuilds + "
+            f"{T['engine_failures_after_rebuild']:.0f} failures after a rebuild counted"
+        )
     nan_injected = T["inj_nan_loss"] + T["inj_nan_grad"]
     if T["nonfinite_updates_skipped"] != nan_injected:
         failures.append(f"{nan_injected:.0f} NaN/inf updates injected, {T['nonfinite_updates_skipped']:.0f} skipped")
 
     ok = all_done and not failures
     rows = [
-        ("environment crash (env.step raises)", int(T["inj_env_raise"]), int(T["inj_env_raise"]) if ok else 0,
-         f"env errors {T['env_errors']:.0f} (all env faults), episodes lost {T['runner_episodes_lost']:.0f}"),
-        ("JVM SIGKILLed mid-episode", int(T["inj_env_kill_jvm"]), int(T["inj_env_kill_jvm"]) if ok else 0,
-         f"env replaced (new JVM); env close errors {T['env_close_errors']:.0f}, create errors {T['env_create_errors']:.0f}"),
-        ("non-string observation", int(T["inj_env_bad_observation"]), int(T["inj_env_bad_observation"]) if ok else 0,
-         "counted as env errors"),
-        ("env runner ray.kill mid-sample", int(T["inj_runner_kill"]),
-         int(min(T["inj_runner_kill"], T["env_runners_restored"])) if ok else 0,
-         f"runner failures {T['env_runner_failures']:.0f}, groups lost {T['groups_lost_with_runner']:.0f}, "
-         f"re-sampled {T['groups_resampled']:.0f}"),
-        ("NaN loss", int(T["inj_nan_loss"]), int(T["inj_nan_loss"]) if ok else 0,
-         f"updates skipped {T['nonfinite_updates_skipped']:.0f} (NaN + inf)"),
+        (
+            "environment crash (env.step raises)",
+            int(T["inj_env_raise"]),
+            int(T["inj_env_raise"]) if ok else 0,
+            f"env errors {T['env_errors']:.0f} (all env faults), episodes lost {T['runner_episodes_lost']:.0f}",
+        ),
+        (
+            "JVM SIGKILLed mid-episode",
+            int(T["inj_env_kill_jvm"]),
+            int(T["inj_env_kill_jvm"]) if ok else 0,
+            f"env replaced (new JVM); env close errors {T['env_close_errors']:.0f}, create errors "
+            f"{T['env_create_errors']:.0f}",
+        ),
+        (
+            "non-string observation",
+            int(T["inj_env_bad_observation"]),
+            int(T["inj_env_bad_observation"]) if ok else 0,
+            "counted as env errors",
+        ),
+        (
+            "env runner ray.kill mid-sample",
+            int(T["inj_runner_kill"]),
+            int(min(T["inj_runner_kill"], T["env_runners_restored"])) if ok else 0,
+            f"runner failures {T['env_runner_failures']:.0f}, groups lost {T['groups_lost_with_runner']:.0f}, "
+            f"re-sampled {T['groups_resampled']:.0f}",
+        ),
+        (
+            "NaN loss",
+            int(T["inj_nan_loss"]),
+            int(T["inj_nan_loss"]) if ok else 0,
+            f"updates skipped {T['nonfinite_updates_skipped']:.0f} (NaN + inf)",
+        ),
         ("inf gradient", int(T["inj_nan_grad"]), int(T["inj_nan_grad"]) if ok else 0, "weights finite: " + str(finite)),
-        ("generation engine dies", int(T["inj_engine_death"]), int(T["inj_engine_death"]) if ok else 0,
-         f"rebuilds {T['engine_rebuilds']:.0f}, failed again after a rebuild {T['engine_failures_after_rebuild']:.0f}, "
-         f"generation errors {T['generation_errors']:.0f}"),
+        (
+            "generation engine dies",
+            int(T["inj_engine_death"]),
+            int(T["inj_engine_death"]) if ok else 0,
+            f"rebuilds {T['engine_rebuilds']:.0f}, failed again after a rebuild "
+            f"{T['engine_failures_after_rebuild']:.0f}, "
+            f"generation errors {T['generation_errors']:.0f}",
+        ),
     ]
     return rows, failures, dict(totals)
 
@@ -286,8 +339,11 @@ def leftover_processes(before: set, session: str) -> Dict[str, List[str]]:
             continue
         if session and session in text:
             out["ray"].append(f"{proc.info['pid']} {text[:80]}")
-        elif proc.info["pid"] not in before and "java" in (proc.info["name"] or "") and \
-                any(j in text for j in ("textworld", "scienceworld", "py4j")):
+        elif (
+            proc.info["pid"] not in before
+            and "java" in (proc.info["name"] or "")
+            and any(j in text for j in ("textworld", "scienceworld", "py4j"))
+        ):
             out["jvm"].append(f"{proc.info['pid']} {text[:80]}")
         elif proc.info["pid"] not in before and ("EngineCore" in text or "vllm.entrypoints" in text):
             out["engine"].append(f"{proc.info['pid']} {text[:80]}")
@@ -295,19 +351,23 @@ def leftover_processes(before: set, session: str) -> Dict[str, List[str]]:
 
 
 def format_table(rows, failures, totals, args) -> str:
-    lines = [f"soak: {totals.get('iterations_completed', 0):.0f}/{args.iterations} iterations, {args.env}, "
-             f"{args.num_env_runners} remote env runner(s), {totals.get('seconds', 0):.0f} s",
-             "",
-             "| fault | injected | survived | losses counted |",
-             "|---|---:|---:|---|"]
+    lines = [
+        f"soak: {totals.get('iterations_completed', 0):.0f}/{args.iterations} iterations, {args.env}, "
+        f"{args.num_env_runners} remote env runner(s), {totals.get('seconds', 0):.0f} s",
+        "",
+        "| fault | injected | survived | losses counted |",
+        "|---|---:|---:|---|",
+    ]
     lines += [f"| {name} | {inj} | {surv} | {note} |" for name, inj, surv, note in rows]
-    lines += ["",
-              f"episodes lost: runners counted {totals.get('runner_episodes_lost', 0):.0f}, driver counted "
-              f"{totals.get('driver_episodes_lost', 0):.0f}; partial groups dropped {totals.get('partial_groups', 0):.0f} "
-              f"({totals.get('episodes_dropped_with_partial_group', 0):.0f} surviving episodes not trained on); "
-              f"empty batches {totals.get('empty_batches', 0):.0f}; groups received {totals.get('groups_received', 0):.0f}",
-              _memory_line(totals),
-              "result: " + ("OK: every fault survived, every loss counted" if not failures else "FAILED")]
+    lines += [
+        "",
+        f"episodes lost: runners counted {totals.get('runner_episodes_lost', 0):.0f}, driver counted "
+        f"{totals.get('driver_episodes_lost', 0):.0f}; partial groups dropped {totals.get('partial_groups', 0):.0f} "
+        f"({totals.get('episodes_dropped_with_partial_group', 0):.0f} surviving episodes not trained on); "
+        f"empty batches {totals.get('empty_batches', 0):.0f}; groups received {totals.get('groups_received', 0):.0f}",
+        _memory_line(totals),
+        "result: " + ("OK: every fault survived, every loss counted" if not failures else "FAILED"),
+    ]
     lines += [f"  - {f}" for f in failures]
     return "\n".join(lines)
 
@@ -315,11 +375,14 @@ def format_table(rows, failures, totals, args) -> str:
 def _memory_line(totals) -> str:
     if "rss_end_mb" not in totals:
         return "driver RSS: not measured"
-    line = (f"driver RSS (USS): {totals['rss_first_mb']:.0f} ({totals['uss_first_mb']:.0f}) MB at iteration "
-            f"{totals['rss_first_iteration']:.0f}, {totals['rss_end_mb']:.0f} ({totals['uss_end_mb']:.0f}) MB at the end")
+    line = (
+        f"driver RSS (USS): {totals['rss_first_mb']:.0f} ({totals['uss_first_mb']:.0f}) MB at iteration "
+        f"{totals['rss_first_iteration']:.0f}, {totals['rss_end_mb']:.0f} ({totals['uss_end_mb']:.0f}) MB at the end"
+    )
     if "rss_slope_mb_per_100" in totals:
-        line += (f" ({totals['rss_slope_mb_per_100']:+.0f} ({totals['uss_slope_mb_per_100']:+.0f}) MB per 100 "
-                 "iterations)")
+        line += (
+            f" ({totals['rss_slope_mb_per_100']:+.0f} ({totals['uss_slope_mb_per_100']:+.0f}) MB per 100 iterations)"
+        )
     if "leftover_processes" in totals:
         line += f"; processes left after shutdown: {totals['leftover_processes']:.0f}"
     return line
@@ -336,10 +399,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--env-crash-prob", type=float, default=0.02)
     p.add_argument("--jvm-kill-prob", type=float, default=0.02)
     p.add_argument("--bad-obs-prob", type=float, default=0.01)
-    p.add_argument("--runner-kill-every", type=int, default=3, help="kill the runner in iterations 2, 2+k, ... (0: never)")
-    p.add_argument("--nan-every", type=int, default=2, help="NaN loss / inf grad alternately every k updates (0: never)")
-    p.add_argument("--engine-death-prob", type=float, default=0.005,
-                   help="probability per generate call that the policy's engine dies (the runner rebuilds it)")
+    p.add_argument(
+        "--runner-kill-every", type=int, default=3, help="kill the runner in iterations 2, 2+k, ... (0: never)"
+    )
+    p.add_argument(
+        "--nan-every", type=int, default=2, help="NaN loss / inf grad alternately every k updates (0: never)"
+    )
+    p.add_argument(
+        "--engine-death-prob",
+        type=float,
+        default=0.005,
+        help="probability per generate call that the policy's engine dies (the runner rebuilds it)",
+    )
     p.add_argument("--restart-wait-s", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -348,11 +419,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import psutil
     import ray
 
     import rllib_r3l  # noqa: F401  (registers R3L)
-
-    import psutil
 
     before = {p.pid for p in psutil.process_iter()}
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)

@@ -52,8 +52,9 @@ def tokenizer(tiny_tokenizer):
     return tiny_tokenizer
 
 
-RAY_SESSION_KWARGS = dict(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                          ignore_reinit_error=True)
+RAY_SESSION_KWARGS = dict(
+    address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True
+)
 
 
 @pytest.fixture(scope="module")

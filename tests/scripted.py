@@ -103,8 +103,17 @@ def walk_policy(unguided: str = "left", guided: str = "right") -> Callable:
     return policy
 
 
-def make_trajectory(parts, *, reward: float, group_id: str, kind=None, credit_from_turn: int = 0,
-                    weight: float = 1.0, fixed_advantage: Optional[float] = None, first_id: int = 10):
+def make_trajectory(
+    parts,
+    *,
+    reward: float,
+    group_id: str,
+    kind=None,
+    credit_from_turn: int = 0,
+    weight: float = 1.0,
+    fixed_advantage: Optional[float] = None,
+    first_id: int = 10,
+):
     """A hand-made trajectory: ``parts`` is a list of ``(role, num_tokens, turn)``.
 
     Token ids count up from ``first_id`` (distinct, inside any vocabulary used here); response
@@ -118,42 +127,89 @@ def make_trajectory(parts, *, reward: float, group_id: str, kind=None, credit_fr
         ids = list(range(nxt, nxt + n))
         nxt += n
         segs.append(Segment(role, ids, turn=turn, logprobs=[-1.0] * n if role == "response" else None))
-    return Trajectory(segments=segs, reward=reward, group_id=group_id, kind=kind or Kind.BASE,
-                      credit_from_turn=credit_from_turn, weight=weight, fixed_advantage=fixed_advantage,
-                      num_turns=1 + max(t for _, _, t in parts))
+    return Trajectory(
+        segments=segs,
+        reward=reward,
+        group_id=group_id,
+        kind=kind or Kind.BASE,
+        credit_from_turn=credit_from_turn,
+        weight=weight,
+        fixed_advantage=fixed_advantage,
+        num_turns=1 + max(t for _, _, t in parts),
+    )
 
 
 # A hand-made batch for the credit and loss tests: (name, parts, options, credited positions).
 # Positions are counted by hand from the parts: prompt/response runs laid end to end.
 HANDMADE = [
     # a base whose retry restarted at turn 1: its turn-0 response (positions 3-4) carries no credit
-    ("A", [("prompt", 3, 0), ("response", 2, 0), ("prompt", 2, 1), ("response", 3, 1)],
-     dict(reward=0.0, group_id="g", credit_from_turn=1), [7, 8, 9]),
+    (
+        "A",
+        [("prompt", 3, 0), ("response", 2, 0), ("prompt", 2, 1), ("response", 3, 1)],
+        dict(reward=0.0, group_id="g", credit_from_turn=1),
+        [7, 8, 9],
+    ),
     # a base without pivot, ending on an observation it never answered (positions 10-11)
-    ("B", [("prompt", 4, 0), ("response", 2, 0), ("prompt", 3, 1), ("response", 1, 1), ("prompt", 2, 2)],
-     dict(reward=0.7, group_id="g"), [4, 5, 9]),
+    (
+        "B",
+        [("prompt", 4, 0), ("response", 2, 0), ("prompt", 3, 1), ("response", 1, 1), ("prompt", 2, 2)],
+        dict(reward=0.7, group_id="g"),
+        [4, 5, 9],
+    ),
     # the retry from turn 1: its replayed turn-0 response (3-4) carries no credit
-    ("R", [("prompt", 3, 0), ("response", 2, 0), ("prompt", 2, 1), ("response", 2, 1), ("prompt", 1, 2),
-           ("response", 2, 2)],
-     dict(reward=1.0, group_id="g", kind="retry", credit_from_turn=1), [7, 8, 10, 11]),
+    (
+        "R",
+        [
+            ("prompt", 3, 0),
+            ("response", 2, 0),
+            ("prompt", 2, 1),
+            ("response", 2, 1),
+            ("prompt", 1, 2),
+            ("response", 2, 2),
+        ],
+        dict(reward=1.0, group_id="g", kind="retry", credit_from_turn=1),
+        [7, 8, 10, 11],
+    ),
     # auxiliary items: fixed advantage 1.0, alone in their group, weight aux_weight (0.5 here)
-    ("X", [("prompt", 5, 0), ("response", 3, 0)],
-     dict(reward=1.0, group_id="g/reflection/1", kind="reflection_sft", fixed_advantage=1.0, weight=0.5), [5, 6, 7]),
-    ("Y", [("prompt", 2, 0), ("response", 1, 0), ("prompt", 3, 1), ("response", 2, 1)],
-     dict(reward=1.0, group_id="g/retry_sft/1", kind="retry_sft", fixed_advantage=1.0, weight=0.5,
-          credit_from_turn=1), [6, 7]),
+    (
+        "X",
+        [("prompt", 5, 0), ("response", 3, 0)],
+        dict(reward=1.0, group_id="g/reflection/1", kind="reflection_sft", fixed_advantage=1.0, weight=0.5),
+        [5, 6, 7],
+    ),
+    (
+        "Y",
+        [("prompt", 2, 0), ("response", 1, 0), ("prompt", 3, 1), ("response", 2, 1)],
+        dict(
+            reward=1.0, group_id="g/retry_sft/1", kind="retry_sft", fixed_advantage=1.0, weight=0.5, credit_from_turn=1
+        ),
+        [6, 7],
+    ),
     # a group whose rewards are all equal: advantage 0, left out of the batch
     ("Z1", [("prompt", 2, 0), ("response", 2, 0)], dict(reward=0.5, group_id="h"), [2, 3]),
     ("Z2", [("prompt", 2, 0), ("response", 2, 0)], dict(reward=0.5, group_id="h"), [2, 3]),
     # a success (advantage 1.0) and a member with no credited token (pivot past its last turn): left out
     ("V1", [("prompt", 2, 0), ("response", 2, 0)], dict(reward=1.0, group_id="v"), [2, 3]),
-    ("V2", [("prompt", 2, 0), ("response", 2, 0), ("prompt", 1, 1), ("response", 1, 1)],
-     dict(reward=0.0, group_id="v", kind="retry", credit_from_turn=3), []),
+    (
+        "V2",
+        [("prompt", 2, 0), ("response", 2, 0), ("prompt", 1, 1), ("response", 1, 1)],
+        dict(reward=0.0, group_id="v", kind="retry", credit_from_turn=3),
+        [],
+    ),
 ]
 # Advantages by hand: group g rewards (0, 0.7, 1.0), mean 0.5667: A -0.5667 (negative: unchanged),
 # B (0.7 - 0.5667) x 3 = 0.4 (amplified), R 1.0 (success); X, Y fixed 1.0; h: 0, 0; v: V1 1.0, V2 -0.5.
-HANDMADE_ADVANTAGES = {"A": -1.7 / 3, "B": 0.4, "R": 1.0, "X": 1.0, "Y": 1.0, "Z1": 0.0, "Z2": 0.0,
-                       "V1": 1.0, "V2": -0.5}
+HANDMADE_ADVANTAGES = {
+    "A": -1.7 / 3,
+    "B": 0.4,
+    "R": 1.0,
+    "X": 1.0,
+    "Y": 1.0,
+    "Z1": 0.0,
+    "Z2": 0.0,
+    "V1": 1.0,
+    "V2": -0.5,
+}
 HANDMADE_KEPT = ["A", "B", "R", "X", "Y", "V1"]  # rows of the learner batch, in this order
 
 
@@ -175,8 +231,13 @@ def handmade_trajectories(**overrides):
 # The exploration the mechanism tests script against: every base episode reflected on (the authors'
 # code), both auxiliary items, the numbered-log reflection context, no context cap on auxiliary items.
 # R3LConfig's defaults differ (rllib_r3l.options); tests of those build ExploreOptions.from_config.
-SCRIPTED_EXPLORE = dict(reflect_on="all", aux_items=("reflection_sft", "retry_sft"), reflection_context="log",
-                        max_reflection_tokens=512, max_context_tokens=None)
+SCRIPTED_EXPLORE = dict(
+    reflect_on="all",
+    aux_items=("reflection_sft", "retry_sft"),
+    reflection_context="log",
+    max_reflection_tokens=512,
+    max_context_tokens=None,
+)
 
 
 def explore_options(**overrides):

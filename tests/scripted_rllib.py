@@ -16,8 +16,8 @@ import os
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_r3l.runner.env_runner import R3LEnvRunner
 from rllib_r3l.learner.torch_learner import R3LTorchLearner
+from rllib_r3l.runner.env_runner import R3LEnvRunner
 from tests.scripted import ScriptedBackend, corridor_policy
 
 
@@ -40,8 +40,12 @@ class RecordingLearner(R3LTorchLearner):
         off = (torch.as_tensor(b["on_policy"]) == 0) & rows
         aux = off & (torch.as_tensor(b["weights"]) != 1.0)
         delta = sum(float((p.detach() - before[k]).pow(2).sum()) for k, p in self._params.items()) ** 0.5
-        for key, value in (("rows", int(rows.sum())), ("off_policy_rows", int(off.sum())),
-                           ("aux_rows", int(aux.sum())), ("weight_delta", delta)):
+        for key, value in (
+            ("rows", int(rows.sum())),
+            ("off_policy_rows", int(off.sum())),
+            ("aux_rows", int(aux.sum())),
+            ("weight_delta", delta),
+        ):
             self.metrics.log_value(("r3l_test", key), value, reduce="sum")
         return out
 
@@ -50,11 +54,18 @@ def tiny_config(**training):
     """The smallest real R3L run: the tiny model on ToyCorridor (3 rooms), transformers backend, seeded."""
     from rllib_r3l import R3LConfig
 
-    opts = dict(model="tiny", group_size=4, tasks_per_iteration=2, backend="transformers", max_response_tokens=8,
-                max_reflection_tokens=24, micro_batch_size=4, lr=1e-4)
+    opts = dict(
+        model="tiny",
+        group_size=4,
+        tasks_per_iteration=2,
+        backend="transformers",
+        max_response_tokens=8,
+        max_reflection_tokens=24,
+        micro_batch_size=4,
+        lr=1e-4,
+    )
     opts.update(training)
-    return (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
-            .training(**opts).debugging(seed=0))
+    return R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3}).training(**opts).debugging(seed=0)
 
 
 def resume_config():
@@ -72,8 +83,9 @@ def build_learner(**training):
     from rllib_r3l import R3LConfig
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cfg = R3LConfig().training(**{"model": "tiny", "backend": "transformers", "lr": 1e-3, "weight_decay": 0.0,
-                                  **training})
+    cfg = R3LConfig().training(
+        **{"model": "tiny", "backend": "transformers", "lr": 1e-3, "weight_decay": 0.0, **training}
+    )
     space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
     learner = cfg.build_learner(env=None, spaces={"__env__": space, DEFAULT_MODULE_ID: space})
     learner.build()

@@ -1,6 +1,5 @@
 """R3L through Ray Tune and RLlib for real: registration, training, checkpoint, restore."""
 
-
 import pytest
 
 from tests.hang_guard import HANG_GUARD_S
@@ -13,15 +12,17 @@ def test_registered_with_tune_on_import_and_across_ray_sessions():
     import subprocess
     import sys
 
-    code = ("import os; os.environ['RAY_AUTH_MODE'] = 'disabled'\n"
-            "import ray, rllib_r3l\n"
-            "from ray.tune.registry import get_trainable_cls\n"
-            "assert get_trainable_cls('R3L') is rllib_r3l.R3L\n"
-            "for _ in range(2):\n"
-            "    ray.init(address='local', num_cpus=1, include_dashboard=False)\n"
-            "    assert get_trainable_cls('R3L') is rllib_r3l.R3L\n"
-            "    ray.shutdown()\n"
-            "print('ok')\n")
+    code = (
+        "import os; os.environ['RAY_AUTH_MODE'] = 'disabled'\n"
+        "import ray, rllib_r3l\n"
+        "from ray.tune.registry import get_trainable_cls\n"
+        "assert get_trainable_cls('R3L') is rllib_r3l.R3L\n"
+        "for _ in range(2):\n"
+        "    ray.init(address='local', num_cpus=1, include_dashboard=False)\n"
+        "    assert get_trainable_cls('R3L') is rllib_r3l.R3L\n"
+        "    ray.shutdown()\n"
+        "print('ok')\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
@@ -30,8 +31,10 @@ def test_import_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, rllib_r3l; bad = [m for m in ('vllm', 'transformers') if m in sys.modules]; "
-            "import ray; print(ray.is_initialized(), bad)")
+    code = (
+        "import sys, rllib_r3l; bad = [m for m in ('vllm', 'transformers') if m in sys.modules]; "
+        "import ray; print(ray.is_initialized(), bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False []"  # no model library loaded, no Ray started
@@ -48,8 +51,9 @@ def test_tune_run_two_iterations_then_restore_and_continue(ray_session, tmp_path
     # seeded sampling: with reflect_on="failures" an iteration whose episodes all succeed reflects on
     # nothing and reports no reflection metrics; a fixed seed makes "some failure to reflect on" certain
     cfg = tiny_config(sampling_seed=0).env_runners(num_env_runners=num_env_runners, num_cpus_per_env_runner=0.5)
-    analysis = tune.run("R3L", config=cfg, stop={"training_iteration": 2}, storage_path=str(tmp_path),
-                        checkpoint_at_end=True, verbose=0)
+    analysis = tune.run(
+        "R3L", config=cfg, stop={"training_iteration": 2}, storage_path=str(tmp_path), checkpoint_at_end=True, verbose=0
+    )
     trial = analysis.trials[0]
     assert trial.status == "TERMINATED", trial.error_file
     # the retry ledger: one row per reflection (and retry), in the trial's folder beside result.json
@@ -57,8 +61,9 @@ def test_tune_run_two_iterations_then_restore_and_continue(ray_session, tmp_path
 
     rows = retry_ledger.read(os.path.join(trial.path, retry_ledger.LEDGER_FILE))
     assert rows and {r["iteration"] for r in rows} <= {1, 2} and all(r["task_seed"] is not None for r in rows)
-    assert retry_ledger.funnel(rows)["reflections"] == len({(r["iteration"], r["group_id"], r["reflection"])
-                                                             for r in rows})
+    assert retry_ledger.funnel(rows)["reflections"] == len(
+        {(r["iteration"], r["group_id"], r["reflection"]) for r in rows}
+    )
     res = trial.last_result
     assert res["training_iteration"] == 2
     er = res["env_runners"]
@@ -76,7 +81,7 @@ def test_tune_run_two_iterations_then_restore_and_continue(ray_session, tmp_path
         r = algo.train()
         assert r["training_iteration"] == 3
         after = retry_ledger.read(algo.retry_ledger_path)
-        assert after[:len(rows)] == rows and {x["iteration"] for x in after[len(rows):]} <= {3}
+        assert after[: len(rows)] == rows and {x["iteration"] for x in after[len(rows) :]} <= {3}
     finally:
         algo.stop()
 
@@ -137,8 +142,9 @@ def test_a_misspelt_stop_key_is_refused_at_trial_start_not_trained_on_forever(ra
         if door == "tune.run":
             tune.run("R3L", config=cfg, stop=stop, storage_path=str(tmp_path), verbose=0)
         else:
-            tune.Tuner("R3L", param_space=cfg, run_config=tune.RunConfig(stop=stop, storage_path=str(tmp_path),
-                                                                        verbose=0)).fit()
+            tune.Tuner(
+                "R3L", param_space=cfg, run_config=tune.RunConfig(stop=stop, storage_path=str(tmp_path), verbose=0)
+            ).fit()
     assert not list(tmp_path.rglob("result.json")) or all(p.stat().st_size == 0 for p in tmp_path.rglob("result.json"))
 
 
@@ -148,14 +154,18 @@ def test_a_misspelt_checkpoint_score_attribute_is_refused_through_the_tuner(ray_
 
     ckpt = tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="env_runners/succes_rate")
     with pytest.raises(Exception, match=r"checkpoint_score_attribute.*did you mean 'env_runners/success_rate'"):
-        tune.Tuner("R3L", param_space=tiny_config(), run_config=tune.RunConfig(
-            stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0, checkpoint_config=ckpt)).fit()
+        tune.Tuner(
+            "R3L",
+            param_space=tiny_config(),
+            run_config=tune.RunConfig(
+                stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0, checkpoint_config=ckpt
+            ),
+        ).fit()
     assert not list(tmp_path.rglob("result.json")) or all(p.stat().st_size == 0 for p in tmp_path.rglob("result.json"))
 
 
 @pytest.mark.parametrize("door", ["ASHAScheduler", "TuneConfig"])
-def test_a_misspelt_scheduler_or_tune_config_metric_is_refused_before_the_first_iteration(ray_session, tmp_path,
-                                                                                           door):
+def test_a_misspelt_scheduler_or_tune_config_metric_is_refused_before_the_first_iteration(ray_session, tmp_path, door):
     """Tune itself raised only at the first result (a whole iteration later), as a 23 kB traceback line. The
     check reads the metrics through the controller that calls the callback's setup (``controller_metrics``):
     if a Ray version moves that, this test fails instead of the check going quiet."""
@@ -170,8 +180,11 @@ def test_a_misspelt_scheduler_or_tune_config_metric_is_refused_before_the_first_
     else:
         tune_config = tune.TuneConfig(metric=bad, mode="max")
         where = r"tune.TuneConfig\(metric=\.\.\.\)"
-    with pytest.raises(Exception, match=where + r".*'env_runners/episode_reward_mean' is not a metric of R3L's "
-                                        r"results \(did you mean 'env_runners/episode_return_mean'\?\)"):
+    with pytest.raises(
+        Exception,
+        match=where + r".*'env_runners/episode_reward_mean' is not a metric of R3L's "
+        r"results \(did you mean 'env_runners/episode_return_mean'\?\)",
+    ):
         tune.Tuner("R3L", param_space=tiny_config(), tune_config=tune_config, run_config=run_config).fit()
     assert not list(tmp_path.rglob("result.json")) or all(p.stat().st_size == 0 for p in tmp_path.rglob("result.json"))
     from rllib_r3l.stopping import check_search_metric

@@ -19,8 +19,15 @@ LENGTHS = {name: sum(n for _r, n, _t in parts) for name, parts, _opts, _pos in H
 
 
 def build(trajs, **kw):
-    opts = dict(pad_token_id=PAD, std_normalize=False, positive_amplification=True, alpha=3.0,
-                success_reward=1.0, pivotal_credit=True, max_length=64)
+    opts = dict(
+        pad_token_id=PAD,
+        std_normalize=False,
+        positive_amplification=True,
+        alpha=3.0,
+        success_reward=1.0,
+        pivotal_credit=True,
+        max_length=64,
+    )
     opts.update(kw)
     return build_train_batch(trajs, **opts)
 
@@ -81,12 +88,12 @@ def test_amplification_and_std_switches_reach_the_batch():
     plain, _ = build(trajs, positive_amplification=False, skip_zero_advantage=False)
     # group g without amplification: r - mean; v: 0.5, -0.5 (V2 left out: no credited token)
     g_mean = 1.7 / 3
-    np.testing.assert_allclose(plain["advantages"],
-                               [0.0 - g_mean, 0.7 - g_mean, 1.0 - g_mean, 1.0, 1.0, 0.0, 0.0, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(
+        plain["advantages"], [0.0 - g_mean, 0.7 - g_mean, 1.0 - g_mean, 1.0, 1.0, 0.0, 0.0, 0.5], rtol=1e-6
+    )
     std, _ = build(trajs, positive_amplification=False, std_normalize=True, skip_zero_advantage=False)
     sd = float(np.std([0.0, 0.7, 1.0], ddof=1))
-    np.testing.assert_allclose(std["advantages"][:3], [(r - g_mean) / (sd + 1e-6) for r in (0.0, 0.7, 1.0)],
-                               rtol=1e-5)
+    np.testing.assert_allclose(std["advantages"][:3], [(r - g_mean) / (sd + 1e-6) for r in (0.0, 0.7, 1.0)], rtol=1e-5)
     amp5, _ = build(trajs, alpha=5.0)
     assert amp5["advantages"][1] == pytest.approx((0.7 - g_mean) * 5.0)
 
@@ -120,7 +127,7 @@ def test_scripted_exploration_batch_rows(tiny_tokenizer):
                 expected.extend(range(pos, pos + len(s.token_ids)))
             pos += len(s.token_ids)
         assert np.flatnonzero(row).tolist() == expected, t.kind
-        assert batch["input_ids"][i, :len(ids)].tolist() == ids
+        assert batch["input_ids"][i, : len(ids)].tolist() == ids
         assert batch["num_loss_tokens"][i] == len(expected)
         assert batch["on_policy"][i] == float(t.kind is Kind.BASE)
         aux = t.kind in (Kind.REFLECTION_SFT, Kind.RETRY_SFT)

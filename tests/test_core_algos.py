@@ -116,8 +116,9 @@ def test_clipped_ratio_only_where_ratio_mask():
     old = torch.log(torch.tensor([0.5, 0.5]))  # ratio 2
     adv = torch.tensor([1.0, 1.0])
     mask = torch.ones(2)
-    loss, stats = ca.policy_gradient_loss(logp, adv, mask, old_logprobs=old, ratio_mask=torch.tensor([1.0, 0.0]),
-                                          clip_low=0.2, clip_high=0.2)
+    loss, stats = ca.policy_gradient_loss(
+        logp, adv, mask, old_logprobs=old, ratio_mask=torch.tensor([1.0, 0.0]), clip_low=0.2, clip_high=0.2
+    )
     # token 0: -min(2*1, 1.2*1) = -1.2 ; token 1 (retry data, no ratio): -1 * 0 = 0
     assert float(loss) == pytest.approx(-1.2 / 2)
     assert float(stats["clip_fraction"]) == pytest.approx(1.0)
@@ -169,10 +170,14 @@ def test_the_paper_rl_term_averages_over_every_trajectory_of_the_group_by_hand()
 
 def test_paper_objective_is_rl_trajectory_mean_plus_sft_term_by_hand():
     """L = -(1/|G|) sum_tau (1/|tau|) sum_t A log pi  +  -(1/|D_aux|) sum_aux (1/|tau|) sum_t log pi."""
-    logp = torch.tensor([[-1.0, -3.0, 0.0, 0.0],      # RL, A = 0.5
-                         [-2.0, -2.0, -2.0, -2.0],    # RL, A = -1
-                         [-1.0, -1.0, -4.0, 0.0],     # auxiliary, A = 1
-                         [-6.0, 0.0, 0.0, 0.0]])      # auxiliary, A = 1
+    logp = torch.tensor(
+        [
+            [-1.0, -3.0, 0.0, 0.0],  # RL, A = 0.5
+            [-2.0, -2.0, -2.0, -2.0],  # RL, A = -1
+            [-1.0, -1.0, -4.0, 0.0],  # auxiliary, A = 1
+            [-6.0, 0.0, 0.0, 0.0],
+        ]
+    )  # auxiliary, A = 1
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.float32)
     adv = torch.tensor([0.5, -1.0, 1.0, 1.0])[:, None].expand(4, 4)
     factors = ca.loss_aggregation_weights(mask.sum(1).numpy(), "paper", is_aux=[False, False, True, True])

@@ -28,10 +28,14 @@ def test_group_relative_advantages_edges():
     np.testing.assert_allclose(ca.group_relative_advantages([0.4, 1.0, 0.0], ["s", "g", "g"]), [0.4, 0.5, -0.5])
     # std normalisation: the default eps is tiny; a given eps is added to the std
     r = [1.0, 0.0, 0.0, 0.0]  # std 0.5
-    np.testing.assert_allclose(ca.group_relative_advantages(r, ["g"] * 4, std_normalize=True),
-                               np.array([0.75, -0.25, -0.25, -0.25]) / (0.5 + 1e-6), rtol=1e-9)
-    np.testing.assert_allclose(ca.group_relative_advantages(r, ["g"] * 4, std_normalize=True, eps=0.5),
-                               [0.75, -0.25, -0.25, -0.25], rtol=1e-9)
+    np.testing.assert_allclose(
+        ca.group_relative_advantages(r, ["g"] * 4, std_normalize=True),
+        np.array([0.75, -0.25, -0.25, -0.25]) / (0.5 + 1e-6),
+        rtol=1e-9,
+    )
+    np.testing.assert_allclose(
+        ca.group_relative_advantages(r, ["g"] * 4, std_normalize=True, eps=0.5), [0.75, -0.25, -0.25, -0.25], rtol=1e-9
+    )
     with pytest.raises(ValueError, match=r"^rewards must be 1-D, got shape \(1, 2\)$"):
         ca.group_relative_advantages([[1.0, 0.0]], ["g"])
     with pytest.raises(ValueError, match=r"^rewards contain NaN or inf; fix the environment's reward$"):
@@ -81,8 +85,10 @@ def test_kl_estimators_away_from_one_and_k3_by_default():
 
 
 def test_kind_counts_names_every_kind():
-    trajs = [make_trajectory([("prompt", 1, 0), ("response", 1, 0)], reward=0.0, group_id="g", kind=k)
-             for k in (Kind.BASE, Kind.BASE, Kind.RETRY, Kind.RETRY_SFT)]
+    trajs = [
+        make_trajectory([("prompt", 1, 0), ("response", 1, 0)], reward=0.0, group_id="g", kind=k)
+        for k in (Kind.BASE, Kind.BASE, Kind.RETRY, Kind.RETRY_SFT)
+    ]
     assert kind_counts(trajs) == {"base": 2, "retry": 1, "reflection_sft": 0, "retry_sft": 1}
     assert kind_counts([]) == {"base": 0, "retry": 0, "reflection_sft": 0, "retry_sft": 0}
 
@@ -93,8 +99,14 @@ def test_loss_share_by_kind_hand_values():
     win = make_trajectory([("prompt", 2, 0), ("response", 3, 0)], reward=1.0, group_id="g")
     win.success = True
     lose = make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=0.0, group_id="g")
-    refl = make_trajectory([("prompt", 5, 0), ("response", 4, 0)], reward=1.0, group_id="g/reflection",
-                           kind=Kind.REFLECTION_SFT, weight=0.5, fixed_advantage=1.0)
+    refl = make_trajectory(
+        [("prompt", 5, 0), ("response", 4, 0)],
+        reward=1.0,
+        group_id="g/reflection",
+        kind=Kind.REFLECTION_SFT,
+        weight=0.5,
+        fixed_advantage=1.0,
+    )
     batch, _ = _build([win, lose, refl])
     share = loss_share_by_kind(batch)
     assert share["base"]["credited_tokens"] == 5 and share["reflection_sft"]["credited_tokens"] == 4
@@ -138,8 +150,15 @@ def test_build_train_batch_folds_sequence_mean_into_the_kept_items_weights():
 
 
 def _build(trajs, **kw):
-    opts = dict(pad_token_id=0, std_normalize=False, positive_amplification=True, alpha=3.0, success_reward=1.0,
-                pivotal_credit=True, max_length=64)
+    opts = dict(
+        pad_token_id=0,
+        std_normalize=False,
+        positive_amplification=True,
+        alpha=3.0,
+        success_reward=1.0,
+        pivotal_credit=True,
+        max_length=64,
+    )
     opts.update(kw)
     return build_train_batch(trajs, **opts)
 
@@ -173,8 +192,12 @@ def test_select_trainable_counts_and_drops_partial_groups():
     p2 = GroupResult("c", trajectories=t[3:], lost=[t[3]], complete=False)
     out, counts = select_trainable([p1, whole, p2])
     assert out == t[1:3]
-    assert dict(counts) == {"groups": 3, "episodes_lost": 3, "partial_groups": 2,
-                            "episodes_dropped_with_partial_group": 3}
+    assert dict(counts) == {
+        "groups": 3,
+        "episodes_lost": 3,
+        "partial_groups": 2,
+        "episodes_dropped_with_partial_group": 3,
+    }
     out, counts = select_trainable([p1, whole, p2], drop_partial_groups=False)
     assert out == t
     assert dict(counts) == {"groups": 3, "episodes_lost": 3, "partial_groups": 2}
@@ -183,8 +206,14 @@ def test_select_trainable_counts_and_drops_partial_groups():
 def test_fixed_advantages_override_and_stay_out_of_group_statistics():
     base = [make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=r, group_id="g") for r in (0.5, 0.0)]
     # an auxiliary item that shares the group id and would score 0.5 x 3 on its own: fixed 1.0
-    aux = make_trajectory([("prompt", 2, 0), ("response", 2, 0)], reward=0.5, group_id="g", kind=Kind.REFLECTION_SFT,
-                          fixed_advantage=1.0, weight=0.25)
+    aux = make_trajectory(
+        [("prompt", 2, 0), ("response", 2, 0)],
+        reward=0.5,
+        group_id="g",
+        kind=Kind.REFLECTION_SFT,
+        fixed_advantage=1.0,
+        weight=0.25,
+    )
     batch, adv = _build(base + [aux])
     np.testing.assert_allclose(adv, [0.75, -0.25, 1.0])  # base mean 0.25 (the aux item not in it)
     assert batch["weights"].tolist() == [1.0, 1.0, 0.25]
@@ -224,8 +253,9 @@ def test_old_logprobs_without_ratio_mask_is_the_plain_objective():
 
 def test_kl_term_defaults_to_k3_and_a_single_token_is_its_own_mean():
     d = torch.tensor([0.5])  # log p - log q
-    loss, stats = ca.policy_gradient_loss(torch.tensor([-1.0]), torch.zeros(1), torch.ones(1),
-                                          ref_logprobs=torch.tensor([-1.5]), kl_coef=0.1)
+    loss, stats = ca.policy_gradient_loss(
+        torch.tensor([-1.0]), torch.zeros(1), torch.ones(1), ref_logprobs=torch.tensor([-1.5]), kl_coef=0.1
+    )
     k3 = float(torch.exp(-d) + d - 1.0)
     assert float(loss) == pytest.approx(0.1 * k3) and float(stats["kl"]) == pytest.approx(k3)
     # one credited token: the token mean divides by 1
@@ -234,8 +264,9 @@ def test_kl_term_defaults_to_k3_and_a_single_token_is_its_own_mean():
 
 
 def test_boolean_masks_and_integer_advantages():
-    loss, stats = ca.policy_gradient_loss(torch.tensor([-1.0, -2.0, -4.0]), torch.tensor([2, -1, 3]),
-                                          torch.tensor([True, True, False]))
+    loss, stats = ca.policy_gradient_loss(
+        torch.tensor([-1.0, -2.0, -4.0]), torch.tensor([2, -1, 3]), torch.tensor([True, True, False])
+    )
     assert loss.dtype == torch.float32 and float(loss) == pytest.approx((2.0 - 2.0) / 2)
     assert float(stats["pg_loss"]) == pytest.approx(0.0)
 
@@ -257,8 +288,17 @@ def test_policy_gradient_loss_every_term_and_statistic_by_hand():
     kl_mask = t([1.0, 0.0, 1.0, 1.0])
     ref = t([-1.0, -1.0, -1.0, -1.0])
     weights = t([1.0, 2.0, 0.5, 1.0])
-    loss, stats = ca.policy_gradient_loss(logp, adv, mask, weights=weights, old_logprobs=old, ratio_mask=ratio_mask,
-                                          ref_logprobs=ref, kl_mask=kl_mask, kl_coef=0.1)
+    loss, stats = ca.policy_gradient_loss(
+        logp,
+        adv,
+        mask,
+        weights=weights,
+        old_logprobs=old,
+        ratio_mask=ratio_mask,
+        ref_logprobs=ref,
+        kl_mask=kl_mask,
+        kl_coef=0.1,
+    )
     r0 = np.exp(0.5)
     # policy term: token 0 clipped -min(r0 * 1, 1.2 * 1) = -1.2; token 1 plain -(-1)(-2) = -2; token 2 ratio 1: -2
     pg = [-1.2, -2.0, -2.0]
@@ -270,11 +310,22 @@ def test_policy_gradient_loss_every_term_and_statistic_by_hand():
     assert float(stats["kl"]) == pytest.approx((k3[0] + k3[2]) / 3, rel=1e-5)
     assert float(stats["clip_fraction"]) == pytest.approx(0.5)  # token 0 of the two ratio tokens
     assert float(stats["mean_ratio"]) == pytest.approx((r0 + 1.0) / 2, rel=1e-6)
-    loss_k1, _ = ca.policy_gradient_loss(logp, adv, mask, weights=weights, old_logprobs=old, ratio_mask=ratio_mask,
-                                         ref_logprobs=ref, kl_mask=kl_mask, kl_coef=0.1, kl_kind="k1")
+    loss_k1, _ = ca.policy_gradient_loss(
+        logp,
+        adv,
+        mask,
+        weights=weights,
+        old_logprobs=old,
+        ratio_mask=ratio_mask,
+        ref_logprobs=ref,
+        kl_mask=kl_mask,
+        kl_coef=0.1,
+        kl_kind="k1",
+    )
     k1_terms = [0.0, 0.0, 0.1 * 0.5]
-    assert float(loss_k1) == pytest.approx(sum(w * (p + k) for w, p, k in zip([1.0, 2.0, 0.5], pg, k1_terms)) / 3,
-                                           rel=1e-6)
+    assert float(loss_k1) == pytest.approx(
+        sum(w * (p + k) for w, p, k in zip([1.0, 2.0, 0.5], pg, k1_terms)) / 3, rel=1e-6
+    )
     with pytest.raises(ValueError, match=r"^kl_coef > 0 needs ref_logprobs \(a frozen reference model\)$"):
         ca.policy_gradient_loss(logp, adv, mask, kl_coef=0.1)
 

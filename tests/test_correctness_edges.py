@@ -17,12 +17,12 @@ import environments
 from environments.toy import ToyCorridorEnv
 from rllib_r3l import core_algos as ca
 from rllib_r3l.batch import build_train_batch, drop_overlong
+from rllib_r3l.models import stop_token_ids
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.runner.explore import Explorer, GroupResult
-from rllib_r3l.models import stop_token_ids
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory, collate
-from tests.scripted import explore_options, ScriptedBackend
+from tests.scripted import ScriptedBackend, explore_options
 
 SEED = 11  # ToyCorridor(4 rooms): start in room 2, coin in room 4
 
@@ -31,19 +31,24 @@ def make_trajectory(parts, *, reward, group_id, kind=Kind.BASE):
     """``parts``: ``(role, num_tokens, turn)`` runs with distinct token ids; responses log-prob -1."""
     segs, nxt = [], 10
     for role, n, turn in parts:
-        segs.append(Segment(role, list(range(nxt, nxt + n)), turn=turn,
-                            logprobs=[-1.0] * n if role == "response" else None))
+        segs.append(
+            Segment(role, list(range(nxt, nxt + n)), turn=turn, logprobs=[-1.0] * n if role == "response" else None)
+        )
         nxt += n
-    return Trajectory(segments=segs, reward=reward, group_id=group_id, kind=kind,
-                      num_turns=1 + max(t for _, _, t in parts))
+    return Trajectory(
+        segments=segs, reward=reward, group_id=group_id, kind=kind, num_turns=1 + max(t for _, _, t in parts)
+    )
 
 
 def _explorer(tokenizer, *, group_size=4, max_context_tokens=4096, env_config=None, env_cls=None, **kw):
     chat = ChatFormat(tokenizer)
     backend = ScriptedBackend(tokenizer, pivot=1)
     opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=max_context_tokens, temperature=1.0)
-    factory = (lambda: env_cls(**(env_config or {"num_rooms": 4}))) if env_cls else \
-        (lambda: environments.make("r3l/ToyCorridor", env_config or {"num_rooms": 4}))
+    factory = (
+        (lambda: env_cls(**(env_config or {"num_rooms": 4})))
+        if env_cls
+        else (lambda: environments.make("r3l/ToyCorridor", env_config or {"num_rooms": 4}))
+    )
     runner = EpisodeRunner(backend, chat, factory, opts)
     return Explorer(runner, chat, explore_options(group_size=group_size, max_context_tokens=max_context_tokens, **kw))
 
@@ -63,8 +68,16 @@ def test_overlong_reflection_item_is_dropped_and_counted_not_fatal(tokenizer):
     assert Kind.REFLECTION_SFT not in kinds and Kind.RETRY in kinds and Kind.RETRY_SFT in kinds
     assert ex2.counters["reflection_sft_items_too_long"] == 2
     # everything left fits the learner: collating with the same limit does not raise
-    batch, _ = build_train_batch(group2.trajectories, pad_token_id=0, std_normalize=False, positive_amplification=True,
-                                 alpha=3.0, success_reward=1.0, pivotal_credit=True, max_length=limit)
+    batch, _ = build_train_batch(
+        group2.trajectories,
+        pad_token_id=0,
+        std_normalize=False,
+        positive_amplification=True,
+        alpha=3.0,
+        success_reward=1.0,
+        pivotal_credit=True,
+        max_length=limit,
+    )
     assert batch["input_ids"].shape[1] <= limit
 
 
@@ -87,8 +100,16 @@ def test_float_sum_success_is_a_success_everywhere():
     won = make_trajectory([("prompt", 3, 0), ("response", 2, 0)], reward=0.5, group_id="g")
     won.success = True
     lost = make_trajectory([("prompt", 3, 0), ("response", 2, 0)], reward=0.0, group_id="g")
-    _, adv = build_train_batch([won, lost], pad_token_id=0, std_normalize=False, positive_amplification=True,
-                               alpha=3.0, success_reward=1.0, pivotal_credit=True, max_length=100)
+    _, adv = build_train_batch(
+        [won, lost],
+        pad_token_id=0,
+        std_normalize=False,
+        positive_amplification=True,
+        alpha=3.0,
+        success_reward=1.0,
+        pivotal_credit=True,
+        max_length=100,
+    )
     np.testing.assert_allclose(adv, [1.0, -0.25])
 
 
@@ -115,8 +136,16 @@ def test_equal_rewards_that_floats_cannot_represent_give_exact_zeros():
         adv = ca.group_relative_advantages(r, ["g"] * 4, std_normalize=std)
         assert np.all(adv == 0.0), adv  # before: +-1e-17, and +-0.87 with std-normalisation
     trajs = [make_trajectory([("prompt", 3, 0), ("response", 2, 0)], reward=x, group_id="g") for x in r]
-    batch, adv = build_train_batch(trajs, pad_token_id=0, std_normalize=False, positive_amplification=True,
-                                   alpha=3.0, success_reward=1.0, pivotal_credit=True, max_length=100)
+    batch, adv = build_train_batch(
+        trajs,
+        pad_token_id=0,
+        std_normalize=False,
+        positive_amplification=True,
+        alpha=3.0,
+        success_reward=1.0,
+        pivotal_credit=True,
+        max_length=100,
+    )
     assert len(batch["input_ids"]) == 0 and int(np.sum(adv == 0)) == 4
 
 
@@ -131,13 +160,15 @@ def test_on_policy_importance_ratio_is_one_under_choice_decoding(tiny_model_dir,
     torch.manual_seed(0)
     backend = HFBackend(tiny_model_dir, dtype="float32")
     chat = ChatFormat(tokenizer)
-    opts = RolloutOptions(max_turns=3, max_response_tokens=8, max_context_tokens=2048, temperature=temperature,
-                          action_decoding="choice")
+    opts = RolloutOptions(
+        max_turns=3, max_response_tokens=8, max_context_tokens=2048, temperature=temperature, action_decoding="choice"
+    )
     runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
     trajs = runner.run([EpisodeSpec(seed=SEED + i, group_id="g") for i in range(2)])
     runner.score_behaviour(trajs)
-    batch = {k: torch.as_tensor(v) for k, v in
-             collate(trajs, [1.0, -1.0], pad_token_id=tokenizer.pad_token_id or 0).items()}
+    batch = {
+        k: torch.as_tensor(v) for k, v in collate(trajs, [1.0, -1.0], pad_token_id=tokenizer.pad_token_id or 0).items()
+    }
     assert batch["has_behaviour_logprobs"].tolist() == [1.0, 1.0]
     lm = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -149,8 +180,13 @@ def test_on_policy_importance_ratio_is_one_under_choice_decoding(tiny_model_dir,
     assert (out["logprobs"] - sampler).abs().mean() > 1e-2
     torch.testing.assert_close(out["logprobs"], behaviour, atol=1e-5, rtol=0)
     adv = torch.ones_like(behaviour)
-    _, stats = ca.policy_gradient_loss(out["logprobs"], adv, torch.ones_like(adv), old_logprobs=behaviour,
-                                       ratio_mask=torch.ones_like(adv, dtype=torch.bool))
+    _, stats = ca.policy_gradient_loss(
+        out["logprobs"],
+        adv,
+        torch.ones_like(adv),
+        old_logprobs=behaviour,
+        ratio_mask=torch.ones_like(adv, dtype=torch.bool),
+    )
     assert float(stats["mean_ratio"]) == pytest.approx(1.0, abs=1e-5) and float(stats["clip_fraction"]) == 0.0
 
 
@@ -164,8 +200,9 @@ def _one_item_batch(learner, tokenizer, behaviour_offset: float):
     """One on-policy item whose behaviour log-probs are the learner's own plus an offset."""
     from rllib_r3l.learner.rl_module import R3LCausalLMModule
 
-    t = make_trajectory([("prompt", 5, 0), ("response", 4, 0), ("prompt", 3, 1), ("response", 3, 1)],
-                        reward=1.0, group_id="g")
+    t = make_trajectory(
+        [("prompt", 5, 0), ("response", 4, 0), ("prompt", 3, 1), ("response", 3, 1)], reward=1.0, group_id="g"
+    )
     b = {k: torch.as_tensor(v) for k, v in collate([t], [1.0], pad_token_id=0).items()}
     with torch.no_grad():
         lp = R3LCausalLMModule.token_logprobs(learner.module["default_policy"], b)["logprobs"]
@@ -250,11 +287,22 @@ def test_end_of_turn_is_the_templates_not_eos(eot_tokenizer):
     # two turns built from segments equal the template's own rendering, token for token
     sys_text = "Be brief."
     resp = tok.encode("go north", add_special_tokens=False) + [eot]
-    ctx = chat.system(sys_text) + chat.user_turn(sys_text, "Room 1.", first=True) + resp + \
-        chat.closes_turn(resp) + chat.user_turn(sys_text, "Room 2.", first=False)
-    msgs = [{"role": "system", "content": sys_text}, {"role": "user", "content": "Room 1."},
-            {"role": "assistant", "content": "go north"}, {"role": "user", "content": "Room 2."}]
-    want = tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    ctx = (
+        chat.system(sys_text)
+        + chat.user_turn(sys_text, "Room 1.", first=True)
+        + resp
+        + chat.closes_turn(resp)
+        + chat.user_turn(sys_text, "Room 2.", first=False)
+    )
+    msgs = [
+        {"role": "system", "content": sys_text},
+        {"role": "user", "content": "Room 1."},
+        {"role": "assistant", "content": "go north"},
+        {"role": "user", "content": "Room 2."},
+    ]
+    want = tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), add_special_tokens=False)[
+        "input_ids"
+    ]
     assert ctx == want
     # a truncated response, or one that stopped on EOS, is closed with the end of turn
     assert chat.closes_turn(tok.encode("go", add_special_tokens=False)) == [eot]
@@ -286,8 +334,9 @@ def test_runner_ended_episodes_get_the_environments_failure_reward(tokenizer):
 
 def test_a_retry_with_nothing_after_its_pivot_is_not_paired(tokenizer):
     ex = _explorer(tokenizer)
-    base = make_trajectory([("prompt", 3, 0), ("response", 2, 0), ("prompt", 2, 1), ("response", 3, 1)],
-                           reward=0.0, group_id="g")
+    base = make_trajectory(
+        [("prompt", 3, 0), ("response", 2, 0), ("prompt", 2, 1), ("response", 3, 1)], reward=0.0, group_id="g"
+    )
     empty = make_trajectory([("prompt", 3, 0), ("response", 2, 0)], reward=0.0, group_id="g", kind=Kind.RETRY)
     empty.pivot, empty.status = 1, Status.CONTEXT_OVERFLOW
     group = GroupResult(group_id="g", trajectories=[base])

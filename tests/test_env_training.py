@@ -1,6 +1,5 @@
 """Each offline environment family runs a short R3L training iteration for real (tiny model, CPU)."""
 
-
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -18,10 +17,21 @@ ENVS = [
 def test_one_r3l_iteration(ray_session, env_id, env_config):
     from rllib_r3l import R3LConfig
 
-    cfg = (R3LConfig().environment(env_id, env_config=env_config)
-           .training(model="tiny", group_size=2, tasks_per_iteration=1, backend="transformers", max_turns=3,
-                     max_response_tokens=12, max_reflection_tokens=24, lr=1e-4)
-           .debugging(seed=0))
+    cfg = (
+        R3LConfig()
+        .environment(env_id, env_config=env_config)
+        .training(
+            model="tiny",
+            group_size=2,
+            tasks_per_iteration=1,
+            backend="transformers",
+            max_turns=3,
+            max_response_tokens=12,
+            max_reflection_tokens=24,
+            lr=1e-4,
+        )
+        .debugging(seed=0)
+    )
     algo = cfg.build_algo()
     try:
         r = algo.train()

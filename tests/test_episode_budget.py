@@ -13,8 +13,9 @@ from tests.scripted import make_explorer
 SEED = 11  # ToyCorridor(4 rooms): every unguided base fails, every guided retry from turn 1 succeeds
 
 
-@pytest.mark.parametrize("cap, bases, retries, cut", [(None, 4, 4, 0), (8, 4, 4, 0), (6, 4, 2, 2), (4, 4, 0, 4),
-                                                      (3, 3, 0, 3), (0, 0, 0, 0)])
+@pytest.mark.parametrize(
+    "cap, bases, retries, cut", [(None, 4, 4, 0), (8, 4, 4, 0), (6, 4, 2, 2), (4, 4, 0, 4), (3, 3, 0, 3), (0, 0, 0, 0)]
+)
 def test_explore_starts_at_most_max_episodes_bases_first(tiny_tokenizer, cap, bases, retries, cut):
     ex, _ = make_explorer(tiny_tokenizer, reflect_on="failures")  # 2 tasks x 2 base episodes, one retry each
     groups = ex.explore([SEED, SEED], ["g0", "g1"], max_episodes=cap)

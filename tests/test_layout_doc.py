@@ -23,8 +23,11 @@ def _listed_modules():
 
 
 def test_the_layout_tree_lists_exactly_the_packages_modules():
-    actual = {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "rllib_r3l").rglob("*.py")
-              if p.name not in ("__init__.py", "__main__.py") or p.parent.name == "rllib_r3l"}
+    actual = {
+        p.relative_to(REPO_ROOT).as_posix()
+        for p in (REPO_ROOT / "rllib_r3l").rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py") or p.parent.name == "rllib_r3l"
+    }
     actual.discard("rllib_r3l/__main__.py")
     listed = _listed_modules()
     assert listed, "no module found in docs/layout.md's tree"
@@ -33,6 +36,9 @@ def test_the_layout_tree_lists_exactly_the_packages_modules():
 
 
 def test_no_module_of_the_package_is_much_over_400_lines():
-    long = {p.relative_to(REPO_ROOT).as_posix(): n for p in (REPO_ROOT / "rllib_r3l").rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 420}
+    long = {
+        p.relative_to(REPO_ROOT).as_posix(): n
+        for p in (REPO_ROOT / "rllib_r3l").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 420
+    }
     assert long == {}

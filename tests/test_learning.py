@@ -20,11 +20,23 @@ def test_tiny_model_learns_one_turn_task():
     from rllib_r3l import R3LConfig
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    cfg = (R3LConfig().environment("r3l/ToyWord", env_config={"fixed_target": "river"})
-           .training(model="tiny", group_size=8, tasks_per_iteration=4, backend="transformers", reflect=False,
-                     max_response_tokens=8, micro_batch_size=32, lr=3e-3, weight_decay=0.0,
-                     sampling_seed=0)  # seeded sampling: the same run every time, CI cannot flake
-           .debugging(seed=0))
+    cfg = (
+        R3LConfig()
+        .environment("r3l/ToyWord", env_config={"fixed_target": "river"})
+        .training(
+            model="tiny",
+            group_size=8,
+            tasks_per_iteration=4,
+            backend="transformers",
+            reflect=False,
+            max_response_tokens=8,
+            micro_batch_size=32,
+            lr=3e-3,
+            weight_decay=0.0,
+            sampling_seed=0,
+        )  # seeded sampling: the same run every time, CI cannot flake
+        .debugging(seed=0)
+    )
     algo = cfg.build_algo()
     try:
         success = [algo.train()["env_runners"]["success_rate"] for _ in range(12)]

@@ -10,13 +10,7 @@ import pytest
 import torch
 
 from rllib_r3l import build_cache, models
-from rllib_r3l.models import (
-    DEFAULT_MODEL,
-    ModelResolutionError,
-    load_causal_lm,
-    load_tokenizer,
-    resolve_model,
-)
+from rllib_r3l.models import DEFAULT_MODEL, ModelResolutionError, load_causal_lm, load_tokenizer, resolve_model
 from tests.hang_guard import HANG_GUARD_S
 
 
@@ -28,6 +22,7 @@ def _logits(model, ids):
 # ------------------------------------------------------------------------------------------------
 # The tiny model
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_tiny_model_builds_and_reloads(tiny_model_dir, tmp_path):
     path = Path(tiny_model_dir)
     for f in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
@@ -171,6 +166,7 @@ def test_default_model_conversion():
     assert torch.equal(logits, _logits(gguf_model.eval(), ids))
 
 
+@pytest.mark.slow
 def test_gguf_reads_are_shared_while_converting_and_restored_after():
     """``reuse_gguf_reads``: one reader per file and one name map per architecture inside; gguf's own
     functions back after (also after an error); a tokenizer read inside equals one read outside."""

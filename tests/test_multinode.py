@@ -36,9 +36,11 @@ def cluster():
     if ray.is_initialized():
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    nodes = {"rollout_a": c.add_node(num_cpus=1, resources={ROLLOUT: 1}),
-             "rollout_b": c.add_node(num_cpus=1, resources={ROLLOUT: 1}),
-             "train_a": c.add_node(num_cpus=1, resources={TRAIN: 1})}
+    nodes = {
+        "rollout_a": c.add_node(num_cpus=1, resources={ROLLOUT: 1}),
+        "rollout_b": c.add_node(num_cpus=1, resources={ROLLOUT: 1}),
+        "train_a": c.add_node(num_cpus=1, resources={TRAIN: 1}),
+    }
     c.wait_for_nodes()
     ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
     try:
@@ -68,11 +70,12 @@ def layout_config(**training):
     """Env runner on a rollout node, learner on the train node, as a user would place them."""
     from tests.scripted_rllib import tiny_config
 
-    return (tiny_config(sampling_seed=7, num_threads=1, **training)
-            .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5,
-                         custom_resources_per_env_runner={ROLLOUT: 1})
-            .learners(num_learners=1, num_cpus_per_learner=0.5, custom_resources_per_learner={TRAIN: 1})
-            .fault_tolerance(restart_failed_env_runners=True))
+    return (
+        tiny_config(sampling_seed=7, num_threads=1, **training)
+        .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5, custom_resources_per_env_runner={ROLLOUT: 1})
+        .learners(num_learners=1, num_cpus_per_learner=0.5, custom_resources_per_learner={TRAIN: 1})
+        .fault_tolerance(restart_failed_env_runners=True)
+    )
 
 
 def _node_id():
@@ -82,8 +85,9 @@ def _node_id():
 
 
 def runner_nodes(algo):
-    return dict(algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, _node_id()),
-                                                         local_env_runner=False))
+    return dict(
+        algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, _node_id()), local_env_runner=False)
+    )
 
 
 def learner_nodes(algo):
@@ -105,9 +109,12 @@ def learner_weights(algo):
 
 def runner_weights(algo):
     """Each remote runner's generation weights (the transformers backend's model)."""
-    return dict(algo.env_runner_group.foreach_env_runner(
-        lambda r: (r.worker_index, {k: v.detach().clone() for k, v in r.backend.model.state_dict().items()}),
-        local_env_runner=False))
+    return dict(
+        algo.env_runner_group.foreach_env_runner(
+            lambda r: (r.worker_index, {k: v.detach().clone() for k, v in r.backend.model.state_dict().items()}),
+            local_env_runner=False,
+        )
+    )
 
 
 def assert_engines_hold_the_learners_weights(algo):

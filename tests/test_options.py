@@ -9,7 +9,8 @@ import pytest
 
 from rllib_r3l import R3LConfig, options
 from rllib_r3l.batch import train_batch_options
-from rllib_r3l.options import R3L_OPTIONS, REMOVED
+from rllib_r3l.not_options import REMOVED
+from rllib_r3l.options import R3L_OPTIONS
 from rllib_r3l.runner.explore import ExploreOptions
 from rllib_r3l.runner.rollout import RolloutOptions
 from tests import REPO_ROOT
@@ -54,13 +55,28 @@ def _consumer_fields(cls):
 
 
 @pytest.mark.parametrize("evaluation", [False, True])
-@pytest.mark.parametrize("overrides", [
-    {},
-    dict(group_size=4, reflect_on="all", aux_items=["reflection_sft", "retry_sft"], max_reflection_tokens=99,
-         temperature=0.7, evaluation_temperature=0.2, use_importance_ratio=True, reflector="some/reflector",
-         reflection_context="auto", max_context_tokens=1000, verify_replay=False, top_p=0.9, max_turns=7),
-    dict(reflection_style="paper", reflection_temperature=0.7, max_reflection_tokens=300),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        dict(
+            group_size=4,
+            reflect_on="all",
+            aux_items=["reflection_sft", "retry_sft"],
+            max_reflection_tokens=99,
+            temperature=0.7,
+            evaluation_temperature=0.2,
+            use_importance_ratio=True,
+            reflector="some/reflector",
+            reflection_context="auto",
+            max_context_tokens=1000,
+            verify_replay=False,
+            top_p=0.9,
+            max_turns=7,
+        ),
+        dict(reflection_style="paper", reflection_temperature=0.7, max_reflection_tokens=300),
+    ],
+)
 def test_each_consumers_effective_values_equal_the_configs(overrides, evaluation):
     c = R3LConfig().training(**overrides)
     eo = ExploreOptions.from_config(c, evaluation=evaluation)
@@ -72,9 +88,15 @@ def test_each_consumers_effective_values_equal_the_configs(overrides, evaluation
         want = c.evaluation_temperature if (name == "temperature" and evaluation) else getattr(c, name)
         assert getattr(ro, name) == want, name
     bo = train_batch_options(c)
-    assert bo == dict(std_normalize=c.std_normalize, positive_amplification=c.positive_amplification,
-                      alpha=c.amplification_alpha, success_reward=c.success_reward, pivotal_credit=c.pivotal_credit,
-                      max_length=c.max_context_tokens, loss_aggregation=c.loss_aggregation)
+    assert bo == dict(
+        std_normalize=c.std_normalize,
+        positive_amplification=c.positive_amplification,
+        alpha=c.amplification_alpha,
+        success_reward=c.success_reward,
+        pivotal_credit=c.pivotal_credit,
+        max_length=c.max_context_tokens,
+        loss_aggregation=c.loss_aggregation,
+    )
 
 
 def test_the_consumers_own_defaults_are_the_configs():
@@ -86,8 +108,10 @@ def test_the_consumers_own_defaults_are_the_configs():
 @pytest.mark.parametrize("removed", sorted(REMOVED))
 def test_a_removed_option_is_an_error_that_names_its_replacement(removed):
     value = {"aux_tasks": False, "reflector_model": "x", "fault_injection": {}, "reflection_outcome": "reward"}[removed]
-    for build in (lambda: R3LConfig().training(**{removed: value}),
-                  lambda: R3LConfig().update_from_dict({removed: value})):
+    for build in (
+        lambda: R3LConfig().training(**{removed: value}),
+        lambda: R3LConfig().update_from_dict({removed: value}),
+    ):
         with pytest.raises(ValueError) as e:
             build()
         assert f"R3LConfig.{removed}: this option was removed" in str(e.value)
@@ -95,18 +119,26 @@ def test_a_removed_option_is_an_error_that_names_its_replacement(removed):
     assert "faults.inject" in REMOVED["fault_injection"] and "drop the option" in REMOVED["reflection_outcome"]
 
 
+@pytest.mark.subprocess
 def test_a_removed_option_in_a_yaml_file_is_refused_before_ray_starts(tmp_path):
     f = tmp_path / "old.yaml"
     f.write_text("old:\n  run: R3L\n  config:\n    model: tiny\n    env: r3l/ToyCorridor\n    aux_tasks: false\n")
-    r = subprocess.run([sys.executable, "-m", "rllib_r3l.cli", "train", str(f), "--dry-run"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "rllib_r3l.cli", "train", str(f), "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode != 0
     assert "aux_tasks" in r.stderr + r.stdout and "aux_items=[]" in r.stderr + r.stdout
 
 
+@pytest.mark.subprocess
 def test_the_cli_lists_every_option_once():
-    r = subprocess.run([sys.executable, "-m", "rllib_r3l.cli", "options"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "rllib_r3l.cli", "options"], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     listed = [line.split()[0] for line in r.stdout.splitlines() if line[:1].isalpha() and line.split()]
     for name in R3L_OPTIONS:

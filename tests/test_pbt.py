@@ -30,18 +30,43 @@ def pbt_experiment(ray_session, tmp_path_factory):
     from rllib_r3l import R3LConfig
     from tests.scripted_rllib import ScriptedEnvRunner
 
-    cfg = (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3, "max_turns": 4})
-           .training(model="tiny", backend="transformers", group_size=2, tasks_per_iteration=1,
-                     max_response_tokens=8, micro_batch_size=8, weight_decay=0.0, sampling_seed=0, num_threads=1)
-           .env_runners(env_runner_cls=ScriptedEnvRunner)
-           .debugging(seed=0)).to_dict()
+    cfg = (
+        R3LConfig()
+        .environment("r3l/ToyCorridor", env_config={"num_rooms": 3, "max_turns": 4})
+        .training(
+            model="tiny",
+            backend="transformers",
+            group_size=2,
+            tasks_per_iteration=1,
+            max_response_tokens=8,
+            micro_batch_size=8,
+            weight_decay=0.0,
+            sampling_seed=0,
+            num_threads=1,
+        )
+        .env_runners(env_runner_cls=ScriptedEnvRunner)
+        .debugging(seed=0)
+    ).to_dict()
     cfg["lr"] = tune.grid_search(LRS)
-    pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1, synch=True,
-                                  hyperparam_mutations={"lr": tune.loguniform(1e-5, 1e-2)},
-                                  resample_probability=0.0)  # always x0.8 or x1.2: never the donor's own lr
+    pbt = PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=1,
+        synch=True,
+        hyperparam_mutations={"lr": tune.loguniform(1e-5, 1e-2)},
+        resample_probability=0.0,
+    )  # always x0.8 or x1.2: never the donor's own lr
     storage = tmp_path_factory.mktemp("pbt")
-    analysis = tune.run("R3L", name="pbt", config=cfg, scheduler=pbt, metric="env_runners/episode_return_mean",
-                        mode="max", stop={"training_iteration": ITERATIONS}, storage_path=str(storage), verbose=0)
+    analysis = tune.run(
+        "R3L",
+        name="pbt",
+        config=cfg,
+        scheduler=pbt,
+        metric="env_runners/episode_return_mean",
+        mode="max",
+        stop={"training_iteration": ITERATIONS},
+        storage_path=str(storage),
+        verbose=0,
+    )
     for trial in analysis.trials:
         assert trial.status == "TERMINATED", trial.error_file
     return os.path.join(str(storage), "pbt"), analysis.trials
@@ -75,8 +100,10 @@ def test_the_first_update_after_an_exploit_runs_at_the_trials_own_lr(pbt_experim
         assert i > 0 and new_config["lr"] != clone_config["lr"]
         # the lr the optimizer step of the first iteration after the exploit ran at: the trial's own
         # (perturbed) one, the row's config; before the fix the donor's (clone_config's)
-        assert learner_metric(rows[i], "step_lr") == pytest.approx(new_config["lr"], rel=1e-9), (new_config["lr"],
-                                                                                                 clone_config["lr"])
+        assert learner_metric(rows[i], "step_lr") == pytest.approx(new_config["lr"], rel=1e-9), (
+            new_config["lr"],
+            clone_config["lr"],
+        )
         checked += 1
     assert checked >= 1
     for trial in trials:  # and every other update at its row's own lr too

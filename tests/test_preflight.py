@@ -54,8 +54,11 @@ def test_a_truncated_weights_file_is_refused_up_front(tmp_path, tiny_dir, capsys
     whole = os.path.getsize(weights)
     with open(weights, "r+b") as f:
         f.truncate(whole - 1000)
-    with pytest.raises(ValueError, match=rf"R3LConfig.model_id: .*model.safetensors: truncated: {whole - 1000} bytes, "
-                                         rf"its header says {whole}; copy or download the model again"):
+    with pytest.raises(
+        ValueError,
+        match=rf"R3LConfig.model_id: .*model.safetensors: truncated: {whole - 1000} bytes, "
+        rf"its header says {whole}; copy or download the model again",
+    ):
         preflight.check_model(d)
     from rllib_r3l.cli import commands as cli
     from tests.cli.tiny_runs import TOY
@@ -86,9 +89,12 @@ def test_a_config_json_that_contradicts_the_weights_is_refused_up_front(tmp_path
         config = json.load(f)
     rows, width = config["vocab_size"], config["hidden_size"]
     d = _copy(tiny_dir, tmp_path / "m", config={**config, "vocab_size": 10**9})
-    with pytest.raises(ValueError, match=rf"R3LConfig.model_id: .*config.json does not fit the weights: "
-                                         rf"model.embed_tokens.weight is \[{rows}, {width}\] in the weights, "
-                                         rf"config.json makes it \[1000000000, {width}\]"):
+    with pytest.raises(
+        ValueError,
+        match=rf"R3LConfig.model_id: .*config.json does not fit the weights: "
+        rf"model.embed_tokens.weight is \[{rows}, {width}\] in the weights, "
+        rf"config.json makes it \[1000000000, {width}\]",
+    ):
         preflight.check_model(d)
     from rllib_r3l.cli import commands as cli
     from tests.cli.tiny_runs import TOY
@@ -105,13 +111,19 @@ def test_a_config_json_that_contradicts_the_weights_is_refused_up_front(tmp_path
     # extra layers initialised at random
     d4 = _copy(tiny_dir, tmp_path / "m4", config={**config, "num_hidden_layers": config["num_hidden_layers"] + 2})
     extra = config["num_hidden_layers"]
-    with pytest.raises(ValueError, match=rf"config.json describes \d+ tensor\(s\) the weights lack "
-                                         rf"\(e.g. model.layers.{extra}\..*initialise at random"):
+    with pytest.raises(
+        ValueError,
+        match=rf"config.json describes \d+ tensor\(s\) the weights lack "
+        rf"\(e.g. model.layers.{extra}\..*initialise at random",
+    ):
         preflight.check_model(d4)
     # re-probe 10 (silently wrong, twice): fewer layers than the weights hold trained a cut model
     d5 = _copy(tiny_dir, tmp_path / "m5", config={**config, "num_hidden_layers": config["num_hidden_layers"] - 1})
-    with pytest.raises(ValueError, match=rf"the weights hold \d+ tensor\(s\) config.json has no place for "
-                                         rf"\(e.g. model.layers.{extra - 1}\..*would drop"):
+    with pytest.raises(
+        ValueError,
+        match=rf"the weights hold \d+ tensor\(s\) config.json has no place for "
+        rf"\(e.g. model.layers.{extra - 1}\..*would drop",
+    ):
         preflight.check_model(d5)
 
 
@@ -153,8 +165,11 @@ def test_more_cpus_than_ray_has_are_refused():
 
 def test_the_python_doors_cpu_advice_is_for_ray_not_a_cli_flag():
     # re-probe 2: build_algo()/tune.run on a small Ray cluster were told to "use --num-cpus", a flag they lack
-    with pytest.raises(ValueError, match=r"the Ray cluster gives 1; start Ray with 2 logical CPUs or more "
-                                         r"\(ray.init\(num_cpus=2\)") as e:
+    with pytest.raises(
+        ValueError,
+        match=r"the Ray cluster gives 1; start Ray with 2 logical CPUs or more "
+        r"\(ray.init\(num_cpus=2\)",
+    ) as e:
         preflight.check_resources(_config(num_env_runners=1), cpus=1, gpus=0, source="the Ray cluster")
     assert "--num-cpus 2 or more" not in str(e.value)
     with pytest.raises(ValueError, match=r"use --num-cpus 2 or more"):
@@ -179,8 +194,11 @@ def test_a_cuda_generation_device_without_a_gpu_is_refused():
     """Re-probe 11: backend_options {device: cuda} passed --dry-run on a CPU machine, then every runner
     failed with "Torch not compiled with CUDA enabled". The cluster's (or this machine's) GPUs decide."""
     cfg = _config(backend="transformers", backend_options={"device": "cuda:0"})
-    with pytest.raises(ValueError, match=r"R3LConfig.backend_options: device='cuda:0' puts the generation engines on a "
-                                         r"GPU, the Ray cluster has none; use 'cpu' or drop it \(None\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"R3LConfig.backend_options: device='cuda:0' puts the generation engines on a "
+        r"GPU, the Ray cluster has none; use 'cpu' or drop it \(None\)",
+    ):
         preflight.check_resources(cfg, cpus=4, gpus=0, source="the Ray cluster")
     preflight.check_resources(cfg, cpus=4, gpus=1, source="the Ray cluster")  # a cluster with a GPU (no GPU here)
     preflight.check_resources(_config(backend="transformers", backend_options={"device": "cpu"}), cpus=4, gpus=0)
@@ -196,8 +214,12 @@ def test_build_algo_refuses_a_gpu_learner_the_ray_cluster_lacks(monkeypatch):
         pytest.skip("needs a Ray runtime of its own")
     ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     try:
-        config = (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
-                  .training(model="tiny", backend="transformers").learners(num_gpus_per_learner=1))
+        config = (
+            R3LConfig()
+            .environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
+            .training(model="tiny", backend="transformers")
+            .learners(num_gpus_per_learner=1)
+        )
         with pytest.raises(ValueError, match=r"R3LConfig.num_gpus_per_learner: .*the Ray cluster has 0"):
             config.build_algo()
     finally:
@@ -216,8 +238,12 @@ def test_build_algo_without_ray_refuses_a_gpu_local_learner_this_process_cannot_
         pytest.skip("needs no Ray runtime started")
     if preflight.machine_gpus():
         pytest.skip("this machine has a GPU")
-    config = (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
-              .training(model="tiny", backend="transformers").learners(num_gpus_per_learner=1))
+    config = (
+        R3LConfig()
+        .environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
+        .training(model="tiny", backend="transformers")
+        .learners(num_gpus_per_learner=1)
+    )
     try:
         with pytest.raises(ValueError, match=r"R3LConfig.num_gpus_per_learner: 1 GPU\(s\) for the local learner"):
             config.build_algo()
@@ -239,14 +265,23 @@ def test_build_algo_without_ray_refuses_a_cuda_engine_and_a_seed_numpy_cannot_ta
         pytest.skip("needs no Ray runtime started")
     if preflight.machine_gpus():
         pytest.skip("this machine has a GPU")
-    base = R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3}).training(model="tiny",
-                                                                                            backend="transformers")
+    base = (
+        R3LConfig()
+        .environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
+        .training(model="tiny", backend="transformers")
+    )
     try:
-        with pytest.raises(ValueError, match=r"R3LConfig.backend_options: device='cuda' puts the generation engines "
-                                             r"on a GPU, this machine has none"):
+        with pytest.raises(
+            ValueError,
+            match=r"R3LConfig.backend_options: device='cuda' puts the generation engines "
+            r"on a GPU, this machine has none",
+        ):
             base.copy().training(backend_options={"device": "cuda"}).build_algo()
-        with pytest.raises(ValueError, match=r"R3LConfig.seed: must be None \(unseeded\) or an integer in "
-                                             r"\[0, 2147483647\], got 1180591620717411303424"):
+        with pytest.raises(
+            ValueError,
+            match=r"R3LConfig.seed: must be None \(unseeded\) or an integer in "
+            r"\[0, 2147483647\], got 1180591620717411303424",
+        ):
             base.copy().debugging(seed=2**70).build_algo()
     finally:
         if ray.is_initialized():
@@ -304,8 +339,11 @@ def test_an_eval_split_the_environment_lacks_is_refused_up_front():
     from rllib_r3l import R3LConfig
 
     config = R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3, "eval_split": "bogus"})
-    with pytest.raises(ValueError, match=r"R3LConfig.env_config: eval_split='bogus' \(the held-out tasks of "
-                                         r"R3L.evaluate\(\)\): .*split must be one of train, dev, test"):
+    with pytest.raises(
+        ValueError,
+        match=r"R3LConfig.env_config: eval_split='bogus' \(the held-out tasks of "
+        r"R3L.evaluate\(\)\): .*split must be one of train, dev, test",
+    ):
         preflight.check_config(config.training(model="tiny"))
 
 
@@ -315,8 +353,11 @@ def test_a_task_split_the_environment_lacks_is_blamed_on_task_split(tmp_path, ca
     from rllib_r3l import R3LConfig
 
     config = R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3}).training(task_split="nope")
-    with pytest.raises(ValueError, match=r"^R3LConfig.task_split: r3l/ToyCorridor has no task split 'nope' "
-                                         r"\(.*split must be one of train, dev, test"):
+    with pytest.raises(
+        ValueError,
+        match=r"^R3LConfig.task_split: r3l/ToyCorridor has no task split 'nope' "
+        r"\(.*split must be one of train, dev, test",
+    ):
         preflight.check_config(config.training(model="tiny"))
     from rllib_r3l.cli import commands as cli
     from tests.cli.tiny_runs import TOY

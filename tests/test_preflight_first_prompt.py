@@ -11,9 +11,11 @@ import pytest
 
 from rllib_r3l import R3LConfig, preflight
 
-REFUSED = re.compile(r"R3LConfig\.max_context_tokens: (\d+) is below the first prompt of r3l/CoinCollector \((\d+) "
-                     r"tokens: .*\) plus max_response_tokens \((\d+)\) = (\d+): every episode would overflow at turn 0"
-                     r".*set max_context_tokens to \4 or more")
+REFUSED = re.compile(
+    r"R3LConfig\.max_context_tokens: (\d+) is below the first prompt of r3l/CoinCollector \((\d+) "
+    r"tokens: .*\) plus max_response_tokens \((\d+)\) = (\d+): every episode would overflow at turn 0"
+    r".*set max_context_tokens to \4 or more"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +43,10 @@ def _first_prompt_by_hand(tokenizer) -> int:
     return len(ChatFormat(tokenizer).prompt([{"role": "system", "content": system}, {"role": "user", "content": user}]))
 
 
-def test_max_context_tokens_below_the_first_prompt_is_refused_and_above_accepted(tiny_model_dir, tiny_tokenizer,
-                                                                                  monkeypatch):
+@pytest.mark.subprocess
+def test_max_context_tokens_below_the_first_prompt_is_refused_and_above_accepted(
+    tiny_model_dir, tiny_tokenizer, monkeypatch
+):
     import transformers
 
     def no_weights(*a, **k):
@@ -79,16 +83,31 @@ def test_a_tokenizer_not_on_this_machine_skips_the_token_count_not_the_reset(mon
     env = _ResetOnly("You are in a kitchen.")
     assert preflight.first_prompt_tokens(config, env=env) is None and env.resets == 1
     preflight.check_first_prompt(config, None)  # nothing measured: nothing refused
-    with pytest.raises(preflight.EnvResetError, match=r"fails at reset\(seed=0\) \(TypeError: environment returned "
-                                                      r"a list observation, expected str\)"):
+    with pytest.raises(
+        preflight.EnvResetError,
+        match=r"fails at reset\(seed=0\) \(TypeError: environment returned "
+        r"a list observation, expected str\)",
+    ):
         preflight.first_prompt_tokens(config, env=_ResetOnly(["not", "text"]))
 
 
+@pytest.mark.subprocess
 def test_dry_run_and_the_main_job_refuse_it_before_ray_starts(tmp_path, capsys, tiny_model_dir):
     from rllib_r3l.cli import commands, main
 
-    code = commands.main(["train", "tuned_examples/cpu/coin_collector.yaml", "--set", f"model={tiny_model_dir}",
-                          "--set", "max_context_tokens=120", "--dry-run", "--storage-path", str(tmp_path)])
+    code = commands.main(
+        [
+            "train",
+            "tuned_examples/cpu/coin_collector.yaml",
+            "--set",
+            f"model={tiny_model_dir}",
+            "--set",
+            "max_context_tokens=120",
+            "--dry-run",
+            "--storage-path",
+            str(tmp_path),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "max_context_tokens" in err and "below the first prompt of r3l/CoinCollector" in err, err
     assert "Traceback" not in err

@@ -44,9 +44,9 @@ RAY: Dict[str, str] = {
     "._latest_checkpoint_result": "the same: the checkpoint a restored trial starts from",
     "ray._common.utils": "Ray's temp folder (get_default_ray_temp_dir) where a staged result row waits",
     "._stopper": "where tune.Experiment keeps time_budget_s's stopper: no public setter (a CombinedStopper "
-                 "passed as stop= would lose trial.stopping_criterion, which the console reads)",
+    "passed as stop= would lose trial.stopping_criterion, which the console reads)",
     "getattr:_storage": "Trainable._storage: the trial folder of a class trainable; "
-                        "tune.get_context().get_trial_dir() is None there",
+    "tune.get_context().get_trial_dir() is None there",
     "ray._private.worker": "this process's GCS client: whether a group signal stopped Ray's GCS",
     "._getframe": "sys._getframe: the Tune controller calling Callback.setup (its scheduler's and searcher's metric)",
     # RLlib
@@ -68,7 +68,7 @@ OTHER: Dict[str, str] = {
     "._checked_iter": "vLLM's NCCL trainer's checked iteration over the tensors to send, reused for gloo",
     # torch / transformers
     "._foreach_norm": "one fused norm over all gradients (the non-finite check); torch.nn.utils.get_total_norm "
-                      "returns one total, not one per tensor",
+    "returns one total, not one per tensor",
     "torch.utils._foreach_utils": "whether fused AdamW runs on the device",
     "torch.utils._foreach_utils._get_fused_kernels_supported_devices": "the same",
     "._is_avx512_bf16_supported": "whether the CPU computes bf16 natively (precision='auto')",
@@ -101,10 +101,10 @@ OVERRIDES: Dict[str, str] = {
     "R3LCausalLMModule._forward": "RLModule's documented extension point (the underscore is RLlib's)",
     "R3LCausalLMModule._forward_train": "the same",
     "R3LTorchLearner._update": "micro-batch gradient accumulation, the non-finite check and one step: TorchLearner's "
-                               "public hooks (compute_losses/compute_gradients/apply_gradients) see one batch at once; "
-                               "TODO(issue 48): fault injection off this path",
+    "public hooks (compute_losses/compute_gradients/apply_gradients) see one batch at once; "
+    "TODO(issue 48): fault injection off this path",
     "R3LTorchLearner._set_optimizer_state": "a DeepSpeed checkpoint's optimizer state refused into plain AdamW "
-                                            "with a warning (RLlib's set_state calls it)",
+    "with a warning (RLlib's set_state calls it)",
     "R3LDeepSpeedLearner._update": "DeepSpeed's engine owns backward and step",
     "R3LDeepSpeedLearner._get_optimizer_state": "ZeRO's partitioned optimizer state, gathered per rank",
     "R3LDeepSpeedLearner._set_optimizer_state": "the same, restored",
@@ -125,10 +125,20 @@ def _private(part: str) -> bool:
 def private_uses(root: Path = Path(REPO_ROOT)) -> Dict[str, Set[str]]:
     """``{name: {files}}`` of the private names of other packages (and other objects) the package uses."""
     trees = {p: ast.parse(p.read_text()) for p in _package_files(root)}
-    ours = {n.name for t in trees.values() for n in ast.walk(t)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    ours |= {target.id for t in trees.values() for n in t.body if isinstance(n, (ast.Assign, ast.AnnAssign))
-             for target in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(target, ast.Name)}
+    ours = {
+        n.name
+        for t in trees.values()
+        for n in ast.walk(t)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    ours |= {
+        target.id
+        for t in trees.values()
+        for n in t.body
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        if isinstance(target, ast.Name)
+    }
     found: Dict[str, Set[str]] = {}
 
     def add(name: str, path: Path) -> None:
@@ -147,15 +157,24 @@ def private_uses(root: Path = Path(REPO_ROOT)) -> Dict[str, Set[str]]:
                     if _private(a.name):
                         add(f"{n.module}.{a.name}", path)
             elif isinstance(n, ast.Attribute) and _private(n.attr):
-                if not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")) \
-                        and n.attr not in ours and not n.attr.startswith(OWN_PREFIX):
+                if (
+                    not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
+                    and n.attr not in ours
+                    and not n.attr.startswith(OWN_PREFIX)
+                ):
                     add(f".{n.attr}", path)
-            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "setattr",
-                                                                                                 "hasattr"):
+            elif (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name)
+                and n.func.id in ("getattr", "setattr", "hasattr")
+            ):
                 if len(n.args) >= 2 and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str):
                     attr, obj = n.args[1].value, n.args[0]
-                    if _private(attr) and not attr.startswith(OWN_PREFIX) \
-                            and not (isinstance(obj, ast.Name) and obj.id in ("self", "cls")):
+                    if (
+                        _private(attr)
+                        and not attr.startswith(OWN_PREFIX)
+                        and not (isinstance(obj, ast.Name) and obj.id in ("self", "cls"))
+                    ):
                         add(f"getattr:{attr}", path)
     return found
 
@@ -185,8 +204,10 @@ def private_overrides() -> Dict[str, str]:
 def test_every_private_name_the_package_touches_is_listed_with_its_reason():
     found = private_uses()
     new = {k: sorted(v) for k, v in found.items() if k not in ALLOWED}
-    assert not new, ("private names of other packages used without a decision: add each to ALLOWED with why "
-                     f"no public name does, or use the public one: {new}")
+    assert not new, (
+        "private names of other packages used without a decision: add each to ALLOWED with why "
+        f"no public name does, or use the public one: {new}"
+    )
     gone = sorted(set(ALLOWED) - set(found))
     assert not gone, f"listed but no longer used: take them off ALLOWED: {gone}"
     assert all(reason.strip() for reason in [*ALLOWED.values(), *OVERRIDES.values()])
@@ -194,8 +215,10 @@ def test_every_private_name_the_package_touches_is_listed_with_its_reason():
 
 def test_every_private_method_of_another_package_that_r3l_overrides_is_listed():
     found = private_overrides()
-    assert set(found) == set(OVERRIDES), {"not listed": sorted(set(found) - set(OVERRIDES)),
-                                          "listed, no longer overridden": sorted(set(OVERRIDES) - set(found))}
+    assert set(found) == set(OVERRIDES), {
+        "not listed": sorted(set(found) - set(OVERRIDES)),
+        "listed, no longer overridden": sorted(set(OVERRIDES) - set(found)),
+    }
 
 
 def test_the_scanner_sees_each_kind_of_private_use(tmp_path):
@@ -205,10 +228,15 @@ def test_the_scanner_sees_each_kind_of_private_use(tmp_path):
     (pkg / "planted.py").write_text(
         "import ray._private.worker\nfrom ray.tune.utils.serialization import _loads_with_cloudpickle\n"
         "def f(algo):\n    algo._counters['x'] += 1\n    return getattr(algo, '_storage', None)\n"
-        "class C:\n    def g(self):\n        self._mine = 1\n        obj._r3l_tag = 1\n")
+        "class C:\n    def g(self):\n        self._mine = 1\n        obj._r3l_tag = 1\n"
+    )
     found = private_uses(tmp_path)
-    assert set(found) == {"ray._private.worker", "ray.tune.utils.serialization._loads_with_cloudpickle",
-                          "._counters", "getattr:_storage"}
+    assert set(found) == {
+        "ray._private.worker",
+        "ray.tune.utils.serialization._loads_with_cloudpickle",
+        "._counters",
+        "getattr:_storage",
+    }
 
 
 def test_every_private_name_of_ray_lives_in_the_adapter_behind_its_version_check():
@@ -228,7 +256,9 @@ def test_another_ray_version_is_a_named_error_not_a_silent_nothing(monkeypatch, 
 
     ray_internals.check_version()  # the installed one passes
     monkeypatch.setattr(ray, "__version__", "2.61.0")
-    with pytest.raises(ray_internals.RayInternalsError, match=r"Ray 2\.60\.x.*this is Ray 2\.61\.0.*ray\[rllib\]==2\.60"):
+    with pytest.raises(
+        ray_internals.RayInternalsError, match=r"Ray 2\.60\.x.*this is Ray 2\.61\.0.*ray\[rllib\]==2\.60"
+    ):
         ray_internals.check_version()
     # before: the reader of Tune's saved state caught everything and returned [] (a resume choosing nothing)
     with pytest.raises(ray_internals.RayInternalsError):

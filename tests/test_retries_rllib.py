@@ -21,14 +21,27 @@ def test_retries_reach_the_learner_through_tune(tmp_path):
     from rllib_r3l import R3LConfig
     from tests.scripted_rllib import RecordingLearner, ScriptedEnvRunner
 
-    cfg = (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 4, "max_turns": 6})
-           .training(model="tiny", backend="transformers", group_size=4, tasks_per_iteration=2, aux_weight=0.5,
-                     aux_items=["reflection_sft", "retry_sft"],
-                     max_response_tokens=8, micro_batch_size=8, lr=1e-3, weight_decay=0.0, sampling_seed=0,
-                     num_threads=1)
-           .env_runners(env_runner_cls=ScriptedEnvRunner)
-           .learners(learner_class=RecordingLearner)
-           .debugging(seed=0))
+    cfg = (
+        R3LConfig()
+        .environment("r3l/ToyCorridor", env_config={"num_rooms": 4, "max_turns": 6})
+        .training(
+            model="tiny",
+            backend="transformers",
+            group_size=4,
+            tasks_per_iteration=2,
+            aux_weight=0.5,
+            aux_items=["reflection_sft", "retry_sft"],
+            max_response_tokens=8,
+            micro_batch_size=8,
+            lr=1e-3,
+            weight_decay=0.0,
+            sampling_seed=0,
+            num_threads=1,
+        )
+        .env_runners(env_runner_cls=ScriptedEnvRunner)
+        .learners(learner_class=RecordingLearner)
+        .debugging(seed=0)
+    )
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         analysis = tune.run("R3L", config=cfg, stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0)

@@ -8,28 +8,58 @@ import pytest
 from rllib_r3l import retry_ledger
 
 
-def row(reflection, *, valid=True, pivot=1, oracle=0, changed=False, status="ok", success=False, control=None,
-        iteration=1, attempt=0, reported=None):
-    return {"iteration": iteration, "group_id": "g", "reflection": reflection, "attempt": attempt, "valid": valid,
-            "reported_pivot": pivot if reported is None else reported, "pivot": pivot if status != "none" else None,
-            "oracle_pivot": oracle, "action_changed": changed if status in ("ok", "empty", "lost") else None,
-            "retry_status": status, "retry_success": success if status != "none" else None,
-            "control_success": control}
+def row(
+    reflection,
+    *,
+    valid=True,
+    pivot=1,
+    oracle=0,
+    changed=False,
+    status="ok",
+    success=False,
+    control=None,
+    iteration=1,
+    attempt=0,
+    reported=None,
+):
+    return {
+        "iteration": iteration,
+        "group_id": "g",
+        "reflection": reflection,
+        "attempt": attempt,
+        "valid": valid,
+        "reported_pivot": pivot if reported is None else reported,
+        "pivot": pivot if status != "none" else None,
+        "oracle_pivot": oracle,
+        "action_changed": changed if status in ("ok", "empty", "lost") else None,
+        "retry_status": status,
+        "retry_success": success if status != "none" else None,
+        "control_success": control,
+    }
 
 
 def test_the_funnel_counts_each_link_by_hand():
     rows = [
-        row(0, pivot=0, oracle=0, changed=True, success=True),   # in time, exact, changed, success
-        row(1, pivot=1, oracle=0, changed=False),                 # late: replays the mistake
-        row(2, pivot=2, oracle=3, changed=True),                  # early: in time, not exact
-        row(3, valid=False, status="none", reported=None),        # invalid: no retry
-        row(4, pivot=1, oracle=None, status="skipped"),           # no oracle; the replay mismatched
+        row(0, pivot=0, oracle=0, changed=True, success=True),  # in time, exact, changed, success
+        row(1, pivot=1, oracle=0, changed=False),  # late: replays the mistake
+        row(2, pivot=2, oracle=3, changed=True),  # early: in time, not exact
+        row(3, valid=False, status="none", reported=None),  # invalid: no retry
+        row(4, pivot=1, oracle=None, status="skipped"),  # no oracle; the replay mismatched
         row(5, pivot=0, oracle=0, changed=True, success=True, attempt=0),
         row(5, pivot=0, oracle=0, changed=False, success=False, attempt=1),  # a second retry of reflection 5
     ]
     f = retry_ledger.funnel(rows)
-    assert f == {"reflections": 6, "valid": 5, "pivot_scored": 4, "pivot_in_time": 3, "pivot_exact": 2,
-                 "retried": 5, "action_compared": 5, "action_changed": 3, "retry_success": 2}
+    assert f == {
+        "reflections": 6,
+        "valid": 5,
+        "pivot_scored": 4,
+        "pivot_in_time": 3,
+        "pivot_exact": 2,
+        "retried": 5,
+        "action_compared": 5,
+        "action_changed": 3,
+        "retry_success": 2,
+    }
 
 
 def test_the_control_comparison_is_paired_over_tasks():

@@ -7,8 +7,9 @@ import pytest
 from rllib_r3l.stats import betainc, paired_interval, t_cdf, t_quantile
 
 
-@pytest.mark.parametrize("df, q", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423),
-                                   (31, 2.0395), (120, 1.9799)])
+@pytest.mark.parametrize(
+    "df, q", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423), (31, 2.0395), (120, 1.9799)]
+)
 def test_t_quantiles_match_the_table(df, q):
     assert t_quantile(0.975, df) == pytest.approx(q, abs=1e-4)
     assert t_quantile(0.025, df) == pytest.approx(-q, abs=1e-4)  # symmetric

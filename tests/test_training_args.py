@@ -25,7 +25,9 @@ def _generator():
 
 def test_the_generated_file_matches_the_option_table():
     gen = _generator()
-    assert gen.TARGET.read_text() == gen.render(), "rllib_r3l/training_args.py is stale: run scripts/gen_training_args.py"
+    assert gen.TARGET.read_text() == gen.render(), (
+        "rllib_r3l/training_args.py is stale: run scripts/gen_training_args.py"
+    )
 
 
 def test_every_option_is_a_keyword_of_training_that_defaults_to_not_provided():

@@ -38,7 +38,11 @@ def _retry() -> Trajectory:
             Segment("prompt", [30], turn=1, unguided_only=True),
             Segment("response", [14], turn=1, logprobs=[-1.0]),
         ],
-        reward=1.0, group_id="g", kind=Kind.RETRY, credit_from_turn=1, pivot=1,
+        reward=1.0,
+        group_id="g",
+        kind=Kind.RETRY,
+        credit_from_turn=1,
+        pivot=1,
     )
 
 
@@ -68,8 +72,11 @@ def test_training_and_guided_views_of_a_retry():
 
 
 def test_to_arrays_refuses_guidance_with_the_remedy():
-    with pytest.raises(ValueError, match=r"^trajectory still holds guidance: call strip_guidance\(\) \(retry\) or "
-                                         r"guided_view\(\) \(retry-SFT\) before training on it$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^trajectory still holds guidance: call strip_guidance\(\) \(retry\) or "
+        r"guided_view\(\) \(retry-SFT\) before training on it$",
+    ):
         _retry().to_arrays()
 
 
@@ -84,7 +91,9 @@ def _two_turns(**kw) -> Trajectory:
             Segment("prompt", [5], turn=1),
             Segment("response", [6, 7], turn=1, logprobs=[-1.0, -2.0]),
         ],
-        reward=0.0, group_id="g", **kw,
+        reward=0.0,
+        group_id="g",
+        **kw,
     )
 
 
@@ -98,13 +107,21 @@ def test_to_arrays_hand_values():
     np.testing.assert_array_equal(a["sampler_logprobs"], np.float32([0, 0, -0.5, -0.25, 0, -1.0, -2.0]))
     np.testing.assert_array_equal(a["behaviour_logprobs"], np.float32([0, 0, -0.4, -0.2, 0, 0, 0]))
     assert a["has_sampler_logprobs"] is True and a["has_behaviour_logprobs"] is False  # turn 1 has none
-    assert {k: a[k].dtype for k in ("input_ids", "response_mask", "loss_mask", "turn_ids", "sampler_logprobs",
-                                    "behaviour_logprobs")} == {
-        "input_ids": np.int64, "response_mask": np.bool_, "loss_mask": np.bool_, "turn_ids": np.int64,
-        "sampler_logprobs": np.float32, "behaviour_logprobs": np.float32}
+    assert {
+        k: a[k].dtype
+        for k in ("input_ids", "response_mask", "loss_mask", "turn_ids", "sampler_logprobs", "behaviour_logprobs")
+    } == {
+        "input_ids": np.int64,
+        "response_mask": np.bool_,
+        "loss_mask": np.bool_,
+        "turn_ids": np.int64,
+        "sampler_logprobs": np.float32,
+        "behaviour_logprobs": np.float32,
+    }
     # pivotal credit off: every response token carries credit
-    np.testing.assert_array_equal(_two_turns(credit_from_turn=1).to_arrays(pivotal_credit=False)["loss_mask"],
-                                  [0, 0, 1, 1, 0, 1, 1])
+    np.testing.assert_array_equal(
+        _two_turns(credit_from_turn=1).to_arrays(pivotal_credit=False)["loss_mask"], [0, 0, 1, 1, 0, 1, 1]
+    )
 
 
 def test_to_arrays_log_prob_flags():
@@ -125,15 +142,26 @@ def test_to_arrays_log_prob_flags():
 
 def test_to_arrays_of_an_empty_trajectory_keeps_the_dtypes():
     a = Trajectory([], 0.0, "g").to_arrays()
-    for k, dt in (("input_ids", np.int64), ("response_mask", np.bool_), ("turn_ids", np.int64),
-                  ("loss_mask", np.bool_), ("sampler_logprobs", np.float32)):
+    for k, dt in (
+        ("input_ids", np.int64),
+        ("response_mask", np.bool_),
+        ("turn_ids", np.int64),
+        ("loss_mask", np.bool_),
+        ("sampler_logprobs", np.float32),
+    ):
         assert a[k].shape == (0,) and a[k].dtype == dt, k
 
 
 # ---------------------------------------------------------------------------------- collate
 def _aux() -> Trajectory:
-    return Trajectory([Segment("prompt", [8], 0), Segment("response", [9], 0, logprobs=[-0.3])], 1.0, "g/aux",
-                      kind=Kind.RETRY_SFT, weight=0.5, fixed_advantage=1.0)
+    return Trajectory(
+        [Segment("prompt", [8], 0), Segment("response", [9], 0, logprobs=[-0.3])],
+        1.0,
+        "g/aux",
+        kind=Kind.RETRY_SFT,
+        weight=0.5,
+        fixed_advantage=1.0,
+    )
 
 
 def test_collate_hand_values():
@@ -144,8 +172,9 @@ def test_collate_hand_values():
     np.testing.assert_array_equal(b["attention_mask"], [[1] * 7, [1, 1, 0, 0, 0, 0, 0]])
     # pivotal credit applies by default: the base's turn 0 carries none
     np.testing.assert_array_equal(b["loss_mask"], [[0, 0, 0, 0, 0, 1, 1], [0, 1, 0, 0, 0, 0, 0]])
-    np.testing.assert_array_equal(b["sampler_logprobs"],
-                                  np.float32([[0, 0, -0.5, -0.25, 0, -1, -2], [0, -0.3, 0, 0, 0, 0, 0]]))
+    np.testing.assert_array_equal(
+        b["sampler_logprobs"], np.float32([[0, 0, -0.5, -0.25, 0, -1, -2], [0, -0.3, 0, 0, 0, 0, 0]])
+    )
     np.testing.assert_array_equal(b["behaviour_logprobs"], np.float32([[0, 0, -0.4, -0.2, 0, -0.9, -1.9], [0] * 7]))
     np.testing.assert_array_equal(b["has_sampler_logprobs"], [1, 1])
     np.testing.assert_array_equal(b["has_behaviour_logprobs"], [1, 0])
@@ -156,10 +185,19 @@ def test_collate_hand_values():
     assert KINDS.index(Kind.RETRY_SFT) == 3
     np.testing.assert_array_equal(b["num_loss_tokens"], [2, 1])
     assert {k: v.dtype for k, v in b.items()} == {
-        "input_ids": np.int64, "attention_mask": np.int64, "loss_mask": np.float32, "sampler_logprobs": np.float32,
-        "behaviour_logprobs": np.float32, "has_sampler_logprobs": np.float32, "has_behaviour_logprobs": np.float32,
-        "advantages": np.float32, "weights": np.float32, "on_policy": np.float32, "kind": np.int64,
-        "num_loss_tokens": np.float32}
+        "input_ids": np.int64,
+        "attention_mask": np.int64,
+        "loss_mask": np.float32,
+        "sampler_logprobs": np.float32,
+        "behaviour_logprobs": np.float32,
+        "has_sampler_logprobs": np.float32,
+        "has_behaviour_logprobs": np.float32,
+        "advantages": np.float32,
+        "weights": np.float32,
+        "on_policy": np.float32,
+        "kind": np.int64,
+        "num_loss_tokens": np.float32,
+    }
     off = collate([base, _aux()], [-0.5, 1.0], pad_token_id=99, pivotal_credit=False)
     np.testing.assert_array_equal(off["loss_mask"][0], [0, 0, 1, 1, 0, 1, 1])
     np.testing.assert_array_equal(off["num_loss_tokens"], [4, 1])
@@ -168,8 +206,11 @@ def test_collate_hand_values():
 def test_collate_context_limit_and_mismatch():
     t = _two_turns()  # 7 tokens
     assert collate([t], [1.0], pad_token_id=0, max_length=7)["input_ids"].shape == (1, 7)  # at the limit: fine
-    with pytest.raises(ValueError, match=r"^a trajectory has 7 tokens, more than max_context_tokens=6; the runner "
-                                         r"should have stopped it \(raise max_context_tokens or lower max_turns\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^a trajectory has 7 tokens, more than max_context_tokens=6; the runner "
+        r"should have stopped it \(raise max_context_tokens or lower max_turns\)$",
+    ):
         collate([t], [1.0], pad_token_id=0, max_length=6)
     with pytest.raises(ValueError, match=r"^1 trajectories but 2 advantages$"):
         collate([t], [1.0, 2.0], pad_token_id=0)

@@ -138,7 +138,9 @@ def test_cpu_examples_run_offline():
     assert all(c.get("num_gpus_per_learner", 0) == 0 and c.get("num_gpus_per_env_runner", 0) == 0 for c in configs)
 
 
+@pytest.mark.subprocess
 def test_generated_files_are_up_to_date():
-    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "generate.py"), "--check"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, "generate.py"), "--check"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout + r.stderr

@@ -34,8 +34,11 @@ def _experiments():
 
 
 def test_every_cpu_example_is_covered():
-    assert {os.path.basename(p) for p in CPU} == {"toy_corridor_tiny.yaml", "coin_collector.yaml",
-                                                  "coin_collector_grpo.yaml"}
+    assert {os.path.basename(p) for p in CPU} == {
+        "toy_corridor_tiny.yaml",
+        "coin_collector.yaml",
+        "coin_collector_grpo.yaml",
+    }
 
 
 def failed_episodes(explorer, runner, seeds, want):
@@ -52,6 +55,7 @@ def failed_episodes(explorer, runner, seeds, want):
     return failed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path, experiment", list(_experiments()))
 def test_the_examples_reflection_step_reaches_a_valid_report(path, experiment):
     import environments
@@ -71,8 +75,13 @@ def test_the_examples_reflection_step_reaches_a_valid_report(path, experiment):
     backend = make_backend(resolve_backend_name(cfg.backend), model, seed=0, **engine_options(cfg))
     try:
         chat = ChatFormat(load_tokenizer(model))
-        runner = EpisodeRunner(backend, chat, lambda: environments.make(cfg.env, dict(cfg.env_config or {})),
-                               RolloutOptions.from_config(cfg), Counter())
+        runner = EpisodeRunner(
+            backend,
+            chat,
+            lambda: environments.make(cfg.env, dict(cfg.env_config or {})),
+            RolloutOptions.from_config(cfg),
+            Counter(),
+        )
         explorer = Explorer(runner, chat, ExploreOptions.from_config(cfg))
         failed = failed_episodes(explorer, runner, range(8), want=3)
         assert failed, f"{experiment}: no failed base episode in 8 seeds to reflect on"
@@ -82,5 +91,6 @@ def test_the_examples_reflection_step_reaches_a_valid_report(path, experiment):
     statuses = [p.status.value if p is not None else "generation_error" for p, _, _ in results]
     cut = sum(o is not None and o.finish_reason == "length" for _, _, o in results)
     assert any(p is not None and p.ok for p, _, _ in results), (
-        f"{experiment}: no valid report in {statuses}; {cut} cut at max_reflection_tokens={cfg.max_reflection_tokens}")
+        f"{experiment}: no valid report in {statuses}; {cut} cut at max_reflection_tokens={cfg.max_reflection_tokens}"
+    )
     assert any(p is not None and p.triggers_retry for p, _, _ in results)  # a failure's report asks for a retry

@@ -36,37 +36,45 @@ MODELS: Dict[str, Dict[str, Any]] = {
     "qwen2.5-1.5b-instruct": {
         "id": "Qwen/Qwen2.5-1.5B-Instruct",
         "name": "Qwen2.5-1.5B-Instruct",
-        "runners": 4, "learners": 4, "micro_batch_size": 2,
+        "runners": 4,
+        "learners": 4,
+        "micro_batch_size": 2,
         "hardware": "8 GPUs with 80 GB (A100/H100): 4 vLLM env runners x 1 GPU + 4 DDP learners x 1 GPU "
-                    "(fp32 weights + AdamW ~25 GB per learner, activations with gradient checkpointing); "
-                    "~64 CPUs, 256+ GB RAM.",
+        "(fp32 weights + AdamW ~25 GB per learner, activations with gradient checkpointing); "
+        "~64 CPUs, 256+ GB RAM.",
     },
     "qwen2.5-7b-instruct": {
         "id": "Qwen/Qwen2.5-7B-Instruct",
         "name": "Qwen2.5-7B-Instruct",
-        "runners": 4, "learners": 4, "micro_batch_size": 1,
+        "runners": 4,
+        "learners": 4,
+        "micro_batch_size": 1,
         "hardware": "8 GPUs with 141 GB (H200): 4 vLLM env runners x 1 GPU + 4 DDP learners x 1 GPU. Each "
-                    "learner holds fp32 weights, gradients and AdamW states of 7.6 B parameters (~122 GB): "
-                    "80 GB GPUs do not fit this without a sharded optimizer (not in rllib-r3l yet); "
-                    "~96 CPUs, 512+ GB RAM.",
+        "learner holds fp32 weights, gradients and AdamW states of 7.6 B parameters (~122 GB): "
+        "80 GB GPUs do not fit this without a sharded optimizer (not in rllib-r3l yet); "
+        "~96 CPUs, 512+ GB RAM.",
     },
     "qwen3-4b": {
         "id": "Qwen/Qwen3-4B",
         "name": "Qwen3-4B",
-        "runners": 4, "learners": 4, "micro_batch_size": 1,
+        "runners": 4,
+        "learners": 4,
+        "micro_batch_size": 1,
         "hardware": "8 GPUs with 96-141 GB (H20/H200): 4 vLLM env runners x 1 GPU + 4 DDP learners x 1 GPU "
-                    "(fp32 weights + AdamW ~64 GB per learner plus activations; 80 GB is tight); "
-                    "~64 CPUs, 384+ GB RAM.",
+        "(fp32 weights + AdamW ~64 GB per learner plus activations; 80 GB is tight); "
+        "~64 CPUs, 384+ GB RAM.",
         "note": "Qwen3's chat template thinks (<think>...</think>) unless told not to; responses are cut at "
-                "max_response_tokens.",
+        "max_response_tokens.",
     },
     "llama-3.2-3b-instruct": {
         "id": "meta-llama/Llama-3.2-3B-Instruct",
         "name": "Llama-3.2-3B-Instruct",
-        "runners": 4, "learners": 4, "micro_batch_size": 1,
+        "runners": 4,
+        "learners": 4,
+        "micro_batch_size": 1,
         "hardware": "8 GPUs with 80 GB (A100/H100): 4 vLLM env runners x 1 GPU + 4 DDP learners x 1 GPU "
-                    "(fp32 weights + AdamW ~51 GB per learner plus activations with gradient checkpointing); "
-                    "~64 CPUs, 384+ GB RAM. The model is gated on the Hugging Face hub (accept its licence).",
+        "(fp32 weights + AdamW ~51 GB per learner plus activations with gradient checkpointing); "
+        "~64 CPUs, 384+ GB RAM. The model is gated on the Hugging Face hub (accept its licence).",
         "note": "Appendix B: cross-architecture evaluation; a more volatile backbone under RL.",
     },
 }
@@ -83,10 +91,10 @@ ENVS: Dict[str, Dict[str, Any]] = {
         "env": "r3l/ALFWorld",
         "env_config": {"data_path": None, "max_turns": 25, "end_on_invalid": True, "max_repeats": 3},
         "env_comment": "data_path null = $ALFWORLD_DATA (json_2.1.1/ from `alfworld-download`); 25 steps; an "
-                       "invalid action or the same action 3 times ends the episode (authors' setup)",
+        "invalid action or the same action 3 times ends the episode (authors' setup)",
         "math": False,
         "data": "ALFWorld game files: `pip install alfworld && alfworld-download` (sets up $ALFWORLD_DATA). "
-                "Train on train (3,553 games); evaluate on test = valid_unseen, dev = valid_seen.",
+        "Train on train (3,553 games); evaluate on test = valid_unseen, dev = valid_seen.",
         "reported": {"qwen2.5-1.5b-instruct": "0.928 average reward (Table 1; GRPO 0.720, C.1)"},
         "evaluate": "rllib-r3l evaluate CHECKPOINT --split test --episodes 134",
     },
@@ -95,11 +103,11 @@ ENVS: Dict[str, Dict[str, Any]] = {
         "env": "r3l/WebShop",
         "env_config": {"webshop_path": None, "max_turns": 15, "failure_reward": -0.1},
         "env_comment": "webshop_path null = $WEBSHOP_PATH (a WebShop checkout with its product data); "
-                       "15 steps; failure reward -0.1 (authors' setup)",
+        "15 steps; failure reward -0.1 (authors' setup)",
         "math": False,
         "data": "A WebShop checkout (github.com/princeton-nlp/WebShop) with its product index; the full "
-                "1.18 M-product set needs about 1 TB of RAM (the 1,000-product set runs anywhere: "
-                "env_config.num_products).",
+        "1.18 M-product set needs about 1 TB of RAM (the 1,000-product set runs anywhere: "
+        "env_config.num_products).",
         "reported": {"qwen2.5-1.5b-instruct": "0.663 average reward (Table 1)"},
         "evaluate": "rllib-r3l evaluate CHECKPOINT --split test --episodes 500",
     },
@@ -116,43 +124,52 @@ ENVS: Dict[str, Dict[str, Any]] = {
     "math-dapo": {
         "title": "Math reasoning, trained on DAPO-Math-17k",
         "env": "r3l/Math",
-        "env_config": {"preset": "dapo", "data_files": {"train": "data/dapo-math-17k/train.parquet"},
-                       "max_attempts": 3},
+        "env_config": {
+            "preset": "dapo",
+            "data_files": {"train": "data/dapo-math-17k/train.parquet"},
+            "max_attempts": 3,
+        },
         "env_comment": "DAPO-Math-17k (HF BytedTsinghua-SIA/DAPO-Math-17k) as a local parquet; up to 3 answers "
-                       "with 'incorrect, try again' feedback; relative paths are resolved from the current "
-                       "directory by `rllib-r3l train`",
+        "with 'incorrect, try again' feedback; relative paths are resolved from the current "
+        "directory by `rllib-r3l train`",
         "math": True,
         "data": "data/dapo-math-17k/train.parquet from the HF data set BytedTsinghua-SIA/DAPO-Math-17k.",
         "reported": {},
         "evaluate": "rllib-r3l evaluate CHECKPOINT --env r3l/Math --episodes 500 --env-config "
-                    "'{\"preset\": \"math500\", \"data_files\": \"data/math500/test.jsonl\", \"partition\": false}' "
-                    "(likewise preset gsm8k, minerva, olympiadbench, aime24, amc23)",
+        "'{\"preset\": \"math500\", \"data_files\": \"data/math500/test.jsonl\", \"partition\": false}' "
+        "(likewise preset gsm8k, minerva, olympiadbench, aime24, amc23)",
     },
     "gsm8k": {
         "title": "GSM8K (in-domain: train on GSM8K train, evaluate on GSM8K test)",
         "env": "r3l/Math",
-        "env_config": {"preset": "gsm8k", "data_files": {"train": "data/gsm8k/train.parquet",
-                                                          "test": "data/gsm8k/test.parquet"},
-                       "max_attempts": 3},
-        "env_comment": "GSM8K (HF openai/gsm8k, config main) as local parquet files; up to 3 answers with "
-                       "feedback",
+        "env_config": {
+            "preset": "gsm8k",
+            "data_files": {"train": "data/gsm8k/train.parquet", "test": "data/gsm8k/test.parquet"},
+            "max_attempts": 3,
+        },
+        "env_comment": "GSM8K (HF openai/gsm8k, config main) as local parquet files; up to 3 answers with feedback",
         "math": True,
         "data": "data/gsm8k/{train,test}.parquet from the HF data set openai/gsm8k (config main).",
-        "reported": {"qwen2.5-1.5b-instruct": "0.721 (Table 1; Critique-GRPO 0.798)",
-                     "qwen2.5-7b-instruct": "0.897 (Table 1)", "qwen3-4b": "0.948 (Table 1; GRPO 0.934)"},
+        "reported": {
+            "qwen2.5-1.5b-instruct": "0.721 (Table 1; Critique-GRPO 0.798)",
+            "qwen2.5-7b-instruct": "0.897 (Table 1)",
+            "qwen3-4b": "0.948 (Table 1; GRPO 0.934)",
+        },
         "evaluate": "rllib-r3l evaluate CHECKPOINT --split test --episodes 1319",
     },
     "math500": {
         "title": "MATH500 (train on MATH train, evaluate on MATH-500)",
         "env": "r3l/Math",
-        "env_config": {"preset": "math", "data_files": {"train": "data/math/train.parquet",
-                                                         "test": "data/math500/test.jsonl"},
-                       "max_attempts": 3},
+        "env_config": {
+            "preset": "math",
+            "data_files": {"train": "data/math/train.parquet", "test": "data/math500/test.jsonl"},
+            "max_attempts": 3,
+        },
         "env_comment": "MATH train (HF EleutherAI/hendrycks_math, all subjects) and MATH-500 "
-                       "(HF HuggingFaceH4/MATH-500) as local files; answers checked with math-verify",
+        "(HF HuggingFaceH4/MATH-500) as local files; answers checked with math-verify",
         "math": True,
         "data": "data/math/train.parquet (MATH train split, columns problem/solution) and "
-                "data/math500/test.jsonl (HuggingFaceH4/MATH-500).",
+        "data/math500/test.jsonl (HuggingFaceH4/MATH-500).",
         "reported": {"qwen2.5-7b-instruct": "0.658 (Table 1)", "qwen3-4b": "0.753 (Table 1; GSPO 0.722)"},
         "evaluate": "rllib-r3l evaluate CHECKPOINT --split test --episodes 500",
     },
@@ -180,14 +197,24 @@ GRPO_SETTINGS: Dict[str, Tuple[Any, str]] = {
 }
 GRPO = {k: v for k, (v, _c) in GRPO_SETTINGS.items()}
 ABLATIONS: List[Tuple[str, Dict[str, Any], str]] = [
-    ("grpo", GRPO, "GRPO baseline: no reflection (N base rollouts), no pivotal credit, no amplification, "
-                   "std-normalised advantages"),
+    (
+        "grpo",
+        GRPO,
+        "GRPO baseline: no reflection (N base rollouts), no pivotal credit, no amplification, "
+        "std-normalised advantages",
+    ),
     ("no-reflect", {"reflect": False}, "w/o Reflect-then-Retry (N base rollouts; largest drop in the paper)"),
     ("no-pivotal-credit", {"pivotal_credit": False}, "w/o Pivotal Credit Assignment (shared prefix trained too)"),
-    ("no-positive-amplification", {"positive_amplification": False}, "w/o Positive Amplification (plain group-mean "
-                                                                      "advantages, no x alpha)"),
-    ("amplification-only", {"reflect": False, "pivotal_credit": False},
-     "Positive Amplification alone (C.1 component decomposition: ALFWorld 0.807 vs GRPO 0.720)"),
+    (
+        "no-positive-amplification",
+        {"positive_amplification": False},
+        "w/o Positive Amplification (plain group-mean advantages, no x alpha)",
+    ),
+    (
+        "amplification-only",
+        {"reflect": False, "pivotal_credit": False},
+        "Positive Amplification alone (C.1 component decomposition: ALFWorld 0.807 vs GRPO 0.720)",
+    ),
 ]
 
 
@@ -200,60 +227,103 @@ def r3l_config(env_key: str, model_key: str) -> List[Tuple[Optional[str], List[T
     response = MATH_RESPONSE_TOKENS if env["math"] else AGENTIC_RESPONSE_TOKENS
     max_model_len = 20480 + 4096  # a full trajectory shown to the reflector + its 4096-token report
     return [
-        ("policy and environment", [
-            ("model", model["id"], ""),
-            ("env", env["env"], ""),
-            ("env_config", env["env_config"], env["env_comment"]),
-        ]),
-        ("R3L (paper §4, K.1)", [
-            ("group_size", 8, "N: N/2 base rollouts + up to N/2 guided retries per task"),
-            ("tasks_per_iteration", 96, "the paper's batch: 96 tasks (x N trajectories) per optimizer step"),
-            ("reflect", True, "reflect-then-retry: the policy diagnoses its failure, retries from the pivot"),
-            ("retries_per_failure", 1, "C.1: one retry is best"),
-            ("max_reflection_tokens", 4096, "K.1: 4096 for reflections"),
-            ("reflection_style", "paper", "§4, appendix K: the policy reflects under a Reflector system prompt, sampled freely; the reflection item trains on its sampled tokens"),
-            ("reflection_context", "log", "appendix K: the Reflector reads a log of the episode"),
-            ("reflection_temperature", 0.7, "K.1: reflection temperature 0.7 (the authors' configs sample at 1.0)"),
-            ("reflect_on", "failures", "§3: unsuccessful samples are diagnosed and retried"),
-            ("aux_items", ["reflection_sft", "retry_sft"], "successful retries add both auxiliary SFT items, as in the paper §4 (the CPU default drops reflection_sft)"),
-            ("pivotal_credit", True, "mask the shared prefix of a base/retry pair"),
-            ("positive_amplification", True, "successes get advantage 1.0, other non-negatives x alpha"),
-            ("amplification_alpha", 3.0, "K.1 / C.1"),
-            ("std_normalize", False, "R3L: group-mean baseline only"),
-            ("loss_aggregation", "paper", "§4 'Objective', Algorithm 1: mean over trajectories of their token means, plus the SFT term (the authors' code: token_mean)"),
-            ("kl_coef", 0.0, "no KL, no reference model (K.1)"),
-            ("use_importance_ratio", False, "no importance sampling / clipping (K.1)"),
-            ("clip_ratio_low", 0.2, "PPO clip range, used only with the importance ratio (the GRPO baseline)"),
-            ("clip_ratio_high", 0.2, ""),
-        ]),
-        ("optimization (K.1)", [
-            ("lr", 1.0e-6, "AdamW"),
-            ("weight_decay", 0.01, ""),
-            ("grad_clip", 1.0, ""),
-            ("weight_sync_interval", 1, "S = 1: weights into the engines after every step"),
-            ("micro_batch_size", model["micro_batch_size"], "trajectories per forward/backward (accumulated)"),
-            ("model_dtype", "float32", "fp32 master weights (bf16 would lose lr-1e-6 updates); vLLM runs bf16"),
-            ("gradient_checkpointing", True, "20k-token trajectories"),
-        ]),
-        ("rollouts (K.1)", [
-            ("max_response_tokens", response, "512 agentic, 4096 math"),
-            ("max_context_tokens", 20480, "full-history trajectories"),
-            ("temperature", 1.0, "training rollouts"),
-            ("evaluation_temperature", 0.4, "evaluation (`rllib-r3l evaluate`)"),
-            ("top_p", 1.0, ""),
-            ("action_decoding", "free_text", "the model answers in text (as in the paper); 'choice' constrains "
-                                             "decoding to the admissible actions"),
-        ]),
-        ("resources: vLLM rollouts on GPUs, data-parallel learners", [
-            ("backend", "vllm", ""),
-            ("backend_options", {"dtype": "bfloat16", "gpu_memory_utilization": 0.85, "tensor_parallel_size": 1,
-                                 "enable_prefix_caching": True, "max_model_len": max_model_len}, ""),
-            ("num_env_runners", model["runners"], "vLLM engines; the 96 tasks are split across them"),
-            ("num_gpus_per_env_runner", 1, ""),
-            ("num_cpus_per_env_runner", 4, "environments (JVMs for ScienceWorld) run beside the engine"),
-            ("num_learners", model["learners"], "DDP"),
-            ("num_gpus_per_learner", 1, ""),
-        ]),
+        (
+            "policy and environment",
+            [
+                ("model", model["id"], ""),
+                ("env", env["env"], ""),
+                ("env_config", env["env_config"], env["env_comment"]),
+            ],
+        ),
+        (
+            "R3L (paper §4, K.1)",
+            [
+                ("group_size", 8, "N: N/2 base rollouts + up to N/2 guided retries per task"),
+                ("tasks_per_iteration", 96, "the paper's batch: 96 tasks (x N trajectories) per optimizer step"),
+                ("reflect", True, "reflect-then-retry: the policy diagnoses its failure, retries from the pivot"),
+                ("retries_per_failure", 1, "C.1: one retry is best"),
+                ("max_reflection_tokens", 4096, "K.1: 4096 for reflections"),
+                (
+                    "reflection_style",
+                    "paper",
+                    "§4, appendix K: the policy reflects under a Reflector system prompt, sampled freely; the "
+                    "reflection item trains on its sampled tokens",
+                ),
+                ("reflection_context", "log", "appendix K: the Reflector reads a log of the episode"),
+                ("reflection_temperature", 0.7, "K.1: reflection temperature 0.7 (the authors' configs sample at 1.0)"),
+                ("reflect_on", "failures", "§3: unsuccessful samples are diagnosed and retried"),
+                (
+                    "aux_items",
+                    ["reflection_sft", "retry_sft"],
+                    "successful retries add both auxiliary SFT items, as in the paper §4 (the CPU default drops "
+                    "reflection_sft)",
+                ),
+                ("pivotal_credit", True, "mask the shared prefix of a base/retry pair"),
+                ("positive_amplification", True, "successes get advantage 1.0, other non-negatives x alpha"),
+                ("amplification_alpha", 3.0, "K.1 / C.1"),
+                ("std_normalize", False, "R3L: group-mean baseline only"),
+                (
+                    "loss_aggregation",
+                    "paper",
+                    "§4 'Objective', Algorithm 1: mean over trajectories of their token means, plus the SFT term (the "
+                    "authors' code: token_mean)",
+                ),
+                ("kl_coef", 0.0, "no KL, no reference model (K.1)"),
+                ("use_importance_ratio", False, "no importance sampling / clipping (K.1)"),
+                ("clip_ratio_low", 0.2, "PPO clip range, used only with the importance ratio (the GRPO baseline)"),
+                ("clip_ratio_high", 0.2, ""),
+            ],
+        ),
+        (
+            "optimization (K.1)",
+            [
+                ("lr", 1.0e-6, "AdamW"),
+                ("weight_decay", 0.01, ""),
+                ("grad_clip", 1.0, ""),
+                ("weight_sync_interval", 1, "S = 1: weights into the engines after every step"),
+                ("micro_batch_size", model["micro_batch_size"], "trajectories per forward/backward (accumulated)"),
+                ("model_dtype", "float32", "fp32 master weights (bf16 would lose lr-1e-6 updates); vLLM runs bf16"),
+                ("gradient_checkpointing", True, "20k-token trajectories"),
+            ],
+        ),
+        (
+            "rollouts (K.1)",
+            [
+                ("max_response_tokens", response, "512 agentic, 4096 math"),
+                ("max_context_tokens", 20480, "full-history trajectories"),
+                ("temperature", 1.0, "training rollouts"),
+                ("evaluation_temperature", 0.4, "evaluation (`rllib-r3l evaluate`)"),
+                ("top_p", 1.0, ""),
+                (
+                    "action_decoding",
+                    "free_text",
+                    "the model answers in text (as in the paper); 'choice' constrains "
+                    "decoding to the admissible actions",
+                ),
+            ],
+        ),
+        (
+            "resources: vLLM rollouts on GPUs, data-parallel learners",
+            [
+                ("backend", "vllm", ""),
+                (
+                    "backend_options",
+                    {
+                        "dtype": "bfloat16",
+                        "gpu_memory_utilization": 0.85,
+                        "tensor_parallel_size": 1,
+                        "enable_prefix_caching": True,
+                        "max_model_len": max_model_len,
+                    },
+                    "",
+                ),
+                ("num_env_runners", model["runners"], "vLLM engines; the 96 tasks are split across them"),
+                ("num_gpus_per_env_runner", 1, ""),
+                ("num_cpus_per_env_runner", 4, "environments (JVMs for ScienceWorld) run beside the engine"),
+                ("num_learners", model["learners"], "DDP"),
+                ("num_gpus_per_learner", 1, ""),
+            ],
+        ),
     ]
 
 
@@ -293,10 +363,14 @@ def _header(lines: List[str]) -> List[str]:
             out.append("#")
             continue
         lead = len(line) - len(line.lstrip())
-        head = line.split(": ", 1)[0] if ": " in line[:12 + lead] else ""
+        head = line.split(": ", 1)[0] if ": " in line[: 12 + lead] else ""
         indent = " " * (lead + (len(head) + 2 if head and len(head) < 12 else 2))
-        out += [f"# {w}" for w in textwrap.wrap(line, WIDTH - 2, subsequent_indent=indent,
-                                                 break_on_hyphens=False, break_long_words=False)]
+        out += [
+            f"# {w}"
+            for w in textwrap.wrap(
+                line, WIDTH - 2, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False
+            )
+        ]
     return out
 
 
@@ -325,9 +399,17 @@ def paper_file(env_key: str, model_key: str) -> str:
         GENERATED_BY.lstrip("# "),
     ]
     lines = _header(head)
-    lines += [f"{name}:", "  run: R3L", "  stop:", _line(4, "training_iteration", STOP_ITERATIONS),
-              "  checkpoint_config:", _line(4, "checkpoint_frequency", 20), _line(4, "num_to_keep", 5),
-              _line(4, "checkpoint_at_end", True), "  config:"]
+    lines += [
+        f"{name}:",
+        "  run: R3L",
+        "  stop:",
+        _line(4, "training_iteration", STOP_ITERATIONS),
+        "  checkpoint_config:",
+        _line(4, "checkpoint_frequency", 20),
+        _line(4, "num_to_keep", 5),
+        _line(4, "checkpoint_at_end", True),
+        "  config:",
+    ]
     for section, items in r3l_config(env_key, model_key):
         lines.append(f"    # --- {section}")
         for key, value, comment in items:
@@ -353,9 +435,17 @@ def grpo_file(env_key: str, model_key: str) -> str:
         GENERATED_BY.lstrip("# "),
     ]
     lines = _header(head)
-    lines += [f"{name}:", "  run: R3L", "  stop:", _line(4, "training_iteration", STOP_ITERATIONS),
-              "  checkpoint_config:", _line(4, "checkpoint_frequency", 20), _line(4, "num_to_keep", 5),
-              _line(4, "checkpoint_at_end", True), "  config:"]
+    lines += [
+        f"{name}:",
+        "  run: R3L",
+        "  stop:",
+        _line(4, "training_iteration", STOP_ITERATIONS),
+        "  checkpoint_config:",
+        _line(4, "checkpoint_frequency", 20),
+        _line(4, "num_to_keep", 5),
+        _line(4, "checkpoint_at_end", True),
+        "  config:",
+    ]
     for section, items in r3l_config(env_key, model_key):
         lines.append(f"    # --- {section}")
         for key, value, comment in items:
@@ -385,16 +475,32 @@ def ablation_file(env_key: str) -> str:
         GENERATED_BY.lstrip("# "),
     ]
     lines = _header(head)
-    lines += [f"{env_key}-r3l:", "  run: R3L", "  stop: &stop", _line(4, "training_iteration", STOP_ITERATIONS),
-              "  checkpoint_config: &checkpoint", _line(4, "checkpoint_frequency", 20), _line(4, "num_to_keep", 5),
-              _line(4, "checkpoint_at_end", True), "  config: &r3l"]
+    lines += [
+        f"{env_key}-r3l:",
+        "  run: R3L",
+        "  stop: &stop",
+        _line(4, "training_iteration", STOP_ITERATIONS),
+        "  checkpoint_config: &checkpoint",
+        _line(4, "checkpoint_frequency", 20),
+        _line(4, "num_to_keep", 5),
+        _line(4, "checkpoint_at_end", True),
+        "  config: &r3l",
+    ]
     for section, items in r3l_config(env_key, ABLATION_MODEL):
         lines.append(f"    # --- {section}")
         for key, value, comment in items:
             lines.append(_line(4, key, value, comment))
     for suffix, overrides, text in ABLATIONS:
-        lines += ["", f"# {text}", f"{env_key}-{suffix}:", "  run: R3L", "  stop: *stop",
-                  "  checkpoint_config: *checkpoint", "  config:", "    <<: *r3l"]
+        lines += [
+            "",
+            f"# {text}",
+            f"{env_key}-{suffix}:",
+            "  run: R3L",
+            "  stop: *stop",
+            "  checkpoint_config: *checkpoint",
+            "  config:",
+            "    <<: *r3l",
+        ]
         lines += [_line(4, k, v) for k, v in overrides.items()]
     return "\n".join(lines) + "\n"
 

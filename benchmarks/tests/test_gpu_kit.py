@@ -23,12 +23,15 @@ from tests import REPO_ROOT
 BLOCK = ("ray", "vllm")
 
 
+@pytest.mark.subprocess
 def test_dry_run_cpu_stands_in_for_the_gpu_with_ray_and_vllm_unimportable_every_row_passes(tmp_path):
     out = tmp_path / "kit.md"
-    code = ("import runpy, sys\n"
-            + "".join(f"sys.modules[{b!r}] = None\n" for b in BLOCK)
-            + f"sys.argv = ['benchmarks/gpu_kit.py', '--dry-run', '--out', {str(out)!r}]\n"
-            + "runpy.run_path('benchmarks/gpu_kit.py', run_name='__main__')\n")
+    code = (
+        "import runpy, sys\n"
+        + "".join(f"sys.modules[{b!r}] = None\n" for b in BLOCK)
+        + f"sys.argv = ['benchmarks/gpu_kit.py', '--dry-run', '--out', {str(out)!r}]\n"
+        + "runpy.run_path('benchmarks/gpu_kit.py', run_name='__main__')\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     data = json.loads(out.with_suffix(".json").read_text())
@@ -39,7 +42,9 @@ def test_dry_run_cpu_stands_in_for_the_gpu_with_ray_and_vllm_unimportable_every_
     # the equality checks measured something and stayed within their tolerances
     rows = {row["id"]: row["values"] for row in data["rows"]}
     shared = rows["shared_vs_plain/tiny-llama"]
-    assert 0 < shared["grad"] <= kit.TOL_BF16["grad"] and shared["forward_tokens_shared"] < shared["forward_tokens_plain"]
+    assert (
+        0 < shared["grad"] <= kit.TOL_BF16["grad"] and shared["forward_tokens_shared"] < shared["forward_tokens_plain"]
+    )
     assert rows["imports"]["loaded"] == []
     assert all(rows[f"throughput/tiny-qwen2/{t.key}"]["tokens_per_s"] > 0 for t in kit.DRY_PLAN.throughput)
     # quiet: a preamble, the table (header, rule, one line per row) and a summary; the file holds the same rows
@@ -50,13 +55,16 @@ def test_dry_run_cpu_stands_in_for_the_gpu_with_ray_and_vllm_unimportable_every_
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.subprocess
 def test_the_learners_forward_imports_without_ray():
-    code = ("import sys\n"
-            + "".join(f"sys.modules[{b!r}] = None\n" for b in BLOCK)
-            + "from rllib_r3l.learner import forward\n"
-            + "assert callable(forward.token_logprobs) and callable(forward.shared_prefix_hidden)\n"
-            + "assert sys.modules['ray'] is None\n"
-            + "print('ok')\n")
+    code = (
+        "import sys\n"
+        + "".join(f"sys.modules[{b!r}] = None\n" for b in BLOCK)
+        + "from rllib_r3l.learner import forward\n"
+        + "assert callable(forward.token_logprobs) and callable(forward.shared_prefix_hidden)\n"
+        + "assert sys.modules['ray'] is None\n"
+        + "print('ok')\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
@@ -108,7 +116,9 @@ def test_layout_problems_catch_a_broken_group():
     _, _, trajs, adv = kit.make_batch(1, kit.DRY_LAYOUT, 4096)
     retry = [t for t in trajs if t.kind == kit.Kind.RETRY][-1]  # pivot 3: its turn-1 prompt is replayed
     seg = next(i for i, s in enumerate(retry.segments) if s.turn == 1 and s.role == "prompt")
-    retry.segments[seg] = dataclasses.replace(retry.segments[seg], token_ids=[t + 1 for t in retry.segments[seg].token_ids])
+    retry.segments[seg] = dataclasses.replace(
+        retry.segments[seg], token_ids=[t + 1 for t in retry.segments[seg].token_ids]
+    )
     assert any("does not share exactly" in p for p in kit.layout_problems(trajs, adv, kit.DRY_LAYOUT))
 
 
@@ -138,8 +148,9 @@ def test_a_throughput_row_past_the_budget_is_a_skip_row_not_a_failure():
     batch, info, _, _ = kit.make_batch(1, kit.DRY_LAYOUT, 4096)
     guard = kit.TimeGuard(0.0)
     # no model: the row is skipped before one is touched
-    row = kit.throughput_row(None, "qwen2.5-1.5b", kit.Throughput(16384), kit.GPU_PLAN, torch.device("cpu"),
-                             guard, batch, info)
+    row = kit.throughput_row(
+        None, "qwen2.5-1.5b", kit.Throughput(16384), kit.GPU_PLAN, torch.device("cpu"), guard, batch, info
+    )
     assert row.result == "SKIP" and row.id == "throughput/qwen2.5-1.5b/mbt16384" and "time guard" in row.measured
     assert "| SKIP |" in row.markdown()
 
@@ -149,8 +160,10 @@ def test_row_ids_of_the_gpu_plan_end_with_the_largest_batch_of_the_largest_model
     assert ids[:2] == ["imports", "layout"] and len(ids) == len(set(ids)) == 2 + (1 + 2 + 5) + (1 + 5)
     assert ids[-1] == "throughput/qwen2.5-1.5b/mbt16384"
     assert "device_vs_cpu_fp32/smollm2-135m" in ids and "device_vs_cpu_bf16/smollm2-135m" in ids
-    assert [s for s in kit.row_ids(kit.DRY_PLAN) if s.startswith("shared_vs_plain")] == \
-        ["shared_vs_plain/tiny-llama", "shared_vs_plain/tiny-qwen2"]
+    assert [s for s in kit.row_ids(kit.DRY_PLAN) if s.startswith("shared_vs_plain")] == [
+        "shared_vs_plain/tiny-llama",
+        "shared_vs_plain/tiny-qwen2",
+    ]
 
 
 def test_default_out_under_OUT_when_set_else_the_results_folder(monkeypatch, tmp_path):
@@ -167,11 +180,12 @@ def test_compare_hand_values():
     v = kit.compare(got, [torch.tensor([3.0, 4.0])], want, [torch.tensor([3.0, 4.5])], mask)
     assert v["logp"] == pytest.approx(0.1, abs=1e-6)  # the uncredited position is not compared
     assert v["loss"] == pytest.approx(0.03 / 3.0)  # relative to the mean |log-prob| of the credited tokens
-    assert v["grad"] == pytest.approx(0.5 / (3.0 ** 2 + 4.5 ** 2) ** 0.5)
+    assert v["grad"] == pytest.approx(0.5 / (3.0**2 + 4.5**2) ** 0.5)
     assert kit.within(v, {"logp": 0.2, "loss": 0.02, "grad": 0.2}) and not kit.within(v, kit.TOL_FP32)
     assert not kit.within({"logp": float("nan"), "loss": 0.0, "grad": 0.0}, kit.TOL_BF16)
 
 
+@pytest.mark.slow
 def test_the_kits_loss_and_gradient_equal_the_learners_on_an_r3l_group(tiny_model_dir):
     """The kit's glue (micro-batches, per-token broadcast, ``policy_gradient_loss``) against a real
     ``R3LTorchLearner._update`` on the same weights and batch, shared prefixes on (CPU, fp32)."""

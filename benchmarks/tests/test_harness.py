@@ -84,8 +84,11 @@ def test_jsonl_round_trip(tmp_path):
     assert harness.read_jsonl(p) == [{"a": 1}, {"b": [2]}, {"c": None}]
 
 
+@pytest.mark.subprocess
 def test_run_child_returns_the_last_result_line_or_none():
-    code = "from benchmarks import harness; print('noise'); harness.emit_result({'x': 1}); harness.emit_result({'x': 2})"
+    code = (
+        "from benchmarks import harness; print('noise'); harness.emit_result({'x': 1}); harness.emit_result({'x': 2})"
+    )
     got, p = harness.run_child([sys.executable, "-c", code])
     assert got == {"x": 2} and p.returncode == 0
     got, p = harness.run_child([sys.executable, "-c", code + "; raise SystemExit(3)"])
@@ -103,8 +106,11 @@ def test_split_overrides_keeps_bracketed_values_whole_and_refuses_bad_ones():
 def test_alternating_and_rotated_orders():
     jobs = harness.alternating({"a": ["x=1"], "b": []}, 2, Path("/r"))
     assert [j.out.name for j in jobs] == ["a_1", "b_1", "a_2", "b_2"] and jobs[0].sets == ["x=1"]
-    assert [harness.rotated(["a", "b", "c"], s) for s in (0, 1, 5)] == [["a", "b", "c"], ["b", "c", "a"],
-                                                                         ["c", "a", "b"]]
+    assert [harness.rotated(["a", "b", "c"], s) for s in (0, 1, 5)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+    ]
     assert harness.rotated(["a", "b"], 1, rotate=False) == ["a", "b"]
 
 
@@ -114,7 +120,8 @@ def fake_main_job(tmp_path, monkeypatch):
     checkpoint into ``--out``, and fails for an ``--out`` named ``bad_*``."""
     script = tmp_path / "fake_main.py"
     calls = tmp_path / "calls.jsonl"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, pathlib, sys
         args = sys.argv[1:]
         out = pathlib.Path(args[args.index("--out") + 1])
@@ -125,11 +132,13 @@ def fake_main_job(tmp_path, monkeypatch):
             sys.exit(3)
         (out / "checkpoint").mkdir(parents=True)
         (out / "summary.json").write_text("{{}}")
-    """))
+    """)
+    )
     monkeypatch.setattr(harness, "MAIN_JOB_COMMAND", [sys.executable, str(script)])
     return calls
 
 
+@pytest.mark.subprocess
 def test_sweep_runs_what_is_missing_in_order_and_records_each_run(tmp_path, fake_main_job):
     out = tmp_path / "sweep"
     (out / "a_1").mkdir(parents=True)
@@ -151,6 +160,7 @@ def test_sweep_runs_what_is_missing_in_order_and_records_each_run(tmp_path, fake
     assert harness.sweep(jobs, log=lines.append) == 0 and len(harness.read_jsonl(fake_main_job)) == 3  # all done
 
 
+@pytest.mark.subprocess
 def test_sweep_stops_at_a_failed_run_and_a_job_may_need_its_record(tmp_path, fake_main_job):
     jobs = [harness.MainJob("bad", tmp_path / "bad_1", iterations=2), harness.MainJob("ok", tmp_path / "ok_1")]
     assert harness.sweep(jobs, log=lambda line: None) == 3

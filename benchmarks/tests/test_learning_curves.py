@@ -22,9 +22,15 @@ from benchmarks import learning_curves_report as lcr
 # R3LConfig.__init__: lr 1e-6, micro_batch_tokens 2048, backend "auto", mixed_precision "auto",
 # num_threads None, backend_options {}, env_config {}); group 8, 2 tasks, micro-batch 4 and shared
 # prefixes are R3LConfig's own defaults, so they are not differences.
-COMMON = {"backend": "vllm", "backend_options": {"choice_tokenization": "canonical", "dtype": "float32"},
-          "env_config": {"compact_observations": True}, "lr": 1e-5, "micro_batch_tokens": 1024,
-          "mixed_precision": "none", "num_threads": 1}
+COMMON = {
+    "backend": "vllm",
+    "backend_options": {"choice_tokenization": "canonical", "dtype": "float32"},
+    "env_config": {"compact_observations": True},
+    "lr": 1e-5,
+    "micro_batch_tokens": 1024,
+    "mixed_precision": "none",
+    "num_threads": 1,
+}
 
 
 def test_a_run_trains_until_its_budget_exactly():
@@ -48,9 +54,15 @@ def test_each_variant_records_exactly_its_differences_from_r3lconfig_defaults():
     assert diffs[lc.BASE] == COMMON  # the untrained model: the common setting alone
     # the paper's GRPO (appendix): no R3L component, std-normalised, KL 0.01, the ratio clipped at 0.2
     # (0.2 is R3LConfig's clip default, and dynamic sampling's default is 0: neither is a difference)
-    assert diffs["grpo_paper"] == {**COMMON, "reflect": False, "pivotal_credit": False,
-                                   "positive_amplification": False, "std_normalize": True, "kl_coef": 0.01,
-                                   "use_importance_ratio": True}
+    assert diffs["grpo_paper"] == {
+        **COMMON,
+        "reflect": False,
+        "pivotal_credit": False,
+        "positive_amplification": False,
+        "std_normalize": True,
+        "kl_coef": 0.01,
+        "use_importance_ratio": True,
+    }
     assert diffs["grpo_ds"] == {**diffs["grpo_paper"], "dynamic_sampling_rounds": 2}  # the main job's
     assert diffs["r3l"] == {**COMMON, "dynamic_sampling_rounds": 2}  # today's R3L is the defaults
     assert diffs["r3l_oracle"] == {**diffs["r3l"], "reflector": "oracle"}
@@ -61,13 +73,25 @@ def test_each_variant_records_exactly_its_differences_from_r3lconfig_defaults():
 
 
 def test_the_paper_variants_use_the_papers_settings():
-    assert {k: lc.VARIANTS["grpo_paper"][k] for k in ("kl_coef", "use_importance_ratio", "clip_ratio_low",
-                                                       "clip_ratio_high", "std_normalize", "reflect")} == {
-        "kl_coef": 0.01, "use_importance_ratio": True, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
-        "std_normalize": True, "reflect": False}
-    assert lc.VARIANTS["r3l_paper"] == {"reflection_style": "paper", "reflection_temperature": 0.7,
-                                        "aux_items": ["reflection_sft", "retry_sft"], "loss_aggregation": "paper",
-                                        "max_reflection_tokens": 512, "dynamic_sampling_rounds": 0}
+    assert {
+        k: lc.VARIANTS["grpo_paper"][k]
+        for k in ("kl_coef", "use_importance_ratio", "clip_ratio_low", "clip_ratio_high", "std_normalize", "reflect")
+    } == {
+        "kl_coef": 0.01,
+        "use_importance_ratio": True,
+        "clip_ratio_low": 0.2,
+        "clip_ratio_high": 0.2,
+        "std_normalize": True,
+        "reflect": False,
+    }
+    assert lc.VARIANTS["r3l_paper"] == {
+        "reflection_style": "paper",
+        "reflection_temperature": 0.7,
+        "aux_items": ["reflection_sft", "retry_sft"],
+        "loss_aggregation": "paper",
+        "max_reflection_tokens": 512,
+        "dynamic_sampling_rounds": 0,
+    }
     assert lcr.PAIRS == {"r3l": "grpo_ds", "r3l_oracle": "grpo_ds", "r3l_paper": "grpo_paper", "grpo_ds": "grpo_paper"}
 
 
@@ -111,6 +135,7 @@ def test_a_v3_folder_is_reported_but_takes_no_new_runs(tmp_path):
     assert lcr.read_setting(tmp_path) == {"common": lc.DEFAULT_SETTING, "variants": {}}
 
 
+@pytest.mark.subprocess
 def test_git_commit_names_head_and_flags_tracked_changes():
     got = lc.git_commit()
     assert got == "unknown" or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", got), got
@@ -128,7 +153,9 @@ def test_paired_ratio_on_hand_values_and_not_with_a_zero():
     tight = harness.paired_ratio({0: 0.5, 1: 0.6, 2: 0.55}, {0: 0.25, 1: 0.3, 2: 0.25})
     assert (tight["ratio"], tight["lo"]) == pytest.approx((2.06456, 1.80078), rel=1e-5) and lcr.goal_met(tight)
     zero = harness.paired_ratio({0: 0.5, 1: 0.25}, {0: 0.25, 1: 0.0})
-    assert zero["zero"] == {1: "b"} and math.isnan(zero["ratio"]) and math.isnan(zero["mean"]) and math.isnan(zero["lo"])
+    assert (
+        zero["zero"] == {1: "b"} and math.isnan(zero["ratio"]) and math.isnan(zero["mean"]) and math.isnan(zero["lo"])
+    )
     assert zero["ratios"][0] == 2.0 and math.isnan(zero["ratios"][1]) and lcr.goal_met(zero) is None
     assert lcr.ratio_text(zero) == ("2.00, -", "n/a", "n/a (seed 1: 0 successes (the reference))")
     assert harness.paired_ratio({0: 0.0}, {0: 0.5})["zero"] == {0: "a"}
@@ -144,10 +171,21 @@ def _run(out: Path, variant: str, seed: int, its, k: int, n: int = 32) -> None:
 
 
 def _it(i, samples, cpu, retries=0.0, retry_ok=None, valid=0.0, pivot=None, tokens=100.0, **more):
-    return {"iteration": i, "samples_cumulative": samples, "cpu_s": cpu, "wall_s": cpu, "success_rate": 0.25,
-            "num_retries": retries, "retry_success_rate": retry_ok, "reflection_valid": valid,
-            "pivot_accuracy": pivot, "trained_tokens": tokens, "generated_tokens": 10.0, "forward_tokens": 1000.0,
-            **more}
+    return {
+        "iteration": i,
+        "samples_cumulative": samples,
+        "cpu_s": cpu,
+        "wall_s": cpu,
+        "success_rate": 0.25,
+        "num_retries": retries,
+        "retry_success_rate": retry_ok,
+        "reflection_valid": valid,
+        "pivot_accuracy": pivot,
+        "trained_tokens": tokens,
+        "generated_tokens": 10.0,
+        "forward_tokens": 1000.0,
+        **more,
+    }
 
 
 def test_summarize_pairs_each_variant_with_its_reference_at_the_same_seeds(tmp_path):
@@ -164,7 +202,9 @@ def test_summarize_pairs_each_variant_with_its_reference_at_the_same_seeds(tmp_p
     assert g["pooled"] == {"k": 6, "n": 64, "rate": 6 / 64} and g["updates"]["mean"] == 1.5
     assert g["eval_success"]["mean"] == pytest.approx((4 / 32 + 2 / 32) / 2)
     r0 = s["per_seed"]["r3l"]["0"]
-    assert r0["retry_success"] == pytest.approx(4 / 8) and r0["pivot_accuracy"] == pytest.approx((2 * 1.0 + 6 * 0.5) / 8)
+    assert r0["retry_success"] == pytest.approx(4 / 8) and r0["pivot_accuracy"] == pytest.approx(
+        (2 * 1.0 + 6 * 0.5) / 8
+    )
     assert math.isnan(s["per_seed"]["r3l"]["1"]["pivot_accuracy"])  # no valid report: unknown, not 0
     assert r0["cpu_s_per_sample"] == pytest.approx(400 / 28)
     pairs = {(p["variant"], p["reference"]): p for p in s["pairs"]}
@@ -186,21 +226,51 @@ def test_a_v3_folder_pairs_every_variant_with_its_grpo():
 
 
 def test_reflection_cost_is_summed_per_run_and_unknown_for_curves_without_it(tmp_path):
-    _run(tmp_path, "r3l", 0, [_it(1, 14, 10, reflect_s=3.5, reflection_generated_tokens=700.0,
-                                   prompt_tokens_computed_reflect=900.0, reflections_truncated=1.0),
-                              _it(2, 28, 10, reflect_s=1.5, reflection_generated_tokens=300.0,
-                                  prompt_tokens_computed_reflect=None, reflections_truncated=0.0)], k=3)
+    _run(
+        tmp_path,
+        "r3l",
+        0,
+        [
+            _it(
+                1,
+                14,
+                10,
+                reflect_s=3.5,
+                reflection_generated_tokens=700.0,
+                prompt_tokens_computed_reflect=900.0,
+                reflections_truncated=1.0,
+            ),
+            _it(
+                2,
+                28,
+                10,
+                reflect_s=1.5,
+                reflection_generated_tokens=300.0,
+                prompt_tokens_computed_reflect=None,
+                reflections_truncated=0.0,
+            ),
+        ],
+        k=3,
+    )
     _run(tmp_path, "r3l", 1, [_it(1, 14, 10, reflect_s=2.0, reflection_generated_tokens=400.0)], k=1)
     _run(tmp_path, "grpo_ds", 0, [_it(1, 16, 10, reflect_s=0.0, reflection_generated_tokens=0.0)], k=2)
     _run(tmp_path, "grpo_ds", 1, [_it(1, 16, 10)], k=2)  # a curve from before the fields existed
     s = lcr.summarize(tmp_path, ["grpo_ds", "r3l"], [0, 1])
     r0, r1 = s["per_seed"]["r3l"]["0"], s["per_seed"]["r3l"]["1"]
-    assert (r0["reflection_tokens"], r0["reflection_seconds"], r0["reflection_prompt_tokens"],
-            r0["reflections_truncated"]) == (1000.0, 5.0, 900.0, 1.0)
-    assert (r1["reflection_tokens"], r1["reflection_seconds"]) == (400.0, 2.0) and math.isnan(r1["reflections_truncated"])
+    assert (
+        r0["reflection_tokens"],
+        r0["reflection_seconds"],
+        r0["reflection_prompt_tokens"],
+        r0["reflections_truncated"],
+    ) == (1000.0, 5.0, 900.0, 1.0)
+    assert (r1["reflection_tokens"], r1["reflection_seconds"]) == (400.0, 2.0) and math.isnan(
+        r1["reflections_truncated"]
+    )
     assert s["variants"]["r3l"]["reflection_tokens"]["mean"] == 700.0
     g0, g1 = s["per_seed"]["grpo_ds"]["0"], s["per_seed"]["grpo_ds"]["1"]
-    assert g0["reflection_tokens"] == 0.0 and math.isnan(g1["reflection_tokens"]) and math.isnan(g1["reflection_seconds"])
+    assert (
+        g0["reflection_tokens"] == 0.0 and math.isnan(g1["reflection_tokens"]) and math.isnan(g1["reflection_seconds"])
+    )
     text = lcr.report(tmp_path, ["grpo_ds", "r3l"], [0, 1])
     assert "| 1000, 400 | 5, 2 |" in text and "| 0, - | 0, - |" in text
     # the paired ratio: r3l 3/32 and 1/32 against 2/32 and 2/32
@@ -208,8 +278,11 @@ def test_reflection_cost_is_summed_per_run_and_unknown_for_curves_without_it(tmp
 
 
 def test_the_summary_states_each_variants_setting_from_setting_json(tmp_path):
-    diffs = {"base": dict(COMMON), "r3l": {**COMMON, "dynamic_sampling_rounds": 2},
-             "r3l_paper": {**COMMON, "reflection_temperature": 0.7, "loss_aggregation": "paper"}}
+    diffs = {
+        "base": dict(COMMON),
+        "r3l": {**COMMON, "dynamic_sampling_rounds": 2},
+        "r3l_paper": {**COMMON, "reflection_temperature": 0.7, "loss_aggregation": "paper"},
+    }
     lc.check_setting(tmp_path, dict(lc.DEFAULT_SETTING), diffs)
     _run(tmp_path, "r3l", 0, [_it(1, 14, 10)], k=3)
     text = lcr.report(tmp_path, ["r3l", "r3l_paper"], [0])
@@ -235,8 +308,17 @@ def test_next_runs_resume_cut_runs_then_the_headline_for_all_seeds_then_the_pape
     lcr.run_dir(tmp_path, "r3l", 0).mkdir(parents=True)  # a folder without a curve: not started yet
     variants = ["grpo_paper", "grpo_ds", "r3l", "r3l_oracle", "r3l_paper"]
     assert lc.next_runs(tmp_path, variants, [0, 1]) == [
-        ("r3l_paper", 1), ("r3l", 0), ("base", 1), ("grpo_ds", 1), ("r3l", 1), ("grpo_paper", 0), ("r3l_paper", 0),
-        ("grpo_paper", 1), ("r3l_oracle", 0), ("r3l_oracle", 1)]
+        ("r3l_paper", 1),
+        ("r3l", 0),
+        ("base", 1),
+        ("grpo_ds", 1),
+        ("r3l", 1),
+        ("grpo_paper", 0),
+        ("r3l_paper", 0),
+        ("grpo_paper", 1),
+        ("r3l_oracle", 0),
+        ("r3l_oracle", 1),
+    ]
 
 
 def _holder(seconds: float, then_write: str = ""):
@@ -245,8 +327,10 @@ def _holder(seconds: float, then_write: str = ""):
     import subprocess
     import time
 
-    code = ("import sys, time, pathlib; time.sleep(float(sys.argv[1]));"
-            "sys.argv[2] and pathlib.Path(sys.argv[2]).write_text('{\"eval_successes\": 3, \"eval_episodes\": 32}')")
+    code = (
+        "import sys, time, pathlib; time.sleep(float(sys.argv[1]));"
+        "sys.argv[2] and pathlib.Path(sys.argv[2]).write_text('{\"eval_successes\": 3, \"eval_episodes\": 32}')"
+    )
     p = subprocess.Popen([sys.executable, "-c", code, str(seconds), then_write, lc.__file__, "--child", "grpo_ds:0"])
     # Between fork and exec the child's /proc cmdline is still pytest's, which held_by rightly refuses
     # (a real child writes its lock itself, after exec); on a busy machine that window is long.
@@ -258,6 +342,7 @@ def _holder(seconds: float, then_write: str = ""):
     return p
 
 
+@pytest.mark.subprocess
 def test_held_by_names_a_live_child_only(tmp_path):
     import os
     import subprocess
@@ -286,11 +371,14 @@ def test_held_by_names_a_live_child_only(tmp_path):
     assert lc.held_by(d) is None
 
 
+@pytest.mark.subprocess
 def test_sweep_waits_for_a_run_another_process_holds_and_never_starts_it_twice(tmp_path, capsys):
     _run(tmp_path, "base", 0, [], k=1)
     d = lcr.run_dir(tmp_path, "grpo_ds", 0)
     d.mkdir(parents=True)
-    (d / "curve.jsonl").write_text(json.dumps({"header": {"variant": "grpo_ds"}}) + "\n" + json.dumps(_it(1, 16, 1)) + "\n")
+    (d / "curve.jsonl").write_text(
+        json.dumps({"header": {"variant": "grpo_ds"}}) + "\n" + json.dumps(_it(1, 16, 1)) + "\n"
+    )
     p = _holder(6, str(d / "final.json"))  # an orphaned child of a killed sweep, finishing its run
     (d / lc.LOCK).write_text(f"{p.pid}\n")
     try:
@@ -308,10 +396,21 @@ def test_sweep_waits_for_a_run_another_process_holds_and_never_starts_it_twice(t
 def test_a_run_cut_short_resumes_from_its_checkpoint_and_finishes(tmp_path, tiny_model_dir, monkeypatch):
     """Real R3L (oracle reflector) on the tiny model: the held-out evaluation is cut short after
     iteration 1 (as a kill would), the checkpoint survives, and the rerun continues at iteration 2."""
-    setting = dict(lc.DEFAULT_SETTING, env="r3l/ToyCorridor", env_config={"num_rooms": 3}, model="tiny",
-                   backend="transformers", group_size=4, lr=1e-4, micro_batch_tokens=None, budget=1000,
-                   max_iterations=1, eval_episodes=2, num_threads=None,
-                   training={"max_response_tokens": 8, "max_reflection_tokens": 24})
+    setting = dict(
+        lc.DEFAULT_SETTING,
+        env="r3l/ToyCorridor",
+        env_config={"num_rooms": 3},
+        model="tiny",
+        backend="transformers",
+        group_size=4,
+        lr=1e-4,
+        micro_batch_tokens=None,
+        budget=1000,
+        max_iterations=1,
+        eval_episodes=2,
+        num_threads=None,
+        training={"max_response_tokens": 8, "max_reflection_tokens": 24},
+    )
     real_eval = lc.evaluate_heldout
 
     def killed(algo, episodes):
@@ -338,7 +437,7 @@ def test_a_run_cut_short_resumes_from_its_checkpoint_and_finishes(tmp_path, tiny
     assert [r["iteration"] for r in recs] == [1, 2] and recs[0] == first  # iteration 1 kept, not rerun
     assert [r["iteration"] for r in header["resumed"]] == [1]
     after = retry_ledger.read(str(d / retry_ledger.LEDGER_FILE))
-    assert after[:len(ledger)] == ledger and {r["iteration"] for r in after[len(ledger):]} <= {2}
+    assert after[: len(ledger)] == ledger and {r["iteration"] for r in after[len(ledger) :]} <= {2}
     assert recs[1]["samples_cumulative"] > first["samples_cumulative"]
     assert final["iterations"] == 2 and final["eval_episodes"] == 2 and 0 <= final["eval_successes"] <= 2
     assert not (d / "checkpoint").exists() and (d / "final.json").exists()

@@ -21,8 +21,19 @@ def test_the_setting_is_learning_curves_on_8_rooms_and_25_turns_with_an_evaluati
     assert s["env_config"] == {"compact_observations": True, "num_locations": 8, "max_turns": 25}
     assert "budget" not in s and "max_iterations" not in s
     assert (s["eval_every"], s["eval_episodes"], s["eval_batch"]) == (5, 24, 16)
-    same = ("env", "model", "backend", "group_size", "tasks_per_iteration", "lr", "engine_dtype", "mixed_precision",
-            "num_threads", "choice_tokenization", "share_prefixes")
+    same = (
+        "env",
+        "model",
+        "backend",
+        "group_size",
+        "tasks_per_iteration",
+        "lr",
+        "engine_dtype",
+        "mixed_precision",
+        "num_threads",
+        "choice_tokenization",
+        "share_prefixes",
+    )
     assert {k: s[k] for k in same} == {k: lc.DEFAULT_SETTING[k] for k in same}
     config = lc.build_config(s, "r3l_paper", 0)
     config.validate()  # the environment takes 8 rooms (TWX: up to 11)
@@ -36,8 +47,15 @@ def _write(out: Path, variant: str, seed: int, recs) -> None:
 
 
 def _it(i, samples, k=None, n=8, cpu=10.0, refl=0.0, tokens=50.0):
-    rec = {"iteration": i, "samples_cumulative": samples, "success_rate": 0.1, "cpu_s": cpu, "wall_s": cpu,
-           "reflection_generated_tokens": refl, "trained_tokens": tokens}
+    rec = {
+        "iteration": i,
+        "samples_cumulative": samples,
+        "success_rate": 0.1,
+        "cpu_s": cpu,
+        "wall_s": cpu,
+        "reflection_generated_tokens": refl,
+        "trained_tokens": tokens,
+    }
     if k is not None:
         rec.update(eval_successes=k, eval_episodes=n, eval_cpu_s=2.0)
     return rec
@@ -53,7 +71,11 @@ def test_a_run_is_done_at_its_target_with_its_last_iteration_evaluated(tmp_path)
     assert not lh.is_done(lcr.run_dir(tmp_path, "r3l_paper", 0), 2)
     # started runs first (they resume), then seed by seed the untrained model and the variants
     assert lh.next_runs(tmp_path, ["grpo_paper", "r3l_paper"], [0, 1], 2) == [
-        ("r3l_paper", 0), ("base", 1), ("grpo_paper", 1), ("r3l_paper", 1)]
+        ("r3l_paper", 0),
+        ("base", 1),
+        ("grpo_paper", 1),
+        ("r3l_paper", 1),
+    ]
 
 
 def test_the_console_prints_an_iteration_once_its_record_is_complete(tmp_path):
@@ -62,20 +84,24 @@ def test_the_console_prints_an_iteration_once_its_record_is_complete(tmp_path):
     seen: dict = {}
     runs = [("base", 0), ("grpo_paper", 0)]
     lines = lh.progress_lines(tmp_path, runs, seen, every=2, iterations=4)
-    assert lines == ["base/seed0 iteration 0 (untrained): held-out 1/8",
-                     "grpo_paper/seed0 iteration 1/4: 16 trajectories, success 0.10, 10 s"]
+    assert lines == [
+        "base/seed0 iteration 0 (untrained): held-out 1/8",
+        "grpo_paper/seed0 iteration 1/4: 16 trajectories, success 0.10, 10 s",
+    ]
     assert lh.progress_lines(tmp_path, runs, seen, every=2, iterations=4) == []
     _write(tmp_path, "grpo_paper", 0, [_it(1, 16), _it(2, 32, k=3)])
     assert lh.progress_lines(tmp_path, runs, seen, every=2, iterations=4) == [
-        "grpo_paper/seed0 iteration 2/4: 32 trajectories, success 0.10, 10 s held-out 3/8"]
+        "grpo_paper/seed0 iteration 2/4: 32 trajectories, success 0.10, 10 s held-out 3/8"
+    ]
 
 
 def _folder(out: Path) -> None:
     """Two seeds of the default pair; seed 1's R3L stopped before its iteration-4 evaluation."""
     lc.check_setting(out, lh.setting_for(2, 8), {"grpo_paper": {}, "r3l_paper": {}})
     for s, base_k in ((0, 1), (1, 0)):
-        _write(out, "base", s, [{"iteration": 0, "samples_cumulative": 0.0, "eval_successes": base_k,
-                                 "eval_episodes": 8}])
+        _write(
+            out, "base", s, [{"iteration": 0, "samples_cumulative": 0.0, "eval_successes": base_k, "eval_episodes": 8}]
+        )
     _write(out, "grpo_paper", 0, [_it(1, 16), _it(2, 32, k=2), _it(3, 48), _it(4, 64, k=4)])
     _write(out, "grpo_paper", 1, [_it(1, 16), _it(2, 32, k=1), _it(3, 48), _it(4, 64, k=2)])
     _write(out, "r3l_paper", 0, [_it(1, 9, refl=100), _it(2, 20, k=3, refl=50), _it(3, 29), _it(4, 38, k=6)])
@@ -86,10 +112,19 @@ def test_curve_points_start_at_the_seeds_untrained_model_and_runs_sum_their_cost
     _folder(tmp_path)
     pts = lh.curve_points(tmp_path, "r3l_paper", 0)
     assert [(p["iteration"], p["samples"], p["k"], p["n"]) for p in pts] == [
-        (0, 0.0, 1, 8), (2, 20, 3, 8), (4, 38, 6, 8)]
+        (0, 0.0, 1, 8),
+        (2, 20, 3, 8),
+        (4, 38, 6, 8),
+    ]
     r = lh.run_summary(tmp_path, "r3l_paper", 1)
     assert (r["iterations"], r["samples"], r["updates"], r["cpu_s"], r["eval_cpu_s"], r["reflection_tokens"]) == (
-        3, 25, 2, 30.0, 2.0, 10.0)
+        3,
+        25,
+        2,
+        30.0,
+        2.0,
+        10.0,
+    )
     assert r["samples_per_iteration"] == pytest.approx(25 / 3)
     assert lh.run_summary(tmp_path, "r3l_paper", 2) is None
 
@@ -148,14 +183,25 @@ def test_a_curve_without_its_checkpoint_is_refused_not_overwritten(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.integration
 def test_the_probe_runs_end_to_end_resumes_a_cut_evaluation_extends_and_refuses_another_setting(
-        tmp_path, tiny_model_dir, capsys):
+    tmp_path, tiny_model_dir, capsys
+):
     """The tiny model on the toy corridor, evaluated every iteration on 2 games, one at a time: the
     sweep's children evaluate the untrained model and train GRPO one iteration; that iteration's
     evaluation is then struck from the curve (a kill during it), and a second call (target 2) redoes
     it first, without training iteration 1 again, then trains and evaluates iteration 2."""
-    setting = dict(lh.setting_for(eval_every=1, eval_episodes=2), env="r3l/ToyCorridor", env_config={"num_rooms": 3},
-                   model="tiny", backend="transformers", group_size=4, lr=1e-4, micro_batch_tokens=None,
-                   num_threads=None, eval_batch=1, training={"max_response_tokens": 8, "max_reflection_tokens": 24})
+    setting = dict(
+        lh.setting_for(eval_every=1, eval_episodes=2),
+        env="r3l/ToyCorridor",
+        env_config={"num_rooms": 3},
+        model="tiny",
+        backend="transformers",
+        group_size=4,
+        lr=1e-4,
+        micro_batch_tokens=None,
+        num_threads=None,
+        eval_batch=1,
+        training={"max_response_tokens": 8, "max_reflection_tokens": 24},
+    )
     lc.check_setting(tmp_path, setting, lc.variant_diffs(setting, [lc.BASE, "grpo_paper"]))
     lh.sweep(tmp_path, setting, ["grpo_paper"], [0], parallel=1, iterations=1)
     console = capsys.readouterr().out

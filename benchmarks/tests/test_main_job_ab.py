@@ -11,19 +11,26 @@ from benchmarks import main_job_ab as ab
 
 def test_parse_variant_keeps_bracketed_values_whole():
     assert ab.parse_variant("both=aux_items=[reflection_sft, retry_sft] lr=1e-5") == (
-        "both", ["aux_items=[reflection_sft, retry_sft]", "lr=1e-5"])
+        "both",
+        ["aux_items=[reflection_sft, retry_sft]", "lr=1e-5"],
+    )
     assert ab.parse_variant("default=") == ("default", [])
     assert ab.parse_variant("t3=backend_options={choice_tokenization: any}") == (
-        "t3", ["backend_options={choice_tokenization: any}"])
+        "t3",
+        ["backend_options={choice_tokenization: any}"],
+    )
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ("noequals", "NAME=OVERRIDES"),
-    ("=lr=1", "NAME=OVERRIDES"),
-    ("bad name=lr=1", "NAME=OVERRIDES"),
-    ("x=lr", "key=value"),
-    ("x=aux_items=[a, b", "balanced brackets"),
-])
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("noequals", "NAME=OVERRIDES"),
+        ("=lr=1", "NAME=OVERRIDES"),
+        ("bad name=lr=1", "NAME=OVERRIDES"),
+        ("x=lr", "key=value"),
+        ("x=aux_items=[a, b", "balanced brackets"),
+    ],
+)
 def test_parse_variant_names_the_fix(spec, needle):
     with pytest.raises(SystemExit, match=needle.replace("[", r"\[")):
         ab.parse_variant(spec)
@@ -31,9 +38,13 @@ def test_parse_variant_names_the_fix(spec, needle):
 
 def _summary(d, iterations, seconds, base=None):
     d.mkdir(parents=True)
-    s = {"seconds_total": seconds, "per_iteration": [
-        {"success_rate": sr, "r3l": {"num_retries": n, "retry_success_rate": rr},
-         "credit": {"trained_tokens": tok}} for sr, n, rr, tok in iterations]}
+    s = {
+        "seconds_total": seconds,
+        "per_iteration": [
+            {"success_rate": sr, "r3l": {"num_retries": n, "retry_success_rate": rr}, "credit": {"trained_tokens": tok}}
+            for sr, n, rr, tok in iterations
+        ],
+    }
     if base is not None:
         s["base_episodes_per_iteration"] = base
     (d / "summary.json").write_text(json.dumps(s))
@@ -51,13 +62,13 @@ def test_summarize_counts_updates_successes_and_retries_by_hand(tmp_path):
     text = ab.table([row])
     cells = text.splitlines()[2].strip("| ").split(" | ")
     assert cells[:2] == ["a", "2"]
-    assert cells[2].startswith("5/6 ")            # iterations with an update
-    assert cells[3].startswith("4/20 ")           # base ok, iteration 1: 1 of 8 + 3 of 12
-    assert cells[4].startswith("9/40 ")           # base ok, iterations 2-3: 2 + 0 of 16, 6 + 1 of 24
-    assert cells[5].startswith("1/16 ")           # retries ok, iteration 1: 0 of 7 + 1 of 9
-    assert cells[6].startswith("5/31 ")           # retries ok, iterations 2-3: 3 + 0 + 0 + 2 of 6 + 8 + 6 + 11
-    assert cells[7] == "0.0"                      # no dynamic sampling: no extra rounds
-    assert cells[8] == "300"                      # trained tokens per run: (400 + 200) / 2
+    assert cells[2].startswith("5/6 ")  # iterations with an update
+    assert cells[3].startswith("4/20 ")  # base ok, iteration 1: 1 of 8 + 3 of 12
+    assert cells[4].startswith("9/40 ")  # base ok, iterations 2-3: 2 + 0 of 16, 6 + 1 of 24
+    assert cells[5].startswith("1/16 ")  # retries ok, iteration 1: 0 of 7 + 1 of 9
+    assert cells[6].startswith("5/31 ")  # retries ok, iterations 2-3: 3 + 0 + 0 + 2 of 6 + 8 + 6 + 11
+    assert cells[7] == "0.0"  # no dynamic sampling: no extra rounds
+    assert cells[8] == "300"  # trained tokens per run: (400 + 200) / 2
     assert cells[9] == "200 / 250"
 
 
@@ -68,9 +79,24 @@ def test_summarize_counts_the_episodes_of_extra_rounds(tmp_path):
     d = tmp_path / "ds_1"
     d.mkdir()
     its = [(0.125, 24, 2.0, 90), (0.25, 8, 0.0, 40), (0.0625, 16, 1.0, 30)]
-    (d / "summary.json").write_text(json.dumps({"seconds_total": 300.0, "base_episodes_per_iteration": 8,
-        "per_iteration": [{"success_rate": sr, "episodes": n, "dynamic_sampling": {"extra_rounds": x},
-                           "r3l": {"num_retries": 0}, "credit": {"trained_tokens": t}} for sr, n, x, t in its]}))
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "seconds_total": 300.0,
+                "base_episodes_per_iteration": 8,
+                "per_iteration": [
+                    {
+                        "success_rate": sr,
+                        "episodes": n,
+                        "dynamic_sampling": {"extra_rounds": x},
+                        "r3l": {"num_retries": 0},
+                        "credit": {"trained_tokens": t},
+                    }
+                    for sr, n, x, t in its
+                ],
+            }
+        )
+    )
     cells = ab.table(ab.summarize(tmp_path, ["ds"])).splitlines()[2].strip("| ").split(" | ")
     assert cells[3].startswith("3/24 ") and cells[4].startswith("3/24 ")  # 2 of 8 + 1 of 16
     assert cells[7] == "3.0" and cells[8] == "160"
@@ -88,7 +114,7 @@ def test_table_pairs_run_k_with_run_k_of_the_first_variant(tmp_path):
     assert "vs ref: paired diff 2-3 [95 % t]" in lines[0]
     ref, other = (line.strip("| ").split(" | ") for line in lines[2:4])
     assert ref[10:] == ["0.25, 0.12, 0.38", "-"]
-    h = 4.3026527 * 0.125 / 3 ** 0.5  # sd of (0.25, 0.125, 0) is 0.125
+    h = 4.3026527 * 0.125 / 3**0.5  # sd of (0.25, 0.125, 0) is 0.125
     assert other[10:] == ["0.50, 0.25, 0.38", f"+0.12 [{0.125 - h:+.2f}, {0.125 + h:+.2f}]"]
 
 

@@ -9,10 +9,21 @@ from benchmarks import model_compare as mc
 
 
 def _group(base_tok, retry_tok, retries, report_tokens):
-    return {"model": "m", "chunk": 0, "base_episodes": 4, "base_successes": 0, "retries": retries,
-            "retry_successes": 0, "base_generated_tokens": base_tok, "retry_generated_tokens": retry_tok,
-            "reflections": [{"ok": True, "pivot_accuracy": 1.0, "pivot_error": 0, "tokens": t} for t in report_tokens],
-            "chunk_explore_s": 10.0, "chunk_cpu_s": 20.0, "load_before": [1.0], "load_after": [1.0]}
+    return {
+        "model": "m",
+        "chunk": 0,
+        "base_episodes": 4,
+        "base_successes": 0,
+        "retries": retries,
+        "retry_successes": 0,
+        "base_generated_tokens": base_tok,
+        "retry_generated_tokens": retry_tok,
+        "reflections": [{"ok": True, "pivot_accuracy": 1.0, "pivot_error": 0, "tokens": t} for t in report_tokens],
+        "chunk_explore_s": 10.0,
+        "chunk_cpu_s": 20.0,
+        "load_before": [1.0],
+        "load_after": [1.0],
+    }
 
 
 def test_generated_tokens_per_sample_count_reports_once_and_ratio_is_against_a_base_episode():

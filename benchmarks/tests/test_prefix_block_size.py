@@ -10,7 +10,13 @@ from benchmarks import prefix_block_size as pbs
 
 
 def _row(size, computed, cpu, wall=10.0, submitted=1000):
-    return {"block_size": size, "prompt_submitted": submitted, "prompt_computed": computed, "cpu_s": cpu, "wall_s": wall}
+    return {
+        "block_size": size,
+        "prompt_submitted": submitted,
+        "prompt_computed": computed,
+        "cpu_s": cpu,
+        "wall_s": wall,
+    }
 
 
 def test_table_gives_each_size_its_ratio_to_the_first_size():

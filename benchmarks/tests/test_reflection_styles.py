@@ -11,22 +11,39 @@ from benchmarks import reflection_styles as rs
 
 
 def _rec(style, episode, *, valid, acc=None, oracle=0, ran=False, ok=False, tokens=70, s=0.5, finish="stop"):
-    return {"style": style, "episode": episode, "chunk": 0, "valid": valid, "status": "valid" if valid else "no_json",
-            "pivot": 0 if valid else None, "oracle_pivot": oracle, "pivot_accurate": acc if valid and oracle is not None else None,
-            "retry_ran": ran, "retry_success": ok, "tokens": tokens, "s_per_report": s, "finish_reason": finish,
-            "prompt_tokens": 100, "cached_prompt_tokens": 50 if style == "structured" else 0}
+    return {
+        "style": style,
+        "episode": episode,
+        "chunk": 0,
+        "valid": valid,
+        "status": "valid" if valid else "no_json",
+        "pivot": 0 if valid else None,
+        "oracle_pivot": oracle,
+        "pivot_accurate": acc if valid and oracle is not None else None,
+        "retry_ran": ran,
+        "retry_success": ok,
+        "tokens": tokens,
+        "s_per_report": s,
+        "finish_reason": finish,
+        "prompt_tokens": 100,
+        "cached_prompt_tokens": 50 if style == "structured" else 0,
+    }
 
 
 # structured: all valid; pivots right on e0 and e2 (e3 has no oracle pivot); every report retried, e1's retry succeeds
-STRUCTURED = [_rec("structured", 0, valid=True, acc=True, ran=True, tokens=70),
-              _rec("structured", 1, valid=True, acc=False, oracle=1, ran=True, ok=True, tokens=80),
-              _rec("structured", 2, valid=True, acc=True, ran=True, tokens=90),
-              _rec("structured", 3, valid=True, oracle=None, ran=True, tokens=60)]
+STRUCTURED = [
+    _rec("structured", 0, valid=True, acc=True, ran=True, tokens=70),
+    _rec("structured", 1, valid=True, acc=False, oracle=1, ran=True, ok=True, tokens=80),
+    _rec("structured", 2, valid=True, acc=True, ran=True, tokens=90),
+    _rec("structured", 3, valid=True, oracle=None, ran=True, tokens=60),
+]
 # paper: e0 and e3 truncated at 512 tokens (invalid); e1 and e2 valid and right; e1's retry succeeds
-PAPER = [_rec("paper", 0, valid=False, tokens=512, s=2.0, finish="length"),
-         _rec("paper", 1, valid=True, acc=True, oracle=1, ran=True, ok=True, tokens=200, s=2.0),
-         _rec("paper", 2, valid=True, acc=True, ran=True, tokens=300, s=2.0),
-         _rec("paper", 3, valid=False, oracle=None, tokens=512, s=2.0, finish="length")]
+PAPER = [
+    _rec("paper", 0, valid=False, tokens=512, s=2.0, finish="length"),
+    _rec("paper", 1, valid=True, acc=True, oracle=1, ran=True, ok=True, tokens=200, s=2.0),
+    _rec("paper", 2, valid=True, acc=True, ran=True, tokens=300, s=2.0),
+    _rec("paper", 3, valid=False, oracle=None, tokens=512, s=2.0, finish="length"),
+]
 RECORDS = STRUCTURED + PAPER
 
 

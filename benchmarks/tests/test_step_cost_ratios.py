@@ -18,11 +18,24 @@ def _write(out: Path, name: str, its, cpu_s: float) -> None:
 
 
 def _it(seconds, computed, generated, fwd, cred, split=None):
-    learner = {"forward_tokens": fwd, "trained_tokens": cred} if cred is not None else {"forward_tokens": float("nan"),
-                                                                                      "trained_tokens": float("nan")}
-    return {"seconds": seconds, "success_rate": 0.25, "learner": learner, "time_split": split or {"learn": 1.0},
-            "r3l": {"prompt_tokens_computed_per_sample": computed, "generated_tokens_per_sample": generated,
-                    "num_retries": 2, "reflection_valid_rate": 1.0, "pivot_accuracy": 0.5}}
+    learner = (
+        {"forward_tokens": fwd, "trained_tokens": cred}
+        if cred is not None
+        else {"forward_tokens": float("nan"), "trained_tokens": float("nan")}
+    )
+    return {
+        "seconds": seconds,
+        "success_rate": 0.25,
+        "learner": learner,
+        "time_split": split or {"learn": 1.0},
+        "r3l": {
+            "prompt_tokens_computed_per_sample": computed,
+            "generated_tokens_per_sample": generated,
+            "num_retries": 2,
+            "reflection_valid_rate": 1.0,
+            "pivot_accuracy": 0.5,
+        },
+    }
 
 
 def test_ratios_pool_tokens_over_iterations_and_skip_iterations_without_update(tmp_path):
@@ -48,7 +61,9 @@ def test_ratios_pool_tokens_over_iterations_and_skip_iterations_without_update(t
     r = scr.ratios({"after": a, "grpo_kl": scr.variant_numbers(tmp_path, "grpo_kl")})
     assert r["r3l/grpo_kl"]["cpu_s_per_iter"] == pytest.approx(150 / 150)
     # where the difference is: exploring (rollout + reflection) 42 / 30 s, learning 45 / 60 s
-    assert r["r3l/grpo_kl"]["explore_s"] == pytest.approx(42 / 30) and r["r3l/grpo_kl"]["learn_s"] == pytest.approx(0.75)
+    assert r["r3l/grpo_kl"]["explore_s"] == pytest.approx(42 / 30) and r["r3l/grpo_kl"]["learn_s"] == pytest.approx(
+        0.75
+    )
     assert "kl_coef=0.001" in scr.VARIANTS["grpo_kl"] and set(scr.VARIANTS["grpo"]) < set(scr.VARIANTS["grpo_kl"])
 
 
@@ -63,8 +78,11 @@ def test_a_variant_that_has_not_run_has_no_numbers_and_no_ratio(tmp_path):
 def test_variants_run_in_an_order_rotated_by_the_seed():
     names = ["after", "grpo", "after_failures"]
     orders = [scr.run_order(names, seed) for seed in range(3)]
-    assert orders == [["after", "grpo", "after_failures"], ["grpo", "after_failures", "after"],
-                      ["after_failures", "after", "grpo"]]
+    assert orders == [
+        ["after", "grpo", "after_failures"],
+        ["grpo", "after_failures", "after"],
+        ["after_failures", "after", "grpo"],
+    ]
     assert {o[0] for o in orders} == set(names)  # each variant runs first once over three seeds
     assert scr.run_order(names, 4) == orders[1]
     assert scr.run_order(names, 1, rotate=False) == names

@@ -31,14 +31,20 @@ def test_default_task_is_arithmetic_and_unknown_tasks_are_refused():
 def test_our_grpo_form_is_a_valid_config(settings):
     from rllib_r3l import R3LConfig
 
-    cfg = R3LConfig().environment(settings.env, env_config=dict(settings.env_config)).training(
-        **vs_trl.ours_training_options(settings))
+    cfg = (
+        R3LConfig()
+        .environment(settings.env, env_config=dict(settings.env_config))
+        .training(**vs_trl.ours_training_options(settings))
+    )
     cfg.validate_r3l()
     assert cfg.is_grpo_baseline and cfg.std_normalize and not cfg.aux_items
     assert (cfg.lr, cfg.grad_clip, cfg.weight_decay, cfg.temperature) == (settings.lr, 1.0, 0.01, 1.0)
     assert cfg.backend_options == {"dtype": "bfloat16"}
     assert vs_trl.ours_training_options(settings, "ours_fp32")["backend_options"] == {"dtype": "float32"}
-    assert vs_trl.ours_training_options(settings, "ours_compiled")["backend_options"] == {"dtype": "bfloat16", "enforce_eager": False}
+    assert vs_trl.ours_training_options(settings, "ours_compiled")["backend_options"] == {
+        "dtype": "bfloat16",
+        "enforce_eager": False,
+    }
 
 
 def test_task_seeds_are_what_our_runner_draws(settings):
@@ -46,8 +52,12 @@ def test_task_seeds_are_what_our_runner_draws(settings):
     from rllib_r3l import R3LConfig
     from rllib_r3l.runner.env_runner import R3LEnvRunner
 
-    cfg = R3LConfig().environment(settings.env, env_config=dict(settings.env_config)).training(
-        **vs_trl.ours_training_options(settings)).debugging(seed=7)
+    cfg = (
+        R3LConfig()
+        .environment(settings.env, env_config=dict(settings.env_config))
+        .training(**vs_trl.ours_training_options(settings))
+        .debugging(seed=7)
+    )
     runner = R3LEnvRunner(config=cfg)
     drawn = [[int(s) for s in runner._rng.integers(0, 2**31 - 1, size=2)] for _ in range(3)]
     assert drawn == vs_trl.train_task_seeds(7, 3, 2)
@@ -72,8 +82,11 @@ def test_arithmetic_reward_is_the_environments_own():
     env.reset(seed=5)
     gold = env.reference_answer()
     reward = vs_trl.TaskReward(s)
-    conv = [[{"role": "assistant", "content": f"It is \\boxed{{{gold}}}."}],
-            [{"role": "assistant", "content": f"It is {int(gold) + 1}."}], [{"role": "assistant", "content": ""}]]
+    conv = [
+        [{"role": "assistant", "content": f"It is \\boxed{{{gold}}}."}],
+        [{"role": "assistant", "content": f"It is {int(gold) + 1}."}],
+        [{"role": "assistant", "content": ""}],
+    ]
     assert reward(prompts=None, completions=conv, task_seed=[5, 5, 5]) == [1.0, 0.0, 0.0]
     assert vs_trl.env_reward(env, 5, f"The answer is {gold}") == 1.0
 
@@ -86,8 +99,11 @@ def test_reward_is_the_environments_own(countdown):
     a, b = env._meta["numbers"]
     wrong = f"{a} + {b}" if env._meta["target"] != a + b else f"{a} * {b}"
     reward = vs_trl.TaskReward(settings)
-    conv = [[{"role": "assistant", "content": f" so: <answer>{sol}</answer>\n"}],
-            [{"role": "assistant", "content": f"<answer>{wrong}</answer>"}], [{"role": "assistant", "content": ""}]]
+    conv = [
+        [{"role": "assistant", "content": f" so: <answer>{sol}</answer>\n"}],
+        [{"role": "assistant", "content": f"<answer>{wrong}</answer>"}],
+        [{"role": "assistant", "content": ""}],
+    ]
     assert reward(prompts=None, completions=conv, task_seed=[3, 3, 3]) == [1.0, 0.0, 0.0]
     assert reward.calls == [[1.0, 0.0, 0.0]]
     assert vs_trl.env_reward(env, 3, f"{sol} = {env._meta['target']}") == 1.0
@@ -116,12 +132,18 @@ def test_trl_config_matches_ours(settings):
 
 def test_summary_ratios_are_paired_by_seed():
     def run(cpu, wall, held, train=0.0):
-        return {"steps": [{"cpu_s": 99.0, "wall_s": 99.0, "reward_mean": 0.0, "train_cpu_s": 50.0},
-                          {"cpu_s": cpu, "wall_s": wall, "reward_mean": 0.5, "train_cpu_s": train}],
-                "eval": {"eval_reward_mean": held}}
+        return {
+            "steps": [
+                {"cpu_s": 99.0, "wall_s": 99.0, "reward_mean": 0.0, "train_cpu_s": 50.0},
+                {"cpu_s": cpu, "wall_s": wall, "reward_mean": 0.5, "train_cpu_s": train},
+            ],
+            "eval": {"eval_reward_mean": held},
+        }
 
-    runs = {"ours": {0: run(10.0, 6.0, 0.2, train=4.0), 1: run(20.0, 10.0, 0.3, train=8.0)},
-            "trl": {0: run(20.0, 12.0, 0.2, train=12.0), 1: run(20.0, 10.0, 0.1, train=12.0)}}
+    runs = {
+        "ours": {0: run(10.0, 6.0, 0.2, train=4.0), 1: run(20.0, 10.0, 0.3, train=8.0)},
+        "trl": {0: run(20.0, 12.0, 0.2, train=12.0), 1: run(20.0, 10.0, 0.1, train=12.0)},
+    }
     s = vs_trl.summarize(runs, skip_first=True)
     r = s["ratio_ours_over_trl"]
     assert r["speedup_cpu_s_per_step"][0] == pytest.approx(1.5)  # (2.0 + 1.0) / 2, first step left out

@@ -8,8 +8,8 @@ import os
 import sys
 from typing import Any, Dict, Optional
 
-from rllib_r3l.errors import UsageError
 from rllib_r3l.cli.experiments import validate_env_only
+from rllib_r3l.errors import UsageError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -47,10 +47,19 @@ def cmd_evaluate(args) -> int:
         validate_env_only(args.env, env_config or {})
     out = ev.check_flags(args)  # numbers and --out, before anything loads
     summary, episodes = ev.evaluate(
-        args.checkpoint, env=args.env, episodes=args.episodes, env_config=env_config, split=args.split,
-        temperature=0.0 if args.greedy else args.temperature, backend=args.backend,
-        backend_options=backend_options, max_turns=args.max_turns, max_response_tokens=args.max_response_tokens,
-        seed=args.seed, batch_size=args.batch_size, base_model=args.base_model,
+        args.checkpoint,
+        env=args.env,
+        episodes=args.episodes,
+        env_config=env_config,
+        split=args.split,
+        temperature=0.0 if args.greedy else args.temperature,
+        backend=args.backend,
+        backend_options=backend_options,
+        max_turns=args.max_turns,
+        max_response_tokens=args.max_response_tokens,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        base_model=args.base_model,
     )
     print(ev.format_summary(summary))
     if args.out:
@@ -58,23 +67,29 @@ def cmd_evaluate(args) -> int:
             ev.write_aside(out, lambda tmp: episodes.to_csv(tmp, index=False))
             print(f"per-episode results: {out}")
         except OSError as e:  # the table above is printed; only the CSV is missing
-            print(f"rllib-r3l evaluate: error: --out {out}: the per-episode CSV could not be written "
-                  f"({e.strerror or e}); the summary above is complete", file=sys.stderr)
+            print(
+                f"rllib-r3l evaluate: error: --out {out}: the per-episode CSV could not be written "
+                f"({e.strerror or e}); the summary above is complete",
+                file=sys.stderr,
+            )
             return EXIT_FAILED
     if summary["errors"] == summary["episodes"]:
-        print(f"rllib-r3l evaluate: error: all {summary['episodes']} episodes failed (environment or generation "
-              "errors, logged above); the table measures nothing", file=sys.stderr)
+        print(
+            f"rllib-r3l evaluate: error: all {summary['episodes']} episodes failed (environment or generation "
+            "errors, logged above); the table measures nothing",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     return EXIT_OK
-
 
 
 def cmd_export(args) -> int:
     from rllib_r3l.cli import export as ex
 
     _quiet_transformers()
-    out = ex.export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, force=args.force,
-                               base_model=args.base_model)
+    out = ex.export_checkpoint(
+        args.checkpoint, args.out, dtype=args.dtype, force=args.force, base_model=args.base_model
+    )
     print(f"exported a Hugging Face model directory: {out}")
     print(f"  load: transformers.AutoModelForCausalLM.from_pretrained({out!r})  |  vllm.LLM(model={out!r})")
     return EXIT_OK
@@ -82,6 +97,7 @@ def cmd_export(args) -> int:
 
 def cmd_report(args) -> int:
     from rllib_r3l.cli import experiment_report as report
+    from rllib_r3l.cli.report_warnings import warnings
 
     table, pngs, out_dir = report.make_report(args.experiment_dir, args.out)
     import pandas as pd
@@ -97,7 +113,7 @@ def cmd_report(args) -> int:
     print(f"\ntable: {os.path.join(out_dir, report.SUMMARY_FILE)}")
     for p in pngs:
         print(f"plot:  {p}")
-    for line in report.warnings(table):
+    for line in warnings(table):
         print(line, file=sys.stderr)
     return EXIT_OK
 
@@ -108,6 +124,8 @@ def cmd_options(args) -> int:
     for name, (default, help_text) in R3L_OPTIONS.items():
         key = "model" if name == "model_id" else name
         print(f"{key:24s} {default!r:38s} {help_text}")
-    print("\nRLlib options (AlgorithmConfig attribute names) work too: lr, grad_clip, env, env_config, "
-          "num_env_runners, num_gpus_per_env_runner, num_learners, num_gpus_per_learner, seed, ...")
+    print(
+        "\nRLlib options (AlgorithmConfig attribute names) work too: lr, grad_clip, env, env_config, "
+        "num_env_runners, num_gpus_per_env_runner, num_learners, num_gpus_per_learner, seed, ..."
+    )
     return EXIT_OK

@@ -23,8 +23,8 @@ import signal
 import sys
 from typing import Optional, Sequence
 
-from rllib_r3l.errors import UsageError
 from rllib_r3l import ray_internals
+from rllib_r3l.cli.checkpoint_commands import EXIT_FAILED, EXIT_OK, cmd_evaluate, cmd_export, cmd_options, cmd_report
 from rllib_r3l.cli.experiments import (  # noqa: F401 - the CLI's file handling, also used as cli.<name>
     expand_variants,
     known_config_keys,
@@ -34,7 +34,7 @@ from rllib_r3l.cli.experiments import (  # noqa: F401 - the CLI's file handling,
     validate_config,
     validate_env_only,
 )
-from rllib_r3l.cli.checkpoint_commands import EXIT_FAILED, EXIT_OK, cmd_evaluate, cmd_export, cmd_options, cmd_report
+from rllib_r3l.errors import UsageError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -48,8 +48,9 @@ TRAIN_LOG = "rllib-r3l-train.log"  # in the (first) experiment's directory: Tune
 # ==================================================================================================
 def _require(module: str, flag: str, pip_name: str) -> None:
     if importlib.util.find_spec(module) is None:
-        raise UsageError(f"{flag} needs the '{pip_name}' package, which is not installed: `pip install {pip_name}` "
-                         f"(or drop {flag})")
+        raise UsageError(
+            f"{flag} needs the '{pip_name}' package, which is not installed: `pip install {pip_name}` (or drop {flag})"
+        )
 
 
 def make_callbacks(args) -> list:
@@ -66,17 +67,20 @@ def make_callbacks(args) -> list:
         _require("mlflow", "--mlflow", "mlflow")
         from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-        callbacks.append(MLflowLoggerCallback(experiment_name=args.mlflow, tracking_uri=args.mlflow_tracking_uri,
-                                              save_artifact=False))
+        callbacks.append(
+            MLflowLoggerCallback(
+                experiment_name=args.mlflow, tracking_uri=args.mlflow_tracking_uri, save_artifact=False
+            )
+        )
     return callbacks
 
 
 def cmd_train(args) -> int:
-    from rllib_r3l.cli import driver_mark, launch, resume
+    from rllib_r3l.cli import driver_mark, launch, resume, signals
     from rllib_r3l.cli.experiments import check_resources
     from rllib_r3l.cli.extend import parse_stops
 
-    launch.interrupt_on_sigterm()
+    signals.interrupt_on_sigterm()
     ray_internals.check_version()  # its resume and signal handling read Ray's private state: another Ray, said now
     resume.check_resume_flags(args.resume, args.set or [])
     experiments = prepare_experiments(args.file, args.set or [], args.stop or [], args.experiment or [])
@@ -95,8 +99,13 @@ def cmd_train(args) -> int:
         if not args.dry_run and not args.new:  # before planning: what the plan sees is then ours alone
             for name in experiments:
                 claim(resume.experiment_dir(storages.get(name), name), name)
-        plan = resume.plan_runs(list(experiments), storages, resume=args.resume, new=args.new,
-                                stop=parse_stops(args.stop or []) if args.resume else None)
+        plan = resume.plan_runs(
+            list(experiments),
+            storages,
+            resume=args.resume,
+            new=args.new,
+            stop=parse_stops(args.stop or []) if args.resume else None,
+        )
         if not args.dry_run:
             for name, p in plan.items():
                 claim(p["dir"], name)
@@ -115,10 +124,12 @@ def _train_planned(args, experiments, plan, storage, callbacks) -> int:
     for name, p in plan.items():
         changed = saved_spec.changes(p["dir"], as_written[name]) if p["mode"] == resume.RESUME else []
         if changed:  # Tune would continue the saved config and stop without a word
-            raise UsageError(f"--resume: experiment {name!r} in {args.file} changed since the run started "
-                             f"({'; '.join(changed)}); a resumed experiment keeps the config, stop criteria and "
-                             "checkpoint_config it started with: put the file's values back to continue it, or "
-                             f"start again with {fresh_run(name)}")
+            raise UsageError(
+                f"--resume: experiment {name!r} in {args.file} changed since the run started "
+                f"({'; '.join(changed)}); a resumed experiment keeps the config, stop criteria and "
+                "checkpoint_config it started with: put the file's values back to continue it, or "
+                f"start again with {fresh_run(name)}"
+            )
     for line in resume_from.resume_notes(plan):  # which checkpoint each resumed trial continues from
         print(f"# {line}" if args.dry_run else line)
     if args.dry_run:
@@ -141,10 +152,13 @@ def _train_planned(args, experiments, plan, storage, callbacks) -> int:
     first = next(iter(experiments))
     log_path = os.path.join(plan[first]["dir"], TRAIN_LOG)
     try:
-        with console.routed_output(log_path, verbose=not quiet) as con, \
-                live_progress.progress_folder(enabled=not args.address) as live_dir:
-            rows, interrupted = _run_tune(args, experiments, plan, storage, callbacks, con, live_dir,
-                                          log_path if quiet else None)
+        with (
+            console.routed_output(log_path, verbose=not quiet) as con,
+            live_progress.progress_folder(enabled=not args.address) as live_dir,
+        ):
+            rows, interrupted = _run_tune(
+                args, experiments, plan, storage, callbacks, con, live_dir, log_path if quiet else None
+            )
     except KeyboardInterrupt:  # a second signal: Tune skipped its last state save
         print(f"interrupted; {resume.interrupted_advice(args.argv, plan)}", file=sys.stderr)
         return _exit_now_if_ray_lost(args, EXIT_INTERRUPTED)
@@ -169,8 +183,7 @@ def _report_train(args, plan, rows, interrupted: bool, log_path) -> int:
     if log_path:
         print(f"log: {log_path}")
     if interrupted:
-        print(f"\ninterrupted before the stop criterion; {resume.interrupted_advice(args.argv, plan)}",
-              file=sys.stderr)
+        print(f"\ninterrupted before the stop criterion; {resume.interrupted_advice(args.argv, plan)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     failed = [r for r in rows if r["status"] != "TERMINATED" or r["problem"]]
     for r in failed:
@@ -182,40 +195,52 @@ def _report_train(args, plan, rows, interrupted: bool, log_path) -> int:
 def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_path):
     import ray
 
-    from rllib_r3l.cli import launch, resume
+    from rllib_r3l.cli import launch, resume, signals
 
     started = False
     if not ray.is_initialized():
         os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
         try:
-            ray.init(address=args.address or "local", num_cpus=None if args.address else launch.local_cpus(args.num_cpus),
-                     include_dashboard=False, log_to_driver=not args.quiet_workers)
+            ray.init(
+                address=args.address or "local",
+                num_cpus=None if args.address else launch.local_cpus(args.num_cpus),
+                include_dashboard=False,
+                log_to_driver=not args.quiet_workers,
+            )
         except SystemExit as e:  # Ray's own SIGTERM handler, installed first thing in ray.init
             if e.code != signal.SIGTERM:
                 raise
             raise KeyboardInterrupt from None
-        launch.interrupt_on_sigterm()  # ray.init replaced it
+        signals.interrupt_on_sigterm()  # ray.init replaced it
         started = True
     import rllib_r3l
 
     rllib_r3l.register()
     display = launch.ConsoleCallback(con, live_dir, log=log_path, verbose=log_path is None)
+
     # after ray.init, which installs Ray's own SIGTERM handler; over the shutdown too, so that a second
     # signal that arrives once the run has stopped still ends it like a second Ctrl-C
     def runtime_lost():  # a signal to the whole process group stopped Ray's GCS too
         con.line()  # the console: stdout and stderr go to the log file while Tune runs
         con.line(resume.runtime_lost_line(resume.interrupted_advice(args.argv, plan)))
 
-    with launch.sigterm_as_sigint(runtime_lost if started else None) as finished:
-        if launch.stop_requested_before_tune():  # a SIGTERM while Ray started, its KeyboardInterrupt swallowed
+    with signals.sigterm_as_sigint(runtime_lost if started else None) as finished:
+        if signals.stop_requested_before_tune():  # a SIGTERM while Ray started, its KeyboardInterrupt swallowed
             raise KeyboardInterrupt
         try:
-            return launch.run(experiments, plan, storage=storage, checkpoint_freq=args.checkpoint_freq,
-                              callbacks=[*callbacks, display], verbose=1 if args.verbose is None else args.verbose,
-                              max_concurrent=args.max_concurrent, echo=con.line)
+            return launch.run(
+                experiments,
+                plan,
+                storage=storage,
+                checkpoint_freq=args.checkpoint_freq,
+                callbacks=[*callbacks, display],
+                verbose=1 if args.verbose is None else args.verbose,
+                max_concurrent=args.max_concurrent,
+                echo=con.line,
+            )
         finally:
             finished.set()
-            if started and launch.local_gcs_alive() is False:  # stopped by a group signal after the run
+            if started and signals.local_gcs_alive() is False:  # stopped by a group signal after the run
                 args.ray_runtime_lost = True  # its shutdown would wait a minute, then exit 1: skipped
             elif started:
                 ray.shutdown()
@@ -225,83 +250,139 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
 # Parser and entry point
 # ==================================================================================================
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rllib-r3l", description="R3L (Reflect-then-Retry RL) on Ray RLlib: "
-                                "train from YAML, evaluate, export to Hugging Face, report.")
+    p = argparse.ArgumentParser(
+        prog="rllib-r3l",
+        description="R3L (Reflect-then-Retry RL) on Ray RLlib: "
+        "train from YAML, evaluate, export to Hugging Face, report.",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    t = sub.add_parser("train", help="run the experiments of a YAML file with Ray Tune",
-                       description="Run {name: {run: R3L, stop, config}} experiments with Ray Tune "
-                                   "(checkpoint at the end; TensorBoard/CSV/JSON logs in the trial directories).")
+    t = sub.add_parser(
+        "train",
+        help="run the experiments of a YAML file with Ray Tune",
+        description="Run {name: {run: R3L, stop, config}} experiments with Ray Tune "
+        "(checkpoint at the end; TensorBoard/CSV/JSON logs in the trial directories).",
+    )
     t.add_argument("file", help="YAML experiments file (e.g. tuned_examples/cpu/coin_collector.yaml)")
-    t.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config key (YAML value; dotted keys reach into mappings: env_config.num_rooms=3)")
-    t.add_argument("--stop", action="append", metavar="KEY=VALUE",
-                   help="override a stop criterion (e.g. training_iteration=10, env_runners/success_rate=0.9); "
-                        "with --resume, a new stop: every trial, finished ones too, trains on to it")
+    t.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config key (YAML value; dotted keys reach into mappings: env_config.num_rooms=3)",
+    )
+    t.add_argument(
+        "--stop",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a stop criterion (e.g. training_iteration=10, env_runners/success_rate=0.9); "
+        "with --resume, a new stop: every trial, finished ones too, trains on to it",
+    )
     t.add_argument("--experiment", action="append", metavar="NAME", help="run only this experiment of the file")
     t.add_argument("--storage-path", metavar="DIR", help="where Tune writes results (default ~/ray_results)")
-    t.add_argument("--num-cpus", type=int, metavar="N",
-                   help="CPUs of the local Ray runtime (default: max(cores, 4))")
+    t.add_argument("--num-cpus", type=int, metavar="N", help="CPUs of the local Ray runtime (default: max(cores, 4))")
     t.add_argument("--address", help="connect to a running Ray cluster instead of starting one")
     t.add_argument("--checkpoint-freq", type=int, metavar="N", help="also checkpoint every N iterations")
-    t.add_argument("--max-concurrent", type=int, metavar="N", help="max trials at once (grid searches); 0 = no limit, as when left out")
+    t.add_argument(
+        "--max-concurrent",
+        type=int,
+        metavar="N",
+        help="max trials at once (grid searches); 0 = no limit, as when left out",
+    )
     t.add_argument("--wandb", metavar="PROJECT", help="also log to Weights & Biases (needs wandb)")
     t.add_argument("--mlflow", metavar="EXPERIMENT", help="also log to MLflow (needs mlflow)")
     t.add_argument("--mlflow-tracking-uri", metavar="URI", help="MLflow tracking URI (default: ./mlruns)")
-    t.add_argument("--verbose", type=int, nargs="?", const=1, default=None, choices=(0, 1, 2, 3), metavar="N",
-                   help="show Tune's output (at verbosity N, default 1) and the engine/library logs on the console; "
-                        "without it they go to EXPERIMENT_DIR/" + TRAIN_LOG)
+    t.add_argument(
+        "--verbose",
+        type=int,
+        nargs="?",
+        const=1,
+        default=None,
+        choices=(0, 1, 2, 3),
+        metavar="N",
+        help="show Tune's output (at verbosity N, default 1) and the engine/library logs on the console; "
+        "without it they go to EXPERIMENT_DIR/" + TRAIN_LOG,
+    )
     t.add_argument("--quiet-workers", action="store_true", help="do not forward worker logs to the console")
-    t.add_argument("--resume", action="store_true",
-                   help="continue the saved experiment(s) from the last checkpoint (interrupted or errored trials; "
-                        "with --stop, finished ones too, e.g. --resume --stop training_iteration=20)")
-    t.add_argument("--new", action="store_true",
-                   help="the experiment exists already: start a fresh one beside it (NAME_<date>-<time>), from the "
-                        "base model at iteration 1; the old one stays as it is")
-    t.add_argument("--dry-run", action="store_true",
-                   help="validate (the environment is built once, the model looked up) and print the final configs")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the saved experiment(s) from the last checkpoint (interrupted or errored trials; "
+        "with --stop, finished ones too, e.g. --resume --stop training_iteration=20)",
+    )
+    t.add_argument(
+        "--new",
+        action="store_true",
+        help="the experiment exists already: start a fresh one beside it (NAME_<date>-<time>), from the "
+        "base model at iteration 1; the old one stays as it is",
+    )
+    t.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate (the environment is built once, the model looked up) and print the final configs",
+    )
     t.set_defaults(func=cmd_train)
 
-    e = sub.add_parser("evaluate", help="evaluate a checkpoint (or exported model) on base episodes",
-                       description="Run base episodes (no reflection) at the evaluation temperature and print "
-                                   "episodes, success rate, mean return and mean turns.")
-    e.add_argument("checkpoint", help="algorithm checkpoint, Tune trial directory (latest checkpoint), "
-                                      "or an exported Hugging Face model directory")
+    e = sub.add_parser(
+        "evaluate",
+        help="evaluate a checkpoint (or exported model) on base episodes",
+        description="Run base episodes (no reflection) at the evaluation temperature and print "
+        "episodes, success rate, mean return and mean turns.",
+    )
+    e.add_argument(
+        "checkpoint",
+        help="algorithm checkpoint, Tune trial directory (latest checkpoint), "
+        "or an exported Hugging Face model directory",
+    )
     e.add_argument("--env", help="environment id (default: the checkpoint's training env)")
     e.add_argument("--episodes", type=int, default=20, help="number of episodes (tasks seed..seed+N-1; default 20)")
-    e.add_argument("--env-config", metavar="JSON", help="environment options as JSON, over the checkpoint's env_config "
-                                                        "when --env is the training env (keys it names change)")
+    e.add_argument(
+        "--env-config",
+        metavar="JSON",
+        help="environment options as JSON, over the checkpoint's env_config "
+        "when --env is the training env (keys it names change)",
+    )
     e.add_argument("--split", default=None, help="task split: train, dev or test (default: test)")
     e.add_argument("--temperature", type=float, help="sampling temperature (default: evaluation_temperature, 0.4)")
     e.add_argument("--greedy", action="store_true", help="greedy decoding (temperature 0)")
-    e.add_argument("--backend", choices=("auto", "vllm", "transformers"), help="generation backend "
-                                                                              "(default: the training backend)")
+    e.add_argument(
+        "--backend", choices=("auto", "vllm", "transformers"), help="generation backend (default: the training backend)"
+    )
     e.add_argument("--backend-options", metavar="JSON", help="backend options as JSON")
     e.add_argument("--max-turns", type=int, help="max turns per episode (default: training setting)")
     e.add_argument("--max-response-tokens", type=int, help="max tokens per response (default: training setting)")
     e.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
     e.add_argument("--batch-size", type=int, default=32, help="episodes run together (default 32)")
-    e.add_argument("--base-model", metavar="ID_OR_DIR",
-                   help="the base model if the checkpoint's model path no longer exists")
+    e.add_argument(
+        "--base-model", metavar="ID_OR_DIR", help="the base model if the checkpoint's model path no longer exists"
+    )
     e.add_argument("--out", metavar="FILE.csv", help="also write the per-episode results as CSV")
     e.set_defaults(func=cmd_evaluate)
 
-    x = sub.add_parser("export", help="write a Hugging Face model directory from a checkpoint",
-                       description="Write config, safetensors weights, tokenizer and chat template of the trained "
-                                   "policy; AutoModelForCausalLM.from_pretrained and vLLM load it directly.")
+    x = sub.add_parser(
+        "export",
+        help="write a Hugging Face model directory from a checkpoint",
+        description="Write config, safetensors weights, tokenizer and chat template of the trained "
+        "policy; AutoModelForCausalLM.from_pretrained and vLLM load it directly.",
+    )
     x.add_argument("checkpoint", help="algorithm checkpoint or Tune trial directory (latest checkpoint)")
     x.add_argument("--out", required=True, metavar="DIR", help="output directory")
     x.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="cast the weights (default: as trained)")
-    x.add_argument("--base-model", metavar="ID_OR_DIR",
-                   help="the base model if the checkpoint's model path no longer exists")
+    x.add_argument(
+        "--base-model", metavar="ID_OR_DIR", help="the base model if the checkpoint's model path no longer exists"
+    )
     x.add_argument("--force", action="store_true", help="write into a non-empty --out directory")
     x.set_defaults(func=cmd_export)
 
-    r = sub.add_parser("report", help="final metrics table (CSV) and learning curves (PNG) of an experiment",
-                       description="Summarise the trials under EXPERIMENT_DIR (Tune's result.json / progress.csv).")
+    r = sub.add_parser(
+        "report",
+        help="final metrics table (CSV) and learning curves (PNG) of an experiment",
+        description="Summarise the trials under EXPERIMENT_DIR (Tune's result.json / progress.csv).",
+    )
     r.add_argument("experiment_dir", help="a Tune experiment directory (or a trial directory, or a parent of several)")
-    r.add_argument("--out", metavar="DIR", help="where to write summary.csv and the PNGs (default EXPERIMENT_DIR/report)")
+    r.add_argument(
+        "--out", metavar="DIR", help="where to write summary.csv and the PNGs (default EXPERIMENT_DIR/report)"
+    )
     r.set_defaults(func=cmd_report)
 
     o = sub.add_parser("options", help="list the R3L options with defaults and help")
@@ -327,8 +408,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OSError as e:
         if e.errno not in _STORAGE_ERRNOS:
             raise
-        print(f"rllib-r3l {args.command}: error: cannot write {e.filename or 'a file'}: {e.strerror}; "
-              "free space or choose a writable folder", file=sys.stderr)
+        print(
+            f"rllib-r3l {args.command}: error: cannot write {e.filename or 'a file'}: {e.strerror}; "
+            "free space or choose a writable folder",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
 
 

@@ -21,10 +21,10 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from rllib_r3l.cli import retry_chain
-from rllib_r3l.runner import progress
 
 # re-exported: callers use console.routed_output, console.Console
 from rllib_r3l.cli.output_routing import Console, routed_output  # noqa: F401
+from rllib_r3l.runner import progress
 
 PLOT_FILE = "run.png"
 
@@ -154,8 +154,11 @@ def header_lines(info: Mapping[str, Any]) -> List[str]:
         ("model", info.get("model", "?")),
         ("environment", info.get("env", "?") + (f" {info['env_config']}" if info.get("env_config") else "")),
         ("backend", f"{info.get('backend', '?')} (engine dtype {info.get('engine_dtype', '?')})"),
-        ("CPU", f"{info.get('cpu', '?')}, {info.get('cores', '?')} cores, "
-                f"{'native bf16' if info.get('native_bf16') else 'no native bf16'}"),
+        (
+            "CPU",
+            f"{info.get('cpu', '?')}, {info.get('cores', '?')} cores, "
+            f"{'native bf16' if info.get('native_bf16') else 'no native bf16'}",
+        ),
         ("precision", f"learner {info.get('learner_precision', '?')}"),
     ]
     if info.get("tasks"):
@@ -169,8 +172,13 @@ def header_lines(info: Mapping[str, Any]) -> List[str]:
         rows.append(("per iteration", what))
         if info.get("dynamic_sampling_rounds"):
             n = int(info["dynamic_sampling_rounds"])
-            rows.append(("resampling", f"up to {n} more round{'s' if n > 1 else ''} of {info['tasks']} new tasks "
-                                       f"while no task has a learning signal (dynamic_sampling_rounds={n})"))
+            rows.append(
+                (
+                    "resampling",
+                    f"up to {n} more round{'s' if n > 1 else ''} of {info['tasks']} new tasks "
+                    f"while no task has a learning signal (dynamic_sampling_rounds={n})",
+                )
+            )
     if info.get("log"):
         rows.append(("logs", f"{info['log']}" + ("" if info.get("verbose") else "  (--verbose: on the console)")))
     width = max(len(k) for k, _ in rows)
@@ -178,20 +186,30 @@ def header_lines(info: Mapping[str, Any]) -> List[str]:
     return lines
 
 
-def progress_line(counts: Mapping[str, int], elapsed: float, expected_episodes: Optional[int] = None,
-                  phase: str = "exploring") -> str:
+def progress_line(
+    counts: Mapping[str, int], elapsed: float, expected_episodes: Optional[int] = None, phase: str = "exploring"
+) -> str:
     """The live line: ``exploring  episodes 3/8 | turns 41 | reflections 2 | retries 1 | tokens 1,234 | 0:41``
     (phases: starting, exploring, reflecting, retrying, learning)."""
     eps = int(counts.get(progress.EPISODES, 0))
     eps_text = f"{eps}/{expected_episodes}" if expected_episodes else f"{eps}"
-    return (f"  {phase:<10} episodes {eps_text} | turns {fmt_int(counts.get(progress.TURNS, 0))}"
-            f" | reflections {fmt_int(counts.get(progress.REFLECTIONS, 0))}"
-            f" | retries {fmt_int(counts.get(progress.RETRIES, 0))}"
-            f" | tokens {fmt_int(counts.get(progress.TOKENS, 0))} | {fmt_clock(elapsed)}")
+    return (
+        f"  {phase:<10} episodes {eps_text} | turns {fmt_int(counts.get(progress.TURNS, 0))}"
+        f" | reflections {fmt_int(counts.get(progress.REFLECTIONS, 0))}"
+        f" | retries {fmt_int(counts.get(progress.RETRIES, 0))}"
+        f" | tokens {fmt_int(counts.get(progress.TOKENS, 0))} | {fmt_clock(elapsed)}"
+    )
 
 
-TIME_LABELS = {"start": "start", "rollout": "rollout", "reflect": "reflect", "learn": "learn", "sync": "sync",
-               "other": "other", "total": "total"}
+TIME_LABELS = {
+    "start": "start",
+    "rollout": "rollout",
+    "reflect": "reflect",
+    "learn": "learn",
+    "sync": "sync",
+    "other": "other",
+    "total": "total",
+}
 
 
 def time_split(t: Mapping[str, float]) -> str:
@@ -220,35 +238,63 @@ def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> 
     update = f"update yes, {fmt_int(row.get('trained_tokens', 0))} tok" if row.get("updated") else "update no"
     esr, en = row.get("eval_success_rate", math.nan), row.get("eval_episodes", 0)
     lost = int(row.get("eval_lost", 0) or 0)  # lost episodes count as failures: say how many
-    held_out = (f" | held-out {fmt_rate(esr)} ({round(esr * en)}/{en}{f', {lost} lost' if lost else ''})"
-                if _finite(esr) and en else "")
+    held_out = (
+        f" | held-out {fmt_rate(esr)} ({round(esr * en)}/{en}{f', {lost} lost' if lost else ''})"
+        if _finite(esr) and en
+        else ""
+    )
     t = row.get("time", {})
     return f"iter {it} | {success} | {retries} | {update}{held_out} | {_num(t.get('total')):.0f} s: {time_split(t)}"
 
 
-SUMMARY_COLUMNS = ("iter", "success", "retries", "retry ok", "update", "trained tok", "gen tok",
-                   "start s", "rollout s", "reflect s", "learn s", "sync s", "other s", "total s")
+SUMMARY_COLUMNS = (
+    "iter",
+    "success",
+    "retries",
+    "retry ok",
+    "update",
+    "trained tok",
+    "gen tok",
+    "start s",
+    "rollout s",
+    "reflect s",
+    "learn s",
+    "sync s",
+    "other s",
+    "total s",
+)
 TIME_KEYS = ("start", "rollout", "reflect", "learn", "sync", "other", "total")
 
 
 def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     """The end-of-run table: one row per iteration and an ``all`` row (means of rates, sums of the rest);
     then, where reflection was on and no retry ever ran, a ``note:`` line with the likely cause."""
+
     def cells(r: Mapping[str, Any], label: str) -> List[str]:
         t = r.get("time", {})
         rr = r.get("retry_success_rate", math.nan)
         ok = f"{round(rr * r['retries'])}" if r.get("retries") and _finite(rr) else "0"
         upd = r["updated"] if isinstance(r.get("updated"), str) else ("yes" if r.get("updated") else "no")
-        return [label, fmt_rate(r.get("success_rate", math.nan)), str(r.get("retries", 0)), ok, upd,
-                fmt_int(r.get("trained_tokens", 0)), fmt_int(r.get("generated_tokens", 0)),
-                *(f"{_num(t.get(k)):.0f}" for k in TIME_KEYS)]
+        return [
+            label,
+            fmt_rate(r.get("success_rate", math.nan)),
+            str(r.get("retries", 0)),
+            ok,
+            upd,
+            fmt_int(r.get("trained_tokens", 0)),
+            fmt_int(r.get("generated_tokens", 0)),
+            *(f"{_num(t.get(k)):.0f}" for k in TIME_KEYS),
+        ]
 
     body = [cells(r, str(r["iteration"])) for r in rows]
     if len(rows) > 1:
         srs = [r["success_rate"] for r in rows if _finite(r.get("success_rate"))]
         n_ret = sum(r.get("retries", 0) for r in rows)
-        n_ok = sum(round(r["retry_success_rate"] * r["retries"]) for r in rows
-                   if r.get("retries") and _finite(r.get("retry_success_rate")))
+        n_ok = sum(
+            round(r["retry_success_rate"] * r["retries"])
+            for r in rows
+            if r.get("retries") and _finite(r.get("retry_success_rate"))
+        )
         total = {
             "success_rate": sum(srs) / len(srs) if srs else math.nan,
             "retries": n_ret,
@@ -259,8 +305,11 @@ def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
             "time": {k: sum(_num(r.get("time", {}).get(k)) for r in rows) for k in TIME_KEYS},
         }
         body.append(cells(total, "all"))
-    keep = [i for i, c in enumerate(SUMMARY_COLUMNS)  # the engine-start column only where an engine started
-            if c != "start s" or any(_num(r.get("time", {}).get("start")) >= 0.5 for r in rows)]
+    keep = [
+        i
+        for i, c in enumerate(SUMMARY_COLUMNS)  # the engine-start column only where an engine started
+        if c != "start s" or any(_num(r.get("time", {}).get("start")) >= 0.5 for r in rows)
+    ]
     header = [SUMMARY_COLUMNS[i] for i in keep]
     body = [[b[i] for i in keep] for b in body]
     widths = [max([len(c), *(len(b[j]) for b in body)]) for j, c in enumerate(header)]  # body may be empty
@@ -269,7 +318,12 @@ def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
         return "  ".join(c.rjust(w) for c, w in zip(cs, widths))
 
     note = retry_chain.run_note(rows)  # a run with reflection on that never retried: say so, and why
-    return [line(header), line(["-" * w for w in widths]), *(line(b) for b in body), *([f"note: {note}"] if note else [])]
+    return [
+        line(header),
+        line(["-" * w for w in widths]),
+        *(line(b) for b in body),
+        *([f"note: {note}"] if note else []),
+    ]
 
 
 def plot_run(rows: Sequence[Mapping[str, Any]], path: str, title: str = "R3L run") -> Optional[str]:

@@ -136,9 +136,11 @@ def claims() -> Iterator[Callable[[str, str], None]]:
         if isinstance(fd, _Held):
             who = f"process {int(fd)} on this host" if fd > 0 else "another process on this host"
             stop = f"kill -TERM {int(fd)}" if fd > 0 else "kill -TERM its process"
-            raise UsageError(f"experiment {name!r} in {exp_dir} is being run by another `rllib-r3l train` now ({who}); "
-                             f"wait for it to end, or stop it first (Ctrl-C in its terminal, or {stop}), then "
-                             "--resume; or pass --new to start another run beside it")
+            raise UsageError(
+                f"experiment {name!r} in {exp_dir} is being run by another `rllib-r3l train` now ({who}); "
+                f"wait for it to end, or stop it first (Ctrl-C in its terminal, or {stop}), then "
+                "--resume; or pass --new to start another run beside it"
+            )
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         held.append((path, fd))

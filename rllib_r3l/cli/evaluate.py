@@ -18,9 +18,9 @@ import time
 from collections import Counter
 from typing import Any, Dict, Optional
 
+from rllib_r3l.config import R3L_OPTIONS
 from rllib_r3l.errors import UsageError
 from rllib_r3l.preflight import accepts, check_env
-from rllib_r3l.config import R3L_OPTIONS
 from rllib_r3l.runner.evaluation import episode_row, summarize
 
 
@@ -30,12 +30,24 @@ def _setting(cfg: Dict[str, Any], name: str) -> Any:
     return R3L_OPTIONS[name][0] if value is None else value
 
 
-def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_config: Optional[Dict[str, Any]] = None,
-             split: Optional[str] = None, temperature: Optional[float] = None, backend: Optional[str] = None,
-             backend_options: Optional[Dict[str, Any]] = None, max_turns: Optional[int] = None,
-             max_response_tokens: Optional[int] = None, seed: int = 0, batch_size: int = 32,
-             reflections: bool = False, max_reflection_tokens: Optional[int] = None,
-             base_model: Optional[str] = None):
+def evaluate(
+    source: str,
+    *,
+    env: Optional[str] = None,
+    episodes: int = 20,
+    env_config: Optional[Dict[str, Any]] = None,
+    split: Optional[str] = None,
+    temperature: Optional[float] = None,
+    backend: Optional[str] = None,
+    backend_options: Optional[Dict[str, Any]] = None,
+    max_turns: Optional[int] = None,
+    max_response_tokens: Optional[int] = None,
+    seed: int = 0,
+    batch_size: int = 32,
+    reflections: bool = False,
+    max_reflection_tokens: Optional[int] = None,
+    base_model: Optional[str] = None,
+):
     """Run ``episodes`` base episodes; returns ``(summary dict, per-episode DataFrame)``.
 
     ``base_model`` replaces the checkpoint's base model (moved or renamed since training).
@@ -48,11 +60,11 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     import environments
     from environments import registry
     from rllib_r3l.cli import export as ex
-    from rllib_r3l.runner.chat import ChatFormat
     from rllib_r3l.generation import make_backend, resolve_backend_name, unknown_backend_option
     from rllib_r3l.generation.hf_backend import HFBackend
     from rllib_r3l.model_check import local_model_problem
     from rllib_r3l.models import load_tokenizer
+    from rllib_r3l.runner.chat import ChatFormat
     from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
     path = os.path.abspath(os.path.expanduser(source))
@@ -73,8 +85,9 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     train_backend = cfg.get("backend", "auto")
     name = resolve_backend_name(backend or train_backend)
     if backend_options is None:
-        backend_options = dict(cfg.get("backend_options") or {}) if (
-            resolve_backend_name(train_backend) == name) else {}
+        backend_options = (
+            dict(cfg.get("backend_options") or {}) if (resolve_backend_name(train_backend) == name) else {}
+        )
     else:
         problem = unknown_backend_option(name, backend_options)
         if problem:
@@ -102,8 +115,13 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
         check_env(env_id, env_config)
     except ValueError as e:
         # the source of the bad value: --split when it went in and the environment names the split
-        flag = ("--split" if split_flag and "split" in str(e) else "--env-config" if env_config_given
-                else f"the env_config of {what}")
+        flag = (
+            "--split"
+            if split_flag and "split" in str(e)
+            else "--env-config"
+            if env_config_given
+            else f"the env_config of {what}"
+        )
         raise UsageError(f"{flag}: {str(e).split(': ', 1)[1]}") from None
 
     if model_dir is None:  # the weights, once the environment is known to work
@@ -143,21 +161,37 @@ def evaluate(source: str, *, env: Optional[str] = None, episodes: int = 20, env_
     try:
         seeds = list(range(seed, seed + episodes))
         for start in range(0, len(seeds), max(1, batch_size)):
-            chunk = seeds[start:start + batch_size]
+            chunk = seeds[start : start + batch_size]
             trajs = runner.run([EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in chunk])
             finished.extend(trajs)
             rows.extend(episode_row(s, t, success_reward) for s, t in zip(chunk, trajs))
         if reflections:
             from rllib_r3l.runner.reflection_quality import score_reflections
 
-            m = score_reflections(runner, ChatFormat(tokenizer), finished, temperature=temp,
-                                  max_reflection_tokens=int(max_reflection_tokens or _setting(cfg, "max_reflection_tokens")),
-                                  structured=cfg.get("reflection_structured"),
-                                  style=_setting(cfg, "reflection_style"),
-                                  template=cfg.get("reflection_template"), success_reward=success_reward)
-            reflection_metrics = {k: m[k] for k in ("reflected", "reflection_valid_rate", "pivot_exact_rate",
-                                                    "pivot_in_time_rate", "pivot_error_mean", "pivot_early_rate",
-                                                    "pivot_accuracy") if k in m}
+            m = score_reflections(
+                runner,
+                ChatFormat(tokenizer),
+                finished,
+                temperature=temp,
+                max_reflection_tokens=int(max_reflection_tokens or _setting(cfg, "max_reflection_tokens")),
+                structured=cfg.get("reflection_structured"),
+                style=_setting(cfg, "reflection_style"),
+                template=cfg.get("reflection_template"),
+                success_reward=success_reward,
+            )
+            reflection_metrics = {
+                k: m[k]
+                for k in (
+                    "reflected",
+                    "reflection_valid_rate",
+                    "pivot_exact_rate",
+                    "pivot_in_time_rate",
+                    "pivot_error_mean",
+                    "pivot_early_rate",
+                    "pivot_accuracy",
+                )
+                if k in m
+            }
     finally:
         runner.close()
         gen.close()
@@ -186,7 +220,7 @@ def format_summary(summary: Dict[str, Any]) -> str:
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
         body = table.to_string(index=False)
     env_config = f"\nenv_config {json.dumps(summary['env_config'])}" if summary.get("env_config") else ""
-    return (f"evaluated {summary['source']} ({summary['backend']} backend, {summary['seconds']} s)\n{body}{env_config}")
+    return f"evaluated {summary['source']} ({summary['backend']} backend, {summary['seconds']} s)\n{body}{env_config}"
 
 
 def check_flags(args) -> Optional[str]:
@@ -196,8 +230,10 @@ def check_flags(args) -> Optional[str]:
     if args.temperature is not None and not (0 <= args.temperature < math.inf):  # nan: a traceback per episode
         raise UsageError(f"--temperature {args.temperature}: must be a finite number >= 0")
     if args.greedy and args.temperature not in (None, 0):  # greedy would win without a word
-        raise UsageError(f"--greedy and --temperature {args.temperature} exclude each other: --greedy decodes at "
-                         "temperature 0; drop one of them")
+        raise UsageError(
+            f"--greedy and --temperature {args.temperature} exclude each other: --greedy decodes at "
+            "temperature 0; drop one of them"
+        )
     if args.batch_size < 1:  # a negative one cut or repeated the task seeds, 0 was a KeyError
         raise UsageError(f"--batch-size {args.batch_size}: must be >= 1 (episodes run together)")
     if args.seed < 0:  # environments take seeds >= 0 (gymnasium raises per episode)

@@ -13,8 +13,18 @@ from typing import Any, Dict
 from rllib_r3l.errors import UsageError, did_you_mean
 
 # Keys of one experiment spec (Tune's ``Experiment`` arguments that make sense in a file).
-SPEC_KEYS = ("run", "stop", "config", "num_samples", "storage_path", "checkpoint_config", "time_budget_s",
-             "max_failures", "log_to_file", "sync_config")
+SPEC_KEYS = (
+    "run",
+    "stop",
+    "config",
+    "num_samples",
+    "storage_path",
+    "checkpoint_config",
+    "time_budget_s",
+    "max_failures",
+    "log_to_file",
+    "sync_config",
+)
 
 
 # ==================================================================================================
@@ -90,10 +100,13 @@ def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
     import yaml
 
     if os.path.isdir(path):  # not "no such file"
-        raise UsageError(f"{path}: is a folder; give a YAML experiments file in it, e.g. "
-                         "tuned_examples/cpu/coin_collector.yaml")
+        raise UsageError(
+            f"{path}: is a folder; give a YAML experiments file in it, e.g. tuned_examples/cpu/coin_collector.yaml"
+        )
     if not os.path.isfile(path):
-        raise UsageError(f"{path}: no such file (give a YAML experiments file, e.g. tuned_examples/cpu/coin_collector.yaml)")
+        raise UsageError(
+            f"{path}: no such file (give a YAML experiments file, e.g. tuned_examples/cpu/coin_collector.yaml)"
+        )
     try:
         with open(path) as f:
             data = yaml.load(f, Loader=_yaml_loader())
@@ -103,19 +116,26 @@ def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
         problem = getattr(e, "problem", None) or str(e)
         raise UsageError(f"{path}:{where}: not valid YAML ({problem}); fix the syntax there") from None
     except UnicodeDecodeError as e:  # else a traceback
-        raise UsageError(f"{path}: not a text file in UTF-8 (byte {e.start}: {e.reason}); give a YAML "
-                         "experiments file, e.g. tuned_examples/cpu/coin_collector.yaml") from None
+        raise UsageError(
+            f"{path}: not a text file in UTF-8 (byte {e.start}: {e.reason}); give a YAML "
+            "experiments file, e.g. tuned_examples/cpu/coin_collector.yaml"
+        ) from None
     except OSError as e:
         raise UsageError(f"{path}: cannot be read ({e.strerror or e})") from None
     except DuplicateKeyError as e:
-        raise UsageError(f"{path}:{e.line}: duplicate key {e.key!r} (first at line {e.first_line}): YAML would "
-                         "silently keep only the last one; remove or rename one of them") from None
+        raise UsageError(
+            f"{path}:{e.line}: duplicate key {e.key!r} (first at line {e.first_line}): YAML would "
+            "silently keep only the last one; remove or rename one of them"
+        ) from None
     if data is None or data == {}:  # not "expected a mapping ..., got dict"
-        raise UsageError(f"{path}: holds no experiment; write one as NAME: {{run: R3L, stop: {{...}}, config: "
-                         "{...}}, e.g. tuned_examples/cpu/coin_collector.yaml")
+        raise UsageError(
+            f"{path}: holds no experiment; write one as NAME: {{run: R3L, stop: {{...}}, config: "
+            "{...}}, e.g. tuned_examples/cpu/coin_collector.yaml"
+        )
     if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected a mapping of experiment names to {{run, stop, config}}, "
-                         f"got {type(data).__name__}")
+        raise UsageError(
+            f"{path}: expected a mapping of experiment names to {{run, stop, config}}, got {type(data).__name__}"
+        )
     data = {name: copy.deepcopy(spec) for name, spec in data.items()}  # YAML anchors share objects
     for name, spec in data.items():
         where = f"{path}: experiment {name!r}"
@@ -125,8 +145,10 @@ def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
             spec.setdefault("config", {})["env"] = spec.pop("env")
         for key in spec:
             if key not in SPEC_KEYS:
-                raise UsageError(f"{where}: unknown key {key!r}{did_you_mean(key, SPEC_KEYS)}; "
-                                 f"an experiment has {', '.join(SPEC_KEYS)} (R3L options go under 'config:')")
+                raise UsageError(
+                    f"{where}: unknown key {key!r}{did_you_mean(key, SPEC_KEYS)}; "
+                    f"an experiment has {', '.join(SPEC_KEYS)} (R3L options go under 'config:')"
+                )
         if "run" not in spec:
             raise UsageError(f"{where}: missing 'run'; add `run: R3L`")
         if spec["run"] != "R3L":
@@ -143,19 +165,26 @@ def load_yaml_file(path: str) -> Dict[str, Dict[str, Any]]:
 def _check_spec_numbers(spec: Dict[str, Any], where: str) -> None:
     """Tune's numeric experiment keys: ``num_samples: 0`` ran no trial and exited 0, ``num_samples: two`` was
     Tune's TypeError inside the run, ``time_budget_s: -5`` stopped the run at once as "interrupted"."""
+
     def is_int(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
 
     n = spec.get("num_samples")
     if n is not None and not (is_int(n) and n >= 1):  # -1 (Tune: "until stopped") started no trial here
-        raise UsageError(f"{where}: num_samples: {n!r}: must be an integer >= 1 (trials per point of the "
-                         "config's grid)")
+        raise UsageError(
+            f"{where}: num_samples: {n!r}: must be an integer >= 1 (trials per point of the config's grid)"
+        )
     budget = spec.get("time_budget_s")
-    if budget is not None and not (isinstance(budget, (int, float)) and not isinstance(budget, bool)
-                                   and 0 < budget < float("inf")):
-        raise UsageError(f"{where}: time_budget_s: {budget!r}: must be a number of seconds > 0 (the whole "
-                         "experiment's budget), or left out")
+    if budget is not None and not (
+        isinstance(budget, (int, float)) and not isinstance(budget, bool) and 0 < budget < float("inf")
+    ):
+        raise UsageError(
+            f"{where}: time_budget_s: {budget!r}: must be a number of seconds > 0 (the whole "
+            "experiment's budget), or left out"
+        )
     failures = spec.get("max_failures")
     if failures is not None and not (is_int(failures) and failures >= -1):
-        raise UsageError(f"{where}: max_failures: {failures!r}: must be an integer >= 0 (restarts of a failed "
-                         "trial from its last checkpoint), or -1 (no limit)")
+        raise UsageError(
+            f"{where}: max_failures: {failures!r}: must be an integer >= 0 (restarts of a failed "
+            "trial from its last checkpoint), or -1 (no limit)"
+        )

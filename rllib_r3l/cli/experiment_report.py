@@ -2,7 +2,8 @@
 
 Reads every Tune trial directory under ``EXPERIMENT_DIR`` (``result.json``, one JSON result per
 line, preferred because Tune's ``progress.csv`` keeps only the columns of the first result; the
-iterations it lacks, cut or deleted, from ``progress.csv``, with a warning), writes ``summary.csv`` (one row per trial: the last value of each metric, and the
+iterations it lacks, cut or deleted, from ``progress.csv``, with a warning), writes ``summary.csv`` (one row per
+trial: the last value of each metric, and the
 hyperparameters that differ between trials, e.g. a grid search's) and PNG learning curves
 (matplotlib, Agg backend): reward, success rate, R3L retry metrics and tokens per sample against
 the training iteration; and, for trials with a retry ledger, the reflect-then-retry chain as a funnel
@@ -12,13 +13,13 @@ the training iteration; and, for trials with a retry ledger, the reflect-then-re
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from rllib_r3l.cli import ledger_report, driver_mark, pbt_lineage
-from rllib_r3l.cli.result_rows import read_rows, rows_only_staged
+from rllib_r3l.cli import driver_mark, ledger_report, pbt_lineage
+from rllib_r3l.cli.report_warnings import error_text
+from rllib_r3l.cli.result_rows import read_rows
 from rllib_r3l.errors import UsageError
 
 SUMMARY_FILE = "summary.csv"
@@ -57,10 +58,21 @@ FAULTS: Dict[str, str] = {
 PLOTS: Dict[str, Tuple[str, List[str]]] = {
     "reward.png": ("Mean episode return (base rollouts)", ["reward", "eval_reward"]),
     "success_rate.png": ("Success rate (base rollouts)", ["success_rate", "eval_success_rate"]),
-    "retry_metrics.png": ("R3L retries", ["retry_trigger_rate", "retry_success_rate", "retry_improvement_rate",
-                                          "reward_gain", "mean_pivot_turn", "reflection_valid_rate"]),
-    "tokens_per_sample.png": ("Tokens per sample", ["trained_tokens_per_sample", "generated_tokens_per_sample",
-                                                    "rollout_turns_per_sample"]),
+    "retry_metrics.png": (
+        "R3L retries",
+        [
+            "retry_trigger_rate",
+            "retry_success_rate",
+            "retry_improvement_rate",
+            "reward_gain",
+            "mean_pivot_turn",
+            "reflection_valid_rate",
+        ],
+    ),
+    "tokens_per_sample.png": (
+        "Tokens per sample",
+        ["trained_tokens_per_sample", "generated_tokens_per_sample", "rollout_turns_per_sample"],
+    ),
 }
 # config keys never shown as "varied" (bookkeeping that differs per trial anyway).
 _IGNORED_PARAMS = ("__trial_info__", "seed", "callbacks", "callbacks_class")
@@ -85,8 +97,9 @@ def find_trial_dirs(root: str) -> List[str]:
             found.append(d)
             dirs[:] = []
     if not found:
-        raise UsageError(f"{root}: no Tune trials found (no result.json, progress.csv or error.txt up to 3 levels "
-                         "down)")
+        raise UsageError(
+            f"{root}: no Tune trials found (no result.json, progress.csv or error.txt up to 3 levels down)"
+        )
     return sorted(found)
 
 
@@ -146,18 +159,9 @@ def _tune_statuses(folder: str) -> Dict[str, str]:
         return {}
 
 
-def error_text(trial_dir: str) -> Optional[str]:
-    """The last line of the trial's ``error.txt`` (the exception), or None when it has none."""
-    path = os.path.join(trial_dir, "error.txt")
-    if not os.path.isfile(path):
-        return None
-    with open(path, errors="replace") as f:
-        lines = [line.strip() for line in f if line.strip()]
-    return lines[-1][:300] if lines else "(empty error.txt)"
-
-
-def trial_status(trial_dir: str, iterations: int, empty_batches: Optional[int],
-                 last: Optional[Dict[str, Any]] = None) -> str:
+def trial_status(
+    trial_dir: str, iterations: int, empty_batches: Optional[int], last: Optional[Dict[str, Any]] = None
+) -> str:
     """What ``rllib-r3l train`` would call the trial: Tune's status (``error.txt`` = ERROR), TERMINATED
     without ``done`` = INTERRUPTED (Ctrl-C), RUNNING from a driver that is gone (``driver_mark``) =
     INTERRUPTED, and a finished trial whose every batch was empty TRAINED ON NOTHING
@@ -193,15 +197,19 @@ def summarize(trial_dirs: List[str], root: str):
     varied = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flat}) > 1]
     rows = []
     for (d, df, _p), f in zip(loaded, flat):
-        row: Dict[str, Any] = {"trial": trial_name(d, root),
-                               "model": f.get("model", f.get("model_id")), "env": f.get("env")}
+        row: Dict[str, Any] = {
+            "trial": trial_name(d, root),
+            "model": f.get("model", f.get("model_id")),
+            "env": f.get("env"),
+        }
         for k in varied:
             if k not in ("model", "model_id", "env"):
                 row[k] = f.get(k)
         row["iterations"] = int(df["training_iteration"].max()) if "training_iteration" in df and len(df) else 0
         if d in spliced:  # PBT: part of this curve is another trial's run (pbt_lineage)
-            row["spliced_from"] = "; ".join(f"{trial_name(s.source, root)}@{s.iteration if s.iteration else '?'}"
-                                            for s in spliced[d])
+            row["spliced_from"] = "; ".join(
+                f"{trial_name(s.source, root)}@{s.iteration if s.iteration else '?'}" for s in spliced[d]
+            )
         for short in METRICS:
             if short in df:
                 s = df[short].dropna()
@@ -219,8 +227,11 @@ def summarize(trial_dirs: List[str], root: str):
         if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             table[k] = table[k].astype("Int64")
     identity = ["trial", "status", "model", "env"]  # a varied env is not a second "env" column
-    order = (identity + [k for k in varied if k in table and k not in identity]
-             + ["iterations", "spliced_from", "reward", "best_reward"])
+    order = (
+        identity
+        + [k for k in varied if k in table and k not in identity]
+        + ["iterations", "spliced_from", "reward", "best_reward"]
+    )
     order += list(FAULTS)
     order += [m for m in METRICS if m not in order]
     table = table[[c for c in order if c in table] + [c for c in table if c not in order]]
@@ -246,8 +257,10 @@ def notes(table) -> List[str]:
     out = []
     for trial_dir, spl in sorted((table.attrs.get("splices") or {}).items()):
         for s in spl:
-            out.append(f"note: {trial_name(trial_dir, root)}'s curve is spliced from a PBT clone: "
-                       f"{s.describe(lambda d: trial_name(d, root) if os.path.isabs(d) else d)}")
+            out.append(
+                f"note: {trial_name(trial_dir, root)}'s curve is spliced from a PBT clone: "
+                f"{s.describe(lambda d: trial_name(d, root) if os.path.isabs(d) else d)}"
+            )
     return out
 
 
@@ -281,8 +294,14 @@ def plot(loaded, varied: List[str], out_dir: str, root: str, splices=None) -> Li
                 sub = df[["training_iteration", metric]].dropna()
                 if len(sub):
                     label = _label(d, params, varied, root)
-                    (line,) = ax.plot(sub["training_iteration"], sub[metric], color=f"C{i % 10}",
-                                      marker="o" if len(sub) < 20 else None, markersize=3, label=label)
+                    (line,) = ax.plot(
+                        sub["training_iteration"],
+                        sub[metric],
+                        color=f"C{i % 10}",
+                        marker="o" if len(sub) < 20 else None,
+                        markersize=3,
+                        label=label,
+                    )
                     legend.setdefault(label, line)
                     for s in (splices or {}).get(d, []):
                         if s.iteration is not None:
@@ -307,51 +326,6 @@ def plot(loaded, varied: List[str], out_dir: str, root: str, splices=None) -> Li
     return written
 
 
-def _count(value) -> Optional[int]:
-    """A table cell as a count; ``None`` when the trial never logged it (pandas fills such cells with NaN)."""
-    if value is None:
-        return None
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(value) else int(value)
-
-
-def warnings(table) -> List[str]:
-    """One line per trial that failed, trained on nothing or lost episodes: what the table's averages hide."""
-    out = []
-    dirs = table.attrs.get("trial_dirs") or [None] * len(table)
-    for (_, row), trial_dir in zip(table.iterrows(), dirs):
-        if row.get("status") == "ERROR":
-            error = error_text(trial_dir) if trial_dir else None
-            where = os.path.join(trial_dir, "error.txt") if error else "Tune's experiment state"
-            out.append(f"warning: {row['trial']} ended in ERROR{': ' + error if error else ''} (see {where}); "
-                       "its metrics stop where it failed")
-        iters, empty, lost = _count(row.get("iterations")), _count(row.get("empty_batches")), _count(row.get("episodes_lost"))
-        if iters and empty is not None and empty >= iters:
-            out.append(f"warning: {row['trial']} trained on nothing: all {iters} iteration(s) had an empty batch "
-                       f"({lost or 0} episodes lost, {_count(row.get('env_errors')) or 0} environment errors, "
-                       f"{_count(row.get('generation_errors')) or 0} generation errors)")
-        elif lost:
-            out.append(f"warning: {row['trial']} lost {int(lost)} episode(s) (environment/generation errors; "
-                       "see docs/reliability.md)")
-        notes = table.attrs.get("row_notes", {}).get(trial_dir)
-        if notes:  # the table holds what could be read; said, not silently fewer iterations
-            out.append(f"warning: {row['trial']}: {'; '.join(notes)}")
-        staged = rows_only_staged(trial_dir) if trial_dir else 0
-        pid = driver_mark.running_pid(os.path.dirname(trial_dir)) if staged > 0 else None
-        if pid is not None:  # a live run: Tune copies them as it goes (and --resume is refused while it runs)
-            out.append(f"note: {row['trial']}: the run is still going (its driver, process {pid}, runs on this "
-                       f"host); {staged} more iteration(s) are in Ray's staging folder until Tune copies them into "
-                       "the experiment: run report again later, or once the run has ended")
-        elif staged > 0:  # the table counts the storage's rows only
-            out.append(f"warning: {row['trial']}: {staged} more iteration(s) are only in Ray's staging folder on this "
-                       "machine (the driver ended, or the disk filled, before Tune copied them); `rllib-r3l train "
-                       "... --resume` copies them back")
-    return out
-
-
 def make_report(experiment_dir: str, out: Optional[str] = None):
     """Write ``summary.csv`` and the PNGs; returns ``(table, png paths, out dir)``."""
     root = os.path.abspath(os.path.expanduser(experiment_dir))
@@ -368,8 +342,11 @@ def make_report(experiment_dir: str, out: Optional[str] = None):
     table.to_csv(os.path.join(out_dir, SUMMARY_FILE), index=False)
     pngs = plot(loaded, varied, out_dir, root, table.attrs.get("splices"))
     last = {d: int(n) for d, n in zip(table.attrs["trial_dirs"], table["iterations"])}  # trials' last results
-    chain = ledger_report.chain_table(trials, [trial_name(d, root) for d in trials],  # the retry ledgers' funnels
-                                      [last.get(d, 0) for d in trials])
+    chain = ledger_report.chain_table(
+        trials,
+        [trial_name(d, root) for d in trials],  # the retry ledgers' funnels
+        [last.get(d, 0) for d in trials],
+    )
     table.attrs["chain"] = chain
     if chain is not None:
         chain.to_csv(os.path.join(out_dir, ledger_report.CHAIN_FILE), index=False)

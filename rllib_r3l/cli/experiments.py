@@ -17,13 +17,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from rllib_r3l.cli.experiment_file import (  # noqa: F401 - reading the file; re-exported for the CLI
-    SPEC_KEYS,
-    DuplicateKeyError,
-    _parse_value_strict,
-    load_yaml_file,
-    parse_value,
-)
+from rllib_r3l.cli.experiment_file import SPEC_KEYS, DuplicateKeyError, _parse_value_strict, load_yaml_file, parse_value  # noqa: F401 - reading the file; re-exported for the CLI
 from rllib_r3l.errors import UsageError, did_you_mean
 from rllib_r3l.stopping import check_stop_criteria, known_stop_keys
 
@@ -37,8 +31,10 @@ MAX_VALIDATED_VARIANTS = 256
 # ==================================================================================================
 def parse_assignment(text: str, flag: str) -> Tuple[str, Any]:
     if "=" not in text:
-        raise UsageError(f"{flag} {text!r}: expected KEY=VALUE, e.g. {flag} "
-                         f"{'training_iteration=10' if flag == '--stop' else 'group_size=4'}")
+        raise UsageError(
+            f"{flag} {text!r}: expected KEY=VALUE, e.g. {flag} "
+            f"{'training_iteration=10' if flag == '--stop' else 'group_size=4'}"
+        )
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
@@ -58,9 +54,11 @@ def apply_set(config: Dict[str, Any], dotted: str, value: Any) -> None:
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise UsageError(f"--set {dotted}=...: {'.'.join(parts[:i + 1])} is {child!r}, not a mapping, so it "
-                             f"has no key {parts[i + 1]!r}; set the whole value instead, e.g. --set "
-                             f"{'.'.join(parts[:i + 1])}={{{parts[i + 1]}: ...}}")
+            raise UsageError(
+                f"--set {dotted}=...: {'.'.join(parts[: i + 1])} is {child!r}, not a mapping, so it "
+                f"has no key {parts[i + 1]!r}; set the whole value instead, e.g. --set "
+                f"{'.'.join(parts[: i + 1])}={{{parts[i + 1]}: ...}}"
+            )
         node = child
     node[parts[-1]] = value
 
@@ -94,7 +92,7 @@ def known_config_keys() -> frozenset:
 
 def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
     from rllib_r3l.config import R3L_OPTIONS, fresh_defaults
-    from rllib_r3l.options import CONCEPT_HINTS, REMOVED, RUN_LENGTH_WORDS, UNUSED_RLLIB
+    from rllib_r3l.not_options import CONCEPT_HINTS, REMOVED, RUN_LENGTH_WORDS, UNUSED_RLLIB
     from rllib_r3l.validation import stored, unused_rllib_option
 
     known = known_config_keys()
@@ -115,15 +113,19 @@ def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
                 stop = key if key in known_stop_keys() else "training_iteration"
                 shown = config[key] if key in known_stop_keys() and not isinstance(config[key], dict) else "N"
                 flag = f"--stop {stop}={shown}" if src.startswith("--set") else f"stop: {{{stop}: {shown}}}"
-                raise UsageError(f"{src}: {key!r} is not a config key: when a run stops is a stop criterion: "
-                                 f"{flag} (in a file: under the experiment's stop:, beside config:)")
+                raise UsageError(
+                    f"{src}: {key!r} is not a config key: when a run stops is a stop criterion: "
+                    f"{flag} (in a file: under the experiment's stop:, beside config:)"
+                )
             if key in CONCEPT_HINTS:
                 raise UsageError(f"{src}: unknown config key {key!r}: {CONCEPT_HINTS[key]}")
             # the closest of all, but never an option R3L refuses (num_rooms -> 'num_epochs' misleads)
             public = [k for k in known if not k.startswith("_") and k not in UNUSED_RLLIB]
             hint = did_you_mean(key, list(R3L_OPTIONS) + ["model"] + public)
-            raise UsageError(f"{src}: unknown config key {key!r}{hint}; "
-                             "`rllib-r3l options` lists the R3L options (RLlib's AlgorithmConfig names work too)")
+            raise UsageError(
+                f"{src}: unknown config key {key!r}{hint}; "
+                "`rllib-r3l options` lists the R3L options (RLlib's AlgorithmConfig names work too)"
+            )
         value = config[key]
         if isinstance(value, dict) and "grid_search" in value:
             continue
@@ -133,7 +135,6 @@ def _check_keys(config: Dict[str, Any], where: str, overridden: set) -> None:
 def _env_option_hint(config: Dict[str, Any], key: str, src: str) -> Optional[str]:
     """The message for a top-level key that is an option of the config's environment, else None."""
     from environments import registry
-
     from rllib_r3l.config import DEFAULT_ENV
     from rllib_r3l.preflight import env_options
 
@@ -145,8 +146,10 @@ def _env_option_hint(config: Dict[str, Any], key: str, src: str) -> Optional[str
     if not allowed or key not in allowed:
         return None
     flag = "--set " if src.startswith("--set") else ""
-    return (f"{src}: {key!r} is an option of the environment {env_id}, not of the algorithm: "
-            f"{flag}env_config.{key}=... (in a file: under config.env_config)")
+    return (
+        f"{src}: {key!r} is an option of the environment {env_id}, not of the algorithm: "
+        f"{flag}env_config.{key}=... (in a file: under config.env_config)"
+    )
 
 
 def _check_type(key: str, value: Any, src: str) -> None:
@@ -158,8 +161,11 @@ def _check_type(key: str, value: Any, src: str) -> None:
             raise UsageError(f"{src}: {key} must be true or false, got {value!r}")
     elif isinstance(default, (int, float)):
         if isinstance(value, str):
-            hint = (" (PyYAML reads 1e-6 as a string: write 1.0e-6)"
-                    if re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value) else "")
+            hint = (
+                " (PyYAML reads 1e-6 as a string: write 1.0e-6)"
+                if re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value)
+                else ""
+            )
             raise UsageError(f"{src}: {key} must be a number, got the string {value!r}{hint}")
         if isinstance(value, bool):
             raise UsageError(f"{src}: {key} must be a number, got {value!r}")
@@ -198,7 +204,6 @@ def expand_variants(config: Dict[str, Any], where: str) -> List[Dict[str, Any]]:
 
 def _check_env(config: Dict[str, Any], where: str, overridden: set) -> None:
     from environments import registry
-
     from rllib_r3l.config import DEFAULT_ENV
     from rllib_r3l.preflight import bad_env_option, unknown_env_option
 
@@ -267,9 +272,11 @@ def validate_config(config: Dict[str, Any], where: str = "config", overridden: O
 
 
 # a resumed run keeps its config: neither an edit of the file nor --set can fix what it lacks
-RESUME_ADVICE = ("a resumed experiment runs with the config it started with: put back what it names, or start "
-                 "again with --new (a fresh run of the file from its base model at iteration 1, beside the old one, "
-                 "which stays as it is)")
+RESUME_ADVICE = (
+    "a resumed experiment runs with the config it started with: put back what it names, or start "
+    "again with --new (a fresh run of the file from its base model at iteration 1, beside the old one, "
+    "which stays as it is)"
+)
 
 
 def _explain(msg: str, where: str, overridden: set, resume: bool = False) -> str:
@@ -282,8 +289,9 @@ def _explain(msg: str, where: str, overridden: set, resume: bool = False) -> str
     return f"{where}.config: {msg}" + (f" ({RESUME_ADVICE})" if resume else "")
 
 
-def check_resources(experiments: Dict[str, Dict[str, Any]], path: str, sets: Sequence[str] = (),
-                    resume: bool = False) -> None:
+def check_resources(
+    experiments: Dict[str, Dict[str, Any]], path: str, sets: Sequence[str] = (), resume: bool = False
+) -> None:
     """What needs the machine, for every variant of every experiment: the environment can be built with
     its env_config and the model can be found (``rllib_r3l.preflight``); a :class:`UsageError` otherwise.
     ``rllib-r3l train`` runs this (``--dry-run`` too); :func:`prepare_experiments` does not."""
@@ -300,15 +308,18 @@ def check_resources(experiments: Dict[str, Dict[str, Any]], path: str, sets: Seq
                 raise UsageError(_explain(str(e), where, overridden, resume)) from None
 
 
-def prepare_experiments(path: str, sets: Sequence[str] = (), stops: Sequence[str] = (),
-                        only: Sequence[str] = ()) -> Dict[str, Dict[str, Any]]:
+def prepare_experiments(
+    path: str, sets: Sequence[str] = (), stops: Sequence[str] = (), only: Sequence[str] = ()
+) -> Dict[str, Dict[str, Any]]:
     """Load a file, apply overrides, validate every config; the specs ready for Tune."""
     experiments = load_yaml_file(path)
     if only:
         missing = [n for n in only if n not in experiments]
         if missing:
-            raise UsageError(f"--experiment {missing[0]!r}: not in {path}"
-                             f"{did_you_mean(missing[0], experiments)}; it has {', '.join(experiments)}")
+            raise UsageError(
+                f"--experiment {missing[0]!r}: not in {path}"
+                f"{did_you_mean(missing[0], experiments)}; it has {', '.join(experiments)}"
+            )
         experiments = {n: experiments[n] for n in only}
     set_pairs = [parse_assignment(s, "--set") for s in sets]
     stop_pairs = [parse_assignment(s, "--stop") for s in stops]
@@ -319,7 +330,6 @@ def prepare_experiments(path: str, sets: Sequence[str] = (), stops: Sequence[str
         validate_config(spec["config"], where=f"{path}: {name}", overridden=overridden)
         check_stop_criteria(spec.get("stop") or {}, where=f"{path}: {name}", overridden={k for k, _ in stop_pairs})
     return experiments
-
 
 
 def validate_env_only(env_id: str, env_config: Dict[str, Any]) -> None:

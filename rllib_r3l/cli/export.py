@@ -24,9 +24,22 @@ from rllib_r3l.errors import UsageError
 MODULE_SUBDIR = os.path.join("learner_group", "learner", "rl_module", "default_policy")
 EXPORT_META = "r3l_export.json"
 # Rollout settings kept with an export (what ``evaluate`` needs to prompt the model as in training).
-ROLLOUT_KEYS = ("env", "env_config", "evaluation_temperature", "max_response_tokens", "max_context_tokens",
-                "max_turns", "top_p", "action_decoding", "system_prompt", "success_reward", "backend",
-                "backend_options", "model_id", "model_dtype")
+ROLLOUT_KEYS = (
+    "env",
+    "env_config",
+    "evaluation_temperature",
+    "max_response_tokens",
+    "max_context_tokens",
+    "max_turns",
+    "top_p",
+    "action_decoding",
+    "system_prompt",
+    "success_reward",
+    "backend",
+    "backend_options",
+    "model_id",
+    "model_dtype",
+)
 
 
 def is_hf_model_dir(path: str) -> bool:
@@ -47,8 +60,10 @@ def _config_model_type(path: str) -> Optional[str]:
 
 def _checkpoint_parts(path: str) -> dict:
     """Which of the two parts that make an RLlib algorithm checkpoint folder are there."""
-    return {"rllib_checkpoint.json": os.path.isfile(os.path.join(path, "rllib_checkpoint.json")),
-            "learner_group/": os.path.isdir(os.path.join(path, "learner_group"))}
+    return {
+        "rllib_checkpoint.json": os.path.isfile(os.path.join(path, "rllib_checkpoint.json")),
+        "learner_group/": os.path.isdir(os.path.join(path, "learner_group")),
+    }
 
 
 def is_algorithm_checkpoint(path: str) -> bool:
@@ -67,8 +82,10 @@ def find_checkpoint(path: str) -> str:
         raise UsageError(f"{path}: no such checkpoint or directory")
     if not os.path.isdir(path):
         inside = next((p for p in _parents(path) if is_algorithm_checkpoint(p)), None)
-        raise UsageError(f"{path}: is a file, not a checkpoint directory; pass "
-                         f"{inside if inside else 'the checkpoint_* directory printed by `rllib-r3l train`'}")
+        raise UsageError(
+            f"{path}: is a file, not a checkpoint directory; pass "
+            f"{inside if inside else 'the checkpoint_* directory printed by `rllib-r3l train`'}"
+        )
     if is_algorithm_checkpoint(path):
         return path
     ckpts = _checkpoints_in(path)
@@ -78,28 +95,40 @@ def find_checkpoint(path: str) -> str:
     if len(trials) == 1:
         return _newest_complete(_checkpoints_in(trials[0]))
     if len(trials) > 1:
-        raise UsageError(f"{path} holds {len(trials)} trials with checkpoints; pass one of them: "
-                         + ", ".join(os.path.basename(t) for t in trials))
+        raise UsageError(
+            f"{path} holds {len(trials)} trials with checkpoints; pass one of them: "
+            + ", ".join(os.path.basename(t) for t in trials)
+        )
     model_type = _config_model_type(path)
     if model_type is not None:  # export of an exported (or any plain) model folder: it is one already
-        raise UsageError(f"{path}: is a Hugging Face model folder (model_type {model_type!r}), not an R3L "
-                         "checkpoint; it needs no export: evaluate it with `rllib-r3l evaluate "
-                         f"{path}` or train from it with --set model={path}")
+        raise UsageError(
+            f"{path}: is a Hugging Face model folder (model_type {model_type!r}), not an R3L "
+            "checkpoint; it needs no export: evaluate it with `rllib-r3l evaluate "
+            f"{path}` or train from it with --set model={path}"
+        )
     if os.path.isfile(os.path.join(path, "config.json")):  # looks like a model, but is none
-        raise UsageError(f"{path}: has a config.json without model_type, so it is neither a Hugging Face model "
-                         "directory nor an R3L checkpoint; pass a checkpoint printed by `rllib-r3l train` or a "
-                         "directory written by `rllib-r3l export`")
+        raise UsageError(
+            f"{path}: has a config.json without model_type, so it is neither a Hugging Face model "
+            "directory nor an R3L checkpoint; pass a checkpoint printed by `rllib-r3l train` or a "
+            "directory written by `rllib-r3l export`"
+        )
     parts = _checkpoint_parts(path)
     if any(parts.values()):  # half a checkpoint: name what is missing, not "not an R3L checkpoint"
         missing = next(k for k, there in parts.items() if not there)
-        raise UsageError(f"{path}: a damaged checkpoint: {missing} is missing; restore it from a copy or pass an "
-                         "earlier checkpoint_* of the run")
+        raise UsageError(
+            f"{path}: a damaged checkpoint: {missing} is missing; restore it from a copy or pass an "
+            "earlier checkpoint_* of the run"
+        )
     experiments = [os.path.basename(e) for e in _subdirs(path) if any(_checkpoints_in(t) for t in _subdirs(e))]
     if experiments:  # a storage path: its experiments hold the trials
-        raise UsageError(f"{path} holds {len(experiments)} experiment folder(s) with checkpoints; pass one of them "
-                         f"(or a trial in it): " + ", ".join(experiments[:5]) + (", ..." if len(experiments) > 5 else ""))
-    raise UsageError(f"{path}: not an R3L checkpoint (no rllib_checkpoint.json + learner_group/) and no "
-                     "checkpoint_* directories in it; pass a checkpoint printed by `rllib-r3l train`")
+        raise UsageError(
+            f"{path} holds {len(experiments)} experiment folder(s) with checkpoints; pass one of them "
+            f"(or a trial in it): " + ", ".join(experiments[:5]) + (", ..." if len(experiments) > 5 else "")
+        )
+    raise UsageError(
+        f"{path}: not an R3L checkpoint (no rllib_checkpoint.json + learner_group/) and no "
+        "checkpoint_* directories in it; pass a checkpoint printed by `rllib-r3l train`"
+    )
 
 
 def _checkpoints_in(d: str) -> list:
@@ -122,7 +151,7 @@ def _newest_complete(ckpts: list) -> str:
 
     for i, ckpt in enumerate(reversed(ckpts)):
         if problem(ckpt) is None:
-            for newer in ckpts[len(ckpts) - i:]:
+            for newer in ckpts[len(ckpts) - i :]:
                 print(skipped_note(newer, problem(newer)), file=sys.stderr)
             return ckpt
     return ckpts[-1]
@@ -139,28 +168,44 @@ def _parents(path: str) -> list:
 def _load_pickle(path: str) -> Any:
     """A pickle of the checkpoint; a missing, truncated or corrupt file is a one-line :class:`UsageError`."""
     if not os.path.isfile(path):
-        raise UsageError(f"{path}: missing; the checkpoint is incomplete (was it copied or written only in part?); "
-                         "use another checkpoint_* of the trial")
+        raise UsageError(
+            f"{path}: missing; the checkpoint is incomplete (was it copied or written only in part?); "
+            "use another checkpoint_* of the trial"
+        )
     if os.path.getsize(path) == 0:
         raise UsageError(f"{path}: empty file; the checkpoint is damaged, use another checkpoint_* of the trial")
     # RLlib checkpoints are pickles written by RLlib itself (trusted like any RLlib checkpoint).
     try:
         with open(path, "rb") as f:
             return pickle.load(f)
-    except (EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError, ImportError, IndexError,
-            KeyError, MemoryError, OverflowError) as e:
+    except (
+        EOFError,
+        pickle.UnpicklingError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        ImportError,
+        IndexError,
+        KeyError,
+        MemoryError,
+        OverflowError,
+    ) as e:
         what = "truncated" if isinstance(e, EOFError) else "corrupt"
-        raise UsageError(f"{path}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:120]}); the checkpoint is "
-                         "damaged, use another checkpoint_* of the trial") from None
+        raise UsageError(
+            f"{path}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:120]}); the checkpoint is "
+            "damaged, use another checkpoint_* of the trial"
+        ) from None
 
 
 def load_checkpoint_config(ckpt: str) -> Dict[str, Any]:
     """The algorithm's config (as a dict) stored in the checkpoint."""
     f = os.path.join(ckpt, "class_and_ctor_args.pkl")
     if not os.path.isfile(f):  # else evaluated with every default (another backend, max_turns), exit 0
-        raise UsageError(f"{ckpt}: class_and_ctor_args.pkl (the training config) is missing, so its environment, "
-                         "env_config and rollout settings are unknown; copy it back from the run's checkpoint, "
-                         "or evaluate a complete checkpoint")
+        raise UsageError(
+            f"{ckpt}: class_and_ctor_args.pkl (the training config) is missing, so its environment, "
+            "env_config and rollout settings are unknown; copy it back from the run's checkpoint, "
+            "or evaluate a complete checkpoint"
+        )
     data = _load_pickle(f)
     args, kwargs = data.get("ctor_args_and_kwargs", ((), {}))
     cfg = args[0] if args else kwargs.get("config", {})
@@ -199,11 +244,15 @@ def _module_state_and_ctor(mdir: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
         state = RLModule.from_checkpoint(mdir).get_state()
     else:
-        raise UsageError(f"{state_file}: missing (the policy's weights); the checkpoint is incomplete, use another "
-                         "checkpoint_* of the trial")
+        raise UsageError(
+            f"{state_file}: missing (the policy's weights); the checkpoint is incomplete, use another "
+            "checkpoint_* of the trial"
+        )
     if not isinstance(state, dict):
-        raise UsageError(f"{state_file}: holds a {type(state).__name__}, not the module's weights; the checkpoint is "
-                         "damaged, use another checkpoint_* of the trial")
+        raise UsageError(
+            f"{state_file}: holds a {type(state).__name__}, not the module's weights; the checkpoint is "
+            "damaged, use another checkpoint_* of the trial"
+        )
     return state, ctor
 
 
@@ -218,8 +267,8 @@ def load_module_dir(mdir: str, base_model: Optional[str] = None, dtype: Optional
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rllib_r3l.models import ModelResolutionError, _torch_dtype, load_tokenizer, resolve_model
     from rllib_r3l.learner.rl_module import hf_named_tensors
+    from rllib_r3l.models import ModelResolutionError, _torch_dtype, load_tokenizer, resolve_model
 
     state, ctor = _module_state_and_ctor(mdir)
     args, kwargs = ctor.get("ctor_args_and_kwargs", ((), {}))
@@ -232,8 +281,10 @@ def load_module_dir(mdir: str, base_model: Optional[str] = None, dtype: Optional
     except ModelResolutionError as e:
         raise UsageError(f"base model {model_id!r}: {e}") from None
     if not os.path.isdir(path):
-        raise UsageError(f"base model {model_id!r} is not a local directory (needed for its architecture and "
-                         "tokenizer); pass --base-model with a local copy")
+        raise UsageError(
+            f"base model {model_id!r} is not a local directory (needed for its architecture and "
+            "tokenizer); pass --base-model with a local copy"
+        )
     if model_config.get("lora"):
         # The module wraps the model with peft: rebuild it as trained, load the state, merge.
         module = ctor["class"](*args, **dict(kwargs, model_config=dict(model_config, model_id=path)))
@@ -242,20 +293,26 @@ def load_module_dir(mdir: str, base_model: Optional[str] = None, dtype: Optional
     else:
         weights = dict(hf_named_tensors(state))
         if not weights:  # the checkpoint itself is damaged: not "another base model"
-            raise UsageError(f"{mdir}: the checkpoint's module state holds no weights (damaged, or not written by "
-                             "R3L); use another checkpoint of the run")
+            raise UsageError(
+                f"{mdir}: the checkpoint's module state holds no weights (damaged, or not written by "
+                "R3L); use another checkpoint of the run"
+            )
         trained_dtype = next((v.dtype for v in weights.values() if torch.is_floating_point(v)), torch.float32)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=trained_dtype)
         try:
             missing, unexpected = model.load_state_dict(weights, strict=False)
         except RuntimeError as e:  # shapes of another model: torch's 40-line "size mismatch" list
-            raise UsageError(f"the checkpoint's weights do not fit base model {model_id!r} "
-                             f"({_first_mismatch(e)}); pass the right --base-model") from None
+            raise UsageError(
+                f"the checkpoint's weights do not fit base model {model_id!r} "
+                f"({_first_mismatch(e)}); pass the right --base-model"
+            ) from None
         tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
         missing = [k for k in missing if k not in tied]
         if missing or unexpected:
-            raise UsageError(f"the checkpoint's weights do not fit base model {model_id!r} "
-                             f"(missing {missing[:3]}, unexpected {unexpected[:3]}); pass the right --base-model")
+            raise UsageError(
+                f"the checkpoint's weights do not fit base model {model_id!r} "
+                f"(missing {missing[:3]}, unexpected {unexpected[:3]}); pass the right --base-model"
+            )
     if dtype is not None:
         model = model.to(_torch_dtype(dtype))
     if getattr(model, "is_gradient_checkpointing", False):
@@ -275,8 +332,9 @@ def _first_mismatch(e: RuntimeError) -> str:
     return first[:200] + (f", and {more} more" if more > 0 else "")
 
 
-def export_checkpoint(checkpoint: str, out: str, dtype: Optional[str] = None, force: bool = False,
-                      base_model: Optional[str] = None) -> str:
+def export_checkpoint(
+    checkpoint: str, out: str, dtype: Optional[str] = None, force: bool = False, base_model: Optional[str] = None
+) -> str:
     """Write the checkpoint's policy as a Hugging Face model directory; returns its path."""
     out = os.path.abspath(os.path.expanduser(out))
     if os.path.isdir(out) and os.listdir(out) and not force:
@@ -317,8 +375,10 @@ def export_checkpoint(checkpoint: str, out: str, dtype: Optional[str] = None, fo
         reason = write_failure(e)
         if reason is None:
             raise
-        raise UsageError(f"--out {out}: the model could not be written ({reason}); nothing was left half-written "
-                         "there; free space or give another --out") from None
+        raise UsageError(
+            f"--out {out}: the model could not be written ({reason}); nothing was left half-written "
+            "there; free space or give another --out"
+        ) from None
     finally:
         shutil.rmtree(aside, ignore_errors=True)
     return out

@@ -49,8 +49,7 @@ def reached(exp_dir: str) -> List[Tuple[str, Dict[str, Any], Dict[str, Any]]]:
     """``(trial folder name, its saved stop criteria, its last result row)`` per trial of Tune's saved state."""
     from rllib_r3l.cli.resume_from import saved_stops
 
-    return [(trial, stop, _last_row(exp_dir, trial))
-            for trial, stop in sorted(saved_stops(exp_dir).items())]
+    return [(trial, stop, _last_row(exp_dir, trial)) for trial, stop in sorted(saved_stops(exp_dir).items())]
 
 
 def _number(value: Any) -> Optional[float]:
@@ -72,8 +71,9 @@ def extend_hint(exp_dir: str) -> str:
     iteration it reached)"``."""
     it = _reached_iteration(exp_dir)
     above = f" (N above {it}, the iteration it reached)" if it is not None else ""
-    return ("to train it further from its last checkpoint, give a higher stop: --resume --stop "
-            f"training_iteration=N{above}")
+    return (
+        f"to train it further from its last checkpoint, give a higher stop: --resume --stop training_iteration=N{above}"
+    )
 
 
 def check_new_stop(name: str, exp_dir: str, overrides: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
@@ -90,14 +90,18 @@ def check_new_stop(name: str, exp_dir: str, overrides: Dict[str, Any]) -> Dict[s
             if got is None or _number(value) is None or got < value:
                 continue
             if key in overrides:
-                raise UsageError(f"--stop {key}={_show(value)}: trial {trial} of experiment {name!r} already reached "
-                                 f"{key} {_show(got)} (its last result), so it would stop after one more iteration; "
-                                 f"give a value above {_show(got)} to train it further"
-                                 + (f", e.g. --stop {key}={got + 10}" if key == "training_iteration" else ""))
-            raise UsageError(f"--resume --stop: trial {trial} of experiment {name!r} already reached {key} "
-                             f"{_show(got)}, and its stop keeps {key}: {_show(value)} (from the run's stop), so it "
-                             f"would stop after one more iteration; give that key a value above {_show(got)} too: "
-                             f"--stop {key}=VALUE")
+                raise UsageError(
+                    f"--stop {key}={_show(value)}: trial {trial} of experiment {name!r} already reached "
+                    f"{key} {_show(got)} (its last result), so it would stop after one more iteration; "
+                    f"give a value above {_show(got)} to train it further"
+                    + (f", e.g. --stop {key}={got + 10}" if key == "training_iteration" else "")
+                )
+            raise UsageError(
+                f"--resume --stop: trial {trial} of experiment {name!r} already reached {key} "
+                f"{_show(got)}, and its stop keeps {key}: {_show(value)} (from the run's stop), so it "
+                f"would stop after one more iteration; give that key a value above {_show(got)} too: "
+                f"--stop {key}=VALUE"
+            )
         out[trial] = stop
     return out
 

@@ -11,26 +11,20 @@ trial), the same as the main job's.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import signal
-import threading
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ray.tune import Callback
 
-from rllib_r3l.cli import console, live_progress
-from rllib_r3l.cli import outcome
-from rllib_r3l.cli import run_info
-from rllib_r3l.errors import UsageError
 from rllib_r3l import ray_internals
-from rllib_r3l.cli.resume import RESUME, tune_resume_config
-from rllib_r3l.cli import driver_mark, result_rows, state_backup
+from rllib_r3l.cli import console, driver_mark, live_progress, outcome, result_rows, run_info, signals, state_backup
 from rllib_r3l.cli.extend import new_stop_callback
+from rllib_r3l.cli.resume import RESUME, tune_resume_config
 from rllib_r3l.cli.resume_from import point_tune_at
 from rllib_r3l.cli.time_budget import TimeBudget
+from rllib_r3l.errors import UsageError
 
 PROGRESS_COLUMNS = {
     "training_iteration": "iter",
@@ -52,15 +46,19 @@ def checkpoint_config(spec: Dict[str, Any], freq: Optional[int], where: str = "c
     if freq is not None:
         raw["checkpoint_frequency"] = freq
     # checkpoint_at_end: 'false' (a string, true to Python) would write the final checkpoint anyway
-    for key, ok, want in (("checkpoint_at_end", lambda v: isinstance(v, bool), "true or false"),
-                          ("num_to_keep", lambda v: v is None or (type(v) is int and v >= 1), "an integer >= 1 or null")):
+    for key, ok, want in (
+        ("checkpoint_at_end", lambda v: isinstance(v, bool), "true or false"),
+        ("num_to_keep", lambda v: v is None or (type(v) is int and v >= 1), "an integer >= 1 or null"),
+    ):
         if key in raw and not ok(raw[key]):
             raise UsageError(f"{where}.{key}: must be {want}, got {raw[key]!r}")
     try:
         config = CheckpointConfig(**raw)
     except (TypeError, ValueError) as e:
-        raise UsageError(f"{where} / --checkpoint-freq: {e}; keys: checkpoint_frequency (>= 0), "
-                         "checkpoint_at_end, num_to_keep, checkpoint_score_attribute, checkpoint_score_order") from None
+        raise UsageError(
+            f"{where} / --checkpoint-freq: {e}; keys: checkpoint_frequency (>= 0), "
+            "checkpoint_at_end, num_to_keep, checkpoint_score_attribute, checkpoint_score_order"
+        ) from None
     check_checkpoint_score(config.checkpoint_score_attribute, f"{where}.checkpoint_score_attribute")
     return config
 
@@ -71,8 +69,9 @@ def local_cpus(num_cpus: Optional[int]) -> int:
     return num_cpus or max(os.cpu_count() or 1, 4)
 
 
-def check_cluster_fits(experiments: Dict[str, Dict[str, Any]], path: str, num_cpus: Optional[int],
-                       address: Optional[str]) -> None:
+def check_cluster_fits(
+    experiments: Dict[str, Dict[str, Any]], path: str, num_cpus: Optional[int], address: Optional[str]
+) -> None:
     """Every variant's CPUs and GPUs fit the Ray runtime the run will use; a :class:`UsageError`
     naming the option otherwise (Tune would wait for them forever on a blank console)."""
     from rllib_r3l import preflight
@@ -90,8 +89,9 @@ def check_cluster_fits(experiments: Dict[str, Dict[str, Any]], path: str, num_cp
     for name, spec in experiments.items():
         for variant in expand_variants(spec["config"], f"{path}: {name}"):
             try:
-                preflight.check_resources(R3LConfig().update_from_dict(copy.deepcopy(variant)), cpus=cpus, gpus=gpus,
-                                          source=source)
+                preflight.check_resources(
+                    R3LConfig().update_from_dict(copy.deepcopy(variant)), cpus=cpus, gpus=gpus, source=source
+                )
             except ValueError as e:
                 raise UsageError(f"{path}: {name}: {e}") from None
 
@@ -103,28 +103,44 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     host, sep, port = address.rpartition(":")
     scheme = address.split("://", 1)[0] if "://" in address else None
     if scheme is not None and scheme != "ray":  # http://...: Ray's ValueError traceback after 20 s
-        raise UsageError(f"--address {address}: not a Ray address; give HOST:PORT of the cluster's GCS (what `ray "
-                         "status` shows), ray://HOST:PORT for Ray Client, or auto")
+        raise UsageError(
+            f"--address {address}: not a Ray address; give HOST:PORT of the cluster's GCS (what `ray "
+            "status` shows), ray://HOST:PORT for Ray Client, or auto"
+        )
     if sep and not port.isdigit() and scheme is None:
-        raise UsageError(f"--address {address}: the port {port!r} is not a number; give HOST:PORT, e.g. "
-                         "127.0.0.1:6379")
+        raise UsageError(f"--address {address}: the port {port!r} is not a number; give HOST:PORT, e.g. 127.0.0.1:6379")
     if scheme == "ray":  # Ray Client: a closed port would be a 36 s wait, then a traceback
         host, sep, port = address.split("://", 1)[1].rpartition(":")
         if not sep or not port.isdigit():
-            raise UsageError(f"--address {address}: give ray://HOST:PORT of the cluster's Ray Client server "
-                             "(port 10001 by default)")
-        _listens(address, host, port, timeout_s, "no Ray Client server answers there", "start the cluster with "
-                 "`ray start --head` (its client server listens on 10001), give the address it shows")
+            raise UsageError(
+                f"--address {address}: give ray://HOST:PORT of the cluster's Ray Client server (port 10001 by default)"
+            )
+        _listens(
+            address,
+            host,
+            port,
+            timeout_s,
+            "no Ray Client server answers there",
+            "start the cluster with `ray start --head` (its client server listens on 10001), give the address it shows",
+        )
         return
     if address in ("auto", "local") or scheme is not None or not sep:
         return
-    _listens(address, host, port, timeout_s, "no Ray cluster answers there", "start one there (`ray start --head "
-             "--port PORT`), give the address `ray status` shows")
+    _listens(
+        address,
+        host,
+        port,
+        timeout_s,
+        "no Ray cluster answers there",
+        "start one there (`ray start --head --port PORT`), give the address `ray status` shows",
+    )
     what = _not_a_gcs(f"{host or '127.0.0.1'}:{port}", timeout_s)
     if what:  # something listens, but ray.init would print pages of gRPC errors after 20-40 s
-        raise UsageError(f"--address {address}: a server listens there, but not a Ray cluster's GCS ({what}); give "
-                         "the address `ray status` or `ray start --head` shows (port 6379 by default), or drop "
-                         "--address to run on this machine")
+        raise UsageError(
+            f"--address {address}: a server listens there, but not a Ray cluster's GCS ({what}); give "
+            "the address `ray status` or `ray start --head` shows (port 6379 by default), or drop "
+            "--address to run on this machine"
+        )
 
 
 def _listens(address: str, host: str, port: str, timeout_s: float, nobody: str, fix: str) -> None:
@@ -134,8 +150,9 @@ def _listens(address: str, host: str, port: str, timeout_s: float, nobody: str, 
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
     except OSError as e:
-        raise UsageError(f"--address {address}: {nobody} ({e.strerror or e}); {fix}, or drop --address to run on "
-                         "this machine") from None
+        raise UsageError(
+            f"--address {address}: {nobody} ({e.strerror or e}); {fix}, or drop --address to run on this machine"
+        ) from None
 
 
 def _not_a_gcs(address: str, timeout_s: float) -> Optional[str]:
@@ -149,8 +166,9 @@ def _not_a_gcs(address: str, timeout_s: float) -> Optional[str]:
         return None
     channel = grpc.insecure_channel(address)
     try:
-        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(gcs_service_pb2.GetClusterIdRequest(),
-                                                                           timeout=timeout_s)
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+            gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s
+        )
         return None
     except grpc.RpcError as e:
         code = e.code()
@@ -161,96 +179,6 @@ def _not_a_gcs(address: str, timeout_s: float) -> Optional[str]:
         return None
     finally:
         channel.close()
-
-
-_STOPS_BEFORE_TUNE: List[int] = []  # SIGTERMs that arrived before Tune's handler could take them
-
-
-def stop_requested_before_tune() -> bool:
-    """Whether a SIGTERM arrived before Tune ran: its KeyboardInterrupt can be swallowed on the way (a
-    finalizer, a library's ``except BaseException`` while Ray starts), and the run then trained to its end
-    with exit 0; the driver checks this before Tune starts and :class:`ConsoleCallback` at Tune's first step."""
-    return bool(_STOPS_BEFORE_TUNE)
-
-
-def interrupt_on_sigterm() -> None:
-    """Until Tune runs (the experiment checks, Ray starting; a SIGTERM would end ``train`` with
-    Ray's ``sys.exit(15)`` and no word): SIGTERM stops the command as Ctrl-C does, exit 130 with the advice;
-    a second one exits 130 at once."""
-    def handler(signum, frame):
-        _STOPS_BEFORE_TUNE.append(signum)
-        signal.signal(signal.SIGTERM, lambda *_: os._exit(130))
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
-
-
-@contextlib.contextmanager
-def sigterm_as_sigint(on_runtime_lost: Optional[Callable[[], None]] = None):
-    """SIGTERM (what Slurm and Kubernetes send to preempt) does what Ctrl-C does: Tune's SIGINT handler
-    stops the run at a safe point and keeps the last checkpoint; a second signal ends it at once.
-
-    With ``on_runtime_lost`` (Ray started by this process): a SIGTERM sent to the whole process group
-    (``timeout``, Slurm's ``scancel``) also stops Ray's GCS (see :func:`local_gcs_alive`), and Tune's
-    stop would wait on it for a minute before Ray's core worker ends this process with exit 1. A thread
-    started by the signal asks the GCS for a few seconds; when it no longer answers and the run is not
-    over, ``on_runtime_lost()`` says what to do next and the process exits 130 at once. Yields an Event
-    to set when the run is over (Ray's own shutdown then stops the GCS: no loss)."""
-    finished = threading.Event()
-
-    def watch_runtime():
-        deadline = time.time() + RUNTIME_WATCH_S
-        while time.time() < deadline and not finished.is_set():
-            if local_gcs_alive(timeout_s=1.0) is False and not finished.is_set():
-                with contextlib.suppress(Exception):
-                    on_runtime_lost()
-                os._exit(130)
-            time.sleep(0.2)
-
-    def forward(signum, frame):
-        if on_runtime_lost is not None and not finished.is_set():
-            threading.Thread(target=watch_runtime, name="r3l-runtime-watch", daemon=True).start()
-        handler = signal.getsignal(signal.SIGINT)  # Tune's while it runs; Python's (KeyboardInterrupt) after
-        if handler is signal.default_int_handler and not finished.is_set():  # Tune not running yet
-            _STOPS_BEFORE_TUNE.append(signum)
-        if callable(handler):
-            handler(signal.SIGINT, frame)
-        else:  # SIG_IGN / SIG_DFL: nothing of ours would stop the run
-            raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():
-        yield finished
-        return
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
-        yield finished
-    finally:
-        finished.set()
-        signal.signal(signal.SIGTERM, previous)
-
-
-RUNTIME_WATCH_S = 6.0  # a group signal stops the GCS within a second; a plain stop never does
-
-
-def local_gcs_alive(timeout_s: float = 2.0) -> Optional[bool]:
-    """Whether the GCS of this process's Ray session still answers (None: no Ray session here).
-
-    A SIGTERM sent to the whole process group (``timeout``, Slurm's ``scancel``) reaches the GCS this
-    process started too (Ray's processes block SIGINT, not SIGTERM): it stops answering though its
-    process lives on; ``ray.shutdown()`` then waits a minute and Ray's core worker ends the process
-    with exit 1. One key lookup with a short timeout tells."""
-    try:  # in a signal handler: never raise (train checked the Ray version before it started)
-        client = ray_internals.gcs_client()
-    except Exception:  # noqa: BLE001
-        return None
-    if client is None:
-        return None
-    try:
-        client.internal_kv_exists(b"__r3l_alive", b"r3l", timeout=timeout_s)
-        return True
-    except Exception:  # noqa: BLE001 - RpcError: "Timed out while waiting for GCS to become available"
-        return False
 
 
 def _varied_params(config: Dict[str, Any], prefix: str = "") -> List[str]:
@@ -264,8 +192,9 @@ def _varied_params(config: Dict[str, Any], prefix: str = "") -> List[str]:
 def progress_reporter(spec: Dict[str, Any]):
     from ray.tune import CLIReporter
 
-    return CLIReporter(metric_columns=dict(PROGRESS_COLUMNS), parameter_columns=_varied_params(spec["config"]),
-                       max_report_frequency=30)
+    return CLIReporter(
+        metric_columns=dict(PROGRESS_COLUMNS), parameter_columns=_varied_params(spec["config"]), max_report_frequency=30
+    )
 
 
 class ConsoleCallback(Callback):
@@ -273,8 +202,9 @@ class ConsoleCallback(Callback):
     summary table plus ``run.png`` (in the trial directory) when it ends; the live progress line
     while it runs (with several trials at once, it counts them all)."""
 
-    def __init__(self, con: console.Console, live_dir: Optional[str] = None, log: Optional[str] = None,
-                 verbose: bool = False) -> None:
+    def __init__(
+        self, con: console.Console, live_dir: Optional[str] = None, log: Optional[str] = None, verbose: bool = False
+    ) -> None:
         self.con, self.live_dir, self.log, self.verbose = con, live_dir, log, verbose
         self.rows: Dict[str, List[Dict[str, Any]]] = {}
         self.live: Optional[live_progress.LiveProgress] = None
@@ -289,12 +219,19 @@ class ConsoleCallback(Callback):
             return run_info.run_info(cfg, title=title, log=self.log, verbose=self.verbose)
         except Exception:  # a config the console cannot read: the header says less, training goes on
             c = trial.config or {}
-            return {"title": title, "model": c.get("model", "?"), "env": str(c.get("env", "?")),
-                    "backend": c.get("backend", "?"), "cpu": run_info.cpu_model(), "cores": os.cpu_count(),
-                    "log": self.log, "verbose": self.verbose}
+            return {
+                "title": title,
+                "model": c.get("model", "?"),
+                "env": str(c.get("env", "?")),
+                "backend": c.get("backend", "?"),
+                "cpu": run_info.cpu_model(),
+                "cores": os.cpu_count(),
+                "log": self.log,
+                "verbose": self.verbose,
+            }
 
     def on_step_begin(self, iteration, trials, **info) -> None:
-        if _STOPS_BEFORE_TUNE and not self._stop_passed_on:  # its KeyboardInterrupt was lost
+        if signals.stop_requested_before_tune() and not self._stop_passed_on:  # its KeyboardInterrupt was lost
             self._stop_passed_on = True
             signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # Tune's handler: stop at a safe point
 
@@ -303,8 +240,12 @@ class ConsoleCallback(Callback):
         self.con.lines(console.header_lines(head))
         self.rows.setdefault(trial.trial_id, [])
         if self.live is None:
-            self.live = live_progress.LiveProgress(self.con, self.live_dir, expected=run_info.expected_episodes(head),
-                                             reflect=bool(head.get("reflect", True)))
+            self.live = live_progress.LiveProgress(
+                self.con,
+                self.live_dir,
+                expected=run_info.expected_episodes(head),
+                reflect=bool(head.get("reflect", True)),
+            )
         self.live.begin()
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -347,9 +288,17 @@ class ConsoleCallback(Callback):
             self.live = None
 
 
-def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]], *,
-        storage: Optional[str], checkpoint_freq: Optional[int], callbacks: Sequence[Any], verbose: int,
-        max_concurrent: Optional[int], echo: Callable[[str], None] = print) -> Tuple[List[Dict[str, Any]], bool]:
+def run(
+    experiments: Dict[str, Dict[str, Any]],
+    plan: Dict[str, Dict[str, Any]],
+    *,
+    storage: Optional[str],
+    checkpoint_freq: Optional[int],
+    callbacks: Sequence[Any],
+    verbose: int,
+    max_concurrent: Optional[int],
+    echo: Callable[[str], None] = print,
+) -> Tuple[List[Dict[str, Any]], bool]:
     """Run (or resume) each experiment with Tune; returns the per-trial rows and whether it was interrupted."""
     from ray import tune
 
@@ -360,18 +309,28 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
     rows: List[Dict[str, Any]] = []
     for name, spec in experiments.items():
         p = plan[name]
-        kwargs = {k: v for k, v in spec.items() if k not in ("run", "config", "stop", "checkpoint_config",
-                                                               "storage_path", "sync_config")}
+        kwargs = {
+            k: v
+            for k, v in spec.items()
+            if k not in ("run", "config", "stop", "checkpoint_config", "storage_path", "sync_config")
+        }
         if spec.get("sync_config"):
             from ray.tune import SyncConfig
 
             kwargs["sync_config"] = SyncConfig(**spec["sync_config"])
-        exp_storage = storage or (os.path.abspath(os.path.expanduser(spec["storage_path"]))
-                                  if spec.get("storage_path") else None)
+        exp_storage = storage or (
+            os.path.abspath(os.path.expanduser(spec["storage_path"])) if spec.get("storage_path") else None
+        )
         budget = TimeBudget(kwargs.pop("time_budget_s")) if kwargs.get("time_budget_s") else None
-        exp = tune.Experiment(p["name"], spec["run"], config=spec["config"], stop=spec.get("stop"),
-                              storage_path=exp_storage, checkpoint_config=checkpoint_config(spec, checkpoint_freq),
-                              **kwargs)
+        exp = tune.Experiment(
+            p["name"],
+            spec["run"],
+            config=spec["config"],
+            stop=spec.get("stop"),
+            storage_path=exp_storage,
+            checkpoint_config=checkpoint_config(spec, checkpoint_freq),
+            **kwargs,
+        )
         if budget is not None:  # where Tune's time_budget_s puts its TimeoutStopper (no public setter)
             ray_internals.set_experiment_stopper(exp, budget)
         tracker = outcome.TrainingTracker()
@@ -381,24 +340,41 @@ def run(experiments: Dict[str, Dict[str, Any]], plan: Dict[str, Dict[str, Any]],
         # --resume --stop: the new stop into the restored trials' criteria, before the console shows them
         new_stop = [new_stop_callback(p["stop"])] if resume and p.get("stop") else []
         with driver_mark.marked(p["dir"]):  # `report` tells a running experiment from one whose driver died
-            analysis = tune.run(exp, callbacks=[*new_stop, *callbacks, tracker, state_backup.StateBackup(p["dir"]),
-                                                *([budget] if budget is not None else [])],
-                                raise_on_failed_trial=False, verbose=verbose,
-                                max_concurrent_trials=max_concurrent, progress_reporter=progress_reporter(spec),
-                                **resume)
+            analysis = tune.run(
+                exp,
+                callbacks=[
+                    *new_stop,
+                    *callbacks,
+                    tracker,
+                    state_backup.StateBackup(p["dir"]),
+                    *([budget] if budget is not None else []),
+                ],
+                raise_on_failed_trial=False,
+                verbose=verbose,
+                max_concurrent_trials=max_concurrent,
+                progress_reporter=progress_reporter(spec),
+                **resume,
+            )
         for trial in analysis.trials:  # Tune's CSV logger shifts a resumed run's columns: written again
             if trial.path and os.path.isdir(trial.path):
                 try:
                     result_rows.rebuild_progress_csv(trial.path)
                 except OSError as e:  # a full disk: result.json keeps the rows, --resume rewrites the CSV
-                    echo(f"{trial.path}/progress.csv: not rewritten ({e.strerror or e}); result.json holds the "
-                         "rows, and --resume rewrites it")
+                    echo(
+                        f"{trial.path}/progress.csv: not rewritten ({e.strerror or e}); result.json holds the "
+                        "rows, and --resume rewrites it"
+                    )
         unstarted = sum(1 for t in analysis.trials if not t.last_result) if budget is not None else 0
         if budget is not None and budget.reached() and (budget.stopped or unstarted):
-            saved = ", each with a checkpoint" if exp.checkpoint_config.checkpoint_at_end else (
-                " (checkpoint_at_end is off: no final checkpoint)")
-            echo(f"time_budget_s {budget.seconds:g} reached: {len(budget.stopped)} trial(s) stopped at the end of "
-                 f"an iteration{saved}" + (f"; {unstarted} never started" if unstarted else ""))
+            saved = (
+                ", each with a checkpoint"
+                if exp.checkpoint_config.checkpoint_at_end
+                else (" (checkpoint_at_end is off: no final checkpoint)")
+            )
+            echo(
+                f"time_budget_s {budget.seconds:g} reached: {len(budget.stopped)} trial(s) stopped at the end of "
+                f"an iteration{saved}" + (f"; {unstarted} never started" if unstarted else "")
+            )
         new_rows = outcome.trial_rows(analysis.trials, tracker)
         rows += new_rows
         echo(f"\nexperiment {name!r}: results in {analysis.experiment_path}")

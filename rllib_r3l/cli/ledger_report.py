@@ -14,9 +14,14 @@ from rllib_r3l import retry_ledger
 CHAIN_FILE = "retry_chain.csv"
 CHAIN_PLOT = "retry_chain.png"
 # the funnel's links as plotted: (label, count key, of what)
-LINKS = (("reflections", "reflections", None), ("valid report", "valid", "reflections"),
-         ("pivot in time", "pivot_in_time", "pivot_scored"), ("retried", "retried", "reflections"),
-         ("action changed", "action_changed", "action_compared"), ("retry success", "retry_success", "retried"))
+LINKS = (
+    ("reflections", "reflections", None),
+    ("valid report", "valid", "reflections"),
+    ("pivot in time", "pivot_in_time", "pivot_scored"),
+    ("retried", "retried", "reflections"),
+    ("action changed", "action_changed", "action_compared"),
+    ("retry success", "retry_success", "retried"),
+)
 
 
 def chain_row(trial: str, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -24,9 +29,14 @@ def chain_row(trial: str, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"trial": trial, **retry_ledger.funnel(rows)}
     c = retry_ledger.control_comparison(rows)
     if c["pairs"]:
-        out.update(control_pairs=c["pairs"], control_tasks=c["tasks"], retry_vs_control=c["difference"],
-                   retry_vs_control_low=c["difference_low"], retry_vs_control_high=c["difference_high"],
-                   control_successes=c["control_successes"])
+        out.update(
+            control_pairs=c["pairs"],
+            control_tasks=c["tasks"],
+            retry_vs_control=c["difference"],
+            retry_vs_control_low=c["difference_low"],
+            retry_vs_control_high=c["difference_high"],
+            control_successes=c["control_successes"],
+        )
     return out
 
 
@@ -52,21 +62,35 @@ def chain_lines(table) -> List[str]:
         return []
     out = []
     for _i, r in table.iterrows():
-        f = {k: int(r[k]) for k in ("reflections", "valid", "pivot_scored", "pivot_in_time", "retried",
-                                    "action_compared", "action_changed", "retry_success")}
+        f = {
+            k: int(r[k])
+            for k in (
+                "reflections",
+                "valid",
+                "pivot_scored",
+                "pivot_in_time",
+                "retried",
+                "action_compared",
+                "action_changed",
+                "retry_success",
+            )
+        }
         pivots = f"{f['pivot_in_time']}/{f['pivot_scored']} in time" if f["pivot_scored"] else "pivots unscored"
-        line = (f"retry chain {r['trial']}: {f['reflections']} reflections -> {f['valid']} valid -> {pivots} -> "
-                f"{f['retried']} retried -> {f['action_changed']}/{f['action_compared']} changed the action -> "
-                f"{f['retry_success']} succeeded")
+        line = (
+            f"retry chain {r['trial']}: {f['reflections']} reflections -> {f['valid']} valid -> {pivots} -> "
+            f"{f['retried']} retried -> {f['action_changed']}/{f['action_compared']} changed the action -> "
+            f"{f['retry_success']} succeeded"
+        )
         if "control_pairs" in r and r["control_pairs"] == r["control_pairs"]:  # not NaN: the run had a control
             lo, hi = r.get("retry_vs_control_low"), r.get("retry_vs_control_high")
             interval = "" if lo is None or lo != lo else f" [{lo:+.2f}, {hi:+.2f}]"
-            line += (f"; vs a fresh sample of the same task: {r['retry_vs_control']:+.2f}{interval} "
-                     f"over {int(r['control_pairs'])} retry/control pairs ({int(r['control_tasks'])} task"
-                     f"{'s' if int(r['control_tasks']) != 1 else ''})")
+            line += (
+                f"; vs a fresh sample of the same task: {r['retry_vs_control']:+.2f}{interval} "
+                f"over {int(r['control_pairs'])} retry/control pairs ({int(r['control_tasks'])} task"
+                f"{'s' if int(r['control_tasks']) != 1 else ''})"
+            )
         if r.get("rows_after_last_result"):
-            line += (f" ({int(r['rows_after_last_result'])} row(s) of an iteration cut short before its result "
-                     "left out)")
+            line += f" ({int(r['rows_after_last_result'])} row(s) of an iteration cut short before its result left out)"
         out.append(line)
     return out
 
@@ -88,8 +112,13 @@ def plot_chain(table, out_dir: str) -> Optional[str]:
         bars = ax.bar(xs, counts, width=width, label=str(r["trial"]), color=f"C{i % 10}")
         for bar, (_label, key, of) in zip(bars, LINKS):
             if of and float(r[of]) > 0:
-                ax.annotate(f"{float(r[key]) / float(r[of]):.0%}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                            ha="center", va="bottom", fontsize=7)
+                ax.annotate(
+                    f"{float(r[key]) / float(r[of]):.0%}",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(LINKS))], [label for label, _k, _o in LINKS], fontsize=8)
     ax.set_ylabel("count")
     ax.set_title("Retry chain (share of the link it follows from)")

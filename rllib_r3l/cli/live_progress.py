@@ -16,14 +16,13 @@ from rllib_r3l.cli.console import progress_line
 from rllib_r3l.cli.output_routing import Console
 from rllib_r3l.runner import progress
 
-
 PREFIX = "r3l-progress-"
 
 
 def _sweep_orphans(tmp: str) -> None:
     """Remove the progress folders of processes that are gone (a driver killed with ``kill -9`` cannot)."""
     for name in os.listdir(tmp):
-        pid = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
+        pid = name[len(PREFIX) :].split("-", 1)[0] if name.startswith(PREFIX) else ""
         if not pid.isdigit():
             continue
         try:
@@ -59,8 +58,9 @@ def progress_folder(enabled: bool = True) -> Iterator[Optional[str]]:
 class LiveProgress:
     """Draws :func:`progress_line` from the runners' published counters while an iteration runs."""
 
-    def __init__(self, console: Console, folder: Optional[str], expected: Optional[int] = None,
-                 reflect: bool = True) -> None:
+    def __init__(
+        self, console: Console, folder: Optional[str], expected: Optional[int] = None, reflect: bool = True
+    ) -> None:
         self.console, self.folder, self.expected, self.reflect = console, folder, expected, reflect
         self._baseline: Dict[str, Dict[str, int]] = {}
         self._t0 = self._last = time.time()
@@ -71,14 +71,16 @@ class LiveProgress:
     def counts(self) -> Dict[str, int]:
         """This iteration's counts, summed over runners."""
         now = progress.read(self.folder)
-        return {k: sum(c.get(k, 0) - self._baseline.get(f, {}).get(k, 0) for f, c in now.items())
-                for k in progress.KEYS}
+        return {
+            k: sum(c.get(k, 0) - self._baseline.get(f, {}).get(k, 0) for f, c in now.items()) for k in progress.KEYS
+        }
 
     def line(self) -> str:
         c = self.counts()
         runners = progress.read(self.folder)
-        return progress_line(c, time.time() - self._t0, self.expected_now(c, len(runners)),
-                             phase=self.phase(c, len(runners)))
+        return progress_line(
+            c, time.time() - self._t0, self.expected_now(c, len(runners)), phase=self.phase(c, len(runners))
+        )
 
     def expected_now(self, c: Mapping[str, int], n_runners: int) -> Optional[int]:
         """The base episodes expected so far: each extra round of dynamic sampling adds a runner's share."""

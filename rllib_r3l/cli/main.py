@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional
 
 from rllib_r3l import checkpoint_integrity as ckpt_io
 from rllib_r3l import retry_ledger
+from rllib_r3l.cli.iteration_record import iteration_record
 from rllib_r3l.cli.run_folder import CHECKPOINT, FINISHED_MARKERS, check_out, out_dir, resume_point  # noqa: F401
 from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of
 from rllib_r3l.errors import UsageError
@@ -57,72 +58,41 @@ def _parse_set(items: List[str]) -> Dict[str, Any]:
     return out
 
 
-def _get(d: Dict[str, Any], *path: str, default=float("nan")):
-    for p in path:
-        if not isinstance(d, dict) or p not in d:
-            return default
-        d = d[p]
-    return d
-
-
-def find_r3l_metrics(d: Any, key: str):
-    """The dict under ``.../r3l/<key>`` anywhere in a nested result (learner metrics sit under
-    ``learners/<module>/r3l/learner``)."""
-    if not isinstance(d, dict):
-        return None
-    if isinstance(d.get("r3l"), dict) and key in d["r3l"]:
-        return d["r3l"][key]
-    for v in d.values():
-        found = find_r3l_metrics(v, key)
-        if found is not None:
-            return found
-    return None
-
-
-def _flat(d: Any) -> Dict[str, Any]:
-    return {k: v for k, v in (d or {}).items() if not isinstance(v, dict)}
-
-
-def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
-    """One iteration's numbers for summary.json: success, every env-runner ``r3l/`` metric, the
-    credit/batch metrics and the learner's throughput (NaN where the iteration had no update)."""
-    er = r.get("env_runners", {})
-    return {
-        "iteration": it,
-        "seconds": float(r.get("time_this_iter_s", float("nan"))),
-        "success_rate": _get(er, "success_rate"),
-        "episodes": _get(er, "num_episodes"),  # base episodes (more than planned with dynamic sampling)
-        "episode_return_mean": _get(er, "episode_return_mean"),
-        "r3l": _flat(_get(er, "r3l", default={})),
-        # where the runner's time went: engine per phase, environment steps/resets, replay, reflection
-        "timers": _flat(_get(er, "r3l", "timers", default={})),
-        # dynamic sampling: extra rounds of new tasks, groups without a learning signal
-        "dynamic_sampling": _flat(_get(er, "r3l", "dynamic_sampling", default={})),
-        "credit": _flat(_get(r, "r3l", default={})),
-        "batch": _flat(_get(r, "r3l", "batch", default={})),
-        "learner": _flat(find_r3l_metrics(r.get("learners", {}), "learner")),
-        # evaluation_interval: R3L.evaluate()'s held-out episodes after this iteration (not only on the console)
-        **({"held_out": _flat(r["evaluation"].get("env_runners", {}))} if isinstance(r.get("evaluation"), dict) else {}),
-    }
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rllib_r3l.cli.main", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=_at_least_one, default=3, help="iterations in all (>= 1)")
-    ap.add_argument("--reflect", action=argparse.BooleanOptionalAction, default=None,
-                    help="reflect-then-retry (default) or --no-reflect for the GRPO-style comparison")
-    ap.add_argument("--out", default=None,
-                    help="results directory (default results/main, with --no-reflect results/main-no-reflect)")
+    ap.add_argument(
+        "--reflect",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reflect-then-retry (default) or --no-reflect for the GRPO-style comparison",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="results directory (default results/main, with --no-reflect results/main-no-reflect)",
+    )
     ap.add_argument("--overwrite", action="store_true", help="replace a finished run already in --out")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue the run in --out from its newest complete checkpoint, up to --iterations in all "
-                         "(its saved config is kept: no --set)")
-    ap.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
-                    help="R3LConfig overrides (several after one --set, or one --set each)")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its newest complete checkpoint, up to --iterations in all "
+        "(its saved config is kept: no --set)",
+    )
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="R3LConfig overrides (several after one --set, or one --set each)",
+    )
     ap.add_argument("--num-cpus", type=int, default=4)
-    ap.add_argument("--verbose", action="store_true",
-                    help="show engine and library logs (vLLM, Ray, transformers, warnings) on the console "
-                         "instead of OUT/main.log")
+    ap.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show engine and library logs (vLLM, Ray, transformers, warnings) on the console instead of OUT/main.log",
+    )
     return ap
 
 
@@ -169,8 +139,10 @@ def build_config(args, overrides: Dict[str, Any]):
     from rllib_r3l import R3LConfig, preflight
 
     if "reflect" in overrides:  # two sources for one switch: --no-reflect --set reflect=true reflected
-        raise UsageError(f"--set reflect={overrides['reflect']}: the main job sets it with --reflect / --no-reflect "
-                         "(which also picks the default --out); use the flag")
+        raise UsageError(
+            f"--set reflect={overrides['reflect']}: the main job sets it with --reflect / --no-reflect "
+            "(which also picks the default --out); use the flag"
+        )
     config = R3LConfig().training(reflect=args.reflect is not False, **MAIN_JOB_SETTINGS)
     if overrides:
         config.update_from_dict(overrides)
@@ -185,19 +157,28 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     import ray
 
     import rllib_r3l  # noqa: F401  (registers "R3L")
-    from rllib_r3l.cli import console, live_progress, retry_chain
-    from rllib_r3l.cli import run_info
+    from rllib_r3l.cli import console, live_progress, retry_chain, run_info
 
-    info = run_info.run_info(config, title=f"R3L main job: {args.iterations} iteration(s), results in {out}",
-                            log=log_path, verbose=args.verbose)
+    info = run_info.run_info(
+        config,
+        title=f"R3L main job: {args.iterations} iteration(s), results in {out}",
+        log=log_path,
+        verbose=args.verbose,
+    )
     con.lines(console.header_lines(info))
     resume_from = getattr(args, "resume_from", None)
     t0 = time.time()
     try:  # preemption while Ray starts or the model loads: nothing ran, nothing to save (a second signal: at once)
         _on_sigterm(con)
         try:
-            ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=args.verbose,
-                     configure_logging=True, logging_level="INFO" if args.verbose else "WARNING")
+            ray.init(
+                address="local",
+                num_cpus=args.num_cpus,
+                include_dashboard=False,
+                log_to_driver=args.verbose,
+                configure_logging=True,
+                logging_level="INFO" if args.verbose else "WARNING",
+            )
         except SystemExit as e:  # ray.init's own SIGTERM handler (installed first thing inside it)
             if e.code != signal.SIGTERM:
                 raise
@@ -213,8 +194,11 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
         else:
             algo = config.build_algo()
     except KeyboardInterrupt:
-        con.line("interrupted while starting: no iteration ran, nothing was written"
-                 + (f"; the checkpoint in {out} is untouched" if resume_from else "") + "; run the same command again")
+        con.line(
+            "interrupted while starting: no iteration ran, nothing was written"
+            + (f"; the checkpoint in {out} is untouched" if resume_from else "")
+            + "; run the same command again"
+        )
         ray.shutdown()
         return 130
     ledger = os.path.join(out, retry_ledger.LEDGER_FILE)  # every reflection and retry, beside summary.json
@@ -227,8 +211,10 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     rows: List[Dict[str, Any]] = []
     interrupted = False
     try:
-        con.line(f"learner built in {time.time() - t0:.0f} s ({time.time() - started:.0f} s after start); "
-                 "the engine starts with the first iteration")
+        con.line(
+            f"learner built in {time.time() - t0:.0f} s ({time.time() - started:.0f} s after start); "
+            "the engine starts with the first iteration"
+        )
         for it in range(first, args.iterations + 1):
             live.begin()
             last = algo.train()
@@ -245,33 +231,49 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     if interrupted and not rows:  # nothing ran: no checkpoint or summary that a rerun would call a finished run
         algo.stop()
         ray.shutdown()
-        con.line(f"interrupted after 0 of {args.iterations} iteration(s): nothing to save (no iteration finished, "
-                 "so no checkpoint or summary was written); run the same command again")
+        con.line(
+            f"interrupted after 0 of {args.iterations} iteration(s): nothing to save (no iteration finished, "
+            "so no checkpoint or summary was written); run the same command again"
+        )
         return 130
     if interrupted:  # after the "nothing to save" case: never both said
-        con.line(f"interrupted after {algo.iteration} of {args.iterations} iteration(s): saving the checkpoint and "
-                 "summary of what ran")
+        con.line(
+            f"interrupted after {algo.iteration} of {args.iterations} iteration(s): saving the checkpoint and "
+            "summary of what ran"
+        )
     try:  # a second signal while saving ends the wrap-up, not the records already on disk
         os.makedirs(out, exist_ok=True)
         wrap_up: Dict[str, float] = {}  # where the time after the last iteration goes
         # the records of what ran first: a second signal during the wrap-up loses none of them (a resume
         # reads the records before its checkpoint's iteration)
-        _write_json_aside(os.path.join(out, "summary.json"), {
-            "iterations": args.iterations, "iterations_completed": algo.iteration, "interrupted": True,
-            "wrap_up_unfinished": True, "per_iteration": per_iteration, "log": log_path})
+        _write_json_aside(
+            os.path.join(out, "summary.json"),
+            {
+                "iterations": args.iterations,
+                "iterations_completed": algo.iteration,
+                "interrupted": True,
+                "wrap_up_unfinished": True,
+                "per_iteration": per_iteration,
+                "log": log_path,
+            },
+        )
         t = time.time()
         try:  # written aside, renamed into place: a crash or a full disk keeps the previous complete one
             ckpt = ckpt_io.save_atomically(algo.save_to_path, os.path.join(out, CHECKPOINT), iteration=algo.iteration)
         except Exception as e:  # noqa: BLE001 - the summary of what ran is still written
             ckpt = None
-            con.line(f"checkpoint NOT saved ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-                     f"{_kept(out)}")
+            con.line(f"checkpoint NOT saved ({type(e).__name__}: {' '.join(str(e).split())[:200]}); {_kept(out)}")
         wrap_up["checkpoint"], t = time.time() - t, time.time()
         final = per_iteration[-1] if per_iteration else iteration_record(0, last)
         plot = None
         try:
-            plot = console.plot_run(rows, os.path.join(out, console.PLOT_FILE),
-                                    title=f"R3L main job: {config.model_id} on {config.env}") if rows else None
+            plot = (
+                console.plot_run(
+                    rows, os.path.join(out, console.PLOT_FILE), title=f"R3L main job: {config.model_id} on {config.env}"
+                )
+                if rows
+                else None
+            )
         except OSError as e:  # a full disk: the run's outcome is still reported below
             con.line(f"plot NOT written ({e.strerror or e}): {os.path.join(out, console.PLOT_FILE)}")
         wrap_up["plot"], t = time.time() - t, time.time()
@@ -289,7 +291,7 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
             "base_episodes_per_iteration": run_info.expected_episodes(info),
             # from the start of main() to Ray's shutdown: everything after set-up but the interpreter's start and exit
             "seconds_total": round(time.time() - started, 1),
-            "seconds_iterations": round(sum(r["seconds"] for r in per_iteration[len(earlier):]), 1),  # this run's
+            "seconds_iterations": round(sum(r["seconds"] for r in per_iteration[len(earlier) :]), 1),  # this run's
             "seconds_wrap_up": {k: round(v, 3) for k, v in wrap_up.items()},
             "peak_rss_gb_driver": round(peak_gb, 2),
             "seconds_per_iteration": [round(r["seconds"], 1) for r in per_iteration],
@@ -300,8 +302,11 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
             "plot": plot,
             "log": log_path,
             # the reflect-then-retry chain over the whole run (rllib_r3l/retry_ledger.py)
-            "retries": {"ledger": ledger if ledger_rows else None, "funnel": retry_ledger.funnel(ledger_rows),
-                        "control": retry_ledger.control_comparison(ledger_rows)},
+            "retries": {
+                "ledger": ledger if ledger_rows else None,
+                "funnel": retry_ledger.funnel(ledger_rows),
+                "control": retry_ledger.control_comparison(ledger_rows),
+            },
             # reflection on and no retry in this run: that it trained as GRPO, and why (None: retries ran)
             "retry_note": retry_chain.run_note(rows),
         }
@@ -314,8 +319,10 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
         con.lines(console.summary_table(rows))
         con.lines(retry_ledger.funnel_lines(ledger_rows))
         con.line()
-        con.line(f"total {summary['seconds_total']:.0f} s after set-up ({summary['seconds_iterations']:.0f} s in the "
-                 f"iterations), peak driver RSS {peak_gb:.1f} GB")
+        con.line(
+            f"total {summary['seconds_total']:.0f} s after set-up ({summary['seconds_iterations']:.0f} s in the "
+            f"iterations), peak driver RSS {peak_gb:.1f} GB"
+        )
         if ckpt:
             con.line(f"checkpoint: {ckpt}  (saved in {wrap_up['checkpoint']:.0f} s, {_size_gb(ckpt):.1f} GB)")
         if summary_path:
@@ -328,9 +335,11 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
             con.line(f"to continue: python -m rllib_r3l.cli.main --out {out} --iterations {args.iterations} --resume")
         return 130 if interrupted else (0 if ckpt and summary_path else 1)
     except KeyboardInterrupt:
-        con.line("interrupted again while saving; what was written stays (the checkpoint, then summary.json "
-                 f"with every iteration's record): continue with python -m rllib_r3l.cli.main --out {out} "
-                 f"--iterations {args.iterations} --resume")
+        con.line(
+            "interrupted again while saving; what was written stays (the checkpoint, then summary.json "
+            f"with every iteration's record): continue with python -m rllib_r3l.cli.main --out {out} "
+            f"--iterations {args.iterations} --resume"
+        )
         return 130
 
 
@@ -370,6 +379,7 @@ def _on_sigterm(con) -> None:
     a second one ends the process at once with exit 130, as interrupted runs do (not 143: killed).
     The KeyboardInterrupt raised here can land in a finalizer, which Python ignores: the loop also checks
     ``_STOP_REQUESTED`` after every iteration."""
+
     def handler(signum, frame) -> None:
         if _STOP_REQUESTED:
             try:

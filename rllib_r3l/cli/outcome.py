@@ -85,15 +85,21 @@ class TrainingTracker(Callback):
         if losses:
             return f"{head} ({losses}); see its error/log output and docs/reliability.md"
         if s["context_overflow"] and 2 * s["context_overflow"] >= s["episodes"]:  # most episodes: the cause
-            return (f"{head} (context_overflow {s['context_overflow']} of {s['episodes']} episode(s)): episodes "
-                    "ran out of max_context_tokens; raise max_context_tokens above the prompt's length "
-                    "(or shorten max_response_tokens / the environment's max_turns)")
-        if s["episodes"] == 0 and s["episodes_reported"]:  # nothing sampled and nothing counted as lost: never call it "scored alike"
-            return (f"{head}: no episode was sampled; see its error/log output and docs/reliability.md")
-        return (f"{head}: every task group's episodes scored alike, so every group-relative advantage was 0 "
-                "and no update was made; check temperature (> 0), the environment (max_turns, a task no episode "
-                "solves; without positive_amplification also one every episode solves) and success_reward, or run "
-                "more iterations")
+            return (
+                f"{head} (context_overflow {s['context_overflow']} of {s['episodes']} episode(s)): episodes "
+                "ran out of max_context_tokens; raise max_context_tokens above the prompt's length "
+                "(or shorten max_response_tokens / the environment's max_turns)"
+            )
+        if (
+            s["episodes"] == 0 and s["episodes_reported"]
+        ):  # nothing sampled and nothing counted as lost: never call it "scored alike"
+            return f"{head}: no episode was sampled; see its error/log output and docs/reliability.md"
+        return (
+            f"{head}: every task group's episodes scored alike, so every group-relative advantage was 0 "
+            "and no update was made; check temperature (> 0), the environment (max_turns, a task no episode "
+            "solves; without positive_amplification also one every episode solves) and success_reward, or run "
+            "more iterations"
+        )
 
 
 def _complete_on_disk(trial_dir: Optional[str]) -> Optional[str]:
@@ -127,20 +133,22 @@ def trial_rows(trials, tracker: Optional[TrainingTracker] = None) -> List[Dict[s
             status = INTERRUPTED  # ended (or never started) before its stop criterion
         elif status == "TERMINATED" and problem:
             status = TRAINED_ON_NOTHING  # reached its stop criterion without one update: not a success
-        rows.append({
-            "experiment": trial.experiment_dir_name,
-            "experiment_path": trial.remote_experiment_path,
-            "trial": str(trial),
-            "status": status,
-            "iterations": res.get("training_iteration"),
-            "reward": get_metric(res, "env_runners/episode_return_mean"),
-            "success_rate": get_metric(res, "env_runners/success_rate"),
-            "dir": trial.path,
-            "checkpoint": _newest_checkpoint(trial),
-            "error": trial.error_file if trial.status == "ERROR" else None,
-            "problem": problem,
-            "retry_note": tracker.retry_note(trial.trial_id) if tracker is not None else None,
-        })
+        rows.append(
+            {
+                "experiment": trial.experiment_dir_name,
+                "experiment_path": trial.remote_experiment_path,
+                "trial": str(trial),
+                "status": status,
+                "iterations": res.get("training_iteration"),
+                "reward": get_metric(res, "env_runners/episode_return_mean"),
+                "success_rate": get_metric(res, "env_runners/success_rate"),
+                "dir": trial.path,
+                "checkpoint": _newest_checkpoint(trial),
+                "error": trial.error_file if trial.status == "ERROR" else None,
+                "problem": problem,
+                "retry_note": tracker.retry_note(trial.trial_id) if tracker is not None else None,
+            }
+        )
     return rows
 
 
@@ -153,8 +161,10 @@ def print_train_summary(rows: List[Dict[str, Any]]) -> None:
             r["reason"] = trial_reason(r["error"], r["dir"])
             advice = disk_full_advice(r["reason"], r["dir"])
             r["reason"] = f"{r['reason']}; {advice}" if advice else r["reason"]
-        print(f"{r['experiment']} / {r['trial']}: {r['status']}, {r['iterations'] or 0} iteration(s), "
-              f"reward {_fmt(r['reward'])}, success rate {_fmt(r['success_rate'])}")
+        print(
+            f"{r['experiment']} / {r['trial']}: {r['status']}, {r['iterations'] or 0} iteration(s), "
+            f"reward {_fmt(r['reward'])}, success rate {_fmt(r['success_rate'])}"
+        )
         print(f"  results:    {r['dir']}")
         print(f"  checkpoint: {r['checkpoint'] or '(none)'}")
         if r.get("reason"):

@@ -192,8 +192,10 @@ def routed_output(log_path: str, verbose: bool = False) -> Iterator[Console]:
 
 def _retarget_handlers(match, stream) -> List[tuple]:
     """Point every logging StreamHandler whose stream ``match``-es at ``stream``; returns (handler, old)."""
-    loggers = [logging.getLogger(), *(lg for lg in list(logging.Logger.manager.loggerDict.values())
-                                      if isinstance(lg, logging.Logger))]
+    loggers = [
+        logging.getLogger(),
+        *(lg for lg in list(logging.Logger.manager.loggerDict.values()) if isinstance(lg, logging.Logger)),
+    ]
     moved = []
     for lg in loggers:
         for h in list(lg.handlers):

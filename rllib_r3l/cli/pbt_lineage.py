@@ -42,8 +42,10 @@ class Splice:
         if self.iteration is None:
             where = f"after its last row PBT restarted it from {src}'s checkpoint"
         else:
-            where = (f"from iteration {self.iteration} on it continues {src}'s run (PBT cloned {src}'s checkpoint "
-                     f"of iteration {self.iteration - 1} into it)")
+            where = (
+                f"from iteration {self.iteration} on it continues {src}'s run (PBT cloned {src}'s checkpoint "
+                f"of iteration {self.iteration - 1} into it)"
+            )
         return where + (f"; perturbed {changes}" if changes else "")
 
 
@@ -54,7 +56,7 @@ def splices(trial_dirs: List[str]) -> Dict[str, List[Splice]]:
     by_exp: Dict[str, List[str]] = {}
     for d in trial_dirs:
         by_exp.setdefault(os.path.dirname(d), []).append(d)
-    for exp_dir, dirs in by_exp.items():
+    for exp_dir in by_exp:
         exploits = _read_exploits(os.path.join(exp_dir, PBT_GLOBAL))
         if not exploits:
             continue
@@ -74,8 +76,9 @@ def splices(trial_dirs: List[str]) -> Dict[str, List[Splice]]:
             if i is not None:  # a splice the rows cannot place leaves the next one findable
                 after[target] = i + 1
             it = rows[i]["training_iteration"] if i is not None else None
-            out.setdefault(target, []).append(Splice(source=source or clone_tag,
-                                                     iteration=int(it) if it is not None else None, changed=changed))
+            out.setdefault(target, []).append(
+                Splice(source=source or clone_tag, iteration=int(it) if it is not None else None, changed=changed)
+            )
     return out
 
 
@@ -85,6 +88,7 @@ def _first_row_at(rows: List[Dict[str, Any]], changed: Dict[str, Tuple[Any, Any]
     value; rows without that count (older results): the first row whose config holds every new value and
     whose previous row does not. An exploit that changed nothing (a perturbation that drew the same
     value) is found by the restart alone. None when no row tells."""
+
     def at_new(row: Dict[str, Any]) -> bool:
         return all(row.get(f"config/{k}") == v for k, (_a, v) in changed.items())
 
@@ -117,8 +121,9 @@ def _folders_by_tag(exp_dir: str):
     """A function: PBT tag -> trial folder of ``exp_dir`` (None when neither Tune's state nor the
     names tell); the clone may be a trial the report was not asked about."""
     try:
-        dirs = [os.path.join(exp_dir, x) for x in sorted(os.listdir(exp_dir))
-                if os.path.isdir(os.path.join(exp_dir, x))]
+        dirs = [
+            os.path.join(exp_dir, x) for x in sorted(os.listdir(exp_dir)) if os.path.isdir(os.path.join(exp_dir, x))
+        ]
     except OSError:
         dirs = []
     by_tag: Dict[str, str] = {}

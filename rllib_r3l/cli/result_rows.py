@@ -44,7 +44,7 @@ def drop_cut_rows(tdir: str) -> List[str]:
             continue
         keep = data[: data.rfind(b"\n") + 1]
         with open(path + CUT, "ab") as f:
-            f.write(data[len(keep):] + b"\n")
+            f.write(data[len(keep) :] + b"\n")
         with open(path + ".tmp", "wb") as f:
             f.write(keep)
         os.replace(path + ".tmp", path)
@@ -161,8 +161,11 @@ def set_aside_rows(tdir: str, iteration: int) -> Dict[str, int]:
     rows = _json_rows(tdir)
     if rows:
         keep = [line for line, it in rows if it is None or it <= iteration]
-        moved["result.json"] = _split(os.path.join(tdir, "result.json"), "".join(keep),
-                                      "".join(line for line, it in rows if it is not None and it > iteration))
+        moved["result.json"] = _split(
+            os.path.join(tdir, "result.json"),
+            "".join(keep),
+            "".join(line for line, it in rows if it is not None and it > iteration),
+        )
     path = os.path.join(tdir, "progress.csv")
     if os.path.isfile(path):
         with open(path, newline="", errors="replace") as f:
@@ -175,8 +178,13 @@ def set_aside_rows(tdir: str, iteration: int) -> Dict[str, int]:
                     return int(float(r[col])) > iteration
                 except (IndexError, ValueError):
                     return False
-            moved["progress.csv"] = _split(path, _csv([table[0]] + [r for r in table[1:] if not later(r)]),
-                                           _csv([table[0]] + [r for r in table[1:] if later(r)]), header=True)
+
+            moved["progress.csv"] = _split(
+                path,
+                _csv([table[0]] + [r for r in table[1:] if not later(r)]),
+                _csv([table[0]] + [r for r in table[1:] if later(r)]),
+                header=True,
+            )
     return {k: n for k, n in moved.items() if n}
 
 
@@ -219,12 +227,14 @@ def staged_trial_dir(exp_dir: str, trial: str) -> Optional[str]:
     while stored and stored[-1] is None:  # a last row cut short (a full disk): the staged copy is whole
         stored.pop()
     best, most = None, len(stored)
-    for f in glob.glob(os.path.join(root, "session_*", "artifacts", "*", exp, "driver_artifacts", trial, "result.json")):
+    for f in glob.glob(
+        os.path.join(root, "session_*", "artifacts", "*", exp, "driver_artifacts", trial, "result.json")
+    ):
         d = os.path.realpath(os.path.dirname(f))  # not via session_latest: it moves to the resuming session
         if not _staged_for(os.path.dirname(d), exp_dir):
             continue
         its = [it for _, it in _json_rows(d)]
-        if len(its) > most and its[:len(stored)] == stored:
+        if len(its) > most and its[: len(stored)] == stored:
             best, most = d, len(its)
     return best
 
@@ -257,13 +267,13 @@ def recorded_storage_paths(state: bytes) -> set:
     found = set()
     for m in re.finditer(rb"storage_fs_path\x94?", raw):
         i = m.end()
-        sizes = {0x8c: 1, ord("X"): 4, 0x8d: 8}  # SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
+        sizes = {0x8C: 1, ord("X"): 4, 0x8D: 8}  # SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
         if i >= len(raw) or raw[i] not in sizes:
             continue
         n = sizes[raw[i]]
-        length = int.from_bytes(raw[i + 1:i + 1 + n], "little")
+        length = int.from_bytes(raw[i + 1 : i + 1 + n], "little")
         try:
-            found.add(raw[i + 1 + n:i + 1 + n + length].decode())
+            found.add(raw[i + 1 + n : i + 1 + n + length].decode())
         except UnicodeDecodeError:
             continue
     return found

@@ -59,8 +59,11 @@ def has_state(exp_dir: str) -> bool:
 def _trials(exp_dir: str) -> List[str]:
     """Trial folders: with Tune's ``params.json``, or with a checkpoint (a driver killed before Tune copied
     the rest of the folder to the storage)."""
-    return [d for d in glob.glob(os.path.join(exp_dir, "*"))
-            if os.path.isfile(os.path.join(d, "params.json")) or checkpoint_dirs(d)]
+    return [
+        d
+        for d in glob.glob(os.path.join(exp_dir, "*"))
+        if os.path.isfile(os.path.join(d, "params.json")) or checkpoint_dirs(d)
+    ]
 
 
 def checkpoints(exp_dir: str) -> List[str]:
@@ -90,8 +93,11 @@ def restarts_from_scratch(exp_dir: str) -> List[str]:
     again and write over those rows."""
     from rllib_r3l.checkpoint_integrity import is_complete
 
-    return [os.path.basename(t) for t in _trials(exp_dir)
-            if not any(is_complete(c) for c in checkpoint_dirs(t)) and _has_rows(t) and not _last_row_done(t)]
+    return [
+        os.path.basename(t)
+        for t in _trials(exp_dir)
+        if not any(is_complete(c) for c in checkpoint_dirs(t)) and _has_rows(t) and not _last_row_done(t)
+    ]
 
 
 def describe(exp_dir: str) -> str:
@@ -109,8 +115,13 @@ def _recovered_note(exp_dir: str) -> str:
     return f"; rows of {', '.join(found)} recovered there from Ray's staging folder" if found else ""
 
 
-def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: bool, new: bool,
-              stop: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
+def plan_runs(
+    names: Sequence[str],
+    storages: Dict[str, Optional[str]],
+    resume: bool,
+    new: bool,
+    stop: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Dict[str, Any]]:
     """Per experiment ``{"mode": "start"|"resume", "name": run name, "dir": experiment directory}``; with
     ``resume`` and ``stop`` (the ``--stop`` keys) also ``"stop"`` and ``"stops"`` (per trial the criteria
     it trains on to): every trial, finished ones too, continues.
@@ -119,16 +130,20 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
     ``--new`` says what to do, or when ``--resume`` finds nothing to resume.
     """
     if resume and new:
-        raise UsageError("--resume and --new exclude each other; pass one of them: --resume (continues the saved "
-                         f"experiment from its last checkpoint) or {fresh_run()}")
+        raise UsageError(
+            "--resume and --new exclude each other; pass one of them: --resume (continues the saved "
+            f"experiment from its last checkpoint) or {fresh_run()}"
+        )
     plan: Dict[str, Dict[str, Any]] = {}
     for name in names:
         d = experiment_dir(storages.get(name), name)
         pid = driver_mark.running_pid(d) if not new else None
         if pid is not None:  # a second driver would rewrite the live run's state, rows and checkpoints
-            raise UsageError(f"experiment {name!r} in {d} is running now (process {pid} on this host); wait for it "
-                             f"to end, or stop it first (Ctrl-C in its terminal, or kill -TERM {pid}), then --resume; "
-                             f"or pass {fresh_run(name)}")
+            raise UsageError(
+                f"experiment {name!r} in {d} is running now (process {pid} on this host); wait for it "
+                f"to end, or stop it first (Ctrl-C in its terminal, or kill -TERM {pid}), then --resume; "
+                f"or pass {fresh_run(name)}"
+            )
         if not has_state(d) and not _trials(d):
             plan[name] = {"mode": START, "name": name, "dir": d}
         elif resume:
@@ -138,65 +153,95 @@ def plan_runs(names: Sequence[str], storages: Dict[str, Optional[str]], resume: 
             damaged = state_backup.problem(d) or state_backup.search_problem(d)
             if damaged:  # Tune would take it for a new experiment: a new trial from iteration 1
                 ckpts = checkpoints(d)
-                raise UsageError(f"--resume: experiment {name!r} in {d}: Tune's saved state {damaged} and there is "
-                                 "no whole copy of it, so Tune cannot continue its trials"
-                                 f"{_recovered_note(d)}; "
-                                 + (f"its newest complete checkpoint is {ckpts[-1]}: evaluate or export it, or "
-                                    if ckpts else "")
-                                 + f"start anew with {fresh_run(name)}")
+                raise UsageError(
+                    f"--resume: experiment {name!r} in {d}: Tune's saved state {damaged} and there is "
+                    "no whole copy of it, so Tune cannot continue its trials"
+                    f"{_recovered_note(d)}; "
+                    + (f"its newest complete checkpoint is {ckpts[-1]}: evaluate or export it, or " if ckpts else "")
+                    + f"start anew with {fresh_run(name)}"
+                )
             if not checkpoints(d):  # Tune would restart at iteration 1 and write over the rows kept so far
                 folders = sorted(os.path.basename(c) for t in _trials(d) for c in checkpoint_dirs(t))
-                why = (f"only incomplete checkpoint folders ({', '.join(folders)})" if folders else
-                       "no checkpoint yet (it stopped before the first one)")
-                raise UsageError(f"--resume: experiment {name!r} in {d} has {why}, so there is nothing to continue; "
-                                 f"start it anew with {fresh_run(name)} instead of --resume (the rows so far "
-                                 f"stay in {d}{_recovered_note(d)})")
+                why = (
+                    f"only incomplete checkpoint folders ({', '.join(folders)})"
+                    if folders
+                    else "no checkpoint yet (it stopped before the first one)"
+                )
+                raise UsageError(
+                    f"--resume: experiment {name!r} in {d} has {why}, so there is nothing to continue; "
+                    f"start it anew with {fresh_run(name)} instead of --resume (the rows so far "
+                    f"stay in {d}{_recovered_note(d)})"
+                )
             if not has_state(d):  # killed before Tune first saved its state: its trials exist, Tune cannot resume them
-                raise UsageError(f"--resume: experiment {name!r} in {d}: Tune saved no state of it before its driver "
-                                 f"ended, so Tune cannot continue its trials{_recovered_note(d)}; its newest complete "
-                                 f"checkpoint is {checkpoints(d)[-1]}: evaluate or export it, or start anew with "
-                                 f"{fresh_run(name)}")
+                raise UsageError(
+                    f"--resume: experiment {name!r} in {d}: Tune saved no state of it before its driver "
+                    f"ended, so Tune cannot continue its trials{_recovered_note(d)}; its newest complete "
+                    f"checkpoint is {checkpoints(d)[-1]}: evaluate or export it, or start anew with "
+                    f"{fresh_run(name)}"
+                )
             lost = restarts_from_scratch(d)
             if lost:
-                raise UsageError(f"--resume: trial {lost[0]} of experiment {name!r} has results but no checkpoint; "
-                                 "resuming would run it from iteration 1 over its result.json/progress.csv; start "
-                                 f"anew with {fresh_run(name)} (the rows stay in {d})")
-            plan[name] = {"mode": RESUME, "name": name, "dir": d, "choices": resume_choices(d, finished=bool(stop)),
-                          "restored": restored}
+                raise UsageError(
+                    f"--resume: trial {lost[0]} of experiment {name!r} has results but no checkpoint; "
+                    "resuming would run it from iteration 1 over its result.json/progress.csv; start "
+                    f"anew with {fresh_run(name)} (the rows stay in {d})"
+                )
+            plan[name] = {
+                "mode": RESUME,
+                "name": name,
+                "dir": d,
+                "choices": resume_choices(d, finished=bool(stop)),
+                "restored": restored,
+            }
             if stop:  # every trial trains on to the new stop, finished ones from their last checkpoint
                 plan[name].update(stop=dict(stop), stops=check_new_stop(name, d, stop))
-                bare = [c["trial"] for c in plan[name]["choices"]
-                        if not c["from"] and _has_rows(os.path.join(d, c["trial"]))]
+                bare = [
+                    c["trial"]
+                    for c in plan[name]["choices"]
+                    if not c["from"] and _has_rows(os.path.join(d, c["trial"]))
+                ]
                 if bare:  # a finished trial without a checkpoint: Tune would train it from iteration 1 over its rows
-                    raise UsageError(f"--resume --stop: trial {bare[0]} of experiment {name!r} finished without a "
-                                     "complete checkpoint (checkpoint_config.checkpoint_at_end was off, or its "
-                                     "checkpoints were deleted), so it cannot be trained further; start again with "
-                                     f"{fresh_run(name)}")
+                    raise UsageError(
+                        f"--resume --stop: trial {bare[0]} of experiment {name!r} finished without a "
+                        "complete checkpoint (checkpoint_config.checkpoint_at_end was off, or its "
+                        "checkpoints were deleted), so it cannot be trained further; start again with "
+                        f"{fresh_run(name)}"
+                    )
         elif new:
             fresh = f"{name}_{time.strftime('%Y%m%d-%H%M%S')}"
             plan[name] = {"mode": START, "name": fresh, "dir": experiment_dir(storages.get(name), fresh)}
         elif not checkpoints(d) or not has_state(d):  # --resume would be refused: only --new is advice
             note = _recovered_note(d)
             why = "has no checkpoint to continue from" if not checkpoints(d) else "Tune saved no state of it to resume"
-            raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}{note}) and {why}; pass "
-                             f"{fresh_run(name)}")
+            raise UsageError(
+                f"experiment {name!r} already exists in {d} ({describe(d)}{note}) and {why}; pass {fresh_run(name)}"
+            )
         elif all_finished(d):  # a plain --resume would do nothing: only one with a higher stop trains on
-            raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}) and every trial of it "
-                             f"finished (reached its stop criterion); {extend_hint(d)}; or evaluate or export its "
-                             f"checkpoint; or pass {fresh_run(name)}")
+            raise UsageError(
+                f"experiment {name!r} already exists in {d} ({describe(d)}) and every trial of it "
+                f"finished (reached its stop criterion); {extend_hint(d)}; or evaluate or export its "
+                f"checkpoint; or pass {fresh_run(name)}"
+            )
         else:
-            raise UsageError(f"experiment {name!r} already exists in {d} ({describe(d)}); pass --resume to continue "
-                             f"it from its last checkpoint, or {fresh_run(name)}")
+            raise UsageError(
+                f"experiment {name!r} already exists in {d} ({describe(d)}); pass --resume to continue "
+                f"it from its last checkpoint, or {fresh_run(name)}"
+            )
     if resume and not stop and plan and all(p["mode"] == RESUME and all_finished(p["dir"]) for p in plan.values()):
         first = next(iter(plan.values()))
-        raise UsageError("--resume: nothing to continue, every trial of "
-                         + ", ".join(repr(n) for n in plan) + f" finished (reached its stop criterion); "
-                         f"{extend_hint(first['dir'])}; or evaluate or export its checkpoint; or start again with "
-                         f"{fresh_run(first['name'])}")
+        raise UsageError(
+            "--resume: nothing to continue, every trial of "
+            + ", ".join(repr(n) for n in plan)
+            + f" finished (reached its stop criterion); "
+            f"{extend_hint(first['dir'])}; or evaluate or export its checkpoint; or start again with "
+            f"{fresh_run(first['name'])}"
+        )
     if resume and not any(p["mode"] == RESUME for p in plan.values()):
         where = ", ".join(p["dir"] for p in plan.values())
-        raise UsageError(f"--resume: nothing to resume, no saved experiment state in {where}; run without --resume "
-                         "(or give the --storage-path of the earlier run)")
+        raise UsageError(
+            f"--resume: nothing to resume, no saved experiment state in {where}; run without --resume "
+            "(or give the --storage-path of the earlier run)"
+        )
     return plan
 
 
@@ -205,8 +250,11 @@ def tune_resume_config(finished: bool = False):
     ``finished`` (a new stop), resume too."""
     from ray.tune import ResumeConfig
 
-    return ResumeConfig(unfinished=ResumeConfig.ResumeType.RESUME, errored=ResumeConfig.ResumeType.RESUME,
-                        finished=ResumeConfig.ResumeType.RESUME if finished else ResumeConfig.ResumeType.SKIP)
+    return ResumeConfig(
+        unfinished=ResumeConfig.ResumeType.RESUME,
+        errored=ResumeConfig.ResumeType.RESUME,
+        finished=ResumeConfig.ResumeType.RESUME if finished else ResumeConfig.ResumeType.SKIP,
+    )
 
 
 # Flags of a fresh run that the resume command printed after an interruption leaves out: Tune keeps the
@@ -217,8 +265,10 @@ FIXED_ON_RESUME = ("--set", "--stop", "--checkpoint-freq")
 def check_resume_flags(resume: bool, sets: Sequence[str]) -> None:
     """Refuse --set with --resume instead of ignoring it without a word."""
     if resume and sets:
-        raise UsageError(f"--resume with --set {sets[0]}: a resumed experiment keeps its saved config, --set cannot "
-                         f"change it; drop --set to continue it as it was, or start again with {fresh_run()}")
+        raise UsageError(
+            f"--resume with --set {sets[0]}: a resumed experiment keeps its saved config, --set cannot "
+            f"change it; drop --set to continue it as it was, or start again with {fresh_run()}"
+        )
 
 
 def check_checkpoint_freq(plan: Dict[str, Dict[str, Any]], freq: Optional[int]) -> None:
@@ -231,9 +281,11 @@ def check_checkpoint_freq(plan: Dict[str, Dict[str, Any]], freq: Optional[int]) 
     for name, p in plan.items():
         saved = saved_checkpoint_frequencies(p["dir"]) if p["mode"] == RESUME else set()
         if saved and saved != {freq}:
-            raise UsageError(f"--resume with --checkpoint-freq {freq}: experiment {name!r} keeps the checkpoint "
-                             f"frequency it started with ({', '.join(map(str, sorted(saved)))}); drop --checkpoint-freq "
-                             f"to continue it so, or start again with {fresh_run(name)}")
+            raise UsageError(
+                f"--resume with --checkpoint-freq {freq}: experiment {name!r} keeps the checkpoint "
+                f"frequency it started with ({', '.join(map(str, sorted(saved)))}); drop --checkpoint-freq "
+                f"to continue it so, or start again with {fresh_run(name)}"
+            )
 
 
 def _without_fixed_flags(argv: Sequence[str], keep: Sequence[str] = ()) -> List[str]:
@@ -298,9 +350,15 @@ def runtime_lost_line(advice: str) -> str:
     """What the console says when a signal to the whole process group stopped Ray's own processes too;
     the rows Tune had not copied come back only with a --resume (promised only
     where a checkpoint was saved: without one the run "cannot be resumed")."""
-    rows = (" (rows not yet copied to the experiment come back with --resume)"
-            if advice.startswith("to continue from the last checkpoint") else "")
-    return f"interrupted: the signal reached Ray's own processes too, so the trials stopped where they were{rows}; {advice}"
+    rows = (
+        " (rows not yet copied to the experiment come back with --resume)"
+        if advice.startswith("to continue from the last checkpoint")
+        else ""
+    )
+    return (
+        f"interrupted: the signal reached Ray's own processes too, so the trials stopped where they were{rows}; "
+        f"{advice}"
+    )
 
 
 def interrupted_advice(argv: Sequence[str], plan: Dict[str, Dict[str, Any]]) -> str:
@@ -319,11 +377,14 @@ def interrupted_advice(argv: Sequence[str], plan: Dict[str, Dict[str, Any]]) -> 
         commands = {"resume": resume_command, "new": new_command, "start": lambda a: _command(list(a))}
         said = {"new": "new: from the base model at iteration 1, beside the old run"}
         return "to go on, one command per experiment: " + "; ".join(
-            f"{name} ({said.get(kind, kind)}): {commands[kind](_only(argv, name))}" for kind, name in steps)
+            f"{name} ({said.get(kind, kind)}): {commands[kind](_only(argv, name))}" for kind, name in steps
+        )
     dirs = [p["dir"] for p in plan.values()]
     if any(checkpoints(d) for d in dirs):
         return f"to continue from the last checkpoint: {resume_command(argv)}"
     if any(has_state(d) for d in dirs):
-        return (f"no checkpoint was saved yet, so it cannot be resumed; to start it anew from the base model at "
-                f"iteration 1, beside the old run (whose rows stay in {', '.join(dirs)}): {new_command(argv)}")
+        return (
+            f"no checkpoint was saved yet, so it cannot be resumed; to start it anew from the base model at "
+            f"iteration 1, beside the old run (whose rows stay in {', '.join(dirs)}): {new_command(argv)}"
+        )
     return f"nothing was saved yet; to start again: {_command(list(argv))}"

@@ -34,9 +34,16 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Sequence
 
-from rllib_r3l.cli.result_rows import (REDONE, _iterations_after, _json_rows, _row, recover_rows, set_aside_rows,
-                                       staged_trial_dir)
 from rllib_r3l import ray_internals
+from rllib_r3l.cli.result_rows import (
+    REDONE,
+    _iterations_after,
+    _json_rows,
+    _row,
+    recover_rows,
+    set_aside_rows,
+    staged_trial_dir,
+)
 from rllib_r3l.cli.storage import write_atomically
 from rllib_r3l.errors import UsageError
 
@@ -45,8 +52,10 @@ STATE_GLOB = "experiment_state-*.json"
 
 def fresh_run(name: Optional[str] = None) -> str:
     """What ``--new`` does, for the advice that names it (it trains nothing of the old run further)."""
-    return (f"--new (a fresh run of the file from its base model at iteration 1, as {name or 'NAME'}_<date>-<time> "
-            "beside this one, which stays as it is)")
+    return (
+        f"--new (a fresh run of the file from its base model at iteration 1, as {name or 'NAME'}_<date>-<time> "
+        "beside this one, which stays as it is)"
+    )
 
 
 def checkpoint_dirs(trial_dir: str) -> List[str]:
@@ -82,8 +91,10 @@ def _recorded_trials(exp_dir: str) -> List[tuple]:
 def saved_stops(exp_dir: str) -> Dict[str, Dict[str, Any]]:
     """Per trial folder name, the stop criteria Tune saved for it (what a resume keeps unless --stop changes
     them); {} when the state cannot be read."""
-    return {os.path.basename(tdir): dict(trial.get("stopping_criterion") or {})
-            for _i, tdir, trial, _md in _state_trials(exp_dir)}
+    return {
+        os.path.basename(tdir): dict(trial.get("stopping_criterion") or {})
+        for _i, tdir, trial, _md in _state_trials(exp_dir)
+    }
 
 
 def all_finished(exp_dir: str) -> bool:
@@ -96,8 +107,9 @@ def saved_checkpoint_frequencies(exp_dir: str) -> set:
     """The checkpoint frequencies Tune saved for the experiment's trials (what a resume keeps)."""
     out = set()
     for _i, _t, _status, md in _recorded_trials(exp_dir):
-        freq = getattr(getattr(getattr(md, "checkpoint_manager", None), "checkpoint_config", None),
-                       "checkpoint_frequency", None)
+        freq = getattr(
+            getattr(getattr(md, "checkpoint_manager", None), "checkpoint_config", None), "checkpoint_frequency", None
+        )
         if isinstance(freq, int):
             out.add(freq)
     return out
@@ -144,9 +156,11 @@ def resume_choices(exp_dir: str, finished: bool = False) -> List[Dict[str, Any]]
         complete = [c for c, w in why.items() if w is None]
         with_it = [(it, c) for c in complete if (it := _iteration_of(c, recorded)) is not None]
         if (recorded or on_disk) and not with_it:
-            raise UsageError(f"--resume: trial {name}: no checkpoint of it is complete ("
-                             + "; ".join(f"{os.path.basename(p)}: {why}" for p, why in skipped)
-                             + f"); start anew with {fresh_run()} (the rows stay in {tdir})")
+            raise UsageError(
+                f"--resume: trial {name}: no checkpoint of it is complete ("
+                + "; ".join(f"{os.path.basename(p)}: {why}" for p, why in skipped)
+                + f"); start anew with {fresh_run()} (the rows stay in {tdir})"
+            )
         staged = staged_trial_dir(exp_dir, name)
         rows = [it for _, it in _json_rows(staged or tdir) if it is not None]
         # a checkpoint past the last row the storage holds (its rows were still in the dead driver's staging
@@ -154,14 +168,22 @@ def resume_choices(exp_dir: str, finished: bool = False) -> List[Dict[str, Any]]
         in_rows = [(it, c) for it, c in with_it if rows and it <= max(rows)]
         iteration, path = max(in_rows or with_it) if with_it else (None, None)
         recorded_paths = [p for p, _ in recorded]
-        choices.append({"trial": name, "index": index, "from": path, "iteration": iteration, "skipped": skipped,
-                        "rewind": bool(recorded) and path in recorded_paths and recorded_paths[-1] != path,
-                        "adopt": path is not None and path not in recorded_paths,
-                        "recover": staged,
-                        "last_index": max((_folder_index(c) for c in complete), default=-1),
-                        "redone": _iterations_after(staged or tdir, iteration) if iteration is not None else [],
-                        # no row anywhere (a full disk before Tune wrote it, the staging folder gone)
-                        "rowless": sorted(set(range(1, (iteration or 0) + 1)) - set(rows))})
+        choices.append(
+            {
+                "trial": name,
+                "index": index,
+                "from": path,
+                "iteration": iteration,
+                "skipped": skipped,
+                "rewind": bool(recorded) and path in recorded_paths and recorded_paths[-1] != path,
+                "adopt": path is not None and path not in recorded_paths,
+                "recover": staged,
+                "last_index": max((_folder_index(c) for c in complete), default=-1),
+                "redone": _iterations_after(staged or tdir, iteration) if iteration is not None else [],
+                # no row anywhere (a full disk before Tune wrote it, the staging folder gone)
+                "rowless": sorted(set(range(1, (iteration or 0) + 1)) - set(rows)),
+            }
+        )
     return choices
 
 
@@ -176,23 +198,34 @@ def resume_notes(plan: Dict[str, Dict[str, Any]]) -> List[str]:
             at = f"{name} / {c['trial']}"
             lines += [f"{at}: skipping incomplete {os.path.basename(q)} ({why})" for q, why in c["skipped"]]
             if c.get("recover"):
-                lines.append(f"{at}: rows the driver had not copied to the storage folder (it was killed, or the disk "
-                             f"filled) are recovered from its staging folder {c['recover']}")
+                lines.append(
+                    f"{at}: rows the driver had not copied to the storage folder (it was killed, or the disk "
+                    f"filled) are recovered from its staging folder {c['recover']}"
+                )
             if not c["from"]:
                 continue
-            why = (" (Tune's state pointed at an incomplete one: rewound)" if c["rewind"] else
-                   " (complete, but Tune's saved state does not list it: the run ended before Tune saved its "
-                   "state; added to it)" if c["adopt"] else "")
+            why = (
+                " (Tune's state pointed at an incomplete one: rewound)"
+                if c["rewind"]
+                else " (complete, but Tune's saved state does not list it: the run ended before Tune saved its "
+                "state; added to it)"
+                if c["adopt"]
+                else ""
+            )
             lines.append(f"{at}: resuming from {c['from']} (iteration {c['iteration']}){why}")
             if p.get("stops"):
                 lines.append(f"{at}: training on until its new stop {p['stops'].get(c['trial'], p.get('stop'))}")
             if c.get("rowless"):
-                lines.append(f"{at}: iteration(s) {_span(c['rowless'])} have no row in result.json or progress.csv "
-                             "(the disk filled before they were written): their training is in the checkpoint, "
-                             "their metrics are lost")
+                lines.append(
+                    f"{at}: iteration(s) {_span(c['rowless'])} have no row in result.json or progress.csv "
+                    "(the disk filled before they were written): their training is in the checkpoint, "
+                    "their metrics are lost"
+                )
             if c["redone"]:
-                lines.append(f"{at}: iteration(s) {_span(c['redone'])} ran after that checkpoint and run again; "
-                             f"their first rows are set aside in result.json{REDONE} and progress.csv{REDONE}")
+                lines.append(
+                    f"{at}: iteration(s) {_span(c['redone'])} ran after that checkpoint and run again; "
+                    f"their first rows are set aside in result.json{REDONE} and progress.csv{REDONE}"
+                )
     return lines
 
 
@@ -246,8 +279,9 @@ def drop_pending_decisions(exp_dir: str) -> bool:
     except (OSError, ValueError):
         return False
     runner = raw.get("runner_data") if isinstance(raw, dict) else None
-    keys = [k for k in ("_cached_trial_decisions", "_queued_trial_decisions")
-            if isinstance(runner, dict) and runner.get(k)]
+    keys = [
+        k for k in ("_cached_trial_decisions", "_queued_trial_decisions") if isinstance(runner, dict) and runner.get(k)
+    ]
     if not keys:
         return False
     for k in keys:
@@ -268,12 +302,16 @@ def _rewrite_state(exp_dir: str, todo: Sequence[Dict[str, Any]]) -> None:
         if not (c["rewind"] or c["adopt"]):
             continue
         md = ray_internals.load_run_metadata(raw["trial_data"][c["index"]][1])
-        keep = [(p, r) for p, r in _recorded(tdir, md) if problem(p) is None
-                and (r.metrics or {}).get("training_iteration", 0) <= c["iteration"]]
+        keep = [
+            (p, r)
+            for p, r in _recorded(tdir, md)
+            if problem(p) is None and (r.metrics or {}).get("training_iteration", 0) <= c["iteration"]
+        ]
         chosen = next((r for p, r in keep if p == c["from"]), None)
         if chosen is None:  # adopt: a result Tune would have recorded, with the row of that iteration
             chosen = ray_internals.training_result(
-                c["from"], _row(tdir, c["iteration"]) or {"training_iteration": c["iteration"]})
+                c["from"], _row(tdir, c["iteration"]) or {"training_iteration": c["iteration"]}
+            )
             keep.append((c["from"], chosen))
         ray_internals.set_checkpoint_results(md, [r for _, r in keep], chosen)
         raw["trial_data"][c["index"]][1] = md.get_json_state()
@@ -317,7 +355,8 @@ def recover_staged_rows(exp_dir: str) -> List[str]:
     a refusal that says "the rows stay in <exp_dir>", so that they do); the trials they were found for."""
     found = []
     recorded = [tdir for _i, tdir, _status, _md in _recorded_trials(exp_dir)] or [  # no readable state: every folder
-        d for d in sorted(glob.glob(os.path.join(exp_dir, "*"))) if os.path.isdir(d)]
+        d for d in sorted(glob.glob(os.path.join(exp_dir, "*"))) if os.path.isdir(d)
+    ]
     for tdir in recorded:
         staged = staged_trial_dir(exp_dir, os.path.basename(tdir))
         if staged:

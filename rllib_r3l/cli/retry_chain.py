@@ -62,8 +62,7 @@ def add_counts(total: Dict[str, Any], counts: Mapping[str, Any]) -> Dict[str, An
 
 def _reflection_on(c: Mapping[str, Any]) -> bool:
     """Something shows the runners reflect (reflection off logs none of these)."""
-    return bool(c.get("reflections") or c.get("skipped_successes") or c.get("generation_errors")
-                or c.get("retries"))
+    return bool(c.get("reflections") or c.get("skipped_successes") or c.get("generation_errors") or c.get("retries"))
 
 
 def broken_link(c: Mapping[str, Any]) -> Optional[str]:
@@ -81,17 +80,22 @@ def broken_link(c: Mapping[str, Any]) -> Optional[str]:
         truncated = int(c.get("truncated", 0))
         invalid = dict(c.get("invalid") or {})
         if truncated * 2 >= n:
-            return (f"0/{n} reports valid: {truncated} cut at max_reflection_tokens; raise max_reflection_tokens "
-                    "(or lower reflection_max_chars)")
+            return (
+                f"0/{n} reports valid: {truncated} cut at max_reflection_tokens; raise max_reflection_tokens "
+                "(or lower reflection_max_chars)"
+            )
         top = ", ".join(f"{s} {k}" for s, k in sorted(invalid.items(), key=lambda kv: -kv[1])[:3])
         if sum(invalid.get(s, 0) for s in _JSON_STATUSES) * 2 >= n:
-            return (f"0/{n} reports valid: invalid JSON ({top}); reflection_structured=True holds the report to "
-                    "its schema")
+            return (
+                f"0/{n} reports valid: invalid JSON ({top}); reflection_structured=True holds the report to its schema"
+            )
         return f"0/{n} reports valid ({top})"
     if not c.get("asked"):
         return f"{valid}/{n} reports valid, none asked for a retry (every one judged the episode a success)"
-    return (f"{int(c['asked'])} report(s) asked for a retry, none ran (a retry whose replay did not match, or "
-            "with nothing left to generate after the pivot: see faults/retries_skipped and retries_empty)")
+    return (
+        f"{int(c['asked'])} report(s) asked for a retry, none ran (a retry whose replay did not match, or "
+        "with nothing left to generate after the pivot: see faults/retries_skipped and retries_empty)"
+    )
 
 
 def iteration_note(c: Optional[Mapping[str, Any]]) -> str:

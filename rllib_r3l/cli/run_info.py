@@ -60,7 +60,9 @@ def learner_precision(config) -> str:
     auto = uses_autocast(config.mixed_precision, device)
     weights = config.model_dtype
     weights = "bf16" if weights == "bfloat16" else "fp32"
-    return (f"bf16 autocast ({weights} weights)" if auto else f"{weights}") + f", mixed_precision={config.mixed_precision}"
+    return (
+        f"bf16 autocast ({weights} weights)" if auto else f"{weights}"
+    ) + f", mixed_precision={config.mixed_precision}"
 
 
 def run_info(config, *, title: str = "R3L", log: Optional[str] = None, verbose: bool = False) -> Dict[str, Any]:

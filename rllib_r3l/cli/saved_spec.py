@@ -63,5 +63,8 @@ def changes(exp_dir: str, spec: Dict[str, Any], limit: int = 4) -> List[str]:
     def show(flat: Dict[str, Any], k: str) -> str:
         return repr(flat[k]) if k in flat else "(not set)"
 
-    return [f"{k}: {show(old, k)} -> {show(new, k)}" for k in sorted(set(old) | set(new))
-            if old.get(k, old) != new.get(k, old)][:limit]
+    return [
+        f"{k}: {show(old, k)} -> {show(new, k)}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k, old) != new.get(k, old)
+    ][:limit]

@@ -79,8 +79,10 @@ def restore(exp_dir: str) -> Optional[str]:
         return None
     if state is None:
         return f"Tune's saved state was missing; resuming from R3L's copy of the last whole one ({name})"
-    return (f"Tune's saved state {os.path.basename(state)} was cut short (set aside as "
-            f"{os.path.basename(state)}{DAMAGED}); resuming from R3L's copy of the last whole one ({name})")
+    return (
+        f"Tune's saved state {os.path.basename(state)} was cut short (set aside as "
+        f"{os.path.basename(state)}{DAMAGED}); resuming from R3L's copy of the last whole one ({name})"
+    )
 
 
 # Tune's search-algorithm state beside it (a pickle despite the name), kept too: a cut one makes Tune print
@@ -112,7 +114,7 @@ def _put_back(exp_dir: str, cut: Optional[str], prefix: str, pattern: str, whole
     copies = [c for c in sorted(glob.glob(os.path.join(exp_dir, prefix + pattern))) if whole(c)]
     if not copies:
         return None
-    name = os.path.basename(copies[-1])[len(prefix):]
+    name = os.path.basename(copies[-1])[len(prefix) :]
     dst = os.path.join(exp_dir, name)
     linked = False
     if cut is not None and os.path.abspath(cut) == os.path.abspath(dst):  # written over: keep the cut one by a link
@@ -129,9 +131,11 @@ def _put_back(exp_dir: str, cut: Optional[str], prefix: str, pattern: str, whole
         if linked:
             with contextlib.suppress(OSError):
                 os.remove(cut + DAMAGED)
-        raise UsageError(f"--resume: {os.path.basename(cut or dst)} in {exp_dir} must be put back from R3L's copy "
-                         f"{os.path.basename(copies[-1])}, but it cannot be written ({e.strerror or e}); free "
-                         "space there and run the same --resume again (nothing was changed)") from None
+        raise UsageError(
+            f"--resume: {os.path.basename(cut or dst)} in {exp_dir} must be put back from R3L's copy "
+            f"{os.path.basename(copies[-1])}, but it cannot be written ({e.strerror or e}); free "
+            "space there and run the same --resume again (nothing was changed)"
+        ) from None
     if cut is not None and os.path.abspath(cut) != os.path.abspath(dst):
         os.replace(cut, cut + DAMAGED)
     return name

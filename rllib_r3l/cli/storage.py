@@ -31,8 +31,11 @@ def checkpoint_bytes(model_dir: Optional[str]) -> Optional[int]:
     from its weight files; None when the folder or its weights are not there to measure."""
     if not model_dir or not os.path.isdir(model_dir):
         return None
-    weights = sum(os.path.getsize(os.path.join(model_dir, f)) for f in os.listdir(model_dir)
-                  if f.endswith(_WEIGHT_FILES) and os.path.isfile(os.path.join(model_dir, f)))
+    weights = sum(
+        os.path.getsize(os.path.join(model_dir, f))
+        for f in os.listdir(model_dir)
+        if f.endswith(_WEIGHT_FILES) and os.path.isfile(os.path.join(model_dir, f))
+    )
     if not weights:
         return None
     cfg = {}
@@ -61,8 +64,12 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def check_storage(path: str, need_bytes: Optional[int], flag: str,
-                  what: str = "one checkpoint of this model needs about {need} (weights and optimizer state)") -> None:
+def check_storage(
+    path: str,
+    need_bytes: Optional[int],
+    flag: str,
+    what: str = "one checkpoint of this model needs about {need} (weights and optimizer state)",
+) -> None:
     """``UsageError`` naming ``flag`` and ``path`` when the folder cannot be created or written, or has
     less free space than ``need_bytes`` (None: the space is not checked)."""
     path = os.path.abspath(os.path.expanduser(path))

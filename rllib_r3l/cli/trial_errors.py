@@ -26,12 +26,12 @@ def reason_from_text(text: str) -> Optional[str]:
         return None
     i = starts[-1]
     parts = [lines[i]]
-    for line in lines[i + 1:]:  # a message over several lines ends where the next traceback block starts
+    for line in lines[i + 1 :]:  # a message over several lines ends where the next traceback block starts
         if not line.strip() or line.startswith(("Traceback", "During handling", "The above exception")):
             break
         parts.append(line.strip())
     reason = " ".join(" ".join(parts).split())
-    return reason if len(reason) <= MAX_CHARS else reason[:MAX_CHARS - 3] + "..."
+    return reason if len(reason) <= MAX_CHARS else reason[: MAX_CHARS - 3] + "..."
 
 
 def disk_full_advice(reason: Optional[str], folder: Optional[str]) -> Optional[str]:
@@ -49,8 +49,10 @@ def disk_full_advice(reason: Optional[str], folder: Optional[str]) -> Optional[s
             free = f" ({shutil.disk_usage(d).free / 1e6:.0f} MB free on its disk now)"
         except OSError:
             pass
-    return (f"the disk of {folder}{free} is full; free space (or move the experiment), then continue with "
-            "--resume: it takes the newest complete checkpoint and skips the one cut short")
+    return (
+        f"the disk of {folder}{free} is full; free space (or move the experiment), then continue with "
+        "--resume: it takes the newest complete checkpoint and skips the one cut short"
+    )
 
 
 def trial_reason(error_file: Optional[str], trial_dir: Optional[str] = None) -> Optional[str]:

@@ -66,8 +66,10 @@ def unknown_backend_option(name: str, options: dict, here: bool = True) -> str:
     known = backend_option_names(name)
     for key in options:
         if key not in known:
-            return (f"{key!r} is not an option of the {resolve_backend_name(name)} backend"
-                    f"{did_you_mean(key, known)}; its options: {', '.join(known)}")
+            return (
+                f"{key!r} is not an option of the {resolve_backend_name(name)} backend"
+                f"{did_you_mean(key, known)}; its options: {', '.join(known)}"
+            )
     for key, value in options.items():
         problem = value_problem(key, value, here)
         if problem:

@@ -18,28 +18,18 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, ClassVar, Dict, List, Sequence
+from typing import Any, ClassVar, Dict, List
 
 import torch
 
 from rllib_r3l.generation import shm_plane
+from rllib_r3l.generation.buffer_plan import chunk_plan, starts
 from rllib_r3l.generation.vllm_weights import quiet_reload_logs, refresh_tied_lm_head
 
 GLOO = "r3l_gloo"
 CPU_BUFFER_BYTES = 16 << 20  # many buffers a model: packing, sending and loading overlap
 
 __all__ = ["GLOO", "CPU_BUFFER_BYTES", "chunk_plan", "register", "trainer_init_info"]
-
-
-def chunk_plan(nbytes: Sequence[int], buffer_bytes: int) -> List[int]:
-    """How many tensors each packed buffer holds: vLLM's ``pack_tensors`` rule (a buffer is closed
-    after the tensor that takes it past ``buffer_bytes``), which both ends must follow."""
-    counts, n, size = [], 0, 0
-    for b in nbytes:
-        n, size = n + 1, size + int(b)
-        if size > buffer_bytes:
-            counts, n, size = counts + [n], 0, 0
-    return counts + [n] if n else counts
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -65,8 +55,9 @@ def _gloo_group(host: str, port: int, rank: int, world_size: int, timeout_s: flo
 def _store(host: str, port: int, rank: int, world_size: int, timeout_s: float):
     from torch.distributed import TCPStore
 
-    return TCPStore(host, port, world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout_s),
-                    wait_for_workers=False)
+    return TCPStore(
+        host, port, world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
 
 
 def _broadcast(group, tensor: torch.Tensor):
@@ -81,7 +72,7 @@ def _plan(meta, buffer_bytes: int):
     """``(sizes, chunk plan, bytes of the largest chunk)`` of one round, the same on both ends."""
     sizes = [math.prod(m.shape) * m.dtype.itemsize for m in meta]
     plan = chunk_plan(sizes, buffer_bytes)
-    return sizes, plan, max((sum(sizes[i:i + c]) for i, c in zip(_starts(plan), plan)), default=0)
+    return sizes, plan, max((sum(sizes[i : i + c]) for i, c in zip(starts(plan), plan)), default=0)
 
 
 def _send_packed(group, pairs, meta, buffer_bytes: int, num_buffers: int, slots: List[torch.Tensor], shm=None):
@@ -99,7 +90,7 @@ def _send_packed(group, pairs, meta, buffer_bytes: int, num_buffers: int, slots:
     works: List[Any] = [None] * num_buffers
     headers: List[Any] = []  # kept until their broadcasts complete
     k = 0
-    for chunk, (start, count) in enumerate(zip(_starts(plan), plan)):
+    for chunk, (start, count) in enumerate(zip(starts(plan), plan)):
         slot = chunk % num_buffers
         if works[slot] is not None:
             works[slot].wait()
@@ -109,7 +100,7 @@ def _send_packed(group, pairs, meta, buffer_bytes: int, num_buffers: int, slots:
             m, k = meta[i], k + 1
             if name != m.name or tuple(t.shape) != tuple(m.shape):
                 raise ValueError(f"WeightSource yielded {name!r} {tuple(t.shape)} where metadata() declared {m}")
-            dst = buf[off:off + sizes[i]]
+            dst = buf[off : off + sizes[i]]
             try:
                 dst.view(m.dtype).view(m.shape).copy_(t)
             except RuntimeError:  # an offset the wire dtype cannot view
@@ -142,14 +133,6 @@ def _agree_on_shm(group, sees: bool) -> bool:
     return bool(flag.item() == 1.0)
 
 
-def _starts(plan: Sequence[int]) -> List[int]:
-    out, n = [], 0
-    for c in plan:
-        out.append(n)
-        n += c
-    return out
-
-
 class _OwnsGroup:
     group = None
     shm = None
@@ -167,9 +150,13 @@ class _OwnsGroup:
 def _classes() -> Dict[str, Any]:
     if _CLASSES:
         return _CLASSES
-    from vllm.distributed.weight_transfer.base import (TrainerInitInfo, TrainerWeightTransferEngine,
-                                                       WeightTransferEngine, WeightTransferInitInfo,
-                                                       WeightTransferUpdateInfo)
+    from vllm.distributed.weight_transfer.base import (
+        TrainerInitInfo,
+        TrainerWeightTransferEngine,
+        WeightTransferEngine,
+        WeightTransferInitInfo,
+        WeightTransferUpdateInfo,
+    )
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
     from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
@@ -218,8 +205,9 @@ def _classes() -> Dict[str, Any]:
             pc = self.parallel_config  # this worker's rank, as vLLM's NCCL engine computes it
             rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
             self.buffer_bytes, self.num_buffers = init_info.buffer_bytes, init_info.num_buffers
-            self.group = _gloo_group(init_info.master_address, init_info.master_port, rank,
-                                     init_info.world_size, init_info.timeout_s)
+            self.group = _gloo_group(
+                init_info.master_address, init_info.master_port, rank, init_info.world_size, init_info.timeout_s
+            )
             if _agree_on_shm(self.group, shm_plane.sees_probe(init_info.shm_token)):
                 self.shm = shm_plane.ShmSlots(init_info.shm_token, self.num_buffers, owner=False)
 
@@ -259,17 +247,19 @@ def _classes() -> Dict[str, Any]:
             """Per buffer: wait for its header, copy it out of the shared file, release it (the all-reduce
             the sender waits on before filling it again), then load the copy."""
             plan = chunk_plan(sizes, self.buffer_bytes)
-            need = max((sum(sizes[i:i + c]) for i, c in zip(_starts(plan), plan)), default=0)
+            need = max((sum(sizes[i : i + c]) for i, c in zip(starts(plan), plan)), default=0)
             released = []
             with quiet_reload_logs():
-                for chunk, (start, count) in enumerate(zip(_starts(plan), plan)):
+                for chunk, (start, count) in enumerate(zip(starts(plan), plan)):
                     header = torch.zeros(1, dtype=torch.int64)
                     _broadcast(self.group, header).wait()
                     if int(header.item()) != chunk:
-                        raise RuntimeError(f"shared-memory weight transfer out of step: buffer {int(header.item())} "
-                                           f"announced where {chunk} was expected")
+                        raise RuntimeError(
+                            f"shared-memory weight transfer out of step: buffer {int(header.item())} "
+                            f"announced where {chunk} was expected"
+                        )
                     sl = slice(start, start + count)
-                    buf = self.shm.ensure(need)[chunk % self.num_buffers][:sum(sizes[sl])].clone()
+                    buf = self.shm.ensure(need)[chunk % self.num_buffers][: sum(sizes[sl])].clone()
                     done = torch.zeros(1)
                     released.append((self.group.allreduce([done]), done))
                     self._load(None, buf, sl, info, dtypes, sizes)
@@ -292,7 +282,6 @@ def _classes() -> Dict[str, Any]:
             if self.loaded_embedding:
                 refresh_tied_lm_head(self.model)
 
-
     class GlooTrainerWeightTransferEngine(_OwnsGroup, TrainerWeightTransferEngine):
         """Trainer side (rank 0 sends): the NCCL trainer engine's round trip over gloo."""
 
@@ -307,23 +296,37 @@ def _classes() -> Dict[str, Any]:
         def trainer_init(cls, init_info, *, client, source=None):
             if source is None:
                 raise ValueError("the gloo trainer engine needs a WeightSource")
-            engine = cls(client=client, source=source, is_sender=init_info.is_sender,
-                         buffer_bytes=init_info.buffer_bytes, num_buffers=init_info.num_buffers)
+            engine = cls(
+                client=client,
+                source=source,
+                is_sender=init_info.is_sender,
+                buffer_bytes=init_info.buffer_bytes,
+                num_buffers=init_info.num_buffers,
+            )
             if not engine.is_sender:
                 return engine
             # the store binds first (master_port 0: a port the OS picks, no race with other processes)
-            store = _store(init_info.master_address, init_info.master_port, 0, init_info.world_size, init_info.timeout_s)
+            store = _store(
+                init_info.master_address, init_info.master_port, 0, init_info.world_size, init_info.timeout_s
+            )
             shm_plane.sweep()
             token = shm_plane.create_probe() if init_info.shared_memory else None
-            worker_info = GlooInitInfo(master_address=init_info.master_address, master_port=store.port,
-                                       rank_offset=1, world_size=init_info.world_size,
-                                       buffer_bytes=init_info.buffer_bytes, num_buffers=init_info.num_buffers,
-                                       timeout_s=init_info.timeout_s, shm_token=token or "")
+            worker_info = GlooInitInfo(
+                master_address=init_info.master_address,
+                master_port=store.port,
+                rank_offset=1,
+                world_size=init_info.world_size,
+                buffer_bytes=init_info.buffer_bytes,
+                num_buffers=init_info.num_buffers,
+                timeout_s=init_info.timeout_s,
+                shm_token=token or "",
+            )
             try:
                 with ThreadPoolExecutor(max_workers=1) as exe:  # the workers block in the rendezvous
                     future = exe.submit(client.init_weight_transfer_engine, asdict(worker_info))
-                    engine.group = _gloo_group(init_info.master_address, store.port, 0, init_info.world_size,
-                                               init_info.timeout_s, store=store)
+                    engine.group = _gloo_group(
+                        init_info.master_address, store.port, 0, init_info.world_size, init_info.timeout_s, store=store
+                    )
                     if _agree_on_shm(engine.group, token is not None):  # every engine reads the probe
                         engine.shm = shm_plane.ShmSlots(token, init_info.num_buffers, owner=True)
                     future.result()
@@ -337,8 +340,11 @@ def _classes() -> Dict[str, Any]:
                 for _ in self.source:
                     pass
                 return
-            info = GlooUpdateInfo(names=[m.name for m in meta], dtype_names=[str(m.dtype).split(".")[-1] for m in meta],
-                                  shapes=[list(m.shape) for m in meta])
+            info = GlooUpdateInfo(
+                names=[m.name for m in meta],
+                dtype_names=[str(m.dtype).split(".")[-1] for m in meta],
+                shapes=[list(m.shape) for m in meta],
+            )
             self.client.start_weight_update()
             exe = ThreadPoolExecutor(max_workers=1)
             try:  # the engines receive (update_weights) while this thread broadcasts
@@ -352,12 +358,17 @@ def _classes() -> Dict[str, Any]:
         def _broadcast(self, meta) -> None:
             raw = getattr(self.source, "raw", None)  # uncast: the cast happens in the copy into the buffer
             pairs = raw() if raw else NCCLTrainerWeightTransferEngine._checked_iter(self.source, meta)
-            self.slots = _send_packed(self.group, pairs, meta, self.buffer_bytes, self.num_buffers, self.slots,
-                                      shm=self.shm)
+            self.slots = _send_packed(
+                self.group, pairs, meta, self.buffer_bytes, self.num_buffers, self.slots, shm=self.shm
+            )
 
-    _CLASSES.update(GlooInitInfo=GlooInitInfo, GlooUpdateInfo=GlooUpdateInfo, GlooTrainerInitInfo=GlooTrainerInitInfo,
-                    GlooWeightTransferEngine=GlooWeightTransferEngine,
-                    GlooTrainerWeightTransferEngine=GlooTrainerWeightTransferEngine)
+    _CLASSES.update(
+        GlooInitInfo=GlooInitInfo,
+        GlooUpdateInfo=GlooUpdateInfo,
+        GlooTrainerInitInfo=GlooTrainerInitInfo,
+        GlooWeightTransferEngine=GlooWeightTransferEngine,
+        GlooTrainerWeightTransferEngine=GlooTrainerWeightTransferEngine,
+    )
     return _CLASSES
 
 
@@ -373,10 +384,23 @@ def register() -> None:
         WeightTransferTrainerFactory.register_engine(GLOO, c["GlooTrainerWeightTransferEngine"])
 
 
-def trainer_init_info(*, master_address: str, master_port: int, world_size: int, buffer_bytes=None,
-                      timeout_s: float = 600.0, shared_memory: bool = True):
+def trainer_init_info(
+    *,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    buffer_bytes=None,
+    timeout_s: float = 600.0,
+    shared_memory: bool = True,
+):
     """The trainer's init info (vLLM's ``WeightTransferTrainerFactory`` dispatches on its ``backend``)."""
     register()
-    return _classes()["GlooTrainerInitInfo"](master_address=master_address, master_port=master_port,
-                                             world_size=world_size, buffer_bytes=buffer_bytes or CPU_BUFFER_BYTES,
-                                             timeout_s=timeout_s, shared_memory=shared_memory, rank=0)
+    return _classes()["GlooTrainerInitInfo"](
+        master_address=master_address,
+        master_port=master_port,
+        world_size=world_size,
+        buffer_bytes=buffer_bytes or CPU_BUFFER_BYTES,
+        timeout_s=timeout_s,
+        shared_memory=shared_memory,
+        rank=0,
+    )

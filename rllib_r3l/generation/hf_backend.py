@@ -76,8 +76,10 @@ class HFBackend(GenerationBackend):
         from rllib_r3l import models
 
         if choice_tokenization != "canonical":  # accepted so one backend_options suits both backends
-            raise ValueError(f"choice_tokenization={choice_tokenization!r}: the transformers backend holds "
-                             "choices to the tokenizer's own tokens only ('canonical'); 'any' is vLLM's grammar")
+            raise ValueError(
+                f"choice_tokenization={choice_tokenization!r}: the transformers backend holds "
+                "choices to the tokenizer's own tokens only ('canonical'); 'any' is vLLM's grammar"
+            )
         if num_threads is not None:
             torch.set_num_threads(int(num_threads))
         if model is None and model_path is None:
@@ -87,8 +89,10 @@ class HFBackend(GenerationBackend):
         self.model = model if model is not None else models.load_causal_lm(model_path, dtype=dtype)
         self.model.to(self.device).eval()
         self.dtype: torch.dtype = next(self.model.parameters()).dtype
-        self.tokenizer = tokenizer if tokenizer is not None else models.load_tokenizer(
-            model_path if model_path is not None else self.model.config.name_or_path
+        self.tokenizer = (
+            tokenizer
+            if tokenizer is not None
+            else models.load_tokenizer(model_path if model_path is not None else self.model.config.name_or_path)
         )
         self.start_seconds = time.perf_counter() - t0
         self.model_path = model_path
@@ -155,8 +159,9 @@ class HFBackend(GenerationBackend):
         for r in requests:
             if r.choices is not None and r.json_schema is not None:
                 raise ValueError("a GenerationRequest may set choices or json_schema, not both")
-            tries.append(ChoiceTrie(r.choices, self.tokenizer, self.stop_token_ids[0]) if r.choices is not None
-                         else None)
+            tries.append(
+                ChoiceTrie(r.choices, self.tokenizer, self.stop_token_ids[0]) if r.choices is not None else None
+            )
             json_rows.append(JsonRow(self._token_grammar(r.json_schema)) if r.json_schema is not None else None)
         any_json = any(j is not None for j in json_rows)
         max_new = [int(r.max_tokens) for r in requests]
@@ -180,11 +185,7 @@ class HFBackend(GenerationBackend):
             return [self._result([], [], "length") for _ in range(B)]
 
         out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
         )
         past = out.past_key_values
         next_pos = positions[:, -1:] + 1
@@ -221,11 +222,7 @@ class HFBackend(GenerationBackend):
             seq = torch.cat([seq, feed], dim=1)
             attention = torch.cat([attention, torch.ones((B, 1), dtype=attention.dtype, device=dev)], dim=1)
             out = self.model(
-                input_ids=feed,
-                attention_mask=attention,
-                position_ids=next_pos,
-                past_key_values=past,
-                use_cache=True,
+                input_ids=feed, attention_mask=attention, position_ids=next_pos, past_key_values=past, use_cache=True
             )
             past = out.past_key_values
             next_pos = next_pos + 1
@@ -246,7 +243,9 @@ class HFBackend(GenerationBackend):
         return tg
 
     @staticmethod
-    def _mask_json(logits: torch.Tensor, rows: Sequence[Optional[JsonRow]], reasons: Sequence[Optional[str]]) -> torch.Tensor:
+    def _mask_json(
+        logits: torch.Tensor, rows: Sequence[Optional[JsonRow]], reasons: Sequence[Optional[str]]
+    ) -> torch.Tensor:
         """-inf outside each JSON row's allowed tokens (rows without a schema, or finished, untouched)."""
         active = [i for i, row in enumerate(rows) if row is not None and reasons[i] is None]
         if not active:

@@ -52,7 +52,8 @@ def _unsupported(what: str, where: str) -> SchemaNotSupported:
         f"JSON schema {what} at {where} is not enforced by the transformers backend's grammar "
         "(rllib_r3l.generation.json_grammar: objects with fixed required keys, strings with min/maxLength, "
         "string enums, integers with minimum/maximum, null, anyOf of those); use backend='vllm' for the full "
-        "JSON schema, or reflection_structured=False to sample the report freely")
+        "JSON schema, or reflection_structured=False to sample the report freely"
+    )
 
 
 # ==================================================================================================
@@ -94,8 +95,13 @@ def compile_value(schema: Any, where: str) -> tuple:
     kind = schema.get("type")
     if isinstance(kind, list):
         rest = {k: v for k, v in schema.items() if k != "type"}
-        return _alternatives(tuple(compile_value({**rest, "type": t} if t != "null" else {"type": "null"},
-                                                 f"{where}/type/{t}") for t in kind), where)
+        return _alternatives(
+            tuple(
+                compile_value({**rest, "type": t} if t != "null" else {"type": "null"}, f"{where}/type/{t}")
+                for t in kind
+            ),
+            where,
+        )
     if "enum" in schema:
         _check_keys(schema, frozenset({"type", "enum"}), where)
         values = schema["enum"]
@@ -173,8 +179,12 @@ def compile_schema(schema: Any) -> "Grammar":
     for k, key in enumerate(props):
         if k:
             items += [("lit", ","), ("ws",)]
-        items += [("lit", json.dumps(key, ensure_ascii=False) + ":"), ("ws",),
-                  compile_value(props[key], f"properties/{key}"), ("ws",)]
+        items += [
+            ("lit", json.dumps(key, ensure_ascii=False) + ":"),
+            ("ws",),
+            compile_value(props[key], f"properties/{key}"),
+            ("ws",),
+        ]
     items.append(("lit", "}"))
     return Grammar(tuple(items))
 
@@ -195,8 +205,11 @@ def _int_viable(s: str, lo: Optional[int], hi: Optional[int]) -> bool:
     """Whether the integer prefix ``s`` ("", "-", "12", "-3", ...) has a completion in [lo, hi]."""
     if s in ("", "-"):
         neg_ok = lo is None or lo <= -1  # some v <= -1 within [lo, hi] (compiling checked lo <= hi)
-        return neg_ok if s == "-" else (neg_ok or _int_viable("0", lo, hi) or any(
-            _int_viable(d, lo, hi) for d in "123456789"))
+        return (
+            neg_ok
+            if s == "-"
+            else (neg_ok or _int_viable("0", lo, hi) or any(_int_viable(d, lo, hi) for d in "123456789"))
+        )
     neg = s.startswith("-")
     digits = s[1:] if neg else s
     if digits == "0":
@@ -204,7 +217,7 @@ def _int_viable(s: str, lo: Optional[int], hi: Optional[int]) -> bool:
     d = int(digits)
     k = 0
     while True:  # the completions of d are [d*10^k, (d+1)*10^k - 1] for k = 0, 1, ...
-        a, b = d * 10 ** k, (d + 1) * 10 ** k - 1
+        a, b = d * 10**k, (d + 1) * 10**k - 1
         if neg:
             a, b = -b, -a
             if (lo is None or b >= lo) and (hi is None or a <= hi):
@@ -372,5 +385,12 @@ def schema_key(schema: Mapping[str, Any]) -> str:
     return json.dumps(schema, sort_keys=True, default=str)
 
 
-__all__: Sequence[str] = ("SchemaNotSupported", "Grammar", "compile_schema", "compile_value", "MAX_WS",
-                          "is_plain_string_char", "schema_key")
+__all__: Sequence[str] = (
+    "SchemaNotSupported",
+    "Grammar",
+    "compile_schema",
+    "compile_value",
+    "MAX_WS",
+    "is_plain_string_char",
+    "schema_key",
+)

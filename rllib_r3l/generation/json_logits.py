@@ -54,7 +54,7 @@ class TokenTexts:
         for i, text in zip(ids, decoded):
             if i in excluded or not text.startswith(head):
                 continue
-            text = text[len(head):]
+            text = text[len(head) :]
             if not text or "\ufffd" in text:
                 continue
             self.text[i] = text

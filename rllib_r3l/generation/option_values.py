@@ -18,9 +18,17 @@ def _int(low: int, none: bool = False) -> Tuple[Callable[[Any], bool], str]:
 
 
 def _number(low: float, high: float = float("inf"), none: bool = False) -> Tuple[Callable[[Any], bool], str]:
-    ok = lambda v: (none and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-                                            and low < v <= high)
-    return ok, ("None or " if none else "") + (f"a number > {low}" + (f" and <= {high}" if high != float("inf") else ""))
+    ok = lambda v: (
+        (none and v is None)
+        or (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)  # noqa: E731
+            and low < v <= high
+        )
+    )
+    return ok, ("None or " if none else "") + (
+        f"a number > {low}" + (f" and <= {high}" if high != float("inf") else "")
+    )
 
 
 def _one_of(values, none: bool = False) -> Tuple[Callable[[Any], bool], str]:
@@ -33,8 +41,9 @@ def _bool(none: bool = False) -> Tuple[Callable[[Any], bool], str]:
 
 
 def _token_ids(v: Any) -> bool:
-    return v is None or (isinstance(v, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
-                                                              and t >= 0 for t in v))
+    return v is None or (
+        isinstance(v, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v)
+    )
 
 
 RULES: Dict[str, Tuple[Callable[[Any], bool], str]] = {

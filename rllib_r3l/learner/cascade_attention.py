@@ -55,8 +55,10 @@ class CascadeAttention(torch.autograd.Function):
             k_prefix, v_prefix = k_prefix.contiguous(), v_prefix.contiguous()
             o_pre, lse_pre = _flash(q, k_prefix, v_prefix, 0.0, False, attn_mask=None, scale=scale)
             lse = torch.logaddexp(lse_own, lse_pre)
-            out = (o_own.float() * torch.exp(lse_own - lse).unsqueeze(-1)
-                   + o_pre.float() * torch.exp(lse_pre - lse).unsqueeze(-1)).to(q.dtype)
+            out = (
+                o_own.float() * torch.exp(lse_own - lse).unsqueeze(-1)
+                + o_pre.float() * torch.exp(lse_pre - lse).unsqueeze(-1)
+            ).to(q.dtype)
         else:
             out, lse = o_own, lse_own
         ctx.scale, ctx.has_prefix = scale, has_prefix
@@ -67,12 +69,14 @@ class CascadeAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k_prefix, v_prefix, k_own, v_own, out, lse = ctx.saved_tensors
         grad_out = grad_out.contiguous()
-        dq, dk_own, dv_own = _flash_backward(grad_out, q, k_own, v_own, out, lse, 0.0, True,
-                                             attn_mask=None, scale=ctx.scale)
+        dq, dk_own, dv_own = _flash_backward(
+            grad_out, q, k_own, v_own, out, lse, 0.0, True, attn_mask=None, scale=ctx.scale
+        )
         dk_pre = dv_pre = None
         if ctx.has_prefix:
-            dq_pre, dk_pre, dv_pre = _flash_backward(grad_out, q, k_prefix, v_prefix, out, lse, 0.0, False,
-                                                     attn_mask=None, scale=ctx.scale)
+            dq_pre, dk_pre, dv_pre = _flash_backward(
+                grad_out, q, k_prefix, v_prefix, out, lse, 0.0, False, attn_mask=None, scale=ctx.scale
+            )
             dq = dq + dq_pre
         return dq, dk_pre, dv_pre, dk_own, dv_own, None
 
@@ -87,9 +91,16 @@ def cascade_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     return CascadeAttention.apply(q, k[:, :, :P], v[:, :, :P], k[:, :, P:], v[:, :, P:], float(scale))
 
 
-def _attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
-                       scaling: Optional[float] = None, **kwargs) -> Tuple[torch.Tensor, None]:
+def _attention_forward(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    **kwargs,
+) -> Tuple[torch.Tensor, None]:
     """Transformers' attention-function signature (``AttentionInterface``)."""
     if attention_mask is not None:
         raise RuntimeError("cascade attention runs without a mask (right-padded rows on a shared prefix only)")

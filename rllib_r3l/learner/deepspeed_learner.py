@@ -49,6 +49,7 @@ from rllib_r3l.learner.torch_learner import DEEPSPEED_OPTIMIZER_KEY, LR_TIMESTEP
 
 logger = logging.getLogger(__name__)
 
+
 def ds_config(options: Dict[str, Any], *, grad_clip: float | None, bf16: bool) -> Dict[str, Any]:
     """The DeepSpeed config of an R3L ``deepspeed`` option dict."""
     stage = int(options.get("stage", 2))
@@ -97,8 +98,11 @@ def _ensure_process_group(device: torch.device) -> None:
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
         os.environ.setdefault("LOCAL_RANK", "0")
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
-                                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        torch.distributed.init_process_group(
+            "nccl" if torch.cuda.is_available() else "gloo",
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+        )
     if not torch.cuda.is_available():  # skip the CPU shared-memory comm op (slow JIT build)
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
@@ -118,8 +122,10 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
         super().build()
         for mod in self.module.values():  # several forward calls per micro-batch: not verified under ZeRO
             if getattr(mod, "share_prefixes", False):
-                logger.warning("share_prefixes off under the DeepSpeed learner (not verified with ZeRO "
-                               "partitioning); every sequence runs on its own")
+                logger.warning(
+                    "share_prefixes off under the DeepSpeed learner (not verified with ZeRO "
+                    "partitioning); every sequence runs on its own"
+                )
                 mod.share_prefixes = False
         if self._stage == 3:  # every learner builds: the first gather (for the initial weight sync)
             self._gather_states()
@@ -140,10 +146,12 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
         module = self._module[module_id]
         params = [p for p in self.get_parameters(module) if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=self.config.weight_decay)
-        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params,
-                                lr_or_lr_schedule=self.config.lr)
-        cfg = ds_config(self.config.deepspeed, grad_clip=self.config.grad_clip,
-                        bf16=self.config.model_dtype == "bfloat16")
+        self.register_optimizer(
+            module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=self.config.lr
+        )
+        cfg = ds_config(
+            self.config.deepspeed, grad_clip=self.config.grad_clip, bf16=self.config.model_dtype == "bfloat16"
+        )
         engine, _, _, _ = deepspeed.initialize(model=module.lm, optimizer=optimizer, config=cfg)
         self._engines[module_id] = engine  # module.lm stays the (now ZeRO-managed) model
 
@@ -166,7 +174,9 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
             normalizer = max(distributed.global_sum(float(b["num_loss_tokens"].sum())), 1.0)
             subs = self.micro_batches(b)
             n_micro = len(subs)
-            n_all = int(_global_max(n_micro))  # same count on every learner (ZeRO-2/3 reduce per backward)
+            n_all = int(
+                distributed.global_sum(n_micro, op="max")
+            )  # same count on every learner (ZeRO-2/3 reduce per backward)
             acc = torch.zeros((), dtype=torch.float32)
             for i in range(n_all):
                 sub = dict(subs[i] if i < n_micro else subs[0])
@@ -184,7 +194,7 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
             total_loss[mid] = acc
             fwd_out[mid] = {}
         skip = distributed.global_sum(1.0 if nonfinite else 0.0) > 0 and self.config.skip_nonfinite_updates
-        for mid, engine in self._engines.items():
+        for engine in self._engines.values():
             if skip:
                 engine.optimizer.zero_grad(set_to_none=True)
                 engine.zero_grad()
@@ -201,8 +211,9 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
         dt = time.perf_counter() - t0
         self.metrics.log_value(("r3l", "learner", "trained_tokens"), trained_tokens, reduce="sum")
         self.metrics.log_value(("r3l", "learner", "update_seconds"), dt, reduce="mean", window=1)
-        self.metrics.log_value(("r3l", "learner", "trained_tokens_per_s"), trained_tokens / max(dt, 1e-9),
-                               reduce="mean", window=1)
+        self.metrics.log_value(
+            ("r3l", "learner", "trained_tokens_per_s"), trained_tokens / max(dt, 1e-9), reduce="mean", window=1
+        )
         self._log_step_stats()
         return fwd_out, total_loss, {}
 
@@ -242,10 +253,13 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
         out = {}
         for mid, engine in self._engines.items():
             sched = getattr(engine, "lr_scheduler", None)
-            out[mid] = {"optimizer": _cpu_copy(engine.optimizer.state_dict()),
-                        "lr_scheduler": _cpu_copy(sched.state_dict()) if sched is not None else None,
-                        "global_steps": engine.global_steps, "global_samples": engine.global_samples,
-                        "skipped_steps": engine.skipped_steps}
+            out[mid] = {
+                "optimizer": _cpu_copy(engine.optimizer.state_dict()),
+                "lr_scheduler": _cpu_copy(sched.state_dict()) if sched is not None else None,
+                "global_steps": engine.global_steps,
+                "global_samples": engine.global_samples,
+                "skipped_steps": engine.skipped_steps,
+            }
         return out
 
     @override(R3LTorchLearner)
@@ -256,23 +270,34 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
         elif self._optim_snapshot is not None and self._optim_snapshot[0] == self._state_seq:
             per_rank = self._optim_snapshot[1]
         else:
-            logger.warning("DeepSpeed with %d learners: the optimizer state is partitioned and no learner "
-                           "joined prepare_checkpoint() since the last update; the state holds the weights "
-                           "only (a resume restarts the AdamW moments)", world)
+            logger.warning(
+                "DeepSpeed with %d learners: the optimizer state is partitioned and no learner "
+                "joined prepare_checkpoint() since the last update; the state holds the weights "
+                "only (a resume restarts the AdamW moments)",
+                world,
+            )
             return None
-        return {DEEPSPEED_OPTIMIZER_KEY: {
-            mid: {"stage": self._stage, "world_size": len(per_rank),
-                  "partitioned": _partitioned(engine.optimizer),
-                  "ranks": [r[mid] for r in per_rank]}
-            for mid, engine in self._engines.items()}}
+        return {
+            DEEPSPEED_OPTIMIZER_KEY: {
+                mid: {
+                    "stage": self._stage,
+                    "world_size": len(per_rank),
+                    "partitioned": _partitioned(engine.optimizer),
+                    "ranks": [r[mid] for r in per_rank],
+                }
+                for mid, engine in self._engines.items()
+            }
+        }
 
     @override(R3LTorchLearner)
     def _set_optimizer_state(self, state) -> None:
         saved = (state or {}).get(DEEPSPEED_OPTIMIZER_KEY)
         if saved is None:
             if state:
-                logger.warning("the checkpoint's optimizer state is not a DeepSpeed one (another learner kind): "
-                               "the AdamW moments restart")
+                logger.warning(
+                    "the checkpoint's optimizer state is not a DeepSpeed one (another learner kind): "
+                    "the AdamW moments restart"
+                )
             return
         world = torch.distributed.get_world_size()
         rank = torch.distributed.get_rank()
@@ -281,9 +306,14 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
             if engine is None:
                 continue
             if entry["stage"] != self._stage or entry["world_size"] != world:
-                logger.warning("DeepSpeed optimizer state saved at ZeRO stage %s with %s learners, resumed at "
-                               "stage %s with %s: not loadable, the AdamW moments restart",
-                               entry["stage"], entry["world_size"], self._stage, world)
+                logger.warning(
+                    "DeepSpeed optimizer state saved at ZeRO stage %s with %s learners, resumed at "
+                    "stage %s with %s: not loadable, the AdamW moments restart",
+                    entry["stage"],
+                    entry["world_size"],
+                    self._stage,
+                    world,
+                )
                 continue
             mine = entry["ranks"][rank]
             opt = engine.optimizer
@@ -291,8 +321,11 @@ class R3LDeepSpeedLearner(R3LTorchLearner):
             if prologue is not None:  # ZeRO-3: every parameter partitioned before loading
                 prologue()
             if entry["partitioned"]:  # each learner its own partition; fp32 masters from the checkpoint
-                opt.load_state_dict(state_dict_list=[r["optimizer"] for r in entry["ranks"]],
-                                    load_optimizer_states=True, load_from_fp32_weights=True)
+                opt.load_state_dict(
+                    state_dict_list=[r["optimizer"] for r in entry["ranks"]],
+                    load_optimizer_states=True,
+                    load_from_fp32_weights=True,
+                )
             else:
                 opt.load_state_dict(mine["optimizer"])
             epilogue = getattr(opt, "checkpoint_event_epilogue", None)
@@ -354,8 +387,9 @@ def prepare_checkpoints(learner_group: Any) -> None:
     A no-op for a local learner group (one learner holds the whole state)."""
     if learner_group is None or learner_group.is_local:
         return
-    learner_group.foreach_learner(lambda learner: learner.prepare_checkpoint()
-                                  if hasattr(learner, "prepare_checkpoint") else None)
+    learner_group.foreach_learner(
+        lambda learner: learner.prepare_checkpoint() if hasattr(learner, "prepare_checkpoint") else None
+    )
 
 
 def _partitioned(optimizer: Any) -> bool:
@@ -379,13 +413,3 @@ def _cpu_copy(x: Any) -> Any:
     if isinstance(x, list):
         return [_cpu_copy(v) for v in x]
     return x
-
-
-def _global_max(value: int) -> float:
-    if not distributed.is_distributed():
-        return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64)
-    if torch.distributed.get_backend() == "nccl":
-        t = t.cuda()
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return float(t.item())

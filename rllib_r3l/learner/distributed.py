@@ -29,24 +29,30 @@ _BUCKET_BYTES = 64 << 20
 
 
 def is_distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized() and \
-        torch.distributed.get_world_size() > 1
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
 
 
-def global_sum(value: float) -> float:
-    """``value`` summed over all learners (itself when not distributed)."""
+def global_sum(value: float, op: str = "sum") -> float:
+    """``value`` summed (``op="max"``: the largest) over all learners (itself when not distributed)."""
     if not is_distributed():
         return float(value)
     t = torch.tensor([float(value)], dtype=torch.float64)
     if torch.distributed.get_backend() == "nccl":
         t = t.cuda()
-    torch.distributed.all_reduce(t)
+    torch.distributed.all_reduce(
+        t, op=torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM
+    )
     return float(t.item())
 
 
 @torch.no_grad()
-def allreduce_gradients(params: Sequence[torch.nn.Parameter], nonfinite: bool = False,
-                        bucket_bytes: int = _BUCKET_BYTES) -> bool:
+def allreduce_gradients(
+    params: Sequence[torch.nn.Parameter], nonfinite: bool = False, bucket_bytes: int = _BUCKET_BYTES
+) -> bool:
     """Sum the gradients of ``params`` (those with ``requires_grad``) over all learners in place;
     returns True when any learner saw a non-finite loss or gradient. A parameter without a gradient
     on this learner contributes zeros (its ``.grad`` is created)."""
@@ -63,7 +69,9 @@ def allreduce_gradients(params: Sequence[torch.nn.Parameter], nonfinite: bool = 
     size = 0
     for p in params:
         nbytes = p.grad.numel() * p.grad.element_size()
-        if cur and (size + nbytes > bucket_bytes or p.grad.dtype != cur[0].grad.dtype or p.grad.device != cur[0].grad.device):
+        if cur and (
+            size + nbytes > bucket_bytes or p.grad.dtype != cur[0].grad.dtype or p.grad.device != cur[0].grad.device
+        ):
             buckets.append(cur)
             cur, size = [], 0
         cur.append(p)
@@ -76,7 +84,7 @@ def allreduce_gradients(params: Sequence[torch.nn.Parameter], nonfinite: bool = 
         offset = 0
         for p in bucket:
             n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
     any_bad = float(flag.item()) > 0
     if not any_bad:

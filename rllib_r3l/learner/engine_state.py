@@ -50,7 +50,7 @@ def state_nbytes(named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> int:
 
 
 def _hf_name(peft_name: str) -> str:
-    name = peft_name[len(_PEFT_PREFIX):] if peft_name.startswith(_PEFT_PREFIX) else peft_name
+    name = peft_name[len(_PEFT_PREFIX) :] if peft_name.startswith(_PEFT_PREFIX) else peft_name
     return name.replace(".base_layer.", ".")
 
 

@@ -15,8 +15,13 @@ import torch
 from rllib_r3l.learner.cascade_attention import supported as cascade_supported
 from rllib_r3l.learner.cascade_attention import use_cascade
 
-__all__ = ["token_logprobs", "shared_prefix_hidden", "right_padded", "prefix_sharing_unsupported",
-           "split_micro_batches"]
+__all__ = [
+    "token_logprobs",
+    "shared_prefix_hidden",
+    "right_padded",
+    "prefix_sharing_unsupported",
+    "split_micro_batches",
+]
 
 
 def token_logprobs(lm: torch.nn.Module, batch: Dict[str, Any], share_prefixes: bool = False) -> Dict[str, torch.Tensor]:
@@ -64,7 +69,8 @@ def shared_prefix_hidden(decoder: torch.nn.Module, input_ids: torch.Tensor, leng
     (a group's items after their shared task prompt, a retry and its base after the pivot) run in
     right-padded batches of similar lengths on the parent's cache, expanded
     (``prefix_tree.leaf_batches``): on CPU that costs about what its tokens cost unshared, where
-    one call per node did not (docs/benchmarks.md, 'What do prefix sharing and cascade attention save?'). Nodes with children run one by one,
+    one call per node did not (docs/benchmarks.md, 'What do prefix sharing and cascade attention save?'). Nodes with
+    children run one by one,
     since their caches must end where their children start. Padding positions of the result are
     zero. On CPU a node attends to its parent's cache through ``cascade_attention`` (no mask, the
     causal triangle skipped), else through transformers' masked SDPA.
@@ -83,22 +89,29 @@ def shared_prefix_hidden(decoder: torch.nn.Module, input_ids: torch.Tensor, leng
             ids = input_ids.new_zeros((len(leaves), width))
             for b, j in enumerate(leaves):
                 n = nodes[j]
-                ids[b, :n.length] = input_ids[n.row, n.start:n.end]
-            cache = _cache([(k.expand(len(leaves), -1, -1, -1), v.expand(len(leaves), -1, -1, -1)) for k, v in kv]) if kv else None
+                ids[b, : n.length] = input_ids[n.row, n.start : n.end]
+            cache = (
+                _cache([(k.expand(len(leaves), -1, -1, -1), v.expand(len(leaves), -1, -1, -1)) for k, v in kv])
+                if kv
+                else None
+            )
             out = decoder(input_ids=ids, past_key_values=cache, use_cache=cache is not None)
             for b, j in enumerate(leaves):
-                hidden[j] = out.last_hidden_state[b, :nodes[j].length]
+                hidden[j] = out.last_hidden_state[b, : nodes[j].length]
         for j in inner:
             n = nodes[j]
-            out = decoder(input_ids=input_ids[n.row, n.start:n.end][None], past_key_values=_cache(kv) if kv else None,
-                          use_cache=True)
+            out = decoder(
+                input_ids=input_ids[n.row, n.start : n.end][None],
+                past_key_values=_cache(kv) if kv else None,
+                use_cache=True,
+            )
             hidden[j] = out.last_hidden_state[0]
             run(j, [(layer.keys, layer.values) for layer in out.past_key_values.layers])
 
     # on CPU a continuation attends to its cache through two unmasked flash calls (cascade_attention):
     # transformers' masked call computed the whole [L, P + L] score matrix, which made long
     # continuations on a cache cost more than running their rows unshared
-    with (use_cascade(decoder) if cascade_supported(decoder, input_ids.device) else contextlib.nullcontext()):
+    with use_cascade(decoder) if cascade_supported(decoder, input_ids.device) else contextlib.nullcontext():
         run(-1, None)
     B, T = input_ids.shape
     empty = input_ids.new_zeros((0, hidden[0].shape[-1]) if hidden else (0, 1), dtype=torch.float32)
@@ -121,8 +134,9 @@ def right_padded(attention_mask: torch.Tensor) -> bool:
     return bool((m[:, 1:] <= m[:, :-1]).all()) and bool((m[:, 0] == 1).all())
 
 
-def split_micro_batches(b: Dict[str, Any], share_prefixes: bool, max_sequences: int,
-                        max_tokens: Optional[int]) -> List[Tuple[List[int], Dict[str, Any]]]:
+def split_micro_batches(
+    b: Dict[str, Any], share_prefixes: bool, max_sequences: int, max_tokens: Optional[int]
+) -> List[Tuple[List[int], Dict[str, Any]]]:
     """The batch cut into micro-batches, right padding trimmed: ``(rows, tensors)`` of each, at most
     ``max_sequences`` trajectories and ``max_tokens`` tokens. Padded tokens, longest first
     (``batch.plan_micro_batches``); with shared-prefix training, the tokens of the micro-batch's

@@ -98,7 +98,7 @@ def leaf_batches(lengths: Sequence[int], call_tokens: int = CALL_TOKENS) -> List
     batches: List[List[int]] = []
     j = n
     while j > 0:
-        batches.append(order[cut[j]:j])
+        batches.append(order[cut[j] : j])
         j = cut[j]
     return batches[::-1]
 
@@ -112,8 +112,10 @@ def children_of(nodes: Sequence[Node]) -> Dict[int, Tuple[List[List[int]], List[
     for j, n in enumerate(nodes):
         leaves, inner = split.setdefault(n.parent, ([], []))
         (inner if j in parents else leaves).append(j)
-    return {p: ([[leaves[i] for i in b] for b in leaf_batches([nodes[j].length for j in leaves])], inner)
-            for p, (leaves, inner) in split.items()}
+    return {
+        p: ([[leaves[i] for i in b] for b in leaf_batches([nodes[j].length for j in leaves])], inner)
+        for p, (leaves, inner) in split.items()
+    }
 
 
 def computed_tokens(seqs: Sequence[Sequence[int]]) -> int:
@@ -136,8 +138,9 @@ def tokens_split_by_cuts(seqs: Sequence[Sequence[int]], plan: Sequence[Sequence[
     return sum(_lcp(arrs[prev[-1]], arrs[nxt[0]], 0) for prev, nxt in zip(plan, plan[1:]) if prev and nxt)
 
 
-def plan_shared_micro_batches(seqs: Sequence[Sequence[int]], *, max_sequences: int,
-                              max_tokens: Optional[int] = None) -> List[List[int]]:
+def plan_shared_micro_batches(
+    seqs: Sequence[Sequence[int]], *, max_sequences: int, max_tokens: Optional[int] = None
+) -> List[List[int]]:
     """Micro-batches for shared-prefix training: rows in lexicographic token order (so a retry sits
     next to its base and a task's items next to each other), packed while the micro-batch's trie
     holds at most ``max_tokens`` tokens (what its activations cost) and ``max_sequences`` rows.

@@ -15,8 +15,7 @@ import torch
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 
 # the forward is pure (no Ray: benchmarks/gpu_kit.py runs it too); its names stay importable from here
-from rllib_r3l.learner.forward import (prefix_sharing_unsupported, right_padded,  # noqa: F401
-                                       shared_prefix_hidden, token_logprobs)
+from rllib_r3l.learner.forward import prefix_sharing_unsupported, right_padded, shared_prefix_hidden, token_logprobs  # noqa: F401 - importable from here
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +23,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _strip(prefix: str, name: str) -> str:
-    return name[len(prefix):] if name.startswith(prefix) else name
+    return name[len(prefix) :] if name.startswith(prefix) else name
 
 
 class R3LCausalLMModule(TorchRLModule):
@@ -58,10 +57,16 @@ class R3LCausalLMModule(TorchRLModule):
             if cfg.get("gradient_checkpointing"):
                 self.lm.enable_input_require_grads()
             r = int(self.lora.get("r", 16))
-            self.lm = get_peft_model(self.lm, LoraConfig(
-                r=r, lora_alpha=self.lora.get("alpha", 2 * r),
-                target_modules=self.lora.get("target_modules", "all-linear"),
-                lora_dropout=float(self.lora.get("dropout", 0.0)), bias="none"))
+            self.lm = get_peft_model(
+                self.lm,
+                LoraConfig(
+                    r=r,
+                    lora_alpha=self.lora.get("alpha", 2 * r),
+                    target_modules=self.lora.get("target_modules", "all-linear"),
+                    lora_dropout=float(self.lora.get("dropout", 0.0)),
+                    bias="none",
+                ),
+            )
 
     # -- forward -------------------------------------------------------------------------------------
     def _forward(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
@@ -94,8 +99,10 @@ class R3LCausalLMModule(TorchRLModule):
         own = self.state_dict()
         if own and len(result.missing_keys) == len(own):
             shown = ", ".join(sorted(state)[:3]) or "nothing"
-            raise ValueError(f"the module state to restore holds none of the model's {len(own)} weights (it holds "
-                             f"{len(state)} entries: {shown}); a damaged or foreign checkpoint: restore from another one")
+            raise ValueError(
+                f"the module state to restore holds none of the model's {len(own)} weights (it holds "
+                f"{len(state)} entries: {shown}); a damaged or foreign checkpoint: restore from another one"
+            )
 
     def hf_state_dict(self) -> Dict[str, torch.Tensor]:
         """Parameters under Hugging Face names (for engines and export)."""
@@ -104,4 +111,6 @@ class R3LCausalLMModule(TorchRLModule):
 
 def hf_named_tensors(module_state: Dict[str, Any]):
     """Map a module state (``lm.``-prefixed) to Hugging Face parameter names."""
-    return [(_strip("lm.", k), v if isinstance(v, torch.Tensor) else torch.as_tensor(v)) for k, v in module_state.items()]
+    return [
+        (_strip("lm.", k), v if isinstance(v, torch.Tensor) else torch.as_tensor(v)) for k, v in module_state.items()
+    ]

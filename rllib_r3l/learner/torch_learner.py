@@ -23,11 +23,10 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from rllib_r3l import core_algos
-from rllib_r3l.learner import distributed
-from rllib_r3l.reliability import faults
-from rllib_r3l.learner import precision
+from rllib_r3l.learner import distributed, precision
 from rllib_r3l.learner.forward import split_micro_batches
 from rllib_r3l.learner.prefix_tree import computed_tokens, tokens_split_by_cuts
+from rllib_r3l.reliability import faults
 from rllib_r3l.trajectory import KINDS
 
 # marks a DeepSpeed learner's optimizer state (ZeRO partitions, ``deepspeed_learner``): not plain AdamW's
@@ -63,10 +62,12 @@ class R3LTorchLearner(TorchLearner):
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         module = self._module[module_id]
         params = self.get_parameters(module)
-        optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=self.config.weight_decay,
-                                      fused=fused_adamw_supported(params) or None)
-        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params,
-                                lr_or_lr_schedule=self.config.lr)
+        optimizer = torch.optim.AdamW(
+            params, lr=1e-3, weight_decay=self.config.weight_decay, fused=fused_adamw_supported(params) or None
+        )
+        self.register_optimizer(
+            module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=self.config.lr
+        )
 
     @override(TorchLearner)
     def _set_optimizer_state(self, state) -> None:
@@ -75,8 +76,10 @@ class R3LTorchLearner(TorchLearner):
         if isinstance(state, dict) and DEEPSPEED_OPTIMIZER_KEY in state:
             import logging
 
-            logging.getLogger(__name__).warning("the checkpoint's optimizer state is a DeepSpeed one: not loadable "
-                                                "without deepspeed=...; the AdamW moments restart")
+            logging.getLogger(__name__).warning(
+                "the checkpoint's optimizer state is a DeepSpeed one: not loadable "
+                "without deepspeed=...; the AdamW moments restart"
+            )
             return
         super()._set_optimizer_state(state)
 
@@ -195,8 +198,12 @@ class R3LTorchLearner(TorchLearner):
     def micro_batches(self, b: Dict[str, Any], share_prefixes: bool = False) -> List[Dict[str, Any]]:
         """The batch cut into micro-batches of at most ``micro_batch_size`` trajectories and
         ``micro_batch_tokens`` tokens (``rllib_r3l.learner.forward.split_micro_batches``)."""
-        return [sub for _, sub in split_micro_batches(b, share_prefixes, int(self.config.micro_batch_size),
-                                                      self.config.micro_batch_tokens)]
+        return [
+            sub
+            for _, sub in split_micro_batches(
+                b, share_prefixes, int(self.config.micro_batch_size), self.config.micro_batch_tokens
+            )
+        ]
 
     def autocast(self):
         """bf16 autocast per ``mixed_precision`` (fp32 master weights; ``rllib_r3l.learner.precision``)."""
@@ -276,13 +283,20 @@ class R3LTorchLearner(TorchLearner):
         dt = time.perf_counter() - t0
         self.metrics.log_value(("r3l", "learner", "trained_tokens"), trained_tokens, reduce="sum")
         self.metrics.log_value(("r3l", "learner", "update_seconds"), dt, reduce="mean", window=1)
-        self.metrics.log_value(("r3l", "learner", "trained_tokens_per_s"), trained_tokens / max(dt, 1e-9), reduce="mean", window=1)
+        self.metrics.log_value(
+            ("r3l", "learner", "trained_tokens_per_s"), trained_tokens / max(dt, 1e-9), reduce="mean", window=1
+        )
         # forward tokens: every position run through the model, prompts and observations included
         # (padded positions without prefix sharing; each shared prefix once with it)
         self.metrics.log_value(("r3l", "learner", "forward_tokens"), forward_tokens, reduce="sum")
-        self.metrics.log_value(("r3l", "learner", "shared_prefix_tokens_saved"),
-                               max(unshared_tokens - forward_tokens, 0) if forward_tokens else 0, reduce="sum")
-        self.metrics.log_value(("r3l", "learner", "forward_tokens_per_s"), forward_tokens / max(dt, 1e-9), reduce="mean", window=1)
+        self.metrics.log_value(
+            ("r3l", "learner", "shared_prefix_tokens_saved"),
+            max(unshared_tokens - forward_tokens, 0) if forward_tokens else 0,
+            reduce="sum",
+        )
+        self.metrics.log_value(
+            ("r3l", "learner", "forward_tokens_per_s"), forward_tokens / max(dt, 1e-9), reduce="mean", window=1
+        )
         self.metrics.log_value(("r3l", "learner", "micro_batches"), num_micro, reduce="sum")
         # what a larger micro_batch_tokens / micro_batch_size would still share (0 without sharing)
         self.metrics.log_value(("r3l", "learner", "shared_prefix_tokens_split"), split_tokens, reduce="sum")
@@ -295,8 +309,9 @@ class R3LTorchLearner(TorchLearner):
         on (the next step's lr); and a restore could leave a step at another lr than the row's
         config says. R3L trains one module with one optimizer: its first param group's lr."""
         for optimizer in optimizers:
-            self.metrics.log_value(("r3l", "learner", "step_lr"), float(optimizer.param_groups[0]["lr"]),
-                                   reduce="mean", window=1)
+            self.metrics.log_value(
+                ("r3l", "learner", "step_lr"), float(optimizer.param_groups[0]["lr"]), reduce="mean", window=1
+            )
             return
 
     def _reset_step_stats(self) -> None:
@@ -314,8 +329,11 @@ class R3LTorchLearner(TorchLearner):
         for key in [k[:-4] for k in g if k.endswith("/sum")]:
             self.metrics.log_value(("r3l", "learner", key), g[key + "/sum"] / g[key + "/n"], reduce="mean", window=1)
         if "ratio_tokens_without_behaviour_logprobs" in g:
-            self.metrics.log_value(("r3l", "learner", "ratio_tokens_without_behaviour_logprobs"),
-                                   g["ratio_tokens_without_behaviour_logprobs"], reduce="sum")
+            self.metrics.log_value(
+                ("r3l", "learner", "ratio_tokens_without_behaviour_logprobs"),
+                g["ratio_tokens_without_behaviour_logprobs"],
+                reduce="sum",
+            )
 
 
 def fused_adamw_supported(params: List[torch.nn.Parameter]) -> bool:
@@ -325,8 +343,11 @@ def fused_adamw_supported(params: List[torch.nn.Parameter]) -> bool:
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
     devices = {p.device.type for p in params}
-    return (len(devices) == 1 and devices <= set(_get_fused_kernels_supported_devices())
-            and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params))
+    return (
+        len(devices) == 1
+        and devices <= set(_get_fused_kernels_supported_devices())
+        and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params)
+    )
 
 
 def _computed_tokens(sub: Dict[str, Any], share_prefixes: bool) -> int:
@@ -341,7 +362,7 @@ def _computed_tokens(sub: Dict[str, Any], share_prefixes: bool) -> int:
 
 def _row_tokens(sub: Dict[str, Any], i: int) -> List[int]:
     """Row ``i`` of a micro-batch, right padding trimmed."""
-    return sub["input_ids"][i, :int(sub["attention_mask"][i].sum())].tolist()
+    return sub["input_ids"][i, : int(sub["attention_mask"][i].sum())].tolist()
 
 
 def _mean(vals: List[float]) -> float:

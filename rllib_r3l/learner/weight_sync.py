@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["WeightTransferSync", "sync_weights_via_transfer", "send_weights"]
 
+
 # ------------------------------------------------------------------------------------------------------
 # vLLM's weight-transfer engines: learner rank 0 broadcasts straight into every engine worker (no
 # driver, no object store), in the engine's dtype, in packed buffers
@@ -45,8 +46,10 @@ def _on_engine(backend: Any, method: str, args: tuple) -> Dict[str, Any]:
         return {"error": "engine not started", "not_ready": True}
     fn = getattr(backend, method, None)
     if fn is None:
-        return {"error": f"the {getattr(backend, 'name', type(backend).__name__)} backend has no "
-                         "weight-transfer API", "unsupported": True}
+        return {
+            "error": f"the {getattr(backend, 'name', type(backend).__name__)} backend has no weight-transfer API",
+            "unsupported": True,
+        }
     try:
         return {"value": fn(*args)}
     except Exception:  # noqa: BLE001 - reported to the trainer, which falls back
@@ -120,8 +123,10 @@ class EngineClient:
         return [r["value"] for r in out]
 
     def init_weight_transfer_engine(self, init_info: Dict[str, Any]) -> None:
-        per_engine = [dict(init_info, rank_offset=off) if "rank_offset" in init_info else init_info
-                      for off in self.plan.rank_offsets]  # (IPC has no ranks)
+        per_engine = [
+            dict(init_info, rank_offset=off) if "rank_offset" in init_info else init_info
+            for off in self.plan.rank_offsets
+        ]  # (IPC has no ranks)
         self._all("init_weight_transfer", [(self.plan.backend, info, self.plan.session) for info in per_engine])
 
     def start_weight_update(self) -> None:
@@ -160,8 +165,15 @@ def send_weights(plan: TransferPlan, named_tensors: Iterable[Tuple[str, torch.Te
         from vllm.utils.network_utils import get_open_port
 
         port = 0 if plan.backend == wt.GLOO else get_open_port()  # gloo: the OS picks one as the store binds
-        engine = wt.trainer_init(plan.backend, client=EngineClient(plan), source=source, master_address=host,
-                                 master_port=port, world_size=plan.world_size, buffer_bytes=plan.buffer_bytes)
+        engine = wt.trainer_init(
+            plan.backend,
+            client=EngineClient(plan),
+            source=source,
+            master_address=host,
+            master_port=port,
+            world_size=plan.world_size,
+            buffer_bytes=plan.buffer_bytes,
+        )
         _SENDER.update(session=plan.session, engine=engine, source=source)
     source = _SENDER["source"].refresh(named_tensors)
     try:
@@ -197,13 +209,15 @@ def learner_weights(learner: Any) -> List[Tuple[str, torch.Tensor]]:
 def sender_info(learner: Any) -> Dict[str, Any]:
     """Where the sender's weights live: its GPU (for the choice of engine) and its trainer ranks."""
     import torch.distributed as dist
-
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     p = next(learner.module[DEFAULT_MODULE_ID].parameters(), None)
     cuda = p is not None and p.is_cuda
-    return {"cuda": cuda, "gpu_uuid": str(torch.cuda.get_device_properties(p.device).uuid) if cuda else None,
-            "ranks": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1}
+    return {
+        "cuda": cuda,
+        "gpu_uuid": str(torch.cuda.get_device_properties(p.device).uuid) if cuda else None,
+        "ranks": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+    }
 
 
 def _send_from_learner(learner: Any, plan: TransferPlan) -> Dict[str, Any]:
@@ -252,7 +266,9 @@ class WeightTransferSync:
             return False
         unsupported = next((r["error"] for r in infos if r.get("unsupported")), None)
         if unsupported or any("error" in r and not r.get("not_ready") for r in infos):
-            return self._disable(unsupported or next(r["error"] for r in infos if "error" in r).strip().splitlines()[-1])
+            return self._disable(
+                unsupported or next(r["error"] for r in infos if "error" in r).strip().splitlines()[-1]
+            )
         if any("error" in r for r in infos) or self.syncs == 1:
             return False  # an engine not started yet (it loads the state today's path leaves it)
         infos = [r["value"] for r in infos]
@@ -275,8 +291,9 @@ class WeightTransferSync:
         if learner_group.is_local:
             return [fn(ray_internals.local_learner(learner_group), **kwargs)]
         first = ray_internals.actor_ids(learner_group)[0]  # rank 0, whose state RLlib syncs
-        return ray_internals.learner_results(learner_group,
-                                             learner_group.foreach_learner(fn, remote_actor_ids=[first], **kwargs))
+        return ray_internals.learner_results(
+            learner_group, learner_group.foreach_learner(fn, remote_actor_ids=[first], **kwargs)
+        )
 
     def _open(self, learner_group: Any, engines: Any, ids: list, infos: List[Dict[str, Any]]) -> None:
         from rllib_r3l.generation import weight_transfer as wt
@@ -291,12 +308,17 @@ class WeightTransferSync:
         sender = self._on_rank0(learner_group, sender_info)[0]
         backend = wt.choose_backend(infos, sender, infos[0]["requested"])
         first, self._opened = not self._opened, True
-        self.plan = TransferPlan(uuid.uuid4().hex, backend, engines, offsets, n, infos[0]["dtype"], infos[0]["skip"],
-                                 self.buffer_bytes)
+        self.plan = TransferPlan(
+            uuid.uuid4().hex, backend, engines, offsets, n, infos[0]["dtype"], infos[0]["skip"], self.buffer_bytes
+        )
         self._engine_ids = ids
         (logger.info if first else logger.warning)(
             "weight sync: learner rank 0 -> %d engine worker(s) through vLLM's weight-transfer engine %r, in %s%s",
-            n - 1, backend, infos[0]["dtype"], "" if first else " (group re-opened)")
+            n - 1,
+            backend,
+            infos[0]["dtype"],
+            "" if first else " (group re-opened)",
+        )
 
     def _failed(self, error: Exception) -> bool:
         self.failures += 1
@@ -316,6 +338,7 @@ def sync_weights_via_transfer(algo: Any) -> bool:
     sync = getattr(algo, "_r3l_weight_transfer", None)
     if sync is None:
         opts = dict(algo.config.backend_options or {})
-        sync = algo._r3l_weight_transfer = WeightTransferSync(opts.get("weight_transfer", "auto"),
-                                                              opts.get("weight_bucket_bytes"))
+        sync = algo._r3l_weight_transfer = WeightTransferSync(
+            opts.get("weight_transfer", "auto"), opts.get("weight_bucket_bytes")
+        )
     return sync.sync(algo.learner_group, algo.env_runner_group)

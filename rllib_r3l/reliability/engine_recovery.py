@@ -38,8 +38,13 @@ class EngineKeeper:
     local runner's is the learner's live parameters, which are always current).
     """
 
-    def __init__(self, build: Callable[[], Any], load: Callable[[Any, Dict[str, Any]], None], counters: Counter,
-                 probe_token_id: int) -> None:
+    def __init__(
+        self,
+        build: Callable[[], Any],
+        load: Callable[[Any, Dict[str, Any]], None],
+        counters: Counter,
+        probe_token_id: int,
+    ) -> None:
         self._build, self._load = build, load
         self.counters = counters
         self.probe_token_id = int(probe_token_id)
@@ -79,8 +84,10 @@ class EngineKeeper:
             return backend
         if self.rebuilt_this_sample:
             self.counters["engine_failures_after_rebuild"] += 1
-            logger.error("the generation engine failed again after a rebuild in this sample: exploration stops "
-                         "for this iteration (counted under r3l/faults/engine_failures_after_rebuild)")
+            logger.error(
+                "the generation engine failed again after a rebuild in this sample: exploration stops "
+                "for this iteration (counted under r3l/faults/engine_failures_after_rebuild)"
+            )
             return None
         try:
             backend.close()
@@ -95,7 +102,9 @@ class EngineKeeper:
         if self.behind:  # it would sample from older weights than the learner's until the next sync
             self.needs_weights = True
             self.counters["engine_rebuilt_behind"] += 1
-            logger.warning("the rebuilt engine holds older weights than the learner's (they came by weight "
-                           "transfer): exploration stops for this sample, and the runner asks the driver for "
-                           "the weights before the next (counted under r3l/faults/engine_rebuilt_behind)")
+            logger.warning(
+                "the rebuilt engine holds older weights than the learner's (they came by weight "
+                "transfer): exploration stops for this sample, and the runner asks the driver for "
+                "the weights before the next (counted under r3l/faults/engine_rebuilt_behind)"
+            )
         return fresh

@@ -1,7 +1,8 @@
 """Fault injection: testing aids that make R3L's failure handling observable. OFF by default.
 
 ``inject(config, {...})`` on an ``R3LConfig`` (a testing aid, deliberately not a config option: no
-YAML file or ``--set`` reaches it) makes environments crash, JVMs die, env-runner actors get killed mid-sample, or learner updates turn
+YAML file or ``--set`` reaches it) makes environments crash, JVMs die, env-runner actors get killed mid-sample, or
+learner updates turn
 NaN, at chosen points or with a given probability. Every injected fault is counted, so a test can
 check that each one was survived and that what it cost (lost episodes, skipped updates) was counted
 too (``scripts/soak.py``, ``tests/reliability/test_reliability.py``, ``docs/reliability.md``).
@@ -63,10 +64,18 @@ FAULT_OPTIONS: Dict[str, tuple] = {
     "nan_loss_at_updates": (_INDICES, [], "learner update indices whose loss becomes NaN"),
     "nan_grad_prob": (_PROB, 0.0, "probability that a learner update's gradient becomes inf"),
     "nan_grad_at_updates": (_INDICES, [], "learner update indices whose gradient becomes inf"),
-    "engine_death_prob": (_PROB, 0.0, "probability that a generate call finds the policy's engine dead (it and every "
-                                      "later call of that engine raise, until the runner rebuilds it)"),
+    "engine_death_prob": (
+        _PROB,
+        0.0,
+        "probability that a generate call finds the policy's engine dead (it and every "
+        "later call of that engine raise, until the runner rebuilds it)",
+    ),
     "engine_death_at_calls": (_INDICES, [], "generate-call indices (per runner process) at which the engine dies"),
-    "kill_runner_at_iterations": (_INDICES, [], "training iterations in which a remote env runner is killed mid-sample"),
+    "kill_runner_at_iterations": (
+        _INDICES,
+        [],
+        "training iterations in which a remote env runner is killed mid-sample",
+    ),
     "kill_runner_delay_s": (_SECONDS, 0.3, "seconds after sampling starts before the runner is killed"),
 }
 
@@ -103,7 +112,9 @@ def validate_fault_injection(value: Any) -> Dict[str, Any]:
         elif kind == _INDICES:
             if isinstance(v, int) and not isinstance(v, bool):
                 v = [v]
-            if not isinstance(v, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in v):
+            if not isinstance(v, (list, tuple)) or any(
+                isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in v
+            ):
                 raise bad
             v = sorted(set(int(i) for i in v))
         elif kind == _SECONDS:
@@ -132,7 +143,9 @@ def validate_reliability_options(config: Any) -> None:
         raise ValueError(f"R3LConfig.sampling_seed: must be None (unseeded) or an integer >= 0, got {seed!r}")
     retries = config.runner_failure_retries
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"R3LConfig.runner_failure_retries: must be an integer >= 0 (0 = no re-sampling), got {retries!r}")
+        raise ValueError(
+            f"R3LConfig.runner_failure_retries: must be an integer >= 0 (0 = no re-sampling), got {retries!r}"
+        )
     wait = config.runner_restart_wait_s
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
         raise ValueError(f"R3LConfig.runner_restart_wait_s: must be a number of seconds >= 0, got {wait!r}")
@@ -227,7 +240,9 @@ def kill_jvm(env: Any, timeout: float = 10.0) -> int:
     return pid
 
 
-def wrap_env_factory(factory: Callable[[], Any], config: Any, counters: Counter, worker_index: int) -> Callable[[], Any]:
+def wrap_env_factory(
+    factory: Callable[[], Any], config: Any, counters: Counter, worker_index: int
+) -> Callable[[], Any]:
     """``factory`` itself, or (with env faults configured) one whose environments inject faults.
 
     All environments of one runner share one trigger: step indices count across them.
@@ -263,8 +278,9 @@ class FaultyBackend:
         return self.backend.generate(requests, **kwargs)
 
 
-def wrap_backend(backend: Any, config: Any, counters: Counter, worker_index: int,
-                 trigger: Optional[_Trigger] = None) -> Tuple[Any, Optional[_Trigger]]:
+def wrap_backend(
+    backend: Any, config: Any, counters: Counter, worker_index: int, trigger: Optional[_Trigger] = None
+) -> Tuple[Any, Optional[_Trigger]]:
     """``(backend, None)``, or with engine faults configured a ``FaultyBackend`` and its trigger (pass
     the trigger back for a rebuilt engine, so that call indices count across engines)."""
     plan = fault_plan(config)

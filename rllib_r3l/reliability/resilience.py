@@ -26,7 +26,6 @@
 from __future__ import annotations
 
 import contextlib
-
 import logging
 import time
 from collections import Counter
@@ -34,9 +33,9 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from rllib_r3l.reliability import faults
-from rllib_r3l.generation.base import GenerationBackend
 from rllib_r3l import ray_internals
+from rllib_r3l.generation.base import GenerationBackend
+from rllib_r3l.reliability import faults
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ def episode_shares(cap: Optional[int], groups: Dict[int, int]) -> Dict[int, Opti
         return {i: None for i in groups}
     total = sum(groups.values()) or 1
     shares = {i: cap * n // total for i, n in groups.items()}
-    for i in sorted(groups)[:cap - sum(shares.values())]:
+    for i in sorted(groups)[: cap - sum(shares.values())]:
         shares[i] += 1
     return shares
 
@@ -104,7 +103,9 @@ def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
     if not healthy:  # every runner is restarting: wait (bounded) rather than run an empty iteration
         healthy = wait_for_runners(algo, group, ray_internals.actor_ids(group))
     if len(healthy) < group.num_remote_workers():
-        m.log_value(("r3l", "faults", "env_runners_unavailable"), group.num_remote_workers() - len(healthy), reduce="sum")
+        m.log_value(
+            ("r3l", "faults", "env_runners_unavailable"), group.num_remote_workers() - len(healthy), reduce="sum"
+        )
     pending = runner_shares(c.tasks_per_iteration, healthy)
     if not pending:
         m.log_value(("r3l", "faults", "groups_lost_with_runner"), int(c.tasks_per_iteration), reduce="sum")
@@ -116,8 +117,11 @@ def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
         killer = faults.maybe_kill_runner(algo, ids) if attempt == 0 else None
         try:
             caps = episode_shares(cap, pending)
-            out = group.foreach_env_runner([_sample_fn(pending[i], cache.get(i, {}), caps.get(i)) for i in ids],
-                                           remote_worker_ids=ids, local_env_runner=False)
+            out = group.foreach_env_runner(
+                [_sample_fn(pending[i], cache.get(i, {}), caps.get(i)) for i in ids],
+                remote_worker_ids=ids,
+                local_env_runner=False,
+            )
         finally:
             if killer is not None and killer.finish():
                 m.log_value(("r3l", "faults", "injected_runner_kill"), 1, reduce="sum")
@@ -180,8 +184,9 @@ def restore_env_runners(algo: Any, group: Any) -> List[int]:
 
     ray_internals.algorithm_counters(algo)["total_num_restored_workers"] += len(restored)
     algo.metrics.log_value(("r3l", "faults", "env_runners_restored"), len(restored), reduce="sum")
-    weights = algo.learner_group.get_state(components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE,
-                                           inference_only=True)[COMPONENT_LEARNER]
+    weights = algo.learner_group.get_state(
+        components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE, inference_only=True
+    )[COMPONENT_LEARNER]
     ref = ray.put(weights)
     cache = _runner_cache(algo) if group is algo.env_runner_group else {}
     funcs = []
@@ -192,8 +197,12 @@ def restore_env_runners(algo: Any, group: Any) -> List[int]:
             r.set_state({**_own, **ray.get(_ref)})
 
         funcs.append(_sync)
-    group.foreach_env_runner(funcs, remote_worker_ids=list(restored), local_env_runner=False,
-                             timeout_seconds=algo.config.env_runner_restore_timeout_s)
+    group.foreach_env_runner(
+        funcs,
+        remote_worker_ids=list(restored),
+        local_env_runner=False,
+        timeout_seconds=algo.config.env_runner_restore_timeout_s,
+    )
     logger.warning("env runner(s) %s restored (weights and task RNG state re-sent)", restored)
     return list(restored)
 
@@ -207,8 +216,11 @@ def remote_runner_states(algo: Any) -> Dict[int, Dict[str, Any]]:
     if group is None or group.num_remote_workers() <= 0:
         return {}
     try:
-        out = group.foreach_env_runner(lambda r: (r.worker_index, r.get_state()), local_env_runner=False,
-                                       timeout_seconds=algo.config.env_runner_health_probe_timeout_s)
+        out = group.foreach_env_runner(
+            lambda r: (r.worker_index, r.get_state()),
+            local_env_runner=False,
+            timeout_seconds=algo.config.env_runner_health_probe_timeout_s,
+        )
         cache.update({int(i): s for i, s in out})
     except Exception:  # a dying runner: keep its last known state
         logger.exception("could not read env runner states; using the last known ones")
@@ -233,8 +245,11 @@ def set_extra_state(algo: Any, state: Optional[Dict[str, Any]]) -> None:
         return
     ids = [i for i in sorted(runner_states) if i in set(group.healthy_worker_ids())]
     if ids:
-        group.foreach_env_runner([(lambda r, _s=runner_states[i]: r.set_state(_s)) for i in ids],
-                                 remote_worker_ids=ids, local_env_runner=False)
+        group.foreach_env_runner(
+            [(lambda r, _s=runner_states[i]: r.set_state(_s)) for i in ids],
+            remote_worker_ids=ids,
+            local_env_runner=False,
+        )
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -306,7 +321,9 @@ def learner_lost_is_clear(algo: Any) -> Iterator[None]:
         yield
     except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
         n = algo.config.num_learners
-        raise LearnerLost(f"the learner actor ({n} remote learner(s)) died during the update or weight sync of iteration "
-                          f"{algo.iteration + 1} ({type(e).__name__}: its node was lost or its process killed); "
-                          "resume from the last checkpoint (rllib-r3l train ... --resume, or "
-                          "R3L.from_checkpoint(path)) once the cluster can place the learner again") from e
+        raise LearnerLost(
+            f"the learner actor ({n} remote learner(s)) died during the update or weight sync of iteration "
+            f"{algo.iteration + 1} ({type(e).__name__}: its node was lost or its process killed); "
+            "resume from the last checkpoint (rllib-r3l train ... --resume, or "
+            "R3L.from_checkpoint(path)) once the cluster can place the learner again"
+        ) from e

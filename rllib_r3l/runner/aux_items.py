@@ -56,6 +56,15 @@ class AuxItems:
             resp_ids, lps = canonical, None
             self.counters["reflection_items_retokenized"] += 1
         segs = [Segment("prompt", list(prompt_ids), turn=0), Segment("response", resp_ids, turn=0, logprobs=lps)]
-        return Trajectory(segments=segs, reward=self.opts.success_reward, group_id=f"{base.group_id}/reflection/{id(base)}",
-                          kind=Kind.REFLECTION_SFT, success=True, num_turns=1, fixed_advantage=1.0,
-                          weight=self.opts.aux_weight, seed=base.seed, task=base.task)
+        return Trajectory(
+            segments=segs,
+            reward=self.opts.success_reward,
+            group_id=f"{base.group_id}/reflection/{id(base)}",
+            kind=Kind.REFLECTION_SFT,
+            success=True,
+            num_turns=1,
+            fixed_advantage=1.0,
+            weight=self.opts.aux_weight,
+            seed=base.seed,
+            task=base.task,
+        )

@@ -31,8 +31,11 @@ class ChatFormat:
         """The special token the template closes an assistant turn with (``<|im_end|>``,
         ``<end_of_turn>``, ``<|eot_id|>``...). It is what a response must stop on, and it need not
         be the tokenizer's EOS (Gemma: EOS ``<eos>``, end of turn ``<end_of_turn>``)."""
-        prior = [{"role": "system", "content": "s"}, {"role": "user", "content": "x"},
-                 {"role": "assistant", "content": _PLACEHOLDER}]
+        prior = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": _PLACEHOLDER},
+        ]
         tail = self._render(prior, False).split(_PLACEHOLDER, 1)[1]
         specials = {str(t) for t in getattr(self.tok, "all_special_tokens", [])}
         specials |= {str(t) for t in (getattr(self.tok, "added_tokens_encoder", None) or {})}
@@ -69,7 +72,7 @@ class ChatFormat:
                 "the chat template does not render messages as a prefix-stable string; "
                 "R3L cannot build token-exact multi-turn contexts with it"
             )
-        return after[len(before):]
+        return after[len(before) :]
 
     # -- segments ------------------------------------------------------------------------------------
     def system(self, text: str) -> List[int]:
@@ -97,7 +100,7 @@ class ChatFormat:
         after = self._render(prior + new, True)
         tail = before.split(_PLACEHOLDER, 1)[1] + self._diff(before, after)
         if tail.startswith(self.eot_text):  # the response's own stop token closed the turn
-            tail = tail[len(self.eot_text):]
+            tail = tail[len(self.eot_text) :]
         return self.encode(tail)
 
     def prompt(self, messages: List[Dict[str, str]]) -> List[int]:

@@ -77,15 +77,16 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         from rllib_r3l.reliability.faults import wrap_env_factory
 
         # fault_injection (a testing aid, off by default) wraps the environments; else unchanged
-        return wrap_env_factory(lambda: environments.make(env_id, env_config), self.config, self.counters,
-                                self.worker_index)
+        return wrap_env_factory(
+            lambda: environments.make(env_id, env_config), self.config, self.counters, self.worker_index
+        )
 
     def _setup(self) -> None:
         if self._explorer is not None:
             return
-        from rllib_r3l.runner.chat import ChatFormat
         from rllib_r3l.generation import make_backend
         from rllib_r3l.models import load_tokenizer, resolve_model
+        from rllib_r3l.runner.chat import ChatFormat
         from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 
         c = self.config
@@ -105,13 +106,15 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
 
         # sampling_seed: every generate call seeded from the sample's task seeds (reproducible resume)
         self._reflector = seeded_backend(self._reflector, c.sampling_seed)
-        self._keeper = EngineKeeper(self._build_policy_backend, self._load_into, self.counters,
-                                    probe_token_id=self._tokenizer.eos_token_id or 0)
+        self._keeper = EngineKeeper(
+            self._build_policy_backend, self._load_into, self.counters, probe_token_id=self._tokenizer.eos_token_id or 0
+        )
         opts = RolloutOptions.from_config(c, evaluation=self._in_eval)
         self._episodes = EpisodeRunner(self._backend, self._chat, self._env_factory(), opts, self.counters)
         eopts = ExploreOptions.from_config(c, evaluation=self._in_eval)
-        self._explorer = Explorer(self._episodes, self._chat, eopts, reflector=self._reflector,
-                                  reflector_chat=reflector_chat)
+        self._explorer = Explorer(
+            self._episodes, self._chat, eopts, reflector=self._reflector, reflector_chat=reflector_chat
+        )
         if not self._in_eval:
             from rllib_r3l.runner import progress
 
@@ -127,8 +130,9 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         from rllib_r3l.reliability.resilience import seeded_backend
 
         backend = make_backend(self.config.backend, self._model_path, **engine_options(self.config))
-        backend, self._engine_fault_trigger = wrap_backend(backend, self.config, self.counters, self.worker_index,
-                                                           trigger=self._engine_fault_trigger)
+        backend, self._engine_fault_trigger = wrap_backend(
+            backend, self.config, self.counters, self.worker_index, trigger=self._engine_fault_trigger
+        )
         return seeded_backend(backend, self.config.sampling_seed)
 
     def _recover_engine(self, before: Counter) -> None:
@@ -166,8 +170,14 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
     def get_spaces(self) -> Dict[str, Any]:
         return {"__env__": (self._obs_space, self._act_space), DEFAULT_MODULE_ID: (self._obs_space, self._act_space)}
 
-    def sample(self, *, num_groups: Optional[int] = None, max_episodes: Optional[int] = None,
-               evaluate: Optional[bool] = None, **kwargs) -> List[GroupResult]:
+    def sample(
+        self,
+        *,
+        num_groups: Optional[int] = None,
+        max_episodes: Optional[int] = None,
+        evaluate: Optional[bool] = None,
+        **kwargs,
+    ) -> List[GroupResult]:
         """Explore ``num_groups`` tasks (default: this runner's share of ``tasks_per_iteration``); with
         ``max_episodes``, at most that many base and retry episodes start, dynamic sampling's rounds included
         (an exact trajectory budget, ``R3L.episode_cap``).
@@ -179,8 +189,9 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         c = self.config
         if num_groups is None:
             n_runners = max(c.num_env_runners, 1)
-            num_groups = c.tasks_per_iteration // n_runners + int(self.worker_index - 1 < c.tasks_per_iteration % n_runners
-                                                                   if self.worker_index else 0)
+            num_groups = c.tasks_per_iteration // n_runners + int(
+                self.worker_index - 1 < c.tasks_per_iteration % n_runners if self.worker_index else 0
+            )
             num_groups = max(num_groups, 1)
         t0 = time.perf_counter()
         before = Counter(self.counters)
@@ -210,8 +221,9 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         self._setup()
         if self._eval_episodes is None:
             opts = RolloutOptions.from_config(self.config, evaluation=True)
-            self._eval_episodes = EpisodeRunner(self._backend, self._chat, self._env_factory(evaluation=True), opts,
-                                                Counter())
+            self._eval_episodes = EpisodeRunner(
+                self._backend, self._chat, self._env_factory(evaluation=True), opts, Counter()
+            )
         self._eval_episodes.backend = self._backend  # a rebuilt engine (engine_recovery) replaces the old one
         begin_sample(seeds, self._backend)  # sampling_seed: the same seeds sample the same episodes
         trajs = self._eval_episodes.run([EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in seeds])
@@ -253,8 +265,12 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         signal = [carries_signal(g, **opts) for g in groups]
         rounds = 0
         max_rounds = 0 if self._in_eval else int(c.dynamic_sampling_rounds)
-        while (not any(signal) and rounds < max_rounds and not self._stop_sampling
-               and (self._episodes_left is None or self._episodes_left > 0)):
+        while (
+            not any(signal)
+            and rounds < max_rounds
+            and not self._stop_sampling
+            and (self._episodes_left is None or self._episodes_left > 0)
+        ):
             rounds += 1
             self.counters["progress_rounds"] += 1  # live progress: a new round of tasks
             more = self._explore_round(num_groups)
@@ -294,8 +310,11 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         backend.update_weights(hf_named_tensors(module_state))
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> Dict[str, Any]:
-        return {"num_groups_sampled": self._num_groups_sampled, "rng": self._rng.bit_generator.state,
-                "weights_seq_no": self._weights_seq_no}
+        return {
+            "num_groups_sampled": self._num_groups_sampled,
+            "rng": self._rng.bit_generator.state,
+            "weights_seq_no": self._weights_seq_no,
+        }
 
     def set_state(self, state: Dict[str, Any]) -> None:
         import ray
@@ -321,7 +340,9 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
 
             # loaded when the engine starts; a copy, since an in-process learner's state holds its live
             # parameters (Algorithm._sync_weights), which later updates change in place
-            self._pending_weights = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in module_state.items()}
+            self._pending_weights = {
+                k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in module_state.items()
+            }
         else:
             self._load_weights(module_state)
         if seq:

@@ -36,8 +36,13 @@ def summarize(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     def mean(key: str) -> float:
         return float(sum(float(r[key]) for r in rows) / n) if n else math.nan
 
-    return {"episodes": n, "success_rate": mean("success"), "mean_return": mean("return"),
-            "mean_turns": mean("turns"), "errors": sum(1 for r in rows if r["status"] in LOST_STATUSES)}
+    return {
+        "episodes": n,
+        "success_rate": mean("success"),
+        "mean_return": mean("return"),
+        "mean_turns": mean("turns"),
+        "errors": sum(1 for r in rows if r["status"] in LOST_STATUSES),
+    }
 
 
 def split_seeds(seeds: Sequence[int], parts: int) -> List[List[int]]:
@@ -48,6 +53,6 @@ def split_seeds(seeds: Sequence[int], parts: int) -> List[List[int]]:
     out, start = [], 0
     for i in range(parts):
         size = q + (1 if i < r else 0)
-        out.append([int(s) for s in seeds[start:start + size]])
+        out.append([int(s) for s in seeds[start : start + size]])
         start += size
     return out

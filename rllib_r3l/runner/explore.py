@@ -28,14 +28,14 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from rllib_r3l import core_algos, retry_ledger
+from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
 from rllib_r3l.options import default, resolve_reflection_context, resolve_reflection_structured
-from rllib_r3l.runner.reflection import oracle as oracle_lib
-from rllib_r3l.runner.reflection import reflect as reflect_lib
-from rllib_r3l.runner.reflection import context as reflection_context
-from rllib_r3l.runner.reflection import hindsight as hindsight_lib
 from rllib_r3l.runner.aux_items import AuxItems
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
+from rllib_r3l.runner.reflection import context as reflection_context
+from rllib_r3l.runner.reflection import hindsight as hindsight_lib
+from rllib_r3l.runner.reflection import oracle as oracle_lib
+from rllib_r3l.runner.reflection import reflect as reflect_lib
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec
 from rllib_r3l.trajectory import Kind, Status, Trajectory
 
@@ -60,8 +60,9 @@ class ExploreOptions:
     reflection_style: str = default("reflection_style")
     reflection_temperature: Optional[float] = default("reflection_temperature")  # None: temperature
     # None resolved by the style (from_config): the paper samples freely
-    reflection_structured: bool = resolve_reflection_structured(default("reflection_structured"),
-                                                                default("reflection_style"))
+    reflection_structured: bool = resolve_reflection_structured(
+        default("reflection_structured"), default("reflection_style")
+    )
     max_reflection_tokens: int = default("max_reflection_tokens")
     temperature: float = default("temperature")
     pivotal_credit: bool = default("pivotal_credit")
@@ -81,10 +82,13 @@ class ExploreOptions:
     def from_config(cls, config: Any, evaluation: bool = False) -> "ExploreOptions":
         """The options of ``config`` (an ``R3LConfig``); ``evaluation``: base episodes only, nothing scored."""
         kw = {f.name: getattr(config, f.name) for f in fields(cls) if f.name not in ("score_behaviour",)}
-        kw.update(aux_items=tuple(config.aux_items), reflect=bool(config.reflect) and not evaluation,
-                  reflection_context=config.resolved_reflection_context(),
-                  reflection_structured=config.resolved_reflection_structured(),
-                  score_behaviour=bool(config.use_importance_ratio) and not evaluation)
+        kw.update(
+            aux_items=tuple(config.aux_items),
+            reflect=bool(config.reflect) and not evaluation,
+            reflection_context=config.resolved_reflection_context(),
+            reflection_structured=config.resolved_reflection_structured(),
+            score_behaviour=bool(config.use_importance_ratio) and not evaluation,
+        )
         return cls(**kw)
 
     @property
@@ -131,8 +135,9 @@ class Explorer(AuxItems):
         # the style's prompt (the paper's: a Reflector system prompt over the episode's log); a configured
         # template replaces the style's user message
         self.reflection_system, style_template = reflect_lib.style_prompt(options.reflection_style)
-        self.template = (reflect_lib.load_template(options.reflection_template) if options.reflection_template
-                         else style_template)
+        self.template = (
+            reflect_lib.load_template(options.reflection_template) if options.reflection_template else style_template
+        )
         self.counters: Counter = episodes.counters
         self.reflection_stats = reflect_lib.ReflectionStats()
         self.samples: Dict[str, List[float]] = {}
@@ -147,8 +152,9 @@ class Explorer(AuxItems):
         return core_algos.is_success(t.reward, t.success, success_reward=self.opts.success_reward)
 
     # ------------------------------------------------------------------------------------------------
-    def explore(self, seeds: Sequence[int], group_ids: Sequence[str],
-                max_episodes: Optional[int] = None) -> List[GroupResult]:
+    def explore(
+        self, seeds: Sequence[int], group_ids: Sequence[str], max_episodes: Optional[int] = None
+    ) -> List[GroupResult]:
         """Base rollouts -> reflect -> retry from the pivot, for every task (batched across tasks).
 
         ``max_episodes``: at most this many base and retry episodes start (an exact trajectory budget:
@@ -159,7 +165,7 @@ class Explorer(AuxItems):
         self.reflect_seconds = 0.0
         specs = [EpisodeSpec(seed=s, group_id=g) for s, g in zip(seeds, group_ids) for _ in range(n_base)]
         if max_episodes is not None:
-            specs = specs[:max(0, int(max_episodes))]
+            specs = specs[: max(0, int(max_episodes))]
             group_ids = [g for g in group_ids if any(s.group_id == g for s in specs)]
         self.counters["episodes_started"] += len(specs)
         self._retry_allowance = None if max_episodes is None else max(0, int(max_episodes) - len(specs))
@@ -196,11 +202,18 @@ class Explorer(AuxItems):
             return oracle_lib.oracle_reflections(self, trajectories)
         prompts = [self._reflection_prompt(t) for t in trajectories]
         structured = self.opts.reflection_structured
-        reqs = [GenerationRequest(p, self.opts.max_reflection_tokens,
-                                  json_schema=reflect_lib.report_json_schema(
-                                      max(len(t.actions), 1), failed=not t.success, max_chars=self.opts.reflection_max_chars)
-                                  if structured else None)
-                for p, t in zip(prompts, trajectories)]
+        reqs = [
+            GenerationRequest(
+                p,
+                self.opts.max_reflection_tokens,
+                json_schema=reflect_lib.report_json_schema(
+                    max(len(t.actions), 1), failed=not t.success, max_chars=self.opts.reflection_max_chars
+                )
+                if structured
+                else None,
+            )
+            for p, t in zip(prompts, trajectories)
+        ]
         self.counters["prompt_tokens"] += sum(len(p) for p in prompts)
         self.counters["prompt_tokens_reflect"] += sum(len(p) for p in prompts)
         reported = [0]
@@ -224,8 +237,9 @@ class Explorer(AuxItems):
             if parsed.ok and parsed.report.outcome == reflect_lib.Outcome.SUCCESS and not t.success:
                 # the reward says the episode failed: a "success" verdict is a misjudgment, not a report
                 self.counters["reflection_contradicts_reward"] += 1
-                parsed = reflect_lib.ParseResult(reflect_lib.ParseStatus.BAD_OUTCOME, None,
-                                                 "outcome 'success' contradicts the environment's reward")
+                parsed = reflect_lib.ParseResult(
+                    reflect_lib.ParseStatus.BAD_OUTCOME, None, "outcome 'success' contradicts the environment's reward"
+                )
             self.reflection_stats.add(parsed)
             results.append((parsed, p, o))
         oracle_lib.log_pivot_quality(self, trajectories, results)  # r3l/pivot_* where the env has an oracle
@@ -260,8 +274,14 @@ class Explorer(AuxItems):
         hindsight = hindsight_lib.explorer_pivots(self, bases, reflections)  # pivot_selector="hindsight"
         for i, (b, (parsed, prompt_ids, out)) in enumerate(zip(bases, reflections)):
             b.info["reflection"] = (parsed, prompt_ids, out)
-            row = retry_ledger.reflection_row(b, parsed, out, style=self.opts.reflection_style, reflection=i,
-                                              group_base_success=_base_success(groups[b.group_id]))
+            row = retry_ledger.reflection_row(
+                b,
+                parsed,
+                out,
+                style=self.opts.reflection_style,
+                reflection=i,
+                group_base_success=_base_success(groups[b.group_id]),
+            )
             rows.append((b, row, []))
             if parsed is None:
                 continue
@@ -272,8 +292,11 @@ class Explorer(AuxItems):
                 pivot = max(0, pivot - self.opts.pivot_backoff)
                 for _ in range(self.opts.retries_per_failure):
                     rows[-1][2].append(len(retry_specs))
-                    retry_specs.append(EpisodeSpec(seed=b.seed, group_id=b.group_id, kind=Kind.RETRY, base=b,
-                                                   pivot=pivot, guidance=guidance))
+                    retry_specs.append(
+                        EpisodeSpec(
+                            seed=b.seed, group_id=b.group_id, kind=Kind.RETRY, base=b, pivot=pivot, guidance=guidance
+                        )
+                    )
             elif parsed.ok and b.success and self._adds("reflection_sft") and out is not None:
                 # A success the reflector recognises: only the reflection item (authors' code).
                 self._add_reflection_item(b, groups[b.group_id])
@@ -297,8 +320,9 @@ class Explorer(AuxItems):
                     status = "skipped"
                 else:
                     status = self._add_retry(spec.base, r, groups[spec.group_id])
-                groups[b.group_id].ledger.append(retry_ledger.with_retry(row, b, spec.pivot, r, status, attempt,
-                                                                         control))
+                groups[b.group_id].ledger.append(
+                    retry_ledger.with_retry(row, b, spec.pivot, r, status, attempt, control)
+                )
 
     def _controls(self, bases: List[Trajectory]) -> Dict[int, Trajectory]:
         """``retry_control`` (DIAGNOSTIC): one fresh unguided episode of each retried base's task from turn 0, at

@@ -59,8 +59,14 @@ def temperature(spec: Any, turn: int, default: float, pivot_temperature: Optiona
     return float(pivot_temperature) if at_pivot and pivot_temperature is not None else float(default)
 
 
-def generate(generate_fn: Callable[..., List[Any]], requests: Sequence[Any], temperatures: Sequence[float],
-             failed: Sequence[Optional[str]], resamples: int, counters: Dict[str, int]) -> List[Any]:
+def generate(
+    generate_fn: Callable[..., List[Any]],
+    requests: Sequence[Any],
+    temperatures: Sequence[float],
+    failed: Sequence[Optional[str]],
+    resamples: int,
+    counters: Dict[str, int],
+) -> List[Any]:
     """One result per request: ``generate_fn(requests, temperature=t)`` per distinct temperature, then the
     free-text pivot turns that repeat their ``failed`` action sampled again, up to ``resamples`` times."""
     results: List[Any] = [None] * len(requests)

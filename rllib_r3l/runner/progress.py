@@ -24,8 +24,14 @@ from typing import Any, Dict, Mapping, Optional
 
 ENV_VAR = "R3L_PROGRESS_DIR"
 EPISODES, RETRIES, TURNS, REFLECTIONS, TOKENS, SAMPLES, ROUNDS = (
-    "progress_episodes", "progress_retries", "progress_turns", "progress_reflections", "progress_tokens",
-    "progress_samples", "progress_rounds")
+    "progress_episodes",
+    "progress_retries",
+    "progress_turns",
+    "progress_reflections",
+    "progress_tokens",
+    "progress_samples",
+    "progress_rounds",
+)
 # base episodes passed over by reflect_on="failures" (the explorer's own counter): with REFLECTIONS,
 # they tell the console that every base episode has been dealt with
 SKIPPED = "reflections_skipped_successes"

@@ -13,10 +13,20 @@ from rllib_r3l.runner.rollout import EpisodeSpec
 __all__ = ["score_reflections", "reflection_quality"]
 
 
-def score_reflections(episodes: Any, chat: Any, trajectories: Sequence[Any], *, reflector: Any = None,
-                      reflector_chat: Any = None, max_reflection_tokens: int = 256, temperature: float = 0.4,
-                      structured: Optional[bool] = None, style: str = "structured", template: Optional[str] = None,
-                      success_reward: float = 1.0) -> dict:
+def score_reflections(
+    episodes: Any,
+    chat: Any,
+    trajectories: Sequence[Any],
+    *,
+    reflector: Any = None,
+    reflector_chat: Any = None,
+    max_reflection_tokens: int = 256,
+    temperature: float = 0.4,
+    structured: Optional[bool] = None,
+    style: str = "structured",
+    template: Optional[str] = None,
+    success_reward: float = 1.0,
+) -> dict:
     """How good are a policy's reflections on finished episodes? (held-out evaluation)
 
     The policy (or ``reflector``) reflects on each of ``trajectories`` (run by ``episodes``, an
@@ -27,10 +37,17 @@ def score_reflections(episodes: Any, chat: Any, trajectories: Sequence[Any], *, 
     ``reflected`` (episodes with at least one action, the ones reflected on). ``style`` is the config's
     ``reflection_style`` (its prompt and context); ``structured`` None = by the style.
     """
-    opts = ExploreOptions(group_size=2, reflect=True, max_reflection_tokens=max_reflection_tokens,
-                          temperature=temperature, reflection_structured=resolve_reflection_structured(structured, style),
-                          reflection_style=style, reflection_context=resolve_reflection_context("auto", "policy", style),
-                          reflection_template=template, success_reward=success_reward)
+    opts = ExploreOptions(
+        group_size=2,
+        reflect=True,
+        max_reflection_tokens=max_reflection_tokens,
+        temperature=temperature,
+        reflection_structured=resolve_reflection_structured(structured, style),
+        reflection_style=style,
+        reflection_context=resolve_reflection_context("auto", "policy", style),
+        reflection_template=template,
+        success_reward=success_reward,
+    )
     ex = Explorer(episodes, chat, opts, reflector=reflector, reflector_chat=reflector_chat)
     todo = [t for t in trajectories if t is not None and t.status not in LOST and t.actions]
     for t in todo:
@@ -48,6 +65,10 @@ def reflection_quality(episodes: Any, chat: Any, seeds: Sequence[int], **kw: Any
     runs = episodes.run([EpisodeSpec(seed=int(s), group_id=f"reflection-quality-{s}") for s in seeds])
     bases = [t for t in runs if t is not None and t.status not in LOST]
     out = score_reflections(episodes, chat, bases, **kw)
-    out.update({"episodes": float(len(bases)),
-                "success_rate": float(sum(b.success for b in bases) / len(bases)) if bases else 0.0})
+    out.update(
+        {
+            "episodes": float(len(bases)),
+            "success_rate": float(sum(b.success for b in bases) / len(bases)) if bases else 0.0,
+        }
+    )
     return out

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any, Callable, List, Optional
 
+from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
 from rllib_r3l.options import default
 from rllib_r3l.runner import pivot_turn
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -214,7 +214,9 @@ class EpisodeRunner:
             traj.segments.append(Segment("guidance", guided, turn=spec.pivot))
             live.close_prev = []
         traj.info["system_text"] = live.system_text
-        traj.info["truncated_turns"] = [t for t in (spec.base.info.get("truncated_turns", []) if spec.base else []) if t < live.turn]
+        traj.info["truncated_turns"] = [
+            t for t in (spec.base.info.get("truncated_turns", []) if spec.base else []) if t < live.turn
+        ]
         traj.env_id = type(env).__name__
         return live
 
@@ -261,7 +263,9 @@ class EpisodeRunner:
                 failed.append(pivot_turn.failed_action(lv.spec, lv.turn, self.opts.pivot_action))
                 choices = pivot_turn.exclude(choices, failed[-1], self.counters)
                 failed[-1] = failed[-1] if choices is None else None  # free text: resampled when it repeats
-                temps.append(pivot_turn.temperature(lv.spec, lv.turn, self.opts.temperature, self.opts.pivot_temperature))
+                temps.append(
+                    pivot_turn.temperature(lv.spec, lv.turn, self.opts.temperature, self.opts.pivot_temperature)
+                )
                 requests.append(GenerationRequest(ctx, min(self.opts.max_response_tokens, budget - 1), choices=choices))
                 self.counters["prompt_tokens"] += len(ctx)  # context submitted this turn (prefill work before caching)
                 self.counters[f"prompt_tokens_{_phase(lv)}"] += len(ctx)
@@ -270,8 +274,14 @@ class EpisodeRunner:
                 continue
             t0 = time.perf_counter()
             try:
-                results = pivot_turn.generate(partial(self.backend.generate, top_p=self.opts.top_p), requests, temps,
-                                              failed, self.opts.pivot_resamples, self.counters)
+                results = pivot_turn.generate(
+                    partial(self.backend.generate, top_p=self.opts.top_p),
+                    requests,
+                    temps,
+                    failed,
+                    self.opts.pivot_resamples,
+                    self.counters,
+                )
             except Exception:
                 self.counters["generation_errors"] += 1
                 logger.error("generation failed:\n%s", traceback.format_exc())
@@ -294,8 +304,13 @@ class EpisodeRunner:
         ratio needs like with like, so the engine scores each trajectory once with the weights it
         sampled with (one prefill per trajectory: only done when the ratio is used).
         """
-        todo = [t for t in trajectories if t.status not in (Status.ENV_ERROR, Status.GENERATION_ERROR)
-                and t.num_generated_tokens and not t.has_guidance()]
+        todo = [
+            t
+            for t in trajectories
+            if t.status not in (Status.ENV_ERROR, Status.GENERATION_ERROR)
+            and t.num_generated_tokens
+            and not t.has_guidance()
+        ]
         if not todo:
             return
         pairs = [(t.token_ids[:1], t.token_ids[1:]) for t in todo]
@@ -305,7 +320,7 @@ class EpisodeRunner:
             for s in t.segments:
                 n = len(s.token_ids)
                 if s.role == "response":
-                    s.model_logprobs = [float(x) for x in sc[start - 1: start - 1 + n]]
+                    s.model_logprobs = [float(x) for x in sc[start - 1 : start - 1 + n]]
                 start += n
             self.counters["behaviour_scored_tokens"] += len(t.token_ids)
 

@@ -11,15 +11,30 @@ import numpy as np
 from rllib_r3l.runner.rollout import ROLLOUT_TIMERS
 
 # Runner counters logged per sample under r3l/faults/ (the difference over the sample).
-FAULT_COUNTERS = ("env_errors", "generation_errors", "replay_mismatch", "context_overflow", "truncated_responses",
-                  "invalid_actions", "retries_skipped", "reflection_generation_errors", "env_close_errors",
-                  "reflection_contradicts_reward", "env_create_errors", "retries_empty",
-                  "reflection_sft_items_too_long", "retry_sft_items_too_long", "oracle_errors", "oracle_no_pivot",
-                  "engine_rebuilds", "engine_failures_after_rebuild", "engine_rebuilt_behind")
+FAULT_COUNTERS = (
+    "env_errors",
+    "generation_errors",
+    "replay_mismatch",
+    "context_overflow",
+    "truncated_responses",
+    "invalid_actions",
+    "retries_skipped",
+    "reflection_generation_errors",
+    "env_close_errors",
+    "reflection_contradicts_reward",
+    "env_create_errors",
+    "retries_empty",
+    "reflection_sft_items_too_long",
+    "retry_sft_items_too_long",
+    "oracle_errors",
+    "oracle_no_pivot",
+    "engine_rebuilds",
+    "engine_failures_after_rebuild",
+    "engine_rebuilt_behind",
+)
 
 
-def log_sample_metrics(runner: Any, groups: List[Any], seconds: float, before: Counter,
-                       reflect_seconds: float) -> None:
+def log_sample_metrics(runner: Any, groups: List[Any], seconds: float, before: Counter, reflect_seconds: float) -> None:
     """Log one ``sample()`` into ``runner.metrics``: episodes, tokens, prefix-cache use, phase timers,
     reflection statistics and every fault counter (the difference of ``runner.counters`` to ``before``)."""
     m = runner.metrics
@@ -39,8 +54,9 @@ def log_sample_metrics(runner: Any, groups: List[Any], seconds: float, before: C
     if samples:
         turns = sum(t.num_turns - (t.pivot or 0) for t in samples)
         gen = sum(generated_anew(t) for t in samples)
-        reports = [t.info["reflection"][2] for t in base
-                   if t.info.get("reflection") and t.info["reflection"][2] is not None]
+        reports = [
+            t.info["reflection"][2] for t in base if t.info.get("reflection") and t.info["reflection"][2] is not None
+        ]
         gen += sum(len(o.token_ids) for o in reports)
         # the cost of reflecting, apart from the rollouts': tokens the reflector wrote, reports cut at
         # max_reflection_tokens
@@ -72,17 +88,25 @@ def log_sample_metrics(runner: Any, groups: List[Any], seconds: float, before: C
     # grammar set-up happen inside the engine's generate call and are part of it), environment
     # steps, resets (with environment creation) and a retry's replay of its base's prefix
     for name in ROLLOUT_TIMERS:
-        m.log_value(("r3l", "timers", f"{name}_s"), runner.counters[f"seconds_{name}"] - before.get(f"seconds_{name}", 0),
-                    reduce="mean", window=1)
+        m.log_value(
+            ("r3l", "timers", f"{name}_s"),
+            runner.counters[f"seconds_{name}"] - before.get(f"seconds_{name}", 0),
+            reduce="mean",
+            window=1,
+        )
     if not runner._engine_start_logged:
         runner._engine_start_logged = True
-        m.log_value(("r3l", "timers", "engine_start_s"), runner.counters["backend_start_seconds"],
-                    reduce="mean", window=1)
+        m.log_value(
+            ("r3l", "timers", "engine_start_s"), runner.counters["backend_start_seconds"], reduce="mean", window=1
+        )
     if retries or base:
         m.log_value(("r3l", "num_retries"), len(retries), reduce="sum")
     # reflect_on="failures": successful base episodes passed over (not lost: not reflected on by design)
-    m.log_value(("r3l", "reflections_skipped_successes"), runner.counters["reflections_skipped_successes"]
-                - before.get("reflections_skipped_successes", 0), reduce="sum")
+    m.log_value(
+        ("r3l", "reflections_skipped_successes"),
+        runner.counters["reflections_skipped_successes"] - before.get("reflections_skipped_successes", 0),
+        reduce="sum",
+    )
     for k, v in runner._explorer.pop_metrics().items():
         m.log_value(("r3l", k), v, reduce="mean", window=1)
     m.log_value(("r3l", "faults", "episodes_lost"), len(lost), reduce="sum")
@@ -97,5 +121,6 @@ def generated_anew(t) -> int:
     episode, replayed here) is not counted again."""
     if not t.pivot:
         return t.num_generated_tokens
-    return t.num_generated_tokens - sum(len(s.token_ids) for s in t.segments
-                                        if s.role == "response" and s.turn < t.pivot)
+    return t.num_generated_tokens - sum(
+        len(s.token_ids) for s in t.segments if s.role == "response" and s.turn < t.pivot
+    )

@@ -10,7 +10,10 @@ import pickle
 def fake_checkpoint(path):
     """A folder with RLlib's checkpoint layout (metadata, constructor and state files per component) that
     ``checkpoint_integrity.problem`` takes for complete; nothing in it can be restored."""
-    for sub, meta, state in (("", "rllib_checkpoint.json", "algorithm_state"), ("learner_group", "metadata.json", "state")):
+    for sub, meta, state in (
+        ("", "rllib_checkpoint.json", "algorithm_state"),
+        ("learner_group", "metadata.json", "state"),
+    ):
         d = path / sub if sub else path
         d.mkdir(parents=True, exist_ok=True)
         (d / meta).write_text(json.dumps({"class_and_ctor_args_file": "class_and_ctor_args.pkl", "state_file": state}))
@@ -42,8 +45,15 @@ def module_checkpoint(root, state, model_id="tiny", env="r3l/ToyCorridor"):
     mdir.mkdir(parents=True)
     (ckpt / "rllib_checkpoint.json").write_text("{}")
     with open(ckpt / "class_and_ctor_args.pkl", "wb") as f:
-        pickle.dump({"ctor_args_and_kwargs": (({"env": env, "env_config": {"num_rooms": 3},
-                                                 "backend": "transformers", "max_turns": 1},), {})}, f)
+        pickle.dump(
+            {
+                "ctor_args_and_kwargs": (
+                    ({"env": env, "env_config": {"num_rooms": 3}, "backend": "transformers", "max_turns": 1},),
+                    {},
+                )
+            },
+            f,
+        )
     with open(mdir / "class_and_ctor_args.pkl", "wb") as f:
         pickle.dump({"class": None, "ctor_args_and_kwargs": ((), {"model_config": {"model_id": model_id}})}, f)
     with open(mdir / "module_state.pkl", "wb") as f:

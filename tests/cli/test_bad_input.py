@@ -36,8 +36,9 @@ def usage_error(code, err, *needles):
 
 
 def dry_run(capsys, tmp_path, *flags):
-    return run_cli(capsys, "train", TOY, "--experiment", "toy-corridor-tiny-r3l", "--dry-run",
-                   "--storage-path", tmp_path, *flags)
+    return run_cli(
+        capsys, "train", TOY, "--experiment", "toy-corridor-tiny-r3l", "--dry-run", "--storage-path", tmp_path, *flags
+    )
 
 
 # ---------------------------------------------------------------------------- 1. a run that cannot train
@@ -48,8 +49,9 @@ def test_dry_run_builds_the_environment_alfworld_without_data(tmp_path, capsys, 
 
 
 def test_dry_run_builds_the_environment_math_misspelt_data_file(tmp_path, capsys):
-    code, _out, err = dry_run(capsys, tmp_path, "--set", "env=r3l/Math",
-                              "--set", f"env_config={{data_files: {tmp_path}/gsm8k_tset.jsonl}}")
+    code, _out, err = dry_run(
+        capsys, tmp_path, "--set", "env=r3l/Math", "--set", f"env_config={{data_files: {tmp_path}/gsm8k_tset.jsonl}}"
+    )
     usage_error(code, err, "--set env_config", "no such file", "gsm8k_tset.jsonl")
 
 
@@ -58,8 +60,9 @@ def test_dry_run_refuses_an_environment_that_fails_at_its_first_reset(tmp_path, 
     printed the runner's traceback, then "1 experiment(s) valid", exit 0; the run trained on nothing."""
     env = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
     code, out, err = dry_run(capsys, tmp_path, "--set", f"env={env}", "--set", "env_config={}")
-    usage_error(code, err, "--set env=", f"{env} fails at reset(seed=0)", "ndarray observation, expected str",
-                "nothing trained")
+    usage_error(
+        code, err, "--set env=", f"{env} fails at reset(seed=0)", "ndarray observation, expected str", "nothing trained"
+    )
     assert "Traceback" not in out + err and "valid" not in out
     cfg = R3LConfig().environment(env).training(model="tiny")
     with pytest.raises(ValueError, match=r"R3LConfig.env: .*CartPoleEnv fails at reset\(seed=0\)"):
@@ -90,18 +93,30 @@ def test_dry_run_refuses_a_cuda_generation_device_on_a_machine_without_a_gpu(tmp
 
 
 def test_build_algo_rejects_an_environment_that_cannot_be_created(tmp_path):
-    cfg = R3LConfig().environment("r3l/Math", env_config={"data_files": str(tmp_path / "nope.jsonl")}).training(model="tiny")
+    cfg = (
+        R3LConfig()
+        .environment("r3l/Math", env_config={"data_files": str(tmp_path / "nope.jsonl")})
+        .training(model="tiny")
+    )
     with pytest.raises(ValueError, match=r"R3LConfig.env_config: r3l/Math cannot be created .*no such file"):
         cfg.build_algo()  # before any runner, learner or model
 
 
 def test_iteration_without_any_environment_raises_with_its_message():
-    from rllib_r3l.runner.explore import GroupResult
     from rllib_r3l.preflight import raise_if_no_environment
+    from rllib_r3l.runner.explore import GroupResult
     from rllib_r3l.trajectory import Status, Trajectory
 
-    lost = [Trajectory(segments=[], reward=0.0, group_id="g", status=Status.ENV_ERROR,
-                       info={"error": "Traceback ...\nOSError: JVM did not start\n"}) for _ in range(4)]
+    lost = [
+        Trajectory(
+            segments=[],
+            reward=0.0,
+            group_id="g",
+            status=Status.ENV_ERROR,
+            info={"error": "Traceback ...\nOSError: JVM did not start\n"},
+        )
+        for _ in range(4)
+    ]
     with pytest.raises(RuntimeError, match="environment could not be created: OSError: JVM did not start"):
         raise_if_no_environment([GroupResult("g", lost=lost, complete=False)], create_errors=4)
     raise_if_no_environment([GroupResult("g", lost=lost, complete=False)], create_errors=0)  # lost later: counted
@@ -121,8 +136,10 @@ def test_a_run_that_trained_on_nothing_is_a_failure_with_the_reason():
     from rllib_r3l.cli.outcome import INTERRUPTED, TRAINED_ON_NOTHING, TrainingTracker, trial_rows
 
     tracker = TrainingTracker()
-    empty = {"r3l": {"batch": {"empty_batches": 1}}, "env_runners": {"r3l": {"faults": {"episodes_lost": 8,
-                                                                                       "env_create_errors": 8}}}}
+    empty = {
+        "r3l": {"batch": {"empty_batches": 1}},
+        "env_runners": {"r3l": {"faults": {"episodes_lost": 8, "env_create_errors": 8}}},
+    }
     done, stopped = _Trial("t1", "TERMINATED", {"done": True}), _Trial("t2", "TERMINATED", {"done": False})
     for _ in range(2):
         tracker.on_trial_result(0, [], done, empty)
@@ -133,27 +150,32 @@ def test_a_run_that_trained_on_nothing_is_a_failure_with_the_reason():
     assert r2["status"] == INTERRUPTED and r2["problem"] is None  # Ctrl-C: TERMINATED without "done"
 
 
-
-
-# ---------------------------------------------------------------------------- 1b. values a run cannot train with (issue 37)
-@pytest.mark.parametrize("flag,needles", [
-    ("grad_clip=-1.001", ["--set grad_clip", "None (no clipping) or a number > 0, got -1.001"]),  # gradient ascent
-    ("grad_clip=-1", ["--set grad_clip", "> 0"]),
-    ("lr=.nan", ["--set lr", "must be > 0"]),
-    ("weight_decay=-0.1", ["--set weight_decay", "must be a number >= 0"]),
-    ("num_env_runners=-2", ["--set num_env_runners", "must be an integer >= 0"]),
-    ("temperature=0", ["--set temperature", "advantages", "temperature > 0"]),
-    ("env_config={num_rooms: 3, max_turns: 0}", ["--set env_config.max_turns", "'max_turns' must be an integer >= 1"]),
-    ("num_epochs=2", ["--set num_epochs", "R3L does not use RLlib's num_epochs", "micro_batch_size"]),
-    ("minibatch_size=2", ["--set minibatch_size", "micro_batch_tokens"]),
-    ("train_batch_size=64", ["--set train_batch_size", "tasks_per_iteration", "group_size"]),
-    ("gamma=0.5", ["--set gamma", "R3L does not use RLlib's gamma"]),
-    # a stop metric or a run length was pointed at tasks_per_iteration, greedy at seed
-    ("training_iteration=3", ["--set training_iteration", "stop criterion: --stop training_iteration=3"]),
-    ("iterations=20", ["--set iterations", "--stop training_iteration=N"]),
-    ("greedy=true", ["--set greedy", "evaluation_temperature=0", "rllib-r3l evaluate --greedy"]),
-    ("evaluation_num_env_runners=1", ["--set evaluation_num_env_runners", "training env runners"]),
-])
+# ---------------------------------------------------------------------------- 1b. values a run cannot train with
+# (issue 37)
+@pytest.mark.parametrize(
+    "flag,needles",
+    [
+        ("grad_clip=-1.001", ["--set grad_clip", "None (no clipping) or a number > 0, got -1.001"]),  # gradient ascent
+        ("grad_clip=-1", ["--set grad_clip", "> 0"]),
+        ("lr=.nan", ["--set lr", "must be > 0"]),
+        ("weight_decay=-0.1", ["--set weight_decay", "must be a number >= 0"]),
+        ("num_env_runners=-2", ["--set num_env_runners", "must be an integer >= 0"]),
+        ("temperature=0", ["--set temperature", "advantages", "temperature > 0"]),
+        (
+            "env_config={num_rooms: 3, max_turns: 0}",
+            ["--set env_config.max_turns", "'max_turns' must be an integer >= 1"],
+        ),
+        ("num_epochs=2", ["--set num_epochs", "R3L does not use RLlib's num_epochs", "micro_batch_size"]),
+        ("minibatch_size=2", ["--set minibatch_size", "micro_batch_tokens"]),
+        ("train_batch_size=64", ["--set train_batch_size", "tasks_per_iteration", "group_size"]),
+        ("gamma=0.5", ["--set gamma", "R3L does not use RLlib's gamma"]),
+        # a stop metric or a run length was pointed at tasks_per_iteration, greedy at seed
+        ("training_iteration=3", ["--set training_iteration", "stop criterion: --stop training_iteration=3"]),
+        ("iterations=20", ["--set iterations", "--stop training_iteration=N"]),
+        ("greedy=true", ["--set greedy", "evaluation_temperature=0", "rllib-r3l evaluate --greedy"]),
+        ("evaluation_num_env_runners=1", ["--set evaluation_num_env_runners", "training env runners"]),
+    ],
+)
 def test_dry_run_refuses_values_a_run_cannot_train_with(tmp_path, capsys, flag, needles):
     code, _out, err = dry_run(capsys, tmp_path, "--set", flag)
     usage_error(code, err, *needles)
@@ -161,17 +183,20 @@ def test_dry_run_refuses_values_a_run_cannot_train_with(tmp_path, capsys, flag, 
 
 
 # ---------------------------------------------------------------------------- 2. stop keys
-@pytest.mark.parametrize("flag,needles", [
-    ("training_iteraton=2", ["--stop training_iteraton", "did you mean 'training_iteration'"]),
-    ("env_runners/sucess_rate=0.9", ["did you mean 'env_runners/success_rate'"]),
-    ("success_rate=0.9", ["not a metric", "env_runners/success_rate"]),
-    ("training_iteration=soon", ["must be a number"]),
-    ("training_iteration=-1", ["--stop training_iteration", "must be >= 1"]),  # re-probe: ran 1 iteration, exit 0
-    ("time_total_s=0", ["must be >= 1"]),
-    # re-probe 7: values never reached passed --dry-run, and the trial would never stop on them
-    ("env_runners/success_rate=2", ["a rate between 0 and 1", "never reached"]),
-    ("training_iteration=.inf", ["must be a finite number"]),
-])
+@pytest.mark.parametrize(
+    "flag,needles",
+    [
+        ("training_iteraton=2", ["--stop training_iteraton", "did you mean 'training_iteration'"]),
+        ("env_runners/sucess_rate=0.9", ["did you mean 'env_runners/success_rate'"]),
+        ("success_rate=0.9", ["not a metric", "env_runners/success_rate"]),
+        ("training_iteration=soon", ["must be a number"]),
+        ("training_iteration=-1", ["--stop training_iteration", "must be >= 1"]),  # re-probe: ran 1 iteration, exit 0
+        ("time_total_s=0", ["must be >= 1"]),
+        # re-probe 7: values never reached passed --dry-run, and the trial would never stop on them
+        ("env_runners/success_rate=2", ["a rate between 0 and 1", "never reached"]),
+        ("training_iteration=.inf", ["must be a finite number"]),
+    ],
+)
 def test_misspelt_stop_key_is_an_error(tmp_path, capsys, flag, needles):
     code, _out, err = dry_run(capsys, tmp_path, "--stop", flag)
     usage_error(code, err, *needles)
@@ -179,7 +204,10 @@ def test_misspelt_stop_key_is_an_error(tmp_path, capsys, flag, needles):
 
 def test_misspelt_stop_key_in_the_file(tmp_path, capsys):
     f = tmp_path / "exp.yaml"
-    f.write_text("exp:\n  run: R3L\n  stop: {training_iteraton: 20}\n  config: {model: tiny, env: r3l/ToyCorridor, group_size: 4}\n")
+    f.write_text(
+        "exp:\n  run: R3L\n  stop: {training_iteraton: 20}\n  config: {model: tiny, env: r3l/ToyCorridor, group_size: "
+        "4}\n"
+    )
     code, _out, err = run_cli(capsys, "train", f, "--dry-run")
     usage_error(code, err, "exp.stop.training_iteraton", "did you mean 'training_iteration'")
     from rllib_r3l.stopping import check_stop_criteria
@@ -233,13 +261,13 @@ def test_resume_command_replays_the_file_and_drops_what_resume_refuses():
 
     # --set/--stop would be ignored by a resume (the run continues with its own config), so --resume
     # refuses them and the printed command leaves them out
-    assert resume_command(["train", "a b.yaml", "--new", "--set", "lr=1e-5"]) == \
-        "rllib-r3l train 'a b.yaml' --resume"
+    assert resume_command(["train", "a b.yaml", "--new", "--set", "lr=1e-5"]) == "rllib-r3l train 'a b.yaml' --resume"
 
 
 # ---------------------------------------------------------------------------- 4. values dropped outside the CLI
-@pytest.mark.parametrize("field", ["amplification_alpha", "temperature", "top_p", "kl_coef", "aux_weight",
-                                   "success_reward"])
+@pytest.mark.parametrize(
+    "field", ["amplification_alpha", "temperature", "top_p", "kl_coef", "aux_weight", "success_reward"]
+)
 def test_minus_one_is_rejected_not_dropped(field):
     with pytest.raises(ValueError, match=rf"R3LConfig\.{field}: "):
         R3LConfig().training(**{field: -1}).build_algo()  # RLlib's get_state() would drop it (DEPRECATED_VALUE)
@@ -261,8 +289,15 @@ def _fake_checkpoint(root, state_bytes=None):
     mdir.mkdir(parents=True)
     (ckpt / "rllib_checkpoint.json").write_text("{}")
     with open(ckpt / "class_and_ctor_args.pkl", "wb") as f:
-        pickle.dump({"ctor_args_and_kwargs": (({"env": "r3l/ToyCorridor", "env_config": {"num_rooms": 3},
-                                                "backend": "transformers"},), {})}, f)
+        pickle.dump(
+            {
+                "ctor_args_and_kwargs": (
+                    ({"env": "r3l/ToyCorridor", "env_config": {"num_rooms": 3}, "backend": "transformers"},),
+                    {},
+                )
+            },
+            f,
+        )
     with open(mdir / "class_and_ctor_args.pkl", "wb") as f:
         pickle.dump({"class": object, "ctor_args_and_kwargs": ((), {"model_config": {"model_id": "tiny"}})}, f)
     good = pickle.dumps({"lm.x": 1.0})
@@ -271,12 +306,15 @@ def _fake_checkpoint(root, state_bytes=None):
     return ckpt, mdir / "module_state.pkl"
 
 
-@pytest.mark.parametrize("damage,needle", [
-    (lambda good: good[: len(good) // 2], "truncated"),
-    (lambda good: b"\0" * len(good), "corrupt"),
-    (lambda good: b"", "empty file"),
-    (None, "missing"),
-])
+@pytest.mark.parametrize(
+    "damage,needle",
+    [
+        (lambda good: good[: len(good) // 2], "truncated"),
+        (lambda good: b"\0" * len(good), "corrupt"),
+        (lambda good: b"", "empty file"),
+        (None, "missing"),
+    ],
+)
 @pytest.mark.parametrize("command", ["evaluate", "export"])
 def test_damaged_checkpoint_is_one_line_naming_the_file(tmp_path, capsys, damage, needle, command):
     ckpt, state = _fake_checkpoint(tmp_path, damage)
@@ -294,8 +332,13 @@ def test_evaluate_on_a_file_names_the_checkpoint_directory(tmp_path, capsys):
 def test_unknown_model_is_caught_at_validation_offline(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _out, err = dry_run(capsys, tmp_path, "--set", "model=no/such-model")
-    usage_error(code, err, "--set model", "'no/such-model' is not a local directory and not in the local "
-                "Hugging Face cache", "hf download no/such-model")
+    usage_error(
+        code,
+        err,
+        "--set model",
+        "'no/such-model' is not a local directory and not in the local Hugging Face cache",
+        "hf download no/such-model",
+    )
     code, _out, err = dry_run(capsys, tmp_path, "--set", f"model={tmp_path}/missing-dir")
     usage_error(code, err, "no such model directory")
 
@@ -310,8 +353,15 @@ def test_evaluate_bad_env_config_is_one_error_before_any_episode(tmp_path, capsy
 def test_report_shows_the_faults_of_a_run_that_lost_every_episode(tmp_path, capsys):
     trial = tmp_path / "exp" / "R3L_x_00000_0"
     trial.mkdir(parents=True)
-    lines = [{"training_iteration": i, "time_total_s": float(i), "r3l": {"batch": {"empty_batches": 1}},
-              "env_runners": {"r3l": {"faults": {"episodes_lost": 8, "env_errors": 8}}}} for i in (1, 2)]
+    lines = [
+        {
+            "training_iteration": i,
+            "time_total_s": float(i),
+            "r3l": {"batch": {"empty_batches": 1}},
+            "env_runners": {"r3l": {"faults": {"episodes_lost": 8, "env_errors": 8}}},
+        }
+        for i in (1, 2)
+    ]
     (trial / "result.json").write_text("".join(json.dumps(x) + "\n" for x in lines))
     code, out, err = run_cli(capsys, "report", tmp_path / "exp")
     assert code == 0, err
@@ -354,10 +404,25 @@ def test_a_refused_option_is_the_only_line_on_stderr():
     import sys
 
     toy = os.path.join(str(REPO_ROOT), "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
-    proc = subprocess.run([sys.executable, "-m", "rllib_r3l.cli.commands", "train", toy, "--dry-run", "--set",
-                           "env=r3l/ALFWorld", "--set", "env_config={}"], cwd=str(REPO_ROOT), capture_output=True,
-                          env={k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"} | {"RAY_AUTH_MODE": "disabled"},
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rllib_r3l.cli.commands",
+            "train",
+            toy,
+            "--dry-run",
+            "--set",
+            "env=r3l/ALFWorld",
+            "--set",
+            "env_config={}",
+        ],
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        env={k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"} | {"RAY_AUTH_MODE": "disabled"},
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()  # checked after RLlib's own validation, which resolves the algorithm
     assert line.startswith("rllib-r3l train: error:") and "ALFWORLD_DATA" in line, proc.stderr[-3000:]
@@ -386,8 +451,12 @@ def test_an_address_where_a_server_but_no_ray_answers_is_refused_at_once(tmp_pat
         code, _out, err = dry_run(capsys, tmp_path, "--address", address)
     finally:
         server.shutdown()
-    usage_error(code, err, f"--address {address}: a server listens there, but not a Ray cluster's GCS "
-                           "(it does not speak gRPC)", "port 6379 by default")
+    usage_error(
+        code,
+        err,
+        f"--address {address}: a server listens there, but not a Ray cluster's GCS (it does not speak gRPC)",
+        "port 6379 by default",
+    )
 
 
 @pytest.mark.integration
@@ -416,11 +485,16 @@ def _closed_port() -> int:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("address,needle", [("http://127.0.0.1:8265", "not a Ray address"),
-                                            ("127.0.0.1:notaport", "the port 'notaport' is not a number"),
-                                            # re-probe 7 (R2): a 36 s wait, then Ray Client's traceback
-                                            ("ray://127.0.0.1", "give ray://HOST:PORT"),
-                                            (f"ray://127.0.0.1:{_closed_port()}", "no Ray Client server answers")])
+@pytest.mark.parametrize(
+    "address,needle",
+    [
+        ("http://127.0.0.1:8265", "not a Ray address"),
+        ("127.0.0.1:notaport", "the port 'notaport' is not a number"),
+        # re-probe 7 (R2): a 36 s wait, then Ray Client's traceback
+        ("ray://127.0.0.1", "give ray://HOST:PORT"),
+        (f"ray://127.0.0.1:{_closed_port()}", "no Ray Client server answers"),
+    ],
+)
 def test_an_address_that_is_no_ray_address_is_one_line(tmp_path, capsys, address, needle):
     # re-probe 6 (P21): Ray's ValueError traceback in the log tail, exit 1
     code, _out, err = dry_run(capsys, tmp_path, "--address", address)

@@ -32,15 +32,18 @@ def _truncate(path: Path, keep: float = 0.5) -> None:
 # ==================================================================================================
 # No Ray: RLlib's layout by hand
 # ==================================================================================================
-@pytest.mark.parametrize("damage, needle", [
-    (lambda c: _truncate(c / "algorithm_state.pkl", 0.9), "algorithm_state.pkl: truncated"),
-    (lambda c: (c / "learner_group" / "state.pkl").write_bytes(b""), "learner_group/state.pkl: empty file"),
-    (lambda c: (c / "rllib_checkpoint.json").unlink(), "rllib_checkpoint.json: missing"),
-    (lambda c: (c / "learner_group" / "metadata.json").unlink(), "learner_group/metadata.json: missing"),
-    (lambda c: (c / "learner_group" / "metadata.json").write_text("{\"state_fi"), "metadata.json: not valid JSON"),
-    (lambda c: (c / "learner_group" / "state.pkl").unlink(), "learner_group/state.pkl: missing"),
-    (lambda c: shutil.rmtree(c / "learner_group"), "learner_group/: missing"),
-])
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        (lambda c: _truncate(c / "algorithm_state.pkl", 0.9), "algorithm_state.pkl: truncated"),
+        (lambda c: (c / "learner_group" / "state.pkl").write_bytes(b""), "learner_group/state.pkl: empty file"),
+        (lambda c: (c / "rllib_checkpoint.json").unlink(), "rllib_checkpoint.json: missing"),
+        (lambda c: (c / "learner_group" / "metadata.json").unlink(), "learner_group/metadata.json: missing"),
+        (lambda c: (c / "learner_group" / "metadata.json").write_text("{\"state_fi"), "metadata.json: not valid JSON"),
+        (lambda c: (c / "learner_group" / "state.pkl").unlink(), "learner_group/state.pkl: missing"),
+        (lambda c: shutil.rmtree(c / "learner_group"), "learner_group/: missing"),
+    ],
+)
 def test_an_incomplete_checkpoint_is_named_with_the_file(tmp_path, damage, needle):
     ckpt = fake_checkpoint(tmp_path / "checkpoint_000001")
     assert ci.problem(str(ckpt)) is None
@@ -117,8 +120,20 @@ def test_evaluate_on_a_trial_dir_skips_an_incomplete_latest_checkpoint(tmp_path,
 # ==================================================================================================
 # The real main job (tiny model, ToyWord, transformers): saved atomically, resumed from the newest complete
 # ==================================================================================================
-ARGS = ["--num-cpus", "2", "--set", "model=tiny", "backend=transformers", "env=r3l/ToyWord", "group_size=4",
-        "tasks_per_iteration=2", "max_response_tokens=8", "max_reflection_tokens=24", "seed=0", "sampling_seed=0"]
+ARGS = [
+    "--num-cpus",
+    "2",
+    "--set",
+    "model=tiny",
+    "backend=transformers",
+    "env=r3l/ToyWord",
+    "group_size=4",
+    "tasks_per_iteration=2",
+    "max_response_tokens=8",
+    "max_reflection_tokens=24",
+    "seed=0",
+    "sampling_seed=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +164,10 @@ def test_the_main_jobs_checkpoint_is_complete_and_damage_to_a_real_one_is_named(
     # as iteration 0) or over the module's weights (chosen by --resume, then the trial failed)
     import pickle
 
-    for name, needle in (("algorithm_state.pkl", "algorithm_state.pkl: holds no training_iteration (not the state R3L saved)"),
-                         (str(state), f"{state}: holds no weights (5 bytes)")):
+    for name, needle in (
+        ("algorithm_state.pkl", "algorithm_state.pkl: holds no training_iteration (not the state R3L saved)"),
+        (str(state), f"{state}: holds no weights (5 bytes)"),
+    ):
         copy = tmp_path / f"content-{Path(name).name}"
         shutil.copytree(ckpt, copy)
         (copy / ci.MARKER).unlink()  # a Tune-style checkpoint: no marker whose sizes would catch it first
@@ -251,8 +268,9 @@ def test_a_module_state_without_weights_is_refused_not_loaded_as_the_base_model(
         path = algo.save_to_path(str(tmp_path / "ckpt"))
     finally:
         algo.stop()
-    with open(os.path.join(path, "learner_group", "learner", "rl_module", "default_policy", "module_state.pkl"),
-              "wb") as f:
+    with open(
+        os.path.join(path, "learner_group", "learner", "rl_module", "default_policy", "module_state.pkl"), "wb"
+    ) as f:
         pickle.dump({}, f)
     # the folder check names the file first (re-probe 7: --resume --dry-run chose it, then the trial failed);
     # past it, set_state refuses the state itself

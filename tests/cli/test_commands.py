@@ -24,11 +24,32 @@ CPU_DIR = os.path.join(ROOT, "tuned_examples", "cpu")
 TOY = os.path.join(CPU_DIR, "toy_corridor_tiny.yaml")
 CPU_FILES = sorted(glob.glob(os.path.join(CPU_DIR, "*.yaml")))
 # Small enough for a 2-core machine: one iteration of a few short episodes with the tiny model.
-TINY = ["--set", "model=tiny", "--set", "backend=transformers", "--set", "group_size=4",
-        "--set", "tasks_per_iteration=1", "--set", "max_response_tokens=8", "--set", "max_reflection_tokens=16",
-        "--set", "max_context_tokens=2048", "--stop", "training_iteration=1", "--verbose", "0", "--quiet-workers",
-        # seeded, so that the one iteration has a learning signal (a run that trains on nothing exits 1)
-        "--set", "sampling_seed=1", "--set", "seed=1"]
+TINY = [
+    "--set",
+    "model=tiny",
+    "--set",
+    "backend=transformers",
+    "--set",
+    "group_size=4",
+    "--set",
+    "tasks_per_iteration=1",
+    "--set",
+    "max_response_tokens=8",
+    "--set",
+    "max_reflection_tokens=16",
+    "--set",
+    "max_context_tokens=2048",
+    "--stop",
+    "training_iteration=1",
+    "--verbose",
+    "0",
+    "--quiet-workers",
+    # seeded, so that the one iteration has a learning signal (a run that trains on nothing exits 1)
+    "--set",
+    "sampling_seed=1",
+    "--set",
+    "seed=1",
+]
 COIN_SMALL = ["--set", "env_config={num_locations: 2, max_turns: 3}"]
 
 
@@ -68,27 +89,40 @@ def assert_usage_error(code, err, *needles):
 
 def test_dry_run_prints_final_config(tmp_path, capsys):
     f = _write(tmp_path, GOOD)
-    code, out, err = run_cli(capsys, "train", f, "--dry-run", "--set", "env_config.num_rooms=5", "--set", "lr=1e-5",
-                             "--stop", "training_iteration=3")
+    code, out, err = run_cli(
+        capsys,
+        "train",
+        f,
+        "--dry-run",
+        "--set",
+        "env_config.num_rooms=5",
+        "--set",
+        "lr=1e-5",
+        "--stop",
+        "training_iteration=3",
+    )
     assert code == 0, err
     assert "num_rooms: 5" in out and "lr: 1.0e-05" in out and "training_iteration: 3" in out
 
 
-@pytest.mark.parametrize("text,needles", [
-    (GOOD.replace("group_size: 4", "gruop_size: 4"), ["gruop_size", "did you mean 'group_size'"]),
-    (GOOD.replace("group_size: 4", "group_size: 3"), ["group_size", "got 3"]),
-    (GOOD.replace("group_size: 4", 'lr: "1e-6"'), ["lr", "1.0e-6"]),
-    (GOOD.replace("group_size: 4", "reflect: maybe"), ["reflect", "true or false"]),
-    (GOOD.replace("r3l/ToyCorridor", "r3l/ToyCoridor"), ["env", "r3l/ToyCorridor"]),
-    (GOOD.replace("num_rooms: 3", "num_room: 3"), ["env_config.num_room", "num_rooms"]),
-    (GOOD.replace("group_size: 4", "model_config: {}"), ["_model_config"]),
-    (GOOD.replace("run: R3L", "run: PPO"), ["run", "R3L"]),
-    (GOOD.replace("  stop:", "  stopp:"), ["stopp", "did you mean 'stop'"]),
-    (GOOD.replace("group_size: 4", "group_size: 4\n   bad: [indent"), ["line", "YAML"]),
-    ("just a string\n", ["expected a mapping"]),
-    ("", ["holds no experiment", "NAME: {run: R3L"]),  # re-probe 7: "expected a mapping ..., got NoneType"
-    ("{}\n", ["holds no experiment"]),  # re-probe 7: "... got dict"
-])
+@pytest.mark.parametrize(
+    "text,needles",
+    [
+        (GOOD.replace("group_size: 4", "gruop_size: 4"), ["gruop_size", "did you mean 'group_size'"]),
+        (GOOD.replace("group_size: 4", "group_size: 3"), ["group_size", "got 3"]),
+        (GOOD.replace("group_size: 4", 'lr: "1e-6"'), ["lr", "1.0e-6"]),
+        (GOOD.replace("group_size: 4", "reflect: maybe"), ["reflect", "true or false"]),
+        (GOOD.replace("r3l/ToyCorridor", "r3l/ToyCoridor"), ["env", "r3l/ToyCorridor"]),
+        (GOOD.replace("num_rooms: 3", "num_room: 3"), ["env_config.num_room", "num_rooms"]),
+        (GOOD.replace("group_size: 4", "model_config: {}"), ["_model_config"]),
+        (GOOD.replace("run: R3L", "run: PPO"), ["run", "R3L"]),
+        (GOOD.replace("  stop:", "  stopp:"), ["stopp", "did you mean 'stop'"]),
+        (GOOD.replace("group_size: 4", "group_size: 4\n   bad: [indent"), ["line", "YAML"]),
+        ("just a string\n", ["expected a mapping"]),
+        ("", ["holds no experiment", "NAME: {run: R3L"]),  # re-probe 7: "expected a mapping ..., got NoneType"
+        ("{}\n", ["holds no experiment"]),  # re-probe 7: "... got dict"
+    ],
+)
 def test_yaml_errors(tmp_path, capsys, text, needles):
     code, _out, err = run_cli(capsys, "train", _write(tmp_path, text), "--dry-run")
     assert_usage_error(code, err, *needles)
@@ -102,17 +136,23 @@ def test_a_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
     assert_usage_error(code, err, "f.yaml: not a text file in UTF-8 (byte 0")
 
 
-@pytest.mark.parametrize("flags,needles", [
-    (["--set", "gruop_size=4"], ["--set gruop_size", "group_size"]),
-    (["--set", "group_size"], ["--set", "KEY=VALUE"]),
-    (["--set", "max_response_tokens=99999"], ["max_response_tokens", "max_context_tokens"]),
-    (["--set", "env_config.num_room=3"], ["--set env_config.num_room", "num_rooms"]),
-    (["--set", "model=7"], ["model"]),
-    (["--stop", "training_iteration"], ["--stop", "KEY=VALUE"]),
-    (["--experiment", "nope"], ["--experiment 'nope'", "exp"]),
-    (["--num-cpus", "0"], ["--num-cpus"]),
-    (["--max-concurrent", "-1"], ["--max-concurrent -1: must be >= 0 (0 or leaving it out: no limit)"]),  # re-probe 12
-])
+@pytest.mark.parametrize(
+    "flags,needles",
+    [
+        (["--set", "gruop_size=4"], ["--set gruop_size", "group_size"]),
+        (["--set", "group_size"], ["--set", "KEY=VALUE"]),
+        (["--set", "max_response_tokens=99999"], ["max_response_tokens", "max_context_tokens"]),
+        (["--set", "env_config.num_room=3"], ["--set env_config.num_room", "num_rooms"]),
+        (["--set", "model=7"], ["model"]),
+        (["--stop", "training_iteration"], ["--stop", "KEY=VALUE"]),
+        (["--experiment", "nope"], ["--experiment 'nope'", "exp"]),
+        (["--num-cpus", "0"], ["--num-cpus"]),
+        (
+            ["--max-concurrent", "-1"],
+            ["--max-concurrent -1: must be >= 0 (0 or leaving it out: no limit)"],
+        ),  # re-probe 12
+    ],
+)
 def test_flag_errors(tmp_path, capsys, flags, needles):
     code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD), "--dry-run", *flags)
     assert_usage_error(code, err, *needles)
@@ -140,11 +180,13 @@ def test_missing_logger_package(tmp_path, capsys, module, flag):
 def test_an_environment_option_at_the_top_level_points_to_env_config(tmp_path, capsys):
     """Re-probe 9: `--set num_rooms=3` said "did you mean 'num_epochs'", an option R3L refuses."""
     code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD), "--set", "num_rooms=3", "--dry-run")
-    assert_usage_error(code, err, "--set num_rooms=...", "option of the environment r3l/ToyCorridor",
-                       "--set env_config.num_rooms=...")
+    assert_usage_error(
+        code, err, "--set num_rooms=...", "option of the environment r3l/ToyCorridor", "--set env_config.num_rooms=..."
+    )
     assert "num_epochs" not in err
-    code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD.replace("group_size: 4", "num_rooms: 4")),
-                              "--dry-run")
+    code, _out, err = run_cli(
+        capsys, "train", _write(tmp_path, GOOD.replace("group_size: 4", "num_rooms: 4")), "--dry-run"
+    )
     assert_usage_error(code, err, "exp.config.num_rooms", "under config.env_config")
     code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD), "--set", "num_epoch=3", "--dry-run")
     assert_usage_error(code, err, "unknown config key 'num_epoch'")
@@ -156,17 +198,26 @@ def test_a_misspelt_checkpoint_score_attribute_is_refused(tmp_path, capsys):
     ranked nothing and deleted the best checkpoint, exit 0, no warning."""
     bad = GOOD + "  checkpoint_config: {num_to_keep: 1, checkpoint_score_attribute: training_iteraton}\n"
     code, _out, err = run_cli(capsys, "train", _write(tmp_path, bad), "--dry-run")
-    assert_usage_error(code, err, "exp.checkpoint_config.checkpoint_score_attribute", "'training_iteraton'",
-                       "did you mean 'training_iteration'", "num_to_keep would delete the best")
+    assert_usage_error(
+        code,
+        err,
+        "exp.checkpoint_config.checkpoint_score_attribute",
+        "'training_iteraton'",
+        "did you mean 'training_iteration'",
+        "num_to_keep would delete the best",
+    )
     good = bad.replace("training_iteraton", "env_runners/success_rate")
     code, out, err = run_cli(capsys, "train", _write(tmp_path, good), "--dry-run")
     assert code == 0 and "valid" in out, err
 
 
-@pytest.mark.parametrize("line,needle", [
-    ("{checkpoint_at_end: 'false'}", "checkpoint_config.checkpoint_at_end: must be true or false, got 'false'"),
-    ("{num_to_keep: 2.5}", "checkpoint_config.num_to_keep: must be an integer >= 1 or null, got 2.5"),
-])
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ("{checkpoint_at_end: 'false'}", "checkpoint_config.checkpoint_at_end: must be true or false, got 'false'"),
+        ("{num_to_keep: 2.5}", "checkpoint_config.num_to_keep: must be an integer >= 1 or null, got 2.5"),
+    ],
+)
 def test_checkpoint_config_switches_and_counts_are_typed(tmp_path, capsys, line, needle):
     """Re-probe 10 (silently wrong, twice): checkpoint_at_end: 'false' was true, and the final checkpoint written."""
     code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD + f"  checkpoint_config: {line}\n"), "--dry-run")
@@ -175,8 +226,9 @@ def test_checkpoint_config_switches_and_counts_are_typed(tmp_path, capsys, line,
 
 def test_a_tracking_uri_without_mlflow_is_refused_not_ignored(tmp_path, capsys):
     """Re-probe 9: `--mlflow-tracking-uri` without `--mlflow` passed and nothing was logged anywhere."""
-    code, _out, err = run_cli(capsys, "train", _write(tmp_path, GOOD), "--mlflow-tracking-uri", "http://x:5000",
-                              "--dry-run")
+    code, _out, err = run_cli(
+        capsys, "train", _write(tmp_path, GOOD), "--mlflow-tracking-uri", "http://x:5000", "--dry-run"
+    )
     assert_usage_error(code, err, "--mlflow-tracking-uri", "--mlflow EXPERIMENT")
 
 
@@ -207,7 +259,9 @@ def test_evaluate_export_report_errors(tmp_path, capsys):
 def test_options_and_module_entry_point(capsys):
     code, out, _err = run_cli(capsys, "options")
     assert code == 0 and "amplification_alpha" in out and "model " in out
-    r = subprocess.run([sys.executable, "-m", "rllib_r3l.cli.commands", "--help"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "rllib_r3l.cli.commands", "--help"], capture_output=True, text=True, cwd=ROOT
+    )
     assert r.returncode == 0 and "train" in r.stdout and "evaluate" in r.stdout and "report" in r.stdout
 
 
@@ -281,13 +335,16 @@ def test_export_reloads_with_transformers_and_evaluates(trained, capsys, tmp_pat
     model = AutoModelForCausalLM.from_pretrained(str(out_dir))
     tok = AutoTokenizer.from_pretrained(str(out_dir))
     assert tok.chat_template, "chat template missing"
-    with open(os.path.join(ckpt, "learner_group", "learner", "rl_module", "default_policy", "module_state.pkl"), "rb") as f:
+    with open(
+        os.path.join(ckpt, "learner_group", "learner", "rl_module", "default_policy", "module_state.pkl"), "rb"
+    ) as f:
         state = pickle.load(f)
     sd = model.state_dict()
     for k, v in state.items():
-        assert torch.equal(sd[k[len("lm."):]], v), k  # the trained weights, not the base model's
-    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
+        assert torch.equal(sd[k[len("lm.") :]], v), k  # the trained weights, not the base model's
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     gen = model.generate(**ids, max_new_tokens=3, do_sample=False)
     assert ids["input_ids"].shape[1] < gen.shape[1] <= ids["input_ids"].shape[1] + 3
     # The export is evaluated with the training's env and prompts (read from r3l_export.json).
@@ -338,8 +395,11 @@ def test_export_merges_lora_adapters(tmp_path):
     from rllib_r3l.learner.rl_module import R3LCausalLMModule
 
     space = gym.spaces.Text(max_length=8)
-    module = R3LCausalLMModule(observation_space=space, action_space=space,
-                               model_config={"model_id": "tiny", "lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]}})
+    module = R3LCausalLMModule(
+        observation_space=space,
+        action_space=space,
+        model_config={"model_id": "tiny", "lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]}},
+    )
     with torch.no_grad():
         for name, p in module.lm.named_parameters():
             if "lora_B" in name:
@@ -358,14 +418,23 @@ def test_report_warnings_read_cells_a_trial_never_logged_as_missing():
     (CI failed on exactly this: one trial with an empty batch, one without, in one report)."""
     import pandas as pd
 
-    from rllib_r3l.cli import experiment_report as report
+    from rllib_r3l.cli import report_warnings
 
-    table = pd.DataFrame([
-        {"trial": "a", "iterations": 2, "empty_batches": 2, "episodes_lost": 3, "env_errors": 3, "generation_errors": None},
-        {"trial": "b", "iterations": 1, "empty_batches": None, "episodes_lost": None},
-        {"trial": "c", "iterations": 4, "empty_batches": 1, "episodes_lost": 2},
-    ])
-    lines = report.warnings(table)
+    table = pd.DataFrame(
+        [
+            {
+                "trial": "a",
+                "iterations": 2,
+                "empty_batches": 2,
+                "episodes_lost": 3,
+                "env_errors": 3,
+                "generation_errors": None,
+            },
+            {"trial": "b", "iterations": 1, "empty_batches": None, "episodes_lost": None},
+            {"trial": "c", "iterations": 4, "empty_batches": 1, "episodes_lost": 2},
+        ]
+    )
+    lines = report_warnings.warnings(table)
     assert lines == [
         "warning: a trained on nothing: all 2 iteration(s) had an empty batch "
         "(3 episodes lost, 3 environment errors, 0 generation errors)",

@@ -20,17 +20,38 @@ from tests import REPO_ROOT
 ROOT = str(REPO_ROOT)
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
 EXP = "toy-corridor-tiny-no-reflect"
-SMALL = ["--experiment", EXP, "--set", "tasks_per_iteration=1", "--set", "env_config={num_rooms: 3, max_turns: 3}",
-         "--num-cpus", "4", "--quiet-workers", "--verbose", "0", "--stop", "training_iteration=1"]
+SMALL = [
+    "--experiment",
+    EXP,
+    "--set",
+    "tasks_per_iteration=1",
+    "--set",
+    "env_config={num_rooms: 3, max_turns: 3}",
+    "--num-cpus",
+    "4",
+    "--quiet-workers",
+    "--verbose",
+    "0",
+    "--stop",
+    "training_iteration=1",
+]
 ENV = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_CHDIR_TO_TRIAL_DIR="0", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-HOLD = ("import sys, time\nfrom rllib_r3l.cli import driver_mark\nwith driver_mark.claims() as claim:\n"
-        "    claim(sys.argv[1], 'x')\n    print('held', flush=True)\n    time.sleep(600)\n")
+HOLD = (
+    "import sys, time\nfrom rllib_r3l.cli import driver_mark\nwith driver_mark.claims() as claim:\n"
+    "    claim(sys.argv[1], 'x')\n    print('held', flush=True)\n    time.sleep(600)\n"
+)
 
 
 def _holder(exp_dir):
     """A process of its own that holds the claim on ``exp_dir`` (as a running driver does)."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, exp_dir], cwd=ROOT, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, exp_dir],
+        cwd=ROOT,
+        env=ENV,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout.readline().strip() == "held", proc.stderr.read()
     return proc
 
@@ -43,8 +64,13 @@ def test_a_claimed_folder_refuses_a_second_driver_before_anything_is_written(tmp
         code = cli.main(["train", TOY, *SMALL, "--storage-path", str(tmp_path)])
         err = capsys.readouterr().err
         assert code == 2, err
-        assert f"experiment {EXP!r} in {exp_dir} is being run by another `rllib-r3l train` now (process {holder.pid} " \
-               "on this host)" in err and "--new" in err and "Traceback" not in err
+        assert (
+            f"experiment {EXP!r} in {exp_dir} is being run by another `rllib-r3l train` now (process {holder.pid} "
+            "on this host)"
+            in err
+            and "--new" in err
+            and "Traceback" not in err
+        )
         assert not os.path.exists(exp_dir)  # nothing planned, saved or started
         with pytest.raises(Exception, match="is being run by another"), driver_mark.claims() as claim:
             claim(exp_dir, EXP)
@@ -79,8 +105,10 @@ def test_a_claim_ends_with_its_block_and_new_is_not_held_back(tmp_path, capsys):
 def test_two_drivers_started_together_make_one_experiment(tmp_path):
     """Both used to exit 0 with one trial in Tune's state, interleaved logs and one driver mark."""
     argv = [sys.executable, "-m", "rllib_r3l.cli.commands", "train", TOY, *SMALL, "--storage-path", str(tmp_path)]
-    procs = [subprocess.Popen(argv, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(argv, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
     results = [(p.pid, *p.communicate(timeout=900), p.returncode) for p in procs]
     refused = [r for r in results if r[3] == 2]
     assert len(refused) == 1, [(r[3], r[2][-2000:]) for r in results]

@@ -14,8 +14,8 @@ import pytest
 
 from rllib_r3l.cli import console, live_progress
 from rllib_r3l.runner import progress
-from tests.hang_guard import HANG_GUARD_S
 from tests import REPO_ROOT
+from tests.hang_guard import HANG_GUARD_S
 
 INFO = {
     "title": "R3L main job: 3 iteration(s), results in /tmp/out",
@@ -42,8 +42,14 @@ RESULT = {
     "env_runners": {
         "num_episodes": 16,
         "success_rate": 0.125,
-        "r3l": {"rollout_seconds": 70.0, "num_retries": 6, "retry_success_rate": 2 / 6, "generated_tokens": 2310,
-                "reflection_total": 16, "timers": {"reflect_s": 20.0, "engine_start_s": 12.0}},
+        "r3l": {
+            "rollout_seconds": 70.0,
+            "num_retries": 6,
+            "retry_success_rate": 2 / 6,
+            "generated_tokens": 2310,
+            "reflection_total": 16,
+            "timers": {"reflect_s": 20.0, "engine_start_s": 12.0},
+        },
     },
     "learners": {"r3l": {"learner": {"update_seconds": 25.0, "trained_tokens": 408}}, "default_policy": {}},
     "r3l": {"timers": {"weight_sync_s": 2.0}},
@@ -77,17 +83,26 @@ def test_header_lines_show_model_env_backend_cpu_precision_and_log():
     assert "4 tasks, each 4 base episodes + reflections on the failed ones + up to 4 retries" in failures
     assert "resampling" not in text  # dynamic sampling off: no line
     ds = console.header_lines({**INFO, "dynamic_sampling_rounds": 1})
-    assert ("  resampling     up to 1 more round of 4 new tasks while no task has a learning signal"
-            " (dynamic_sampling_rounds=1)") in ds
+    assert (
+        "  resampling     up to 1 more round of 4 new tasks while no task has a learning signal"
+        " (dynamic_sampling_rounds=1)"
+    ) in ds
 
 
 def test_progress_line_with_hand_counts():
-    counts = {progress.EPISODES: 3, progress.TURNS: 41, progress.REFLECTIONS: 2, progress.RETRIES: 1,
-              progress.TOKENS: 12345}
+    counts = {
+        progress.EPISODES: 3,
+        progress.TURNS: 41,
+        progress.REFLECTIONS: 2,
+        progress.RETRIES: 1,
+        progress.TOKENS: 12345,
+    }
     assert console.progress_line(counts, 75.4, expected_episodes=16) == (
-        "  exploring  episodes 3/16 | turns 41 | reflections 2 | retries 1 | tokens 12.3k | 1:15")
+        "  exploring  episodes 3/16 | turns 41 | reflections 2 | retries 1 | tokens 12.3k | 1:15"
+    )
     assert console.progress_line({}, 3725, phase="learning") == (
-        "  learning   episodes 0 | turns 0 | reflections 0 | retries 0 | tokens 0 | 1:02:05")
+        "  learning   episodes 0 | turns 0 | reflections 0 | retries 0 | tokens 0 | 1:02:05"
+    )
 
 
 def test_iteration_row_and_line_with_an_update():
@@ -96,30 +111,78 @@ def test_iteration_row_and_line_with_an_update():
     assert row["retries"] == 6 and math.isclose(row["retry_success_rate"], 1 / 3)
     assert row["updated"] and row["trained_tokens"] == 408 and row["generated_tokens"] == 2310
     # rollout = sampling - reflection; sync = the weight sync; other = the rest of the iteration
-    assert row["time"] == {"rollout": 50.0, "reflect": 20.0, "learn": 25.0, "start": 12.0, "sync": 2.0, "other": 1.0,
-                           "total": 110.0}
+    assert row["time"] == {
+        "rollout": 50.0,
+        "reflect": 20.0,
+        "learn": 25.0,
+        "start": 12.0,
+        "sync": 2.0,
+        "other": 1.0,
+        "total": 110.0,
+    }
     assert console.iteration_line(row, 3) == (
         "iter 1/3 | success 0.125 (2/16) | retries 6, 2 succeeded | update yes, 408 tok"
-        " | 110 s: start 12 + rollout 50 + reflect 20 + learn 25 + sync 2 + other 1 s")
+        " | 110 s: start 12 + rollout 50 + reflect 20 + learn 25 + sync 2 + other 1 s"
+    )
 
 
 def test_iteration_row_and_line_without_an_update_from_a_flat_result():
     row = console.iteration_row(2, FLAT_NO_UPDATE)
     assert not row["updated"] and row["trained_tokens"] == 0 and math.isnan(row["retry_success_rate"])
     assert console.iteration_line(row) == (
-        "iter 2 | success 0.000 (0/16) | retries 0 | update no | 80 s: rollout 60 + reflect 15 + learn 0 + sync 0 + other 5 s")
+        "iter 2 | success 0.000 (0/16) | retries 0 | update no | 80 s: rollout 60 + reflect 15 + learn 0 + sync 0 + "
+        "other 5 s"
+    )
 
 
 def test_summary_table_rows_and_totals():
     rows = [console.iteration_row(1, RESULT), console.iteration_row(2, FLAT_NO_UPDATE)]
     table = console.summary_table(rows)
-    assert table[0].split() == ["iter", "success", "retries", "retry", "ok", "update", "trained", "tok", "gen", "tok",
-                                "start", "s", "rollout", "s", "reflect", "s", "learn", "s", "sync", "s", "other", "s",
-                                "total", "s"]
+    assert table[0].split() == [
+        "iter",
+        "success",
+        "retries",
+        "retry",
+        "ok",
+        "update",
+        "trained",
+        "tok",
+        "gen",
+        "tok",
+        "start",
+        "s",
+        "rollout",
+        "s",
+        "reflect",
+        "s",
+        "learn",
+        "s",
+        "sync",
+        "s",
+        "other",
+        "s",
+        "total",
+        "s",
+    ]
     assert set(table[1].replace(" ", "")) == {"-"}
     assert table[2].split() == ["1", "0.125", "6", "2", "yes", "408", "2,310", "12", "50", "20", "25", "2", "1", "110"]
     assert table[3].split() == ["2", "0.000", "0", "0", "no", "0", "0", "0", "60", "15", "0", "0", "5", "80"]
-    assert table[4].split() == ["all", "0.062", "6", "2", "1/2", "408", "2,310", "12", "110", "35", "25", "2", "6", "190"]
+    assert table[4].split() == [
+        "all",
+        "0.062",
+        "6",
+        "2",
+        "1/2",
+        "408",
+        "2,310",
+        "12",
+        "110",
+        "35",
+        "25",
+        "2",
+        "6",
+        "190",
+    ]
     assert len({len(line) for line in table}) == 1  # aligned
     # no engine start in these iterations: no start column
     assert "start s" not in console.summary_table([console.iteration_row(2, FLAT_NO_UPDATE)])[0]
@@ -238,15 +301,24 @@ _ROUTING_SCRIPT = textwrap.dedent("""
 def _route(tmp_path, verbose: bool):
     log = tmp_path / "main.log"
     env = {**os.environ, "PYTHONWARNINGS": "always"}
-    proc = subprocess.run([sys.executable, "-c", _ROUTING_SCRIPT, str(log), "1" if verbose else "0"],
-                          capture_output=True, text=True, timeout=HANG_GUARD_S, env=env,
-                          cwd=str(REPO_ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", _ROUTING_SCRIPT, str(log), "1" if verbose else "0"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        env=env,
+        cwd=str(REPO_ROOT),
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout + proc.stderr, (log.read_text() if log.exists() else "")
 
 
-LIBRARY_LINES = ("Initializing a V1 LLM engine", "Some weights were not initialized", "Loading checkpoint shards",
-                 "this API is deprecated")
+LIBRARY_LINES = (
+    "Initializing a V1 LLM engine",
+    "Some weights were not initialized",
+    "Loading checkpoint shards",
+    "this API is deprecated",
+)
 
 
 @pytest.mark.subprocess
@@ -275,8 +347,13 @@ class _FakeTrial:
     def __init__(self, path):
         self.trial_id, self.path, self.local_path, self.status = "abc_00000", str(path), str(path), "RUNNING"
         self.stopping_criterion = {"training_iteration": 2}
-        self.config = {"model": "tiny", "env": "r3l/ToyCorridor", "backend": "transformers", "group_size": 4,
-                       "tasks_per_iteration": 2}
+        self.config = {
+            "model": "tiny",
+            "env": "r3l/ToyCorridor",
+            "backend": "transformers",
+            "group_size": 4,
+            "tasks_per_iteration": 2,
+        }
 
     def __str__(self):
         return "R3L_r3l_ToyCorridor_abc_00000"
@@ -296,11 +373,17 @@ def test_tune_console_callback_prints_header_iteration_lines_table_and_plot(tmp_
     cb.on_experiment_end(trials=[trial])
     text = out.getvalue()
     assert text.startswith(f"R3L trial {trial}: stop {{'training_iteration': 2}}, results in {tmp_path}\n")
-    for part in ("  model          tiny", "  backend        transformers (engine dtype float32)",
-                 "  per iteration  2 tasks, each 2 base episodes + reflections on the failed ones + up to 2 retries",
-                 f"  logs           {tmp_path / 'train.log'}", "iter 1/2 | success 0.125 (2/16)",
-                 "iter 2/2 | success 0.000 (0/16) | retries 0 | update no", f"{trial}: 2 iteration(s) in this run",
-                 "\n all ", f"plot: {tmp_path / 'run.png'}"):
+    for part in (
+        "  model          tiny",
+        "  backend        transformers (engine dtype float32)",
+        "  per iteration  2 tasks, each 2 base episodes + reflections on the failed ones + up to 2 retries",
+        f"  logs           {tmp_path / 'train.log'}",
+        "iter 1/2 | success 0.125 (2/16)",
+        "iter 2/2 | success 0.000 (0/16) | retries 0 | update no",
+        f"{trial}: 2 iteration(s) in this run",
+        "\n all ",
+        f"plot: {tmp_path / 'run.png'}",
+    ):
         assert part in text, part
     assert (tmp_path / "run.png").exists()
 
@@ -323,11 +406,24 @@ def test_a_runner_publishes_its_last_counts_before_sample_returns(tmp_path, monk
     from rllib_r3l import R3LConfig
     from rllib_r3l.runner.env_runner import R3LEnvRunner
 
-    monkeypatch.setattr(progress, "start_publisher", lambda counters, tag: progress.Publisher(
-        counters, str(tmp_path / f"runner-1-{tag}.json"), interval=3600))
-    cfg = (R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
-           .training(model="tiny", group_size=4, tasks_per_iteration=2, backend="transformers", max_response_tokens=8,
-                     max_reflection_tokens=24).debugging(seed=0))
+    monkeypatch.setattr(
+        progress,
+        "start_publisher",
+        lambda counters, tag: progress.Publisher(counters, str(tmp_path / f"runner-1-{tag}.json"), interval=3600),
+    )
+    cfg = (
+        R3LConfig()
+        .environment("r3l/ToyCorridor", env_config={"num_rooms": 3})
+        .training(
+            model="tiny",
+            group_size=4,
+            tasks_per_iteration=2,
+            backend="transformers",
+            max_response_tokens=8,
+            max_reflection_tokens=24,
+        )
+        .debugging(seed=0)
+    )
     runner = R3LEnvRunner(config=cfg)
     try:
         groups = runner.sample()
@@ -388,7 +484,8 @@ def test_the_iteration_line_shows_held_out_success_when_the_iteration_evaluated(
     assert row["eval_success_rate"] == 0.4 and row["eval_episodes"] == 10
     assert console.iteration_line(row, 3) == (
         "iter 1/3 | success 0.125 (2/16) | retries 6, 2 succeeded | update yes, 408 tok | held-out 0.400 (4/10)"
-        " | 110 s: start 12 + rollout 50 + reflect 20 + learn 25 + sync 2 + other 1 s")
+        " | 110 s: start 12 + rollout 50 + reflect 20 + learn 25 + sync 2 + other 1 s"
+    )
     assert math.isnan(console.iteration_row(1, RESULT)["eval_success_rate"])  # no evaluation: nothing shown
     # re-probe 6 (P4): held-out episodes the environment lost were a silent 0/2
     lost = {**result, "evaluation": {"env_runners": {"success_rate": 0.0, "num_episodes": 2, "lost_episodes": 2}}}

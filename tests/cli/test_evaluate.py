@@ -62,8 +62,10 @@ def test_a_checkpoint_without_weights_is_called_damaged_not_another_model(tmp_pa
     """Re-probe 6 (M5, issue 37): a module_state.pkl that is a pickle of {} was called "weights that do not
     fit base model 'tiny' ... pass the right --base-model": the base model was right, the file damaged."""
     ckpt = module_checkpoint(tmp_path, {})
-    for argv in (["export", ckpt, "--out", str(tmp_path / "out")],
-                 ["evaluate", ckpt, "--episodes", "1", "--backend", "transformers"]):
+    for argv in (
+        ["export", ckpt, "--out", str(tmp_path / "out")],
+        ["evaluate", ckpt, "--episodes", "1", "--backend", "transformers"],
+    ):
         code = cli.main(argv)
         err = capsys.readouterr().err
         assert code == 2 and "the checkpoint's module state holds no weights (damaged" in err, err
@@ -76,8 +78,9 @@ def test_evaluate_takes_base_model_when_the_checkpoints_has_moved(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and "--base-model" in err, err
     # before: evaluate had no --base-model (its own advice was an unknown flag)
-    code = cli.main(["evaluate", ckpt, "--episodes", "1", "--max-turns", "1", "--backend", "transformers",
-                     "--base-model", "tiny"])
+    code = cli.main(
+        ["evaluate", ckpt, "--episodes", "1", "--max-turns", "1", "--backend", "transformers", "--base-model", "tiny"]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "episodes" in out and "r3l/ToyCorridor" in out
@@ -91,8 +94,11 @@ def test_env_config_changes_only_the_keys_it_names(tmp_path, capsys):
     env_config used is printed."""
     ckpt = module_checkpoint(tmp_path, tiny_state())
     capsys.readouterr()
-    for flag, want in (("{}", {"num_rooms": 3}), ('{"eval_split": "dev"}', {"num_rooms": 3}),
-                       ('{"num_rooms": 4}', {"num_rooms": 4})):
+    for flag, want in (
+        ("{}", {"num_rooms": 3}),
+        ('{"eval_split": "dev"}', {"num_rooms": 3}),
+        ('{"num_rooms": 4}', {"num_rooms": 4}),
+    ):
         code = cli.main(["evaluate", ckpt, "--episodes", "1", "--backend", "transformers", "--env-config", flag])
         out, err = capsys.readouterr()
         assert code == 0, err
@@ -129,14 +135,16 @@ def test_an_unknown_backend_option_is_one_line_before_the_model_loads(tmp_path, 
     assert "did you mean 'max_batch_size'" in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("options,needle", [
-    ('{"max_batch_size": -1}', "max_batch_size must be an integer >= 1, got -1"),  # was: no episode ever ended
-    ('{"num_threads": 0}', "num_threads must be None or an integer >= 1, got 0"),  # was: torch's RuntimeError
-    ('{"device": "bogus"}', "device must be None (the GPU where there is one), 'cpu' or 'cuda[:N]'"),
-    ('{"dtype": "int8"}', "dtype must be None or one of 'auto', 'float32'"),  # was: ignored, exit 0
-])
-def test_a_backend_option_value_that_cannot_work_is_one_line_before_the_model_loads(tmp_path, capsys, options,
-                                                                                    needle):
+@pytest.mark.parametrize(
+    "options,needle",
+    [
+        ('{"max_batch_size": -1}', "max_batch_size must be an integer >= 1, got -1"),  # was: no episode ever ended
+        ('{"num_threads": 0}', "num_threads must be None or an integer >= 1, got 0"),  # was: torch's RuntimeError
+        ('{"device": "bogus"}', "device must be None (the GPU where there is one), 'cpu' or 'cuda[:N]'"),
+        ('{"dtype": "int8"}', "dtype must be None or one of 'auto', 'float32'"),  # was: ignored, exit 0
+    ],
+)
+def test_a_backend_option_value_that_cannot_work_is_one_line_before_the_model_loads(tmp_path, capsys, options, needle):
     """Re-probe 10 (issue 37): values of --backend-options were never checked (a hang, tracebacks, ignored)."""
     ckpt = module_checkpoint(tmp_path, {})
     code = cli.main(["evaluate", ckpt, "--backend", "transformers", "--backend-options", options])
@@ -219,6 +227,7 @@ def test_a_checkpoint_without_its_training_config_is_refused_not_run_with_defaul
 def test_half_a_checkpoint_and_a_storage_folder_say_what_to_pass(tmp_path, capsys, command):
     """Re-probe 11: a checkpoint missing rllib_checkpoint.json (or learner_group/) and the parent of several
     experiments were both "not an R3L checkpoint ... no checkpoint_* directories in it"."""
+
     def run(path):
         extra = ["--out", str(tmp_path / "o")] if command == "export" else []
         code = cli.main([command, str(path), *extra])
@@ -238,4 +247,6 @@ def test_half_a_checkpoint_and_a_storage_folder_say_what_to_pass(tmp_path, capsy
         ckpt = storage / exp / "R3L_toy_00000" / "checkpoint_000000"
         (ckpt / "learner_group").mkdir(parents=True)
         (ckpt / "rllib_checkpoint.json").write_text("{}")
-    assert "holds 2 experiment folder(s) with checkpoints; pass one of them (or a trial in it): exp-a, exp-b" in run(storage)
+    assert "holds 2 experiment folder(s) with checkpoints; pass one of them (or a trial in it): exp-a, exp-b" in run(
+        storage
+    )

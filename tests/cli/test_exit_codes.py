@@ -20,8 +20,11 @@ class _Trial:
         self.experiment_dir_name = name
         self.status = status
         self.trial_id = f"{name}_00000"
-        self.last_result = {"training_iteration": 1, "done": status == "TERMINATED",
-                            "env_runners": {"episode_return_mean": 0.5, "success_rate": 0.5}}
+        self.last_result = {
+            "training_iteration": 1,
+            "done": status == "TERMINATED",
+            "env_runners": {"episode_return_mean": 0.5, "success_rate": 0.5},
+        }
         self.path = f"/tmp/{name}/trial"
         self.remote_experiment_path = f"/tmp/{name}"
         self.checkpoint = None
@@ -52,8 +55,10 @@ def stub_tune(monkeypatch):
     return statuses
 
 
-@pytest.mark.parametrize("statuses, code", [(["TERMINATED", "TERMINATED"], 0), (["TERMINATED", "ERROR"], 1),
-                                            (["ERROR", "TERMINATED"], 1)])
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "statuses, code", [(["TERMINATED", "TERMINATED"], 0), (["TERMINATED", "ERROR"], 1), (["ERROR", "TERMINATED"], 1)]
+)
 def test_train_exit_code_follows_trial_status(stub_tune, capsys, tmp_path, statuses, code):
     stub_tune.extend(statuses)
     assert cli.main(["train", TOY, "--set", "model=tiny", "--verbose", "0", "--storage-path", str(tmp_path)]) == code

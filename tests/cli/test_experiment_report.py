@@ -9,7 +9,8 @@ import os
 import pytest
 
 from rllib_r3l.cli import commands as cli
-from rllib_r3l.cli.experiment_report import make_report, notes, warnings
+from rllib_r3l.cli.experiment_report import make_report, notes
+from rllib_r3l.cli.report_warnings import warnings
 
 
 def _trial(root, name, results, error=None):
@@ -34,14 +35,17 @@ def _tune_state(root, statuses):
 def test_each_trial_has_its_status_and_an_error_is_flagged(tmp_path, capsys):
     root = tmp_path / "exp"
     _trial(root, "R3L_x_00000_0_2026-01-01", [_result(1), _result(2, done=True)])
-    _trial(root, "R3L_x_00001_1_2026-01-01", [_result(1)], error="Failure # 1\nTraceback ...\nValueError: grad_clip: abc\n")
+    _trial(
+        root, "R3L_x_00001_1_2026-01-01", [_result(1)], error="Failure # 1\nTraceback ...\nValueError: grad_clip: abc\n"
+    )
     _trial(root, "R3L_x_00002_2_2026-01-01", [_result(1)])  # stopped before its stop criterion (Ctrl-C)
     table, _pngs, _out = make_report(str(root))
     assert list(table["status"]) == ["TERMINATED", "ERROR", "INTERRUPTED"]
     assert list(table.columns)[:2] == ["trial", "status"]
     lines = warnings(table)
-    assert any("R3L_x_00001 ended in ERROR" in w and "ValueError: grad_clip: abc" in w and "error.txt" in w
-               for w in lines), lines
+    assert any(
+        "R3L_x_00001 ended in ERROR" in w and "ValueError: grad_clip: abc" in w and "error.txt" in w for w in lines
+    ), lines
     code = cli.main(["report", str(root)])
     out, err = capsys.readouterr()
     assert code == 0 and "status" in out and "ERROR" in out
@@ -52,7 +56,9 @@ def test_the_status_comes_from_tunes_experiment_state_when_there_is_one(tmp_path
     root = tmp_path / "exp"
     _trial(root, "R3L_x_00000_0_2026-01-01", [_result(1)])
     _trial(root, "R3L_x_00001_1_2026-01-01", [_result(1)])
-    _tune_state(root, {"R3L_x_00000_0_2026-01-01": "RUNNING", "R3L_x_00001_1_2026-01-01": "ERROR"})  # no error.txt synced yet
+    _tune_state(
+        root, {"R3L_x_00000_0_2026-01-01": "RUNNING", "R3L_x_00001_1_2026-01-01": "ERROR"}
+    )  # no error.txt synced yet
     table, _pngs, _out = make_report(str(root))
     assert list(table["status"]) == ["RUNNING", "ERROR"]
 
@@ -67,8 +73,10 @@ def test_a_finished_trial_that_never_trained_is_marked(tmp_path):
 
 def test_a_trial_trained_before_a_resume_is_not_marked(tmp_path):
     root = tmp_path / "exp"
-    empty = {"r3l": {"batch": {"empty_batches": 1}},
-             "learners": {"__all_modules__": {"num_env_steps_trained_lifetime": 8.0}}}
+    empty = {
+        "r3l": {"batch": {"empty_batches": 1}},
+        "learners": {"__all_modules__": {"num_env_steps_trained_lifetime": 8.0}},
+    }
     _trial(root, "R3L_x_00000_0_2026-01-01", [_result(3, **empty), _result(4, done=True, **empty)])
     table, _pngs, _out = make_report(str(root))
     assert list(table["status"]) == ["TERMINATED"]
@@ -97,15 +105,17 @@ def test_a_running_trial_whose_driver_died_is_interrupted(tmp_path):
     assert list(table["status"]) == ["INTERRUPTED"]  # Tune's state still says RUNNING
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (root / driver_mark.MARK).write_text(json.dumps({"host": __import__("socket").gethostname(), "pid": dead.pid,
-                                                     "started": 0.0}))
+    (root / driver_mark.MARK).write_text(
+        json.dumps({"host": __import__("socket").gethostname(), "pid": dead.pid, "started": 0.0})
+    )
     assert driver_mark.driver_alive(str(root)) is False
     table, _pngs, _out = make_report(str(root))
     assert list(table["status"]) == ["INTERRUPTED"]
     import os
 
-    (root / driver_mark.MARK).write_text(json.dumps({"host": __import__("socket").gethostname(), "pid": os.getpid(),
-                                                     "started": 1.0}))  # this pid, but another process's start
+    (root / driver_mark.MARK).write_text(
+        json.dumps({"host": __import__("socket").gethostname(), "pid": os.getpid(), "started": 1.0})
+    )  # this pid, but another process's start
     assert driver_mark.driver_alive(str(root)) is False
 
 
@@ -154,7 +164,8 @@ def test_rows_only_in_rays_staging_folder_are_named(tmp_path, monkeypatch):
     assert list(table["iterations"]) == [1]
     assert [w for w in warnings(table) if "staging" in w] == [
         "warning: R3L_x_00000: 2 more iteration(s) are only in Ray's staging folder on this machine (the driver "
-        "ended, or the disk filled, before Tune copied them); `rllib-r3l train ... --resume` copies them back"]
+        "ended, or the disk filled, before Tune copied them); `rllib-r3l train ... --resume` copies them back"
+    ]
 
 
 def test_rows_staged_by_a_live_run_are_said_to_come_not_to_need_a_resume(tmp_path, monkeypatch):
@@ -166,9 +177,11 @@ def test_rows_staged_by_a_live_run_are_said_to_come_not_to_need_a_resume(tmp_pat
     with driver_mark.marked(str(root)):  # this process is the (live) driver
         table, _pngs, _out = make_report(str(root))
         said = [w for w in warnings(table) if "staging" in w]
-    assert said == [f"note: R3L_x_00000: the run is still going (its driver, process {os.getpid()}, runs on this "
-                    "host); 2 more iteration(s) are in Ray's staging folder until Tune copies them into the "
-                    "experiment: run report again later, or once the run has ended"], said
+    assert said == [
+        f"note: R3L_x_00000: the run is still going (its driver, process {os.getpid()}, runs on this "
+        "host); 2 more iteration(s) are in Ray's staging folder until Tune copies them into the "
+        "experiment: run report again later, or once the run has ended"
+    ], said
     assert "--resume" not in said[0]
 
 
@@ -176,14 +189,23 @@ def _staging_state(driver_artifacts, storage_path, stamp="2026-01-01_00-00-00"):
     """Tune's experiment_state in a staging folder: each trial's StorageContext pickled, hex, in a JSON string."""
     import pickle
 
-    storage = {"_type": "CLOUDPICKLE_FALLBACK",
-               "value": pickle.dumps({"storage_fs_path": str(storage_path)}, protocol=5).hex()}
+    storage = {
+        "_type": "CLOUDPICKLE_FALLBACK",
+        "value": pickle.dumps({"storage_fs_path": str(storage_path)}, protocol=5).hex(),
+    }
     trial = json.dumps({"trial_id": "x_00000", "storage": storage}, indent=2)
     (driver_artifacts / f"experiment_state-{stamp}.json").write_text(json.dumps({"trial_data": [[trial, "{}"]]}))
 
 
-@pytest.mark.parametrize("owner", ["a copy elsewhere", "a copy elsewhere, with this one's state beside",
-                                   "this experiment", "this experiment, moved since"])
+@pytest.mark.parametrize(
+    "owner",
+    [
+        "a copy elsewhere",
+        "a copy elsewhere, with this one's state beside",
+        "this experiment",
+        "this experiment, moved since",
+    ],
+)
 def test_a_staging_folder_of_a_copy_resumed_elsewhere_is_not_this_experiments(tmp_path, monkeypatch, owner):
     """Re-probe 11: after a copy of the experiment was resumed under another storage path, `report` of the
     original said "3 more iteration(s) are only in Ray's staging folder" (the copy's: same names), and a
@@ -214,8 +236,14 @@ def test_a_staging_folder_of_a_copy_resumed_elsewhere_is_not_this_experiments(tm
 
 
 def _progress_csv(d, results):
-    rows = [{"training_iteration": r["training_iteration"], "done": r["done"],
-             "env_runners/episode_return_mean": r["env_runners"]["episode_return_mean"]} for r in results]
+    rows = [
+        {
+            "training_iteration": r["training_iteration"],
+            "done": r["done"],
+            "env_runners/episode_return_mean": r["env_runners"]["episode_return_mean"],
+        }
+        for r in results
+    ]
     lines = [",".join(rows[0])] + [",".join(str(v) for v in r.values()) for r in rows]
     (d / "progress.csv").write_text("\n".join(lines) + "\n")
 
@@ -239,10 +267,15 @@ def test_a_cut_or_missing_result_json_is_said_and_progress_csv_fills_in(tmp_path
     assert list(table["iterations"]) == [2, 2, 0]
     assert list(table["status"])[:2] == ["TERMINATED", "TERMINATED"]
     lines = warnings(table)
-    assert any("R3L_x_00000" in w and "result.json has 1 unreadable line" in w and "iteration(s) 2 taken from "
-               "progress.csv" in w for w in lines), lines
-    assert any("R3L_x_00001" in w and "result.json is missing" in w and "1, 2 taken from progress.csv" in w
-               for w in lines), lines
+    assert any(
+        "R3L_x_00000" in w
+        and "result.json has 1 unreadable line" in w
+        and "iteration(s) 2 taken from progress.csv" in w
+        for w in lines
+    ), lines
+    assert any(
+        "R3L_x_00001" in w and "result.json is missing" in w and "1, 2 taken from progress.csv" in w for w in lines
+    ), lines
     assert any("R3L_x_00002" in w and "result.json is empty" in w and "no metrics" in w for w in lines), lines
 
 
@@ -311,20 +344,33 @@ def test_an_asynchronous_pbt_splice_is_found_by_the_rows_config_not_the_files_it
     Tune's file holds stale iterations. No experiment state: the folders are found by Tune's trial index."""
     root = tmp_path / "exp"
     cfg = lambda lr: {"config": {"lr": lr}}  # noqa: E731
-    _trial(root, "R3L_x_00000_0_lr=0.0001_2026-01-01",
-           [_result(1, **cfg(1e-4)), _result(2, **cfg(1e-4)), _result(3, **cfg(1e-4)),
-            _result(3, **cfg(2.4e-4)), _result(4, done=True, **cfg(2.4e-4))])
+    _trial(
+        root,
+        "R3L_x_00000_0_lr=0.0001_2026-01-01",
+        [
+            _result(1, **cfg(1e-4)),
+            _result(2, **cfg(1e-4)),
+            _result(3, **cfg(1e-4)),
+            _result(3, **cfg(2.4e-4)),
+            _result(4, done=True, **cfg(2.4e-4)),
+        ],
+    )
     _trial(root, "R3L_x_00001_1_lr=0.0003_2026-01-01", [_result(i, done=i == 4, **cfg(3e-4)) for i in range(1, 5)])
     (root / "pbt_global.txt").write_text(
-        json.dumps(["0_lr=0.0001", "1_lr=0.0003", 2, 0, {"lr": 3e-4, "env": "x"}, {"lr": 2.4e-4, "env": "x"}]) + "\n"
-        + json.dumps(["7_lr=0.1", "1_lr=0.0003", 2, 2, {"lr": 3e-4}, {"lr": 3.6e-4}]) + "\n"  # no such trial here
-        + '["0_lr=0.0001", "1_lr=0.0')  # a cut line
+        json.dumps(["0_lr=0.0001", "1_lr=0.0003", 2, 0, {"lr": 3e-4, "env": "x"}, {"lr": 2.4e-4, "env": "x"}])
+        + "\n"
+        + json.dumps(["7_lr=0.1", "1_lr=0.0003", 2, 2, {"lr": 3e-4}, {"lr": 3.6e-4}])
+        + "\n"  # no such trial here
+        + '["0_lr=0.0001", "1_lr=0.0'
+    )  # a cut line
     table, _pngs, _out = make_report(str(root))
     assert list(table["spliced_from"].fillna("")) == ["R3L_x_00001@3", ""]
     (line,) = notes(table)
-    assert line == ("note: R3L_x_00000's curve is spliced from a PBT clone: from iteration 3 on it continues "
-                    "R3L_x_00001's run (PBT cloned R3L_x_00001's checkpoint of iteration 2 into it); "
-                    "perturbed lr 0.0003 -> 0.00024")
+    assert line == (
+        "note: R3L_x_00000's curve is spliced from a PBT clone: from iteration 3 on it continues "
+        "R3L_x_00001's run (PBT cloned R3L_x_00001's checkpoint of iteration 2 into it); "
+        "perturbed lr 0.0003 -> 0.00024"
+    )
     # a report on the spliced trial alone still names the clone (a folder beside it)
     alone = make_report(str(root / "R3L_x_00000_0_lr=0.0001_2026-01-01"))[0]
     assert list(alone["spliced_from"]) == ["R3L_x_00001@3"]
@@ -339,12 +385,18 @@ def test_pbt_splices_are_placed_at_their_restarts_even_when_nothing_was_perturbe
     def row(i, since, lr):
         return _result(i, iterations_since_restore=since, config={"lr": lr})
 
-    _trial(root, "R3L_x_00000_0_lr=0.0001_2026-01-01",
-           [row(1, 1, 1e-4), row(2, 2, 1e-4), row(3, 1, 1e-5), row(4, 1, 1e-5), row(5, 2, 1e-5)])
+    _trial(
+        root,
+        "R3L_x_00000_0_lr=0.0001_2026-01-01",
+        [row(1, 1, 1e-4), row(2, 2, 1e-4), row(3, 1, 1e-5), row(4, 1, 1e-5), row(5, 2, 1e-5)],
+    )
     _trial(root, "R3L_x_00001_1_lr=1e-05_2026-01-01", [row(i, i, 1e-5) for i in range(1, 6)])
     (root / "pbt_global.txt").write_text(  # two exploits of trial 0; the second drew lr 1e-5 again
-        json.dumps(["0_lr=0.0001", "1_lr=1e-05", 0, 0, {"lr": 1e-5}, {"lr": 1e-5}]) + "\n"
-        + json.dumps(["0_lr=0.0001", "1_lr=1e-05", 0, 0, {"lr": 1e-5}, {"lr": 1e-5}]) + "\n")
+        json.dumps(["0_lr=0.0001", "1_lr=1e-05", 0, 0, {"lr": 1e-5}, {"lr": 1e-5}])
+        + "\n"
+        + json.dumps(["0_lr=0.0001", "1_lr=1e-05", 0, 0, {"lr": 1e-5}, {"lr": 1e-5}])
+        + "\n"
+    )
     table, _pngs, _out = make_report(str(root))
     assert list(table["spliced_from"].fillna("")) == ["R3L_x_00001@3; R3L_x_00001@4", ""]
     assert all("after its last row" not in line for line in notes(table)), notes(table)
@@ -358,17 +410,30 @@ def test_the_retry_chain_of_each_trial_with_a_ledger_is_a_funnel(tmp_path, capsy
     a = _trial(root, "R3L_x_00000_0_a=1", [_result(1), _result(2, done=True)])
     _trial(root, "R3L_x_00001_1_a=2", [_result(1, done=True)])  # no ledger (reflect off): no funnel row
     base = {"group_id": "g", "valid": True, "oracle_pivot": 0, "retry_status": "ok", "control_success": False}
-    rows = [dict(base, reflection=0, pivot=0, reported_pivot=0, action_changed=True, retry_success=True),
-            dict(base, reflection=1, pivot=1, reported_pivot=1, action_changed=False, retry_success=False),
-            dict(base, reflection=2, valid=False, pivot=None, reported_pivot=None, retry_status="none",
-                 action_changed=None, retry_success=None, control_success=None)]
+    rows = [
+        dict(base, reflection=0, pivot=0, reported_pivot=0, action_changed=True, retry_success=True),
+        dict(base, reflection=1, pivot=1, reported_pivot=1, action_changed=False, retry_success=False),
+        dict(
+            base,
+            reflection=2,
+            valid=False,
+            pivot=None,
+            reported_pivot=None,
+            retry_status="none",
+            action_changed=None,
+            retry_success=None,
+            control_success=None,
+        ),
+    ]
     retry_ledger.append(str(a / retry_ledger.LEDGER_FILE), 1, rows)
     # an iteration cut short (Ctrl-C) before its result: its rows are not counted, as its result is not
     retry_ledger.append(str(a / retry_ledger.LEDGER_FILE), 3, rows[:1])
     assert cli.main(["report", str(root)]) == 0
     out = capsys.readouterr().out
-    assert ("retry chain R3L_x_00000: 3 reflections -> 2 valid -> 1/2 in time -> 2 retried -> 1/2 changed the "
-            "action -> 1 succeeded; vs a fresh sample of the same task: +0.50 [") in out
+    assert (
+        "retry chain R3L_x_00000: 3 reflections -> 2 valid -> 1/2 in time -> 2 retried -> 1/2 changed the "
+        "action -> 1 succeeded; vs a fresh sample of the same task: +0.50 ["
+    ) in out
     assert "over 2 retry/control pairs (1 task) (1 row(s) of an iteration cut short before its result left out)" in out
     assert "retry chain R3L_x_00001" not in out
     chain = (root / "report" / "retry_chain.csv").read_text().splitlines()

@@ -34,8 +34,9 @@ def test_a_repeated_experiment_name_is_refused(tmp_path):
 
 
 def test_a_repeated_key_at_any_depth_and_in_flow_style_is_refused(tmp_path):
-    _path, msg = _refused(tmp_path, "exp:\n  run: R3L\n  config:\n    env_config:\n      num_rooms: 3\n"
-                                    "      num_rooms: 4\n")
+    _path, msg = _refused(
+        tmp_path, "exp:\n  run: R3L\n  config:\n    env_config:\n      num_rooms: 3\n      num_rooms: 4\n"
+    )
     assert ":6: duplicate key 'num_rooms'" in msg, msg
     _path, msg = _refused(tmp_path, "exp:\n  run: R3L\n  stop: {training_iteration: 2, training_iteration: 9}\n")
     assert ":3: duplicate key 'training_iteration'" in msg, msg
@@ -49,21 +50,27 @@ def test_merge_keys_may_still_be_overridden():
 
 
 def test_a_set_value_with_a_repeated_key_is_refused():
-    with pytest.raises(UsageError, match=r"^--set 'env_config=\{num_rooms: 3, num_rooms: 4\}': duplicate key "
-                                         r"'num_rooms' in the value; write each key once$"):
+    with pytest.raises(
+        UsageError,
+        match=r"^--set 'env_config=\{num_rooms: 3, num_rooms: 4\}': duplicate key "
+        r"'num_rooms' in the value; write each key once$",
+    ):
         parse_assignment("env_config={num_rooms: 3, num_rooms: 4}", "--set")
     assert parse_assignment("env_config={num_rooms: 3}", "--set") == ("env_config", {"num_rooms": 3})
 
 
 # ---------------------------------------------------------------------------- RLlib options R3L ignores (issue 37, 6)
-@pytest.mark.parametrize("key,value,needle", [
-    ("num_epochs", 4, "micro_batch_size"),
-    ("minibatch_size", 2, "micro_batch_tokens"),
-    ("train_batch_size", 64, "tasks_per_iteration"),
-    ("train_batch_size_per_learner", 64, "group_size"),
-    ("gamma", 0.9, "no discounting"),
-    ("evaluation_num_env_runners", 1, "evaluation_interval"),
-])
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("num_epochs", 4, "micro_batch_size"),
+        ("minibatch_size", 2, "micro_batch_tokens"),
+        ("train_batch_size", 64, "tasks_per_iteration"),
+        ("train_batch_size_per_learner", 64, "group_size"),
+        ("gamma", 0.9, "no discounting"),
+        ("evaluation_num_env_runners", 1, "evaluation_interval"),
+    ],
+)
 def test_an_ignored_rllib_option_in_a_file_is_refused(tmp_path, key, value, needle):
     f = tmp_path / "exp.yaml"
     f.write_text(f"exp:\n  run: R3L\n  config: {{model: tiny, env: r3l/ToyCorridor, group_size: 4, {key}: {value}}}\n")
@@ -76,20 +83,25 @@ def test_an_ignored_rllib_option_in_a_file_is_refused(tmp_path, key, value, need
 
 def test_an_ignored_rllib_option_at_its_default_passes(tmp_path):
     f = tmp_path / "exp.yaml"
-    f.write_text("exp:\n  run: R3L\n  config: {model: tiny, env: r3l/ToyCorridor, group_size: 4, num_epochs: 1,"
-                 " gamma: 0.99, evaluation_interval: null}\n")
+    f.write_text(
+        "exp:\n  run: R3L\n  config: {model: tiny, env: r3l/ToyCorridor, group_size: 4, num_epochs: 1,"
+        " gamma: 0.99, evaluation_interval: null}\n"
+    )
     prepare_experiments(str(f))
 
 
-@pytest.mark.parametrize("line,needle", [
-    ("num_samples: 0", "num_samples: 0: must be an integer >= 1"),
-    ("num_samples: two", "num_samples: 'two': must be an integer >= 1"),
-    ("num_samples: true", "num_samples: True: must be an integer >= 1"),
-    ("num_samples: -1", "num_samples: -1: must be an integer >= 1"),  # re-probe 6 (P23): no trial, exit 0
-    ("time_budget_s: -5", "time_budget_s: -5: must be a number of seconds > 0"),
-    ("time_budget_s: .inf", "time_budget_s: inf: must be a number of seconds > 0"),
-    ("max_failures: -2", "max_failures: -2: must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ("num_samples: 0", "num_samples: 0: must be an integer >= 1"),
+        ("num_samples: two", "num_samples: 'two': must be an integer >= 1"),
+        ("num_samples: true", "num_samples: True: must be an integer >= 1"),
+        ("num_samples: -1", "num_samples: -1: must be an integer >= 1"),  # re-probe 6 (P23): no trial, exit 0
+        ("time_budget_s: -5", "time_budget_s: -5: must be a number of seconds > 0"),
+        ("time_budget_s: .inf", "time_budget_s: inf: must be a number of seconds > 0"),
+        ("max_failures: -2", "max_failures: -2: must be an integer >= 0"),
+    ],
+)
 def test_tunes_numeric_experiment_keys_are_checked(tmp_path, line, needle):
     """Re-probe 5 (P34, P35, P37): num_samples 0 ran no trial and exited 0; 'two' was Tune's TypeError
     inside the run; a negative time budget stopped the run at once, called interrupted."""
@@ -102,8 +114,10 @@ def test_tunes_numeric_experiment_keys_are_checked(tmp_path, line, needle):
 
 def test_valid_numeric_experiment_keys_pass(tmp_path):
     f = tmp_path / "exp.yaml"
-    f.write_text("exp:\n  run: R3L\n  num_samples: 2\n  time_budget_s: 60\n  max_failures: -1\n"
-                 "  config: {model: tiny, env: r3l/ToyCorridor, group_size: 4}\n")
+    f.write_text(
+        "exp:\n  run: R3L\n  num_samples: 2\n  time_budget_s: 60\n  max_failures: -1\n"
+        "  config: {model: tiny, env: r3l/ToyCorridor, group_size: 4}\n"
+    )
     prepare_experiments(str(f))
 
 
@@ -111,7 +125,9 @@ def test_a_misspelt_rllib_key_gets_the_closest_name_of_all(tmp_path):
     """Re-probe 6: `evaluation_intervall` was offered `evaluation_temperature` (R3L's options were tried first)."""
     f = tmp_path / "exp.yaml"
     f.write_text("exp:\n  run: R3L\n  config: {model: tiny, env: r3l/ToyCorridor, evaluation_intervall: 2}\n")
-    with pytest.raises(UsageError, match=r"unknown config key 'evaluation_intervall' \(did you mean 'evaluation_interval'\?\)"):
+    with pytest.raises(
+        UsageError, match=r"unknown config key 'evaluation_intervall' \(did you mean 'evaluation_interval'\?\)"
+    ):
         prepare_experiments(str(f))
     f.write_text("exp:\n  run: R3L\n  config: {model: tiny, env: r3l/ToyCorridor, gruop_size: 2}\n")
     with pytest.raises(UsageError, match=r"did you mean 'group_size'"):

@@ -26,23 +26,27 @@ IDS = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16]]
 
 # A fresh interpreter (cwd outside the repository, no PYTHONPATH) where importing this project or
 # peft fails and importlib.util.find_spec calls them not installed (what transformers checks).
-_BLOCK = ("import sys\n"
-          "for _name in ('rllib_r3l', 'peft'):\n"
-          "    sys.modules[_name] = None\n")
-_LOADED = ("sorted(m for m in sys.modules if m.split('.')[0] in ('rllib_r3l', 'peft') "
-           "and sys.modules[m] is not None)")
+_BLOCK = "import sys\nfor _name in ('rllib_r3l', 'peft'):\n    sys.modules[_name] = None\n"
+_LOADED = "sorted(m for m in sys.modules if m.split('.')[0] in ('rllib_r3l', 'peft') and sys.modules[m] is not None)"
 
-_HF_CHILD = _BLOCK + r"""
+_HF_CHILD = (
+    _BLOCK
+    + r"""
 import json, torch
 from transformers import AutoModelForCausalLM
 out, ids, dest = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
 with torch.no_grad():
     torch.save(model(input_ids=torch.tensor(ids)).logits, dest)
-print("RESULT " + json.dumps({"class": type(model).__name__, "loaded": """ + _LOADED + r"""}))
+print("RESULT " + json.dumps({"class": type(model).__name__, "loaded": """
+    + _LOADED
+    + r"""}))
 """
+)
 
-_VLLM_CHILD = _BLOCK + r"""
+_VLLM_CHILD = (
+    _BLOCK
+    + r"""
 import json, torch
 from vllm import LLM, SamplingParams
 out, ids = sys.argv[1], json.loads(sys.argv[2])
@@ -52,8 +56,11 @@ res = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0.0, 
 o = res[0].outputs[0]
 print("RESULT " + json.dumps({"tokens": list(o.token_ids),
                               "logprobs": [lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)],
-                              "loaded": """ + _LOADED + r"""}))
+                              "loaded": """
+    + _LOADED
+    + r"""}))
 """
+)
 
 
 def _child(code: str, *args: str, cwd) -> dict:
@@ -101,6 +108,7 @@ def lora_export(tmp_path_factory, tiny_model_dir):
     return {"out": out, "ref": ref, "adapters": adapters, "base": tiny_model_dir}
 
 
+@pytest.mark.slow
 def test_lora_export_is_a_plain_model_folder_with_merged_weights(lora_export):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -163,7 +171,7 @@ def test_lora_export_generates_greedily_in_vllm_without_this_project(lora_export
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
         with torch.no_grad():
             lp = torch.log_softmax(model(input_ids=torch.tensor([prompt + got["tokens"]])).logits[0], -1)
-        rows = lp[len(prompt) - 1:-1]
+        rows = lp[len(prompt) - 1 : -1]
         return [float(rows[i, t]) for i, t in enumerate(got["tokens"])], [float(r.max()) for r in rows]
 
     merged, best = logprobs(lora_export["out"])

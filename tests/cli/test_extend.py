@@ -15,8 +15,17 @@ import shlex
 import pytest
 
 from rllib_r3l.cli import commands as cli
-from tests.cli.tiny_runs import (EXPERIMENT, SMALL, TOY, cli_process, finished, iterations, progress_iterations,
-                                 rows, trial_dirs)
+from tests.cli.tiny_runs import (
+    EXPERIMENT,
+    SMALL,
+    TOY,
+    cli_process,
+    finished,
+    iterations,
+    progress_iterations,
+    rows,
+    trial_dirs,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -48,16 +57,20 @@ def test_a_stop_the_finished_run_already_reached_is_refused_naming_the_value(fin
         code = cli.main([*resume, "--resume", "--stop", f"training_iteration={stop}", "--dry-run"])
         err = capsys.readouterr().err
         assert code == 2, err
-        assert (f"--stop training_iteration={stop}: trial {os.path.basename(trial)} of experiment {EXPERIMENT!r} "
-                f"already reached training_iteration {reached} (its last result), so it would stop after one more "
-                f"iteration; give a value above {reached}") in err, err
+        assert (
+            f"--stop training_iteration={stop}: trial {os.path.basename(trial)} of experiment {EXPERIMENT!r} "
+            f"already reached training_iteration {reached} (its last result), so it would stop after one more "
+            f"iteration; give a value above {reached}"
+        ) in err, err
     # the advice without a stop names the way on, and what --new really does
     for again in (argv, [*resume, "--resume"]):
         code = cli.main([*again, "--dry-run"])
         err = capsys.readouterr().err
         assert code == 2 and "finished (reached its stop criterion)" in err, err
-        assert (f"to train it further from its last checkpoint, give a higher stop: --resume --stop "
-                f"training_iteration=N (N above {reached}, the iteration it reached)") in err, err
+        assert (
+            f"to train it further from its last checkpoint, give a higher stop: --resume --stop "
+            f"training_iteration=N (N above {reached}, the iteration it reached)"
+        ) in err, err
         assert NEW_SAID in err and "beside this one, which stays as it is)" in err, err
     assert iterations(trial) == before and len(trial_dirs(exp)) == 1  # nothing ran
 
@@ -110,8 +123,15 @@ def test_a_reflecting_run_s_retry_ledger_goes_on_across_resumes(tmp_path):
     from rllib_r3l import retry_ledger
     from rllib_r3l.cli.resume import resume_command
 
-    argv = ["train", TOY, *[a if a != EXPERIMENT else "toy-corridor-tiny-r3l" for a in SMALL],
-            "--set", "sampling_seed=0", "--storage-path", str(tmp_path)]
+    argv = [
+        "train",
+        TOY,
+        *[a if a != EXPERIMENT else "toy-corridor-tiny-r3l" for a in SMALL],
+        "--set",
+        "sampling_seed=0",
+        "--storage-path",
+        str(tmp_path),
+    ]
     resumed = shlex.split(resume_command(argv))[1:-1]  # a resume keeps the saved --set
     ledgers = []
     for n, again in ((1, argv), (2, [*resumed, "--resume"]), (3, [*resumed, "--resume"])):
@@ -123,6 +143,5 @@ def test_a_reflecting_run_s_retry_ledger_goes_on_across_resumes(tmp_path):
         ledgers.append(retry_ledger.read(os.path.join(trial, retry_ledger.LEDGER_FILE)))
     assert ledgers[0], "the seeded first iteration reflects on a failure"
     for earlier, later in zip(ledgers, ledgers[1:]):
-        assert later[:len(earlier)] == earlier  # every earlier row kept, in order
+        assert later[: len(earlier)] == earlier  # every earlier row kept, in order
     assert {r["iteration"] for r in ledgers[-1]} <= {1, 2, 3}
-

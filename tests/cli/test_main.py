@@ -17,17 +17,43 @@ pytestmark = pytest.mark.integration
 def test_main_job_trains_and_writes_summary(tmp_path, capfd):
     from rllib_r3l.cli import main
 
-    rc = main.main(["--iterations", "2", "--out", str(tmp_path), "--num-cpus", "2", "--set",
-                    "model=tiny", "backend=transformers", "env=r3l/ToyWord", "group_size=4",
-                    "tasks_per_iteration=2", "max_response_tokens=8", "max_reflection_tokens=24", "lr=1e-3",
-                    "seed=0", "sampling_seed=0"])  # seeded: "an update within 2 iterations" cannot flake
+    rc = main.main(
+        [
+            "--iterations",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--num-cpus",
+            "2",
+            "--set",
+            "model=tiny",
+            "backend=transformers",
+            "env=r3l/ToyWord",
+            "group_size=4",
+            "tasks_per_iteration=2",
+            "max_response_tokens=8",
+            "max_reflection_tokens=24",
+            "lr=1e-3",
+            "seed=0",
+            "sampling_seed=0",
+        ]
+    )  # seeded: "an update within 2 iterations" cannot flake
     assert rc == 0
     out = capfd.readouterr()
     shown = out.out + out.err
     # the quiet console: header, one line per iteration, the summary table; library output in main.log
-    for text in ("R3L main job: 2 iteration(s)", "  model ", "  backend        transformers (engine dtype float32)",
-                 "  CPU ", "  precision      learner ", "iter 1/2 | success ", "iter 2/2 | success ",
-                 "iter  success  retries", "\n all  ", f"log:        {tmp_path / 'main.log'}"):
+    for text in (
+        "R3L main job: 2 iteration(s)",
+        "  model ",
+        "  backend        transformers (engine dtype float32)",
+        "  CPU ",
+        "  precision      learner ",
+        "iter 1/2 | success ",
+        "iter 2/2 | success ",
+        "iter  success  retries",
+        "\n all  ",
+        f"log:        {tmp_path / 'main.log'}",
+    ):
         assert text in shown, text
     # (what goes to main.log instead of the console: tests/cli/test_console.py, in a process of its own)
     assert (tmp_path / "main.log").read_text().startswith("==== ")
@@ -65,7 +91,9 @@ def test_main_job_trains_and_writes_summary(tmp_path, capfd):
         assert r3l["reflection_total"] + r3l["num_retries"] >= 0
     # at least one iteration updated (ToyWord at chance ~25 %: 8 episodes all equal has p < 0.2;
     # seeded, the same run every time)
-    updated = [rec for rec in summary["per_iteration"] if not math.isnan(rec["learner"].get("forward_tokens", math.nan))]
+    updated = [
+        rec for rec in summary["per_iteration"] if not math.isnan(rec["learner"].get("forward_tokens", math.nan))
+    ]
     assert updated and n_updates == len(updated)
     # the main job's dynamic sampling (MAIN_JOB_SETTINGS): shown in the header; an iteration updates
     # exactly when its runner found a group with a learning signal within the extra rounds
@@ -99,14 +127,35 @@ def test_sigterm_stops_the_main_job_like_ctrl_c_and_keeps_what_ran(tmp_path):
     from tests import REPO_ROOT
 
     out = tmp_path / "run"
-    argv = ["--iterations", "200", "--out", str(out), "--num-cpus", "2", "--set", "model=tiny", "backend=transformers",
-            "env=r3l/ToyWord", "group_size=4", "tasks_per_iteration=1", "max_response_tokens=8",
-            "max_reflection_tokens=24", "seed=0", "sampling_seed=0"]
+    argv = [
+        "--iterations",
+        "200",
+        "--out",
+        str(out),
+        "--num-cpus",
+        "2",
+        "--set",
+        "model=tiny",
+        "backend=transformers",
+        "env=r3l/ToyWord",
+        "group_size=4",
+        "tasks_per_iteration=1",
+        "max_response_tokens=8",
+        "max_reflection_tokens=24",
+        "seed=0",
+        "sampling_seed=0",
+    ]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     log = tmp_path / "console.txt"
     with open(log, "w") as console:
-        proc = subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.main", *argv], cwd=str(REPO_ROOT), env=env,
-                                stdout=console, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rllib_r3l.cli.main", *argv],
+            cwd=str(REPO_ROOT),
+            env=env,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.time() + 300
         while proc.poll() is None and "iter 2/200" not in log.read_text() and time.time() < deadline:
             time.sleep(0.2)
@@ -133,13 +182,33 @@ def _start_until(tmp_path, marker):
     from tests.hang_guard import HANG_GUARD_S
 
     out = tmp_path / "run"
-    argv = ["--iterations", "3", "--out", str(out), "--num-cpus", "2", "--set", "model=tiny", "backend=transformers",
-            "env=r3l/ToyWord", "group_size=4", "tasks_per_iteration=1", "max_response_tokens=8", "seed=0"]
+    argv = [
+        "--iterations",
+        "3",
+        "--out",
+        str(out),
+        "--num-cpus",
+        "2",
+        "--set",
+        "model=tiny",
+        "backend=transformers",
+        "env=r3l/ToyWord",
+        "group_size=4",
+        "tasks_per_iteration=1",
+        "max_response_tokens=8",
+        "seed=0",
+    ]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     log = tmp_path / "console.txt"
     with open(log, "w") as console:
-        proc = subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.main", *argv], cwd=str(REPO_ROOT), env=env,
-                                stdout=console, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rllib_r3l.cli.main", *argv],
+            cwd=str(REPO_ROOT),
+            env=env,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     started = time.monotonic()
     while proc.poll() is None and marker not in log.read_text():
         assert time.monotonic() - started < HANG_GUARD_S, "hang guard\n" + log.read_text()[-3000:]
@@ -225,17 +294,42 @@ def test_a_second_signal_while_saving_loses_no_iteration_record(tmp_path):
             time.sleep(0.02)
 
     with open(log, "w") as console:
-        proc = subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.main", *argv, "--iterations", "4", "--set",
-                                 "model=tiny", "backend=transformers", "env=r3l/ToyCorridor", "group_size=4",
-                                 "tasks_per_iteration=1", "max_response_tokens=8", "seed=0"],
-                                cwd=str(REPO_ROOT), env=env, stdout=console, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rllib_r3l.cli.main",
+                *argv,
+                "--iterations",
+                "4",
+                "--set",
+                "model=tiny",
+                "backend=transformers",
+                "env=r3l/ToyCorridor",
+                "group_size=4",
+                "tasks_per_iteration=1",
+                "max_response_tokens=8",
+                "seed=0",
+            ],
+            cwd=str(REPO_ROOT),
+            env=env,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         wait_for(lambda: "iter 1/4" in log.read_text(), proc)
         proc.send_signal(signal.SIGTERM)
         wait_for(lambda: (out / "checkpoint").is_dir(), proc)  # the wrap-up is under way
         proc.send_signal(signal.SIGTERM)  # the second signal ends the process at once
         proc.wait(timeout=HANG_GUARD_S)
-    resumed = subprocess.run([sys.executable, "-m", "rllib_r3l.cli.main", *argv, "--iterations", "3", "--resume"],
-                             cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "rllib_r3l.cli.main", *argv, "--iterations", "3", "--resume"],
+        cwd=str(REPO_ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     done = summary["iterations_completed"]

@@ -50,8 +50,10 @@ def test_no_reflect_comparison_defaults_to_its_own_out(tmp_path, monkeypatch):
     assert main.out_dir(given) == os.path.join(str(tmp_path), "x")
 
 
-@pytest.mark.parametrize("flags,needle", [(["--num-cpus", "0"], "--num-cpus 0: must be >= 1"),
-                                          (["--out", "FILE"], "is a file, not a folder")])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [(["--num-cpus", "0"], "--num-cpus 0: must be >= 1"), (["--out", "FILE"], "is a file, not a folder")],
+)
 def test_main_job_refuses_cpus_below_one_and_an_out_that_is_a_file(tmp_path, capsys, flags, needle):
     """Re-probe 2 (issue 37): both were raw tracebacks (ValueError from ray.init, FileExistsError)."""
     f = tmp_path / "results.txt"
@@ -75,7 +77,9 @@ def test_a_dotted_set_key_sets_one_key_of_a_mapping_option():
     """Re-probe 5 (M4): `--set env_config.num_room=3` answered "did you mean 'env_config'" (dotted keys work in
     `rllib-r3l train`)."""
     assert main._parse_set(["env_config.num_rooms=3", "env_config.max_turns=4", "lr=1e-6"]) == {
-        "env_config": {"num_rooms": 3, "max_turns": 4}, "lr": 1e-6}
+        "env_config": {"num_rooms": 3, "max_turns": 4},
+        "lr": 1e-6,
+    }
 
 
 def test_every_set_flag_counts():

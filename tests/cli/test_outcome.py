@@ -15,8 +15,10 @@ from tests import REPO_ROOT
 
 TOY = os.path.join(str(REPO_ROOT), "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
 EMPTY = {"r3l": {"batch": {"empty_batches": 1}}, "env_runners": {"num_episodes": 8}}
-OVERFLOW = {"r3l": {"batch": {"empty_batches": 1}},
-            "env_runners": {"num_episodes": 8, "r3l": {"faults": {"context_overflow": 8}}}}
+OVERFLOW = {
+    "r3l": {"batch": {"empty_batches": 1}},
+    "env_runners": {"num_episodes": 8, "r3l": {"faults": {"context_overflow": 8}}},
+}
 TRAINED = {"r3l": {"batch": {"items": 6}}, "env_runners": {"num_episodes": 8}}
 
 
@@ -52,8 +54,10 @@ def test_every_episode_overflowing_the_context_names_max_context_tokens():
 
 
 def test_a_few_overflowing_episodes_are_not_taken_for_the_cause():
-    few = {"r3l": {"batch": {"empty_batches": 1}},
-           "env_runners": {"num_episodes": 8, "r3l": {"faults": {"context_overflow": 1}}}}
+    few = {
+        "r3l": {"batch": {"empty_batches": 1}},
+        "env_runners": {"num_episodes": 8, "r3l": {"faults": {"context_overflow": 1}}},
+    }
     row = _row(few)
     assert row["status"] == TRAINED_ON_NOTHING and "scored alike" in row["problem"]
 
@@ -61,9 +65,13 @@ def test_a_few_overflowing_episodes_are_not_taken_for_the_cause():
 def test_groups_lost_to_an_exploration_error_are_named_not_called_scored_alike():
     """Re-probe 11: a system_prompt placeholder the runner could not fill raised in every runner's exploration;
     every group was lost, and the summary said the episodes "scored alike"."""
-    lost = {"r3l": {"batch": {"empty_batches": 1}},
-            "env_runners": {"num_episodes": 0, "r3l": {"faults": {"exploration_errors": 1,
-                                                                  "groups_lost_with_exploration_error": 2}}}}
+    lost = {
+        "r3l": {"batch": {"empty_batches": 1}},
+        "env_runners": {
+            "num_episodes": 0,
+            "r3l": {"faults": {"exploration_errors": 1, "groups_lost_with_exploration_error": 2}},
+        },
+    }
     row = _row(lost, lost)
     assert row["status"] == TRAINED_ON_NOTHING
     assert "exploration_errors 2, groups_lost_with_exploration_error 4" in row["problem"]
@@ -139,9 +147,22 @@ def tune_trains_on_nothing(monkeypatch):
     monkeypatch.setattr(tune, "run", run)
 
 
+@pytest.mark.integration
 def test_train_exits_nonzero_with_the_reason_when_nothing_was_trained(tune_trains_on_nothing, capsys, tmp_path):
-    code = cli.main(["train", TOY, "--experiment", "toy-corridor-tiny-r3l", "--set", "model=tiny",
-                     "--verbose", "0", "--storage-path", str(tmp_path)])
+    code = cli.main(
+        [
+            "train",
+            TOY,
+            "--experiment",
+            "toy-corridor-tiny-r3l",
+            "--set",
+            "model=tiny",
+            "--verbose",
+            "0",
+            "--storage-path",
+            str(tmp_path),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == cli.EXIT_FAILED, out + err
     assert f": {TRAINED_ON_NOTHING}," in out and "trained on nothing" in err

@@ -4,9 +4,9 @@ or CSV. Real small filesystems (tmpfs, mounted by the test; skipped where mounti
 
 from __future__ import annotations
 
-import pytest
-
 import os
+
+import pytest
 
 from rllib_r3l.cli import commands as cli
 from tests.cli.fake_checkpoints import module_checkpoint, tiny_state
@@ -69,8 +69,9 @@ def test_report_into_a_read_only_experiment_folder_asks_for_out(tmp_path, tmpfs,
     trial = exp / "R3L_0"
     trial.mkdir()
     (trial / "params.json").write_text(json.dumps({"group_size": 4}))
-    (trial / "result.json").write_text(json.dumps({"training_iteration": 1, "env_runners": {"success_rate": 0.5}})
-                                       + "\n")
+    (trial / "result.json").write_text(
+        json.dumps({"training_iteration": 1, "env_runners": {"success_rate": 0.5}}) + "\n"
+    )
     subprocess.run(["mount", "-o", "remount,ro", str(exp)], check=True)
     code = cli.main(["report", str(exp)])
     err = capsys.readouterr().err

@@ -19,14 +19,21 @@ def no_gpus(monkeypatch):
     monkeypatch.setattr(preflight, "machine_gpus", lambda: 0, raising=False)  # raising: absent before the fix
 
 
-@pytest.mark.parametrize("flags, needles", [
-    (["--set", "num_gpus_per_learner=1"], ["num_gpus_per_learner", "has 0"]),
-    (["--num-cpus", "1", "--set", "num_env_runners=1"], ["num_env_runners", "--num-cpus 1 gives 1", "--num-cpus 2"]),
-])
+@pytest.mark.parametrize(
+    "flags, needles",
+    [
+        (["--set", "num_gpus_per_learner=1"], ["num_gpus_per_learner", "has 0"]),
+        (
+            ["--num-cpus", "1", "--set", "num_env_runners=1"],
+            ["num_env_runners", "--num-cpus 1 gives 1", "--num-cpus 2"],
+        ),
+    ],
+)
 @pytest.mark.parametrize("dry", [True, False])
 def test_train_refuses_resources_it_cannot_get(capsys, tmp_path, flags, needles, dry):
-    code = cli.main(["train", TOY, "--set", "model=tiny", "--storage-path", str(tmp_path), *flags]
-                    + (["--dry-run"] if dry else []))
+    code = cli.main(
+        ["train", TOY, "--set", "model=tiny", "--storage-path", str(tmp_path), *flags] + (["--dry-run"] if dry else [])
+    )
     err = capsys.readouterr().err
     assert code == 2, err
     for n in needles:

@@ -24,9 +24,15 @@ def test_a_cut_last_row_is_set_aside_so_the_next_row_starts_on_its_own_line(tmp_
 
 
 def test_a_progress_csv_shifted_by_a_resume_is_rebuilt_from_result_json(tmp_path):
-    rows = [{"training_iteration": 1, "env_runners": {"success_rate": 0.5}, "config": {"lr": 1}},
-            {"training_iteration": 2, "env_runners": {"success_rate": 1.0}, "config": {"lr": 1},
-             "timers": {"synch_env_connectors": 0.01}}]  # RLlib's key after a restore
+    rows = [
+        {"training_iteration": 1, "env_runners": {"success_rate": 0.5}, "config": {"lr": 1}},
+        {
+            "training_iteration": 2,
+            "env_runners": {"success_rate": 1.0},
+            "config": {"lr": 1},
+            "timers": {"synch_env_connectors": 0.01},
+        },
+    ]  # RLlib's key after a restore
     (tmp_path / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # what Tune's logger wrote: the first run's header, the resumed row with one more field
     (tmp_path / "progress.csv").write_text("training_iteration,env_runners/success_rate\n1,0.5\n2,1.0,0.01\n")
@@ -85,8 +91,14 @@ def test_a_resume_drops_the_decisions_tune_saved_but_never_carried_out(tmp_path)
     from rllib_r3l.cli.resume_from import drop_pending_decisions, point_tune_at
 
     state = tmp_path / "experiment_state-2026-12-05_19-00-00.json"
-    raw = {"trial_data": [], "runner_data": {"_cached_trial_decisions": {"74a05_00000": "STOP"},
-                                             "_queued_trial_decisions": {"74a05_00000": "STOP"}, "_iteration": 9}}
+    raw = {
+        "trial_data": [],
+        "runner_data": {
+            "_cached_trial_decisions": {"74a05_00000": "STOP"},
+            "_queued_trial_decisions": {"74a05_00000": "STOP"},
+            "_iteration": 9,
+        },
+    }
     state.write_text(json.dumps(raw))
     point_tune_at(str(tmp_path), [])
     got = json.loads(state.read_text())["runner_data"]

@@ -22,8 +22,19 @@ from tests.cli.tiny_runs import cli_process, progress_iterations
 
 ROOT = str(REPO_ROOT)
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
-SMALL = ["--experiment", "toy-corridor-tiny-no-reflect", "--set", "tasks_per_iteration=1",
-         "--set", "env_config={num_rooms: 3, max_turns: 3}", "--num-cpus", "4", "--quiet-workers", "--verbose", "0"]
+SMALL = [
+    "--experiment",
+    "toy-corridor-tiny-no-reflect",
+    "--set",
+    "tasks_per_iteration=1",
+    "--set",
+    "env_config={num_rooms: 3, max_turns: 3}",
+    "--num-cpus",
+    "4",
+    "--quiet-workers",
+    "--verbose",
+    "0",
+]
 
 
 class BrokenEnv:
@@ -43,9 +54,19 @@ def test_iteration_losing_every_episode_to_env_creation_raises_with_the_env_mess
     monkeypatch.setattr(preflight, "check_env", lambda *a, **k: None)  # the build-time check would catch it first
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
-        algo = (R3LConfig().environment("tests.cli.test_resume:BrokenEnv")
-                .training(model="tiny", backend="transformers", group_size=4, tasks_per_iteration=1,
-                          max_response_tokens=8, max_context_tokens=2048, reflect=False)).build_algo()
+        algo = (
+            R3LConfig()
+            .environment("tests.cli.test_resume:BrokenEnv")
+            .training(
+                model="tiny",
+                backend="transformers",
+                group_size=4,
+                tasks_per_iteration=1,
+                max_response_tokens=8,
+                max_context_tokens=2048,
+                reflect=False,
+            )
+        ).build_algo()
         try:
             with pytest.raises(Exception, match="environment could not be created: OSError: JVM did not start"):
                 algo.train()
@@ -69,8 +90,17 @@ def _iterations(trial_dir):
 
 def _interrupted_after(tmp_path, checkpoint):
     """A 4-iteration run of the toy file stopped by Ctrl-C once ``checkpoint`` is written: exit 130."""
-    argv = ["train", TOY, *SMALL, "--stop", "training_iteration=4", "--checkpoint-freq", "1",
-            "--storage-path", str(tmp_path)]
+    argv = [
+        "train",
+        TOY,
+        *SMALL,
+        "--stop",
+        "training_iteration=4",
+        "--checkpoint-freq",
+        "1",
+        "--storage-path",
+        str(tmp_path),
+    ]
     exp = tmp_path / "toy-corridor-tiny-no-reflect"
     proc = cli_process(argv)
     # poll often: on a fast CPU the tiny run's remaining iterations take about a second
@@ -122,8 +152,15 @@ def test_a_driver_killed_after_its_first_checkpoint_resumes_with_every_row_once(
     Now ``report`` says INTERRUPTED, and the resume continues from that checkpoint,
     the killed driver's rows come back from its staging folder, and every iteration has one row. The
     moment of the kill varies with the machine; the outcome asserted holds at every moment."""
-    argv = ["train", TOY, *[a for a in SMALL if not a.startswith(("--set", "tasks_", "env_config"))],
-            "--checkpoint-freq", "1", "--storage-path", str(tmp_path)]
+    argv = [
+        "train",
+        TOY,
+        *[a for a in SMALL if not a.startswith(("--set", "tasks_", "env_config"))],
+        "--checkpoint-freq",
+        "1",
+        "--storage-path",
+        str(tmp_path),
+    ]
     exp = tmp_path / "toy-corridor-tiny-no-reflect"
     from rllib_r3l.checkpoint_integrity import is_complete
 
@@ -159,17 +196,39 @@ def test_a_driver_killed_before_its_first_checkpoint_keeps_its_rows_and_advises_
     Now both refusals first copy the staged rows into the experiment, and the plain one advises only --new."""
     import ray._common.utils as ray_utils
 
-    argv = ["train", TOY, *SMALL, "--checkpoint-freq", "100000", "--stop", "training_iteration=500",
-            "--storage-path", str(tmp_path)]
+    argv = [
+        "train",
+        TOY,
+        *SMALL,
+        "--checkpoint-freq",
+        "100000",
+        "--stop",
+        "training_iteration=500",
+        "--storage-path",
+        str(tmp_path),
+    ]
     exp = tmp_path / "toy-corridor-tiny-no-reflect"
     proc = cli_process(argv)
-    staged = os.path.join(ray_utils.get_default_ray_temp_dir(), "session_*", "artifacts", "*", exp.name,
-                          "driver_artifacts", "*", "result.json")
+    staged = os.path.join(
+        ray_utils.get_default_ray_temp_dir(),
+        "session_*",
+        "artifacts",
+        "*",
+        exp.name,
+        "driver_artifacts",
+        "*",
+        "result.json",
+    )
     before = set(glob.glob(staged))
     deadline = time.time() + 300
-    while proc.poll() is None and time.time() < deadline and not (any(
-            os.path.getsize(f) > 0 for f in set(glob.glob(staged)) - before) and (
-            glob.glob(str(exp / "R3L_*" / "params.json")) or glob.glob(str(exp / "experiment_state-*.json")))):
+    while (
+        proc.poll() is None
+        and time.time() < deadline
+        and not (
+            any(os.path.getsize(f) > 0 for f in set(glob.glob(staged)) - before)
+            and (glob.glob(str(exp / "R3L_*" / "params.json")) or glob.glob(str(exp / "experiment_state-*.json")))
+        )
+    ):
         time.sleep(0.05)  # a row staged, and the experiment in the storage (a loaded machine copies it later)
     assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.communicate()[1][-3000:]
     proc.kill()
@@ -203,8 +262,19 @@ def test_a_cut_tune_state_is_resumed_from_r3ls_copy_with_every_row(tmp_path, cap
         f.truncate(os.path.getsize(state) // 2)
     for name in ("result.json", "progress.csv"):
         open(os.path.join(trial, name), "w").close()
-    resume_argv = ["train", TOY, *SMALL[:2], "--num-cpus", "4", "--quiet-workers", "--verbose", "0",
-                   "--storage-path", str(tmp_path), "--resume"]
+    resume_argv = [
+        "train",
+        TOY,
+        *SMALL[:2],
+        "--num-cpus",
+        "4",
+        "--quiet-workers",
+        "--verbose",
+        "0",
+        "--storage-path",
+        str(tmp_path),
+        "--resume",
+    ]
     proc = cli_process(resume_argv)
     out, err = proc.communicate()
     assert finished(proc, err), out[-2000:] + err[-3000:]
@@ -273,8 +343,19 @@ def test_a_driver_killed_before_tune_saved_its_state_is_not_taken_for_a_new_expe
 @pytest.mark.parametrize("flags", [["--set", "lr=0.5"], ["--set=lr=0.5"]])
 def test_resume_refuses_set_it_would_ignore(tmp_path, capsys, flags):  # --stop is a new stop: tests/cli/test_extend.py
     saved_experiment(tmp_path, "toy-corridor-tiny-r3l", checkpoint=True)
-    code = cli.main(["train", TOY, "--experiment", "toy-corridor-tiny-r3l", "--storage-path", str(tmp_path),
-                     "--resume", "--dry-run", *flags])
+    code = cli.main(
+        [
+            "train",
+            TOY,
+            "--experiment",
+            "toy-corridor-tiny-r3l",
+            "--storage-path",
+            str(tmp_path),
+            "--resume",
+            "--dry-run",
+            *flags,
+        ]
+    )
     err = capsys.readouterr().err
     flag = flags[0].split("=")[0]
     assert code == 2 and f"--resume with {flag}" in err and "--new" in err, err
@@ -283,13 +364,31 @@ def test_resume_refuses_set_it_would_ignore(tmp_path, capsys, flags):  # --stop 
 def test_resume_command_drops_set_and_stop():
     from rllib_r3l.cli import resume
 
-    argv = ["train", "f.yaml", "--set", "lr=0.5", "--stop=training_iteration=9", "--new", "--storage-path", "s",
-            "--stop", "time_total_s=5", "--set=model=tiny", "--checkpoint-freq", "2"]
+    argv = [
+        "train",
+        "f.yaml",
+        "--set",
+        "lr=0.5",
+        "--stop=training_iteration=9",
+        "--new",
+        "--storage-path",
+        "s",
+        "--stop",
+        "time_total_s=5",
+        "--set=model=tiny",
+        "--checkpoint-freq",
+        "2",
+    ]
     assert resume.resume_command(argv) == "rllib-r3l train f.yaml --storage-path s --resume"
-    assert resume.new_command(["train", "f.yaml", "--resume", "--set", "lr=1"]) == "rllib-r3l train f.yaml --set lr=1 --new"
+    assert (
+        resume.new_command(["train", "f.yaml", "--resume", "--set", "lr=1"])
+        == "rllib-r3l train f.yaml --set lr=1 --new"
+    )
     # the --stop of a resume is its new stop (issue 49): a run cut short before Tune saved it needs it again
-    assert resume.resume_command(["train", "f.yaml", "--resume", "--stop", "training_iteration=20"]) == \
-        "rllib-r3l train f.yaml --resume --stop training_iteration=20"
+    assert (
+        resume.resume_command(["train", "f.yaml", "--resume", "--stop", "training_iteration=20"])
+        == "rllib-r3l train f.yaml --resume --stop training_iteration=20"
+    )
 
 
 def test_resume_refuses_when_one_trial_of_several_would_restart_over_its_rows(tmp_path):
@@ -318,9 +417,12 @@ def test_interrupted_advice_gives_each_experiment_of_a_file_its_own_command(tmp_
     plan = {n: {"mode": "start", "name": n, "dir": str(tmp_path / n)} for n in ("a", "b", "c")}
     argv = ["train", "f.yaml", "--storage-path", str(tmp_path), "--set", "lr=0.1"]
     advice = resume.interrupted_advice(argv, plan)
-    assert advice == ("to go on, one command per experiment: "
-                      f"b (new: from the base model at iteration 1, beside the old run): rllib-r3l train f.yaml --storage-path {tmp_path} --set lr=0.1 --experiment b --new; "
-                      f"c (start): rllib-r3l train f.yaml --storage-path {tmp_path} --set lr=0.1 --experiment c"), advice
+    assert advice == (
+        "to go on, one command per experiment: "
+        f"b (new: from the base model at iteration 1, beside the old run): rllib-r3l train f.yaml --storage-path "
+        f"{tmp_path} --set lr=0.1 --experiment b --new; "
+        f"c (start): rllib-r3l train f.yaml --storage-path {tmp_path} --set lr=0.1 --experiment c"
+    ), advice
     assert cut.is_dir()
     # one experiment, or every unfinished one needing the same: the one command, as before
     one = resume.interrupted_advice(argv, {"b": plan["b"]})
@@ -390,9 +492,12 @@ def test_putting_the_state_back_on_a_full_disk_changes_nothing_and_a_later_resum
     filler = disk / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=4k"], capture_output=True)  # until ENOSPC
     before = sorted(os.listdir(exp))
-    with pytest.raises(UsageError, match=r"--resume: experiment_state-2026-12-05_21-00-00.json in .* must be put back "
-                                         r"from R3L's copy .*cannot be written \(No space left on device\); free "
-                                         r"space there and run the same --resume again \(nothing was changed\)"):
+    with pytest.raises(
+        UsageError,
+        match=r"--resume: experiment_state-2026-12-05_21-00-00.json in .* must be put back "
+        r"from R3L's copy .*cannot be written \(No space left on device\); free "
+        r"space there and run the same --resume again \(nothing was changed\)",
+    ):
         state_backup.restore(str(exp))
     assert sorted(os.listdir(exp)) == before and state.read_text() == whole[:1000]
     os.remove(filler)
@@ -400,6 +505,7 @@ def test_putting_the_state_back_on_a_full_disk_changes_nothing_and_a_later_resum
     assert state.read_text() == whole and (exp / (state.name + state_backup.DAMAGED)).read_text() == whole[:1000]
     # what the earlier code left: the state set aside, nothing in its place: R3L's copy goes back
     os.remove(state)
-    assert state_backup.restore(str(exp)) == ("Tune's saved state was missing; resuming from R3L's copy of the "
-                                              f"last whole one ({state.name})")
+    assert state_backup.restore(str(exp)) == (
+        f"Tune's saved state was missing; resuming from R3L's copy of the last whole one ({state.name})"
+    )
     assert state.read_text() == whole

@@ -52,15 +52,21 @@ def _new_ray_session():
 def test_resume_skips_incomplete_checkpoints_and_continues_from_the_newest_complete(ray_session, tmp_path):
     from ray import tune
 
-    from rllib_r3l.cli import resume, resume_from
     from rllib_r3l.checkpoint_integrity import problem
+    from rllib_r3l.cli import resume, resume_from
     from tests.scripted_rllib import tiny_config
 
     cfg = tiny_config(sampling_seed=0, tasks_per_iteration=1)
 
     def experiment():
-        return tune.Experiment("exp", FlakyR3L, config=cfg.to_dict(), stop={"training_iteration": 3},
-                               storage_path=str(tmp_path), checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1))
+        return tune.Experiment(
+            "exp",
+            FlakyR3L,
+            config=cfg.to_dict(),
+            stop={"training_iteration": 3},
+            storage_path=str(tmp_path),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+        )
 
     analysis = tune.run(experiment(), raise_on_failed_trial=False, verbose=0)
     (trial,) = analysis.trials
@@ -82,21 +88,26 @@ def test_resume_skips_incomplete_checkpoints_and_continues_from_the_newest_compl
     plan = resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
     notes = resume_from.resume_notes(plan)
     name = os.path.basename(tdir)
-    assert f"exp / {name}: skipping incomplete checkpoint_000001 (learner_group/learner/state.pkl: truncated " \
-           "(no pickle end))" in notes, notes
+    assert (
+        f"exp / {name}: skipping incomplete checkpoint_000001 (learner_group/learner/state.pkl: truncated "
+        "(no pickle end))" in notes
+    ), notes
     assert f"exp / {name}: skipping incomplete checkpoint_000002 (algorithm_state.pkl: missing)" in notes, notes
-    assert notes[-2] == f"exp / {name}: resuming from {first} (iteration 1) (Tune's state pointed at an incomplete " \
-                        "one: rewound)", notes
-    assert notes[-1] == f"exp / {name}: iteration(s) 2 ran after that checkpoint and run again; their first rows " \
-                        "are set aside in result.json.r3l-redone and progress.csv.r3l-redone", notes
+    assert (
+        notes[-2] == f"exp / {name}: resuming from {first} (iteration 1) (Tune's state pointed at an incomplete "
+        "one: rewound)"
+    ), notes
+    assert (
+        notes[-1] == f"exp / {name}: iteration(s) 2 ran after that checkpoint and run again; their first rows "
+        "are set aside in result.json.r3l-redone and progress.csv.r3l-redone"
+    ), notes
     assert resume.describe(exp_dir).endswith("last checkpoint checkpoint_000000")
 
     resume_from.point_tune_at(exp_dir, plan["exp"]["choices"])
     assert glob.glob(os.path.join(exp_dir, ".r3l-before-resume-experiment_state-*.json"))
     assert _iterations(tdir) == [1]  # iteration 2's row set aside: it runs again
     _new_ray_session()  # as `rllib-r3l train --resume` runs: a new driver (Tune would re-upload this one's staging)
-    analysis = tune.run(experiment(), resume_config=resume.tune_resume_config(), raise_on_failed_trial=False,
-                        verbose=0)
+    analysis = tune.run(experiment(), resume_config=resume.tune_resume_config(), raise_on_failed_trial=False, verbose=0)
     (trial,) = analysis.trials
     assert trial.status == "TERMINATED", trial.error_file
     assert _iterations(tdir) == [1, 2, 3]  # restored at iteration 1: iteration 2 ran again (once in the file), then 3
@@ -154,8 +165,14 @@ def test_resume_adopts_a_complete_checkpoint_tunes_state_missed(ray_session, tmp
     cfg = tiny_config(sampling_seed=0, tasks_per_iteration=1)
 
     def experiment():
-        return tune.Experiment("exp", FlakyR3L, config=cfg.to_dict(), stop={"training_iteration": 3},
-                               storage_path=str(tmp_path), checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1))
+        return tune.Experiment(
+            "exp",
+            FlakyR3L,
+            config=cfg.to_dict(),
+            stop={"training_iteration": 3},
+            storage_path=str(tmp_path),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+        )
 
     (trial,) = tune.run(experiment(), raise_on_failed_trial=False, verbose=0).trials
     tdir, exp_dir = trial.path, str(tmp_path / "exp")
@@ -168,10 +185,12 @@ def test_resume_adopts_a_complete_checkpoint_tunes_state_missed(ray_session, tmp
     assert choice["from"] == second and choice["iteration"] == 2 and choice["adopt"] and not choice["redone"]
     assert resume_from.resume_notes(plan)[-1].endswith(
         f"resuming from {second} (iteration 2) (complete, but Tune's saved state does not list it: the run ended "
-        "before Tune saved its state; added to it)")
+        "before Tune saved its state; added to it)"
+    )
     resume_from.point_tune_at(exp_dir, plan["exp"]["choices"])
-    (trial,) = tune.run(experiment(), resume_config=resume.tune_resume_config(), raise_on_failed_trial=False,
-                        verbose=0).trials
+    (trial,) = tune.run(
+        experiment(), resume_config=resume.tune_resume_config(), raise_on_failed_trial=False, verbose=0
+    ).trials
     assert trial.status == "TERMINATED", trial.error_file
     assert _iterations(tdir) == [1, 2, 3] and progress_iterations(tdir) == [1, 2, 3]  # was [1, 2, 2, 3]
     # re-probe: Tune numbered the next checkpoint from its lagging state, wrote iteration 3 over the
@@ -202,8 +221,11 @@ def test_rows_after_the_checkpoint_are_set_aside_not_deleted(tmp_path):
     with open(tmp_path / "result.json.r3l-redone") as f:
         assert [json.loads(line)["training_iteration"] for line in f] == [4, 5, 3]
     with open(tmp_path / "progress.csv.r3l-redone", newline="") as f:
-        assert [(r["training_iteration"], r["reward"]) for r in csv.DictReader(f)] == [("4", "0.4"), ("5", "0.5"),
-                                                                                       ("3", "0.3")]
+        assert [(r["training_iteration"], r["reward"]) for r in csv.DictReader(f)] == [
+            ("4", "0.4"),
+            ("5", "0.5"),
+            ("3", "0.3"),
+        ]
     assert result_rows.set_aside_rows(str(tmp_path), 2) == {}  # nothing after 2 any more
 
 
@@ -218,8 +240,14 @@ def test_a_checkpoint_whose_row_the_disk_never_wrote_is_named_on_resume(ray_sess
     from tests.scripted_rllib import tiny_config
 
     cfg = tiny_config(sampling_seed=0, tasks_per_iteration=1)
-    experiment = tune.Experiment("exp", FlakyR3L, config=cfg.to_dict(), stop={"training_iteration": 3},
-                                 storage_path=str(tmp_path), checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1))
+    experiment = tune.Experiment(
+        "exp",
+        FlakyR3L,
+        config=cfg.to_dict(),
+        stop={"training_iteration": 3},
+        storage_path=str(tmp_path),
+        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+    )
     (trial,) = tune.run(experiment, raise_on_failed_trial=False, verbose=0).trials
     tdir, exp_dir = trial.path, str(tmp_path / "exp")
     assert _iterations(tdir) == [1, 2]
@@ -234,7 +262,9 @@ def test_a_checkpoint_whose_row_the_disk_never_wrote_is_named_on_resume(ray_sess
     plan = resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
     (choice,) = plan["exp"]["choices"]
     assert choice["iteration"] == 2 and choice["rowless"] == [2] and not choice["redone"]
-    assert (f"exp / {os.path.basename(tdir)}: iteration(s) 2 have no row in result.json or progress.csv (the disk "
-            "filled before they were written): their training is in the checkpoint, their metrics are lost"
-            in resume_from.resume_notes(plan))
+    assert (
+        f"exp / {os.path.basename(tdir)}: iteration(s) 2 have no row in result.json or progress.csv (the disk "
+        "filled before they were written): their training is in the checkpoint, their metrics are lost"
+        in resume_from.resume_notes(plan)
+    )
     assert resume_from._span([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8"

@@ -7,8 +7,9 @@ from rllib_r3l.cli.run_info import cpu_model, expected_episodes, learner_precisi
 
 
 def test_run_info_counts_base_episodes_and_retries_as_the_explorer_will():
-    cfg = R3LConfig().training(model="tiny", backend="transformers", group_size=8, tasks_per_iteration=3,
-                               retries_per_failure=1)
+    cfg = R3LConfig().training(
+        model="tiny", backend="transformers", group_size=8, tasks_per_iteration=3, retries_per_failure=1
+    )
     info = run_info(cfg, title="t", log="/x/main.log")
     # group 8 with one retry per failure: 4 base episodes a task and up to 4 retries
     assert (info["base_per_task"], info["max_retries_per_task"], info["tasks"]) == (4, 4, 3)

@@ -7,32 +7,31 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
-import sys
-
-from rllib_r3l.cli import launch
+from rllib_r3l.cli import launch, signals
 from rllib_r3l.cli.output_routing import Console
 
 
 def test_a_sigterm_whose_keyboardinterrupt_is_swallowed_is_still_recorded(monkeypatch):
-    monkeypatch.setattr(launch, "_STOPS_BEFORE_TUNE", [])
+    monkeypatch.setattr(signals, "_STOPS_BEFORE_TUNE", [])
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        launch.interrupt_on_sigterm()
-        assert not launch.stop_requested_before_tune()
+        signals.interrupt_on_sigterm()
+        assert not signals.stop_requested_before_tune()
         try:  # what a library's `except BaseException: pass` while Ray starts does to it
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(2)
         except BaseException:  # noqa: BLE001 - the swallow under test
             pass
-        assert launch.stop_requested_before_tune()
+        assert signals.stop_requested_before_tune()
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
 def test_the_console_callback_hands_a_recorded_sigterm_to_tunes_handler_once(monkeypatch, tmp_path):
-    monkeypatch.setattr(launch, "_STOPS_BEFORE_TUNE", [signal.SIGTERM])
+    monkeypatch.setattr(signals, "_STOPS_BEFORE_TUNE", [signal.SIGTERM])
     calls = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))  # stands for Tune's
     try:
@@ -45,7 +44,7 @@ def test_the_console_callback_hands_a_recorded_sigterm_to_tunes_handler_once(mon
 
 
 def test_without_a_recorded_sigterm_tunes_handler_is_left_alone(monkeypatch):
-    monkeypatch.setattr(launch, "_STOPS_BEFORE_TUNE", [])
+    monkeypatch.setattr(signals, "_STOPS_BEFORE_TUNE", [])
     calls = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
     try:

@@ -23,16 +23,36 @@ pytestmark = pytest.mark.integration
 ROOT = str(REPO_ROOT)
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
 EXP = "toy-corridor-tiny-no-reflect"
-SMALL = ["--experiment", EXP, "--set", "tasks_per_iteration=1", "--set", "env_config={num_rooms: 3, max_turns: 3}",
-         "--num-cpus", "4", "--quiet-workers", "--verbose", "0", "--stop", "training_iteration=500"]
+SMALL = [
+    "--experiment",
+    EXP,
+    "--set",
+    "tasks_per_iteration=1",
+    "--set",
+    "env_config={num_rooms: 3, max_turns: 3}",
+    "--num-cpus",
+    "4",
+    "--quiet-workers",
+    "--verbose",
+    "0",
+    "--stop",
+    "training_iteration=500",
+]
 WAIT_S = 300
 
 
 def _start(tmp_path, *extra, own_group=False):
     argv = ["train", TOY, *SMALL, "--storage-path", str(tmp_path), *extra]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_CHDIR_TO_TRIAL_DIR="0")
-    proc = subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.commands", *argv], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=own_group)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rllib_r3l.cli.commands", *argv],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=own_group,
+    )
     return proc, argv
 
 

@@ -23,8 +23,11 @@ def small_fs(tmpfs):
 
 
 def test_checkpoint_size_is_weights_and_adam_moments_in_fp32(tiny_model_dir, tmp_path):
-    weights = sum(os.path.getsize(os.path.join(tiny_model_dir, f)) for f in os.listdir(tiny_model_dir)
-                  if f.endswith((".safetensors", ".bin")))
+    weights = sum(
+        os.path.getsize(os.path.join(tiny_model_dir, f))
+        for f in os.listdir(tiny_model_dir)
+        if f.endswith((".safetensors", ".bin"))
+    )
     # fp32 weights on disk; the tied head (vocab 49152 x hidden 64) is saved twice by the module, once in AdamW
     assert checkpoint_bytes(tiny_model_dir) == int((weights / 4 + 49152 * 64 / 3) * CHECKPOINT_BYTES_PER_PARAM)
     assert checkpoint_bytes(str(tmp_path)) is None and checkpoint_bytes(None) is None
@@ -67,8 +70,9 @@ def test_main_job_refuses_an_out_it_cannot_write(small_fs, capsys, tiny_model_di
 
 @pytest.mark.integration
 @pytest.mark.subprocess
-@pytest.mark.parametrize("which,needle", [("small", "one checkpoint of this model needs about"),
-                                          ("readonly", "cannot write there")])
+@pytest.mark.parametrize(
+    "which,needle", [("small", "one checkpoint of this model needs about"), ("readonly", "cannot write there")]
+)
 def test_train_refuses_a_storage_path_before_ray_starts(small_fs, capsys, which, needle, tiny_model_dir):
     code = cli.main(["train", TOY, "--storage-path", str(small_fs[which]), "--dry-run"])
     err = capsys.readouterr().err
@@ -110,10 +114,31 @@ def test_a_disk_that_fills_mid_run_ends_train_with_one_line_and_the_resume_advic
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()}); needs root")
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "rllib_r3l.cli.commands", "train", TOY, "--experiment", "toy-corridor-tiny-no-reflect",
-             "--set", "tasks_per_iteration=1", "--num-cpus", "4", "--checkpoint-freq", "1", "--storage-path", str(disk),
-             "--stop", "training_iteration=4"], cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=600,
-            env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_CHDIR_TO_TRIAL_DIR="0"))
+            [
+                sys.executable,
+                "-m",
+                "rllib_r3l.cli.commands",
+                "train",
+                TOY,
+                "--experiment",
+                "toy-corridor-tiny-no-reflect",
+                "--set",
+                "tasks_per_iteration=1",
+                "--num-cpus",
+                "4",
+                "--checkpoint-freq",
+                "1",
+                "--storage-path",
+                str(disk),
+                "--stop",
+                "training_iteration=4",
+            ],
+            cwd=str(REPO_ROOT),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_CHDIR_TO_TRIAL_DIR="0"),
+        )
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]

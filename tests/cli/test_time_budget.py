@@ -4,11 +4,10 @@ own budget stopped the trial mid-run with no final checkpoint and the CLI report
 
 from __future__ import annotations
 
-import pytest
-
 import glob
 import os
 
+import pytest
 import yaml
 
 from tests.cli.tiny_runs import cli_process
@@ -18,16 +17,44 @@ from tests.cli.tiny_runs import cli_process
 def test_a_time_budget_ends_the_trial_terminated_with_a_final_checkpoint(tmp_path):
     # 30 s: the trial's start (Ray, the model) counts against the budget; 15 s ran out before the first
     # iteration on a loaded 2-core machine
-    spec = {"budget": {"run": "R3L", "time_budget_s": 30, "stop": {"training_iteration": 100000},
-                       "checkpoint_config": {"checkpoint_frequency": 0, "checkpoint_at_end": True},
-                       "config": {"model": "tiny", "env": "r3l/ToyCorridor", "env_config": {"num_rooms": 3, "max_turns": 3},
-                                  "group_size": 4, "tasks_per_iteration": 1, "reflect": False, "max_response_tokens": 8,
-                                  "max_context_tokens": 2048, "action_decoding": "choice", "backend": "transformers",
-                                  "num_env_runners": 0, "num_learners": 0, "lr": 1e-3}}}
+    spec = {
+        "budget": {
+            "run": "R3L",
+            "time_budget_s": 30,
+            "stop": {"training_iteration": 100000},
+            "checkpoint_config": {"checkpoint_frequency": 0, "checkpoint_at_end": True},
+            "config": {
+                "model": "tiny",
+                "env": "r3l/ToyCorridor",
+                "env_config": {"num_rooms": 3, "max_turns": 3},
+                "group_size": 4,
+                "tasks_per_iteration": 1,
+                "reflect": False,
+                "max_response_tokens": 8,
+                "max_context_tokens": 2048,
+                "action_decoding": "choice",
+                "backend": "transformers",
+                "num_env_runners": 0,
+                "num_learners": 0,
+                "lr": 1e-3,
+            },
+        }
+    }
     f = tmp_path / "budget.yaml"
     f.write_text(yaml.safe_dump(spec))
-    proc = cli_process(["train", str(f), "--storage-path", str(tmp_path / "runs"), "--num-cpus", "4", "--quiet-workers",
-                 "--verbose", "0"])
+    proc = cli_process(
+        [
+            "train",
+            str(f),
+            "--storage-path",
+            str(tmp_path / "runs"),
+            "--num-cpus",
+            "4",
+            "--quiet-workers",
+            "--verbose",
+            "0",
+        ]
+    )
     out, err = proc.communicate(timeout=600)
     assert proc.returncode in (0, 1), err[-3000:]  # 1: a run that never updated (TRAINED ON NOTHING) is not success
     assert "time_budget_s 30 reached: 1 trial(s) stopped at the end of an iteration" in out + err, (out + err)[-3000:]

@@ -17,15 +17,32 @@ ROOT = str(REPO_ROOT)
 TOY = os.path.join(ROOT, "tuned_examples", "cpu", "toy_corridor_tiny.yaml")
 EXPERIMENT = "toy-corridor-tiny-no-reflect"
 # two task groups an iteration: an iteration without any update (every group scoring alike) is rare
-SMALL = ["--experiment", EXPERIMENT, "--set", "tasks_per_iteration=2",
-         "--set", "env_config={num_rooms: 3, max_turns: 3}", "--num-cpus", "4", "--quiet-workers", "--verbose", "0"]
+SMALL = [
+    "--experiment",
+    EXPERIMENT,
+    "--set",
+    "tasks_per_iteration=2",
+    "--set",
+    "env_config={num_rooms: 3, max_turns: 3}",
+    "--num-cpus",
+    "4",
+    "--quiet-workers",
+    "--verbose",
+    "0",
+]
 
 
 def cli_process(argv: List[str]) -> subprocess.Popen:
     """``python -m rllib_r3l.cli.commands ARGV`` from the repository root, output captured."""
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_CHDIR_TO_TRIAL_DIR="0")
-    return subprocess.Popen([sys.executable, "-m", "rllib_r3l.cli.commands", *argv], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rllib_r3l.cli.commands", *argv],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def finished(proc: subprocess.Popen, err: str) -> bool:

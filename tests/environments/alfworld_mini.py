@@ -30,9 +30,13 @@ def _problem(target_obj, target_recep, extra_objects):
     counter2 = _name("CounterTop", "+01.50", "+00.90", "-00.50")
     fridge = _name("Fridge", "-02.00", "+00.00", "+01.00")
     cabinet = _name("Cabinet", "+00.50", "+01.80", "-01.00")
-    locs = {"start": "loc_bar__minus_1_bar_1_bar_0_bar_30", counter1: "loc_bar__minus_1_bar_2_bar_0_bar_30",
-            counter2: "loc_bar_2_bar_1_bar_1_bar_45", fridge: "loc_bar__minus_2_bar_1_bar_0_bar_30",
-            cabinet: "loc_bar_1_bar__minus_1_bar_2_bar_0"}
+    locs = {
+        "start": "loc_bar__minus_1_bar_1_bar_0_bar_30",
+        counter1: "loc_bar__minus_1_bar_2_bar_0_bar_30",
+        counter2: "loc_bar_2_bar_1_bar_1_bar_45",
+        fridge: "loc_bar__minus_2_bar_1_bar_0_bar_30",
+        cabinet: "loc_bar_1_bar__minus_1_bar_2_bar_0",
+    }
     receps = {counter1: "CounterTopType", counter2: "CounterTopType", fridge: "FridgeType", cabinet: "CabinetType"}
     objects = {}  # id -> (type, receptacle)
     for i, (otype, where) in enumerate([(target_obj, counter2)] + list(extra_objects)):
@@ -48,22 +52,37 @@ def _problem(target_obj, target_recep, extra_objects):
         init += [f"(receptacleAtLocation {r} {locs[r]})", f"(receptacleType {r} {t})"]
     init += [f"(openable {fridge})", f"(openable {cabinet})"]
     for o, (t, r) in objects.items():
-        init += [f"(objectType {o} {t})", f"(inReceptacle {o} {r})", f"(objectAtLocation {o} {locs[r]})",
-                 f"(pickupable {o})"]
+        init += [
+            f"(objectType {o} {t})",
+            f"(inReceptacle {o} {r})",
+            f"(objectAtLocation {o} {locs[r]})",
+            f"(pickupable {o})",
+        ]
     init += [f"(canContain {rt} {ot})" for rt in rtypes for ot in otypes]
-    goal = (f"(exists (?r - receptacle) (exists (?o - object) (and (receptacleType ?r {target_recep}Type) "
-            f"(objectType ?o {target_obj}Type) (inReceptacle ?o ?r))))")
-    return ("(define (problem plan_mini)\n (:domain alfred)\n (:objects\n  " + "\n  ".join(decl) + "\n )\n"
-            " (:init\n  " + "\n  ".join(init) + "\n  (= (total-cost) 0)\n )\n (:goal (and " + goal + "))\n)\n")
+    goal = (
+        f"(exists (?r - receptacle) (exists (?o - object) (and (receptacleType ?r {target_recep}Type) "
+        f"(objectType ?o {target_obj}Type) (inReceptacle ?o ?r))))"
+    )
+    return (
+        "(define (problem plan_mini)\n (:domain alfred)\n (:objects\n  " + "\n  ".join(decl) + "\n )\n"
+        " (:init\n  " + "\n  ".join(init) + "\n  (= (total-cost) 0)\n )\n (:goal (and " + goal + "))\n)\n"
+    )
 
 
 GAMES = {
     # split folder -> [(task folder, target object, target receptacle, other objects, solvable)]
-    "train": [("pick_and_place_simple-Apple-None-Fridge-1", "Apple", "Fridge",
-               [("Mug", "counter2"), ("Knife", "counter1"), ("Bread", "counter1")], True),
-              ("pick_and_place_simple-Mug-None-Cabinet-2", "Mug", "Cabinet", [("Apple", "counter1")], True),
-              ("pick_and_place_simple-Egg-None-Fridge-3", "Egg", "Fridge", [], False),  # marked unsolvable
-              ("pick_and_place_simple-Cup-None-Cabinet-4/movable", "Cup", "Cabinet", [], True)],  # skipped
+    "train": [
+        (
+            "pick_and_place_simple-Apple-None-Fridge-1",
+            "Apple",
+            "Fridge",
+            [("Mug", "counter2"), ("Knife", "counter1"), ("Bread", "counter1")],
+            True,
+        ),
+        ("pick_and_place_simple-Mug-None-Cabinet-2", "Mug", "Cabinet", [("Apple", "counter1")], True),
+        ("pick_and_place_simple-Egg-None-Fridge-3", "Egg", "Fridge", [], False),  # marked unsolvable
+        ("pick_and_place_simple-Cup-None-Cabinet-4/movable", "Cup", "Cabinet", [], True),
+    ],  # skipped
     "valid_seen": [("pick_and_place_simple-Bread-None-Fridge-5", "Bread", "Fridge", [("Apple", "counter1")], True)],
     "valid_unseen": [("pick_and_place_simple-Knife-None-Cabinet-6", "Knife", "Cabinet", [], True)],
 }
@@ -79,8 +98,12 @@ def write_mini_alfworld(root):
             with open(os.path.join(d, "traj_data.json"), "w") as f:
                 json.dump({"task_type": "pick_and_place_simple"}, f)
             task = f"put some {obj.lower()} in {recep.lower()}"
-            game = {"pddl_domain": domain, "grammar": grammar.replace("UNKNOWN GOAL", task),
-                    "pddl_problem": _problem(obj, recep, extra), "solvable": solvable}
+            game = {
+                "pddl_domain": domain,
+                "grammar": grammar.replace("UNKNOWN GOAL", task),
+                "pddl_problem": _problem(obj, recep, extra),
+                "solvable": solvable,
+            }
             with open(os.path.join(d, "game.tw-pddl"), "w") as f:
                 json.dump(game, f)
     return str(root)

@@ -2,8 +2,8 @@
 prefix (the retry path): a sample of ``scripts/gold_paths.py``."""
 
 import pytest
-
 from alfworld_mini import write_mini_alfworld
+
 from environments import make
 from environments._gold import check_solution
 

@@ -108,8 +108,13 @@ def _write(df, path):
 
 
 def test_gsm8k_preset_from_local_jsonl(tmp_path):
-    rows = [{"question": f"Tom has {i} apples and buys 2 more. How many apples?",
-             "answer": f"He has {i} + 2 = {i + 2} apples.\n#### {i + 2}"} for i in range(60)]
+    rows = [
+        {
+            "question": f"Tom has {i} apples and buys 2 more. How many apples?",
+            "answer": f"He has {i} + 2 = {i + 2} apples.\n#### {i + 2}",
+        }
+        for i in range(60)
+    ]
     path = _write(pd.DataFrame(rows), tmp_path / "gsm8k.jsonl")
     env = make("r3l/Math", {"data_files": {"test": path}, "preset": "gsm8k", "split": "test"})
     assert env.source == "files" and env.num_problems() == 60
@@ -124,24 +129,39 @@ def test_gsm8k_preset_from_local_jsonl(tmp_path):
 
 
 def test_competition_presets_from_local_parquet(tmp_path):
-    math500 = _write(pd.DataFrame([{"problem": "What is $1/2 + 1/4$?", "solution": "... $\\boxed{\\frac34}$",
-                                    "answer": "\\frac{3}{4}"}]), tmp_path / "math500.parquet")
+    math500 = _write(
+        pd.DataFrame(
+            [{"problem": "What is $1/2 + 1/4$?", "solution": "... $\\boxed{\\frac34}$", "answer": "\\frac{3}{4}"}]
+        ),
+        tmp_path / "math500.parquet",
+    )
     env = MathEnv(data_files={"test": math500}, preset="MATH500", split="test")
     env.reset(seed=0)
     assert env.step("\\boxed{0.75}")[1] == 1.0
     # MATH train files have only a solution column: the reference is its last \boxed{}
-    hendrycks = _write(pd.DataFrame([{"problem": "Compute $2^5$.", "solution": "We get $\\boxed{32}$."}]),
-                       tmp_path / "math.parquet")
+    hendrycks = _write(
+        pd.DataFrame([{"problem": "Compute $2^5$.", "solution": "We get $\\boxed{32}$."}]), tmp_path / "math.parquet"
+    )
     env = MathEnv(data_files={"train": hendrycks}, preset="math")
     env.reset(seed=0)
     assert env.reference_answer() == "32"
-    dapo = _write(pd.DataFrame([{"prompt": [{"role": "user", "content": "Find 6*7."}],
-                                 "reward_model": {"ground_truth": "42", "style": "rule"}}]), tmp_path / "dapo.parquet")
+    dapo = _write(
+        pd.DataFrame(
+            [
+                {
+                    "prompt": [{"role": "user", "content": "Find 6*7."}],
+                    "reward_model": {"ground_truth": "42", "style": "rule"},
+                }
+            ]
+        ),
+        tmp_path / "dapo.parquet",
+    )
     env = MathEnv(data_files={"train": dapo}, preset="dapo")
     assert env.reset(seed=0)[0].startswith("Find 6*7.")
     assert env.step("\\boxed{42}")[1] == 1.0
-    olymp = _write(pd.DataFrame([{"question": "Find x if 2x = 10.", "final_answer": ["$5$"]}]),
-                   tmp_path / "olympiad.parquet")
+    olymp = _write(
+        pd.DataFrame([{"question": "Find x if 2x = 10.", "final_answer": ["$5$"]}]), tmp_path / "olympiad.parquet"
+    )
     env = MathEnv(data_files={"test": olymp}, preset="OlympiadBench", split="test")
     env.reset(seed=0)
     assert env.step("x = \\boxed{5}")[1] == 1.0

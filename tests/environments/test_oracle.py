@@ -167,8 +167,13 @@ def test_alfworld_oracle_on_hand_built_episodes(tmp_path):
     env = make("r3l/ALFWorld", {"data_path": write_mini_alfworld(tmp_path)})
     try:
         plan = env._gold_plan(0)
-        assert plan == ["go to countertop 1", "take apple 1 from countertop 1", "go to fridge 1", "open fridge 1",
-                        "move apple 1 to fridge 1"]
+        assert plan == [
+            "go to countertop 1",
+            "take apple 1 from countertop 1",
+            "go to fridge 1",
+            "open fridge 1",
+            "move apple 1 to fridge 1",
+        ]
         assert env.oracle_pivot(0, plan) is None
         assert env.oracle(0, ["look"] + plan) == (0, plan[0])  # a wasted turn
         assert env.oracle(0, plan[:2] + ["go to countertop 2"] + plan[2:]) == (2, plan[2])  # a detour

@@ -2,10 +2,12 @@
 
 import psutil
 import pytest
-
 from envtest_helpers import java_children
+
 from environments import make
 from environments.sciworld import ScienceWorldEnv, task_names
+
+pytestmark = pytest.mark.subprocess  # every test here runs a JVM environment (one gateway per process)
 
 TASKS = ["find-living-thing", "4-3"]  # short gold paths (8-12 steps); a name and a task id
 
@@ -27,7 +29,6 @@ def test_defaults_from_empty_env_config():
         env.close()
 
 
-@pytest.mark.subprocess
 def test_gold_path_reaches_one_and_rewards_are_score_over_100(sw):
     gold = sw.gold_actions(0)
     assert 0 < len(gold) <= sw.max_turns
@@ -45,7 +46,6 @@ def test_gold_path_reaches_one_and_rewards_are_score_over_100(sw):
     assert any(0 < r < 1 for r in rewards)
 
 
-@pytest.mark.subprocess
 def test_determinism_across_instances_replay_restore_and_close_stops_the_jvm(sw):
     before = java_children()
     _obs, info = sw.reset(seed=3)
@@ -89,7 +89,6 @@ def test_invalid_actions_get_feedback_and_ambiguous_ones_ask_for_a_number(sw):
     assert not info["invalid_action"] and not info["ambiguous"] and "door" in obs.lower()
 
 
-@pytest.mark.subprocess
 def test_grow_plant_gold_sequence_answers_an_ambiguous_request_and_wins_also_after_restore():
     # regression: the adapter used to cancel "Ambiguous request" prompts, so grow-plant ended at 0.14
     env = ScienceWorldEnv(tasks=["grow-plant"], split="train")

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
-
 from alfworld_mini import write_mini_alfworld
 from envtest_helpers import ROOT, random_walk
+
 from environments import make
 from environments.alfworld_env import ALFWorldEnv
 from environments.textworld_games import TextWorldEnv
@@ -60,6 +60,7 @@ def test_textworld_gold_path_reaches_one(tw):
     assert term and info["won"] and total == pytest.approx(1.0)
 
 
+@pytest.mark.subprocess
 def test_textworld_determinism_restore_and_invalid_feedback(tw, tw_cache):
     actions, observations = random_walk(tw, seed=0, steps=6, rng_seed=3, avoid=("take",))
     other = TextWorldEnv(cache_dir=tw_cache)
@@ -168,7 +169,7 @@ def test_alfworld_reference_protocol_options(alf_data):
         obs, r, term, _t, info = env.step("dance")
         assert term and r == 0 and info["invalid_action"] and "episode ends" in obs
         env.reset(seed=1)
-        for k in range(3):
+        for _ in range(3):
             obs, r, term, _t, info = env.step("look")
         assert term and info["repeated"] and not info["won"] and "3 times" in obs
     finally:
@@ -193,8 +194,13 @@ def test_alfworld_observations_do_not_depend_on_the_hash_seed(alf_data):
     here = "\n".join([o, repr(i["admissible_actions"])] + [env.step(a)[0] for a in actions]) + "\n"
     env.close()
     seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
-    res = subprocess.run([sys.executable, "-c", script, ROOT, alf_data], env=dict(os.environ, PYTHONHASHSEED=seed),
-                         capture_output=True, text=True, timeout=HANG_GUARD_S)
+    res = subprocess.run(
+        [sys.executable, "-c", script, ROOT, alf_data],
+        env=dict(os.environ, PYTHONHASHSEED=seed),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout == here and "mug" in here
 

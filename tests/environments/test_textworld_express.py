@@ -5,10 +5,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from envtest_helpers import java_children, random_walk
+
 from environments import make
 from environments.twx import COIN_DEFAULT_PARAMS, CoinCollectorEnv, TextWorldExpressEnv, params_to_string
+
+pytestmark = pytest.mark.subprocess  # every test here runs a JVM environment (one gateway per process)
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +20,6 @@ def coin():
     env.close()
 
 
-@pytest.mark.subprocess
 def test_coin_defaults_from_empty_env_config(coin):
     assert isinstance(coin, CoinCollectorEnv)
     assert coin.max_turns == 10 and coin.split == "train"
@@ -26,11 +27,12 @@ def test_coin_defaults_from_empty_env_config(coin):
     obs, info = coin.reset(seed=3)
     assert "kitchen" in obs.lower() or "you are in" in obs.lower()
     assert "coin" in info["task"].lower()
-    assert info["admissible_actions"] == sorted(info["admissible_actions"]) and "look around" in info["admissible_actions"]
+    assert (
+        info["admissible_actions"] == sorted(info["admissible_actions"]) and "look around" in info["admissible_actions"]
+    )
     assert info["game_seed"] in coin.fold_seeds()
 
 
-@pytest.mark.subprocess
 def test_same_seed_same_episode_across_instances_and_close_stops_the_jvm(coin):
     before = java_children()
     actions, observations = random_walk(coin, seed=11, steps=10)
@@ -118,7 +120,6 @@ def test_splits_are_disjoint_folds(coin):
     assert info["game_seed"] in seeds["train"] and info["split"] == "train"
 
 
-@pytest.mark.subprocess
 def test_other_game_reward_is_normalised_to_one():
     # arithmetic has a raw max score of 2: increments are normalised, the gold path sums to 1.0
     env = make("r3l/TextWorldExpress", {"game": "arithmetic", "split": "dev", "max_turns": 40})
@@ -146,7 +147,6 @@ def test_game_params_as_string_or_dict():
         TextWorldExpressEnv(game="coin", game_params={"numLocations": "four"})
 
 
-@pytest.mark.subprocess
 def test_bad_env_config_names_the_field():
     with pytest.raises(ValueError, match="game"):
         make("r3l/TextWorldExpress", {"game": "chess"})
@@ -171,21 +171,27 @@ def test_bad_env_config_names_the_field():
 def test_compact_observation_drops_furniture_and_keeps_room_coin_exits_and_feedback():
     from environments.twx import compact_observation
 
-    corridor = ("You are in the corridor. In one part of the room you see a key holder, that has nothing on it. "
-                "There is also a shoe cabinet that is closed. You also see a umbrella stand, that has nothing on it. "
-                "In another part of the room you see a hat rack, that has nothing on it. There is also a coin. "
-                "\nTo the North you see the kitchen. To the West you see the bedroom. ")
-    assert compact_observation(corridor) == ("You are in the corridor. There is also a coin.\n"
-                                             "To the North you see the kitchen. To the West you see the bedroom.")
+    corridor = (
+        "You are in the corridor. In one part of the room you see a key holder, that has nothing on it. "
+        "There is also a shoe cabinet that is closed. You also see a umbrella stand, that has nothing on it. "
+        "In another part of the room you see a hat rack, that has nothing on it. There is also a coin. "
+        "\nTo the North you see the kitchen. To the West you see the bedroom. "
+    )
+    assert compact_observation(corridor) == (
+        "You are in the corridor. There is also a coin.\n"
+        "To the North you see the kitchen. To the West you see the bedroom."
+    )
     assert compact_observation("You take the coin.") == "You take the coin."
-    bad = ("Invalid action 'move west': Unknown action: I'm not sure what you mean. It is not one of the valid "
-           "actions. Valid actions now: inventory, look around, move north, move south.")
+    bad = (
+        "Invalid action 'move west': Unknown action: I'm not sure what you mean. It is not one of the valid "
+        "actions. Valid actions now: inventory, look around, move north, move south."
+    )
     assert compact_observation(bad) == bad
     assert compact_observation("Inventory: \n  Your inventory is currently empty.\n") == (
-        "Inventory:\nYour inventory is currently empty.")
+        "Inventory:\nYour inventory is currently empty."
+    )
 
 
-@pytest.mark.subprocess
 def test_compact_coin_collector_plays_the_same_game_in_fewer_tokens(coin):
     assert coin.compact_observations  # the default
     compact, coin = coin, make("r3l/CoinCollector", {"compact_observations": False})

@@ -54,7 +54,11 @@ def test_goal_splits_are_disjoint():
     n = 12087
     folds = {s: set(goal_range(s, n)) for s in SPLIT_GOALS}
     assert len(folds["test"]) == 500 and len(folds["dev"]) == 1000 and len(folds["train"]) == n - 1500
-    assert not (folds["train"] & folds["dev"]) and not (folds["train"] & folds["test"]) and not (folds["dev"] & folds["test"])
+    assert (
+        not (folds["train"] & folds["dev"])
+        and not (folds["train"] & folds["test"])
+        and not (folds["dev"] & folds["test"])
+    )
 
 
 class StandInShop:
@@ -82,10 +86,11 @@ class StandInShop:
         return {"has_search_bar": False, "clickables": ["back to search", "< prev", "8", "9", "buy now"]}
 
     def _obs(self):
-        return {"search": "WebShop [SEP] Instruction: [SEP] i need blue shoes [SEP] Search",
-                "results": "Back to Search [SEP] B001 [SEP] Blue shoes [SEP] B002 [SEP] Red shoes",
-                "item": f"Back to Search [SEP] < Prev [SEP] size [SEP] 8 [SEP] 9 [SEP] Buy Now [SEP] {self.page}"}[
-            "item" if self.page.startswith("b") else self.page]
+        return {
+            "search": "WebShop [SEP] Instruction: [SEP] i need blue shoes [SEP] Search",
+            "results": "Back to Search [SEP] B001 [SEP] Blue shoes [SEP] B002 [SEP] Red shoes",
+            "item": f"Back to Search [SEP] < Prev [SEP] size [SEP] 8 [SEP] 9 [SEP] Buy Now [SEP] {self.page}",
+        }["item" if self.page.startswith("b") else self.page]
 
     def step(self, action):
         kind, arg = parse_action(action)

@@ -20,13 +20,8 @@ import sys
 import pytest
 import torch
 
-from rllib_r3l.generation import (
-    GenerationRequest,
-    make_backend,
-    resolve_backend_name,
-    vllm_available,
-)
-from rllib_r3l.generation.constraints import ChoiceTrie, ChoicesLogitsProcessor
+from rllib_r3l.generation import GenerationRequest, make_backend, resolve_backend_name, vllm_available
+from rllib_r3l.generation.constraints import ChoicesLogitsProcessor, ChoiceTrie
 from rllib_r3l.generation.hf_backend import HFBackend, top_p_filter
 from rllib_r3l.generation.vllm_weights import weight_buckets
 from rllib_r3l.models import load_causal_lm
@@ -97,7 +92,11 @@ def ref_logprobs(model, prompt, cont, temperature=1.0) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_token_ids_logprobs_and_lengths(backend, prompt_ids, tiny_tokenizer):
-    reqs = [GenerationRequest(prompt_ids, 12), GenerationRequest(prompt_ids[7:], 5), GenerationRequest(prompt_ids[:3], 1)]
+    reqs = [
+        GenerationRequest(prompt_ids, 12),
+        GenerationRequest(prompt_ids[7:], 5),
+        GenerationRequest(prompt_ids[:3], 1),
+    ]
     results = backend.generate(reqs, temperature=1.0, seed=1)
     assert len(results) == 3
     for req, res in zip(reqs, results):
@@ -111,6 +110,7 @@ def test_token_ids_logprobs_and_lengths(backend, prompt_ids, tiny_tokenizer):
     assert backend.generate([], temperature=1.0) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_sampler_logprobs_are_those_sampled_from(backend, ref_model, prompt_ids, temperature):
     """Mixed prompt lengths (left padding in the HF backend): each row's log-probs equal an
@@ -155,6 +155,7 @@ def test_cpu_engine_runs_vllm_sampler_helpers_eagerly(vllm_backend, prompt_ids):
     assert sum(counters["frames"].values()) == before
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_cpu_engine_inspects_the_model_class_in_process(vllm_backend, tiny_model_dir, tmp_path, monkeypatch):
     """vLLM inspects a lazily registered model class in a fresh subprocess (~12 s on a fresh 2-core
@@ -260,7 +261,10 @@ def test_on_done_counts_requests_as_they_finish(backend, prompt_ids):
 def test_json_schema(backend, prompt_ids):
     schema = {
         "type": "object",
-        "properties": {"outcome": {"type": "string", "enum": ["success", "failure"]}, "pivot": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "properties": {
+            "outcome": {"type": "string", "enum": ["success", "failure"]},
+            "pivot": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
         "required": ["outcome", "pivot"],
         "additionalProperties": False,
     }
@@ -293,7 +297,9 @@ def test_vllm_choices_use_the_tokenizers_own_tokens(vllm_backend, prompt_ids, ti
 
 @needs_vllm
 @pytest.mark.slow
-def test_vllm_choice_logprobs_are_the_tries_renormalised_distribution(vllm_backend, ref_model, prompt_ids, tiny_tokenizer):
+def test_vllm_choice_logprobs_are_the_tries_renormalised_distribution(
+    vllm_backend, ref_model, prompt_ids, tiny_tokenizer
+):
     """The first token's sampler log-prob is the model's T=1 distribution renormalised over the first
     tokens the trie allows (the transformers backend's distribution), within the vLLM tolerance."""
     trie = ChoiceTrie(CHOICES, tiny_tokenizer, tiny_tokenizer.eos_token_id)
@@ -302,8 +308,9 @@ def test_vllm_choice_logprobs_are_the_tries_renormalised_distribution(vllm_backe
         logits = ref_model(torch.tensor([prompt_ids])).logits[0, -1].float()
     expected = torch.log_softmax(logits[first], -1)
     seen = {}
-    for r in vllm_backend.generate([GenerationRequest(prompt_ids, 16, choices=CHOICES) for _ in range(24)],
-                                   temperature=1.0, seed=5):
+    for r in vllm_backend.generate(
+        [GenerationRequest(prompt_ids, 16, choices=CHOICES) for _ in range(24)], temperature=1.0, seed=5
+    ):
         seen[r.token_ids[0]] = r.logprobs[0]
     assert seen and set(seen) <= set(first)
     for tok, lp in seen.items():
@@ -324,7 +331,9 @@ def test_choice_tokenization_is_validated_before_the_engine_starts(tiny_model_di
 
 def test_choices_and_schema_together_rejected(backend, prompt_ids):
     with pytest.raises(ValueError):
-        backend.generate([GenerationRequest(prompt_ids, 4, choices=["a"], json_schema={"type": "object"})], temperature=1.0)
+        backend.generate(
+            [GenerationRequest(prompt_ids, 4, choices=["a"], json_schema={"type": "object"})], temperature=1.0
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -359,7 +368,9 @@ def test_weight_sync_in_place(backend, tiny_model_dir, prompt_ids):
         assert (after - expected).abs().mean() < tol(backend) / 2 + 1e-6
         # Generation follows the new weights too: its T=1 sampler log-probs match the learner.
         res = backend.generate([GenerationRequest(prompt_ids, 8)], temperature=1.0, seed=9)[0]
-        assert torch.allclose(torch.tensor(res.logprobs), ref_logprobs(learner, prompt_ids, res.token_ids), atol=2 * tol(backend), rtol=0)
+        assert torch.allclose(
+            torch.tensor(res.logprobs), ref_logprobs(learner, prompt_ids, res.token_ids), atol=2 * tol(backend), rtol=0
+        )
         if backend.name == "vllm":  # small buckets (several RPCs) give the same result
             backend.weight_bucket_bytes = 200_000
             backend.update_weights(learner.named_parameters())
@@ -398,7 +409,9 @@ def test_choice_trie_handles_prefix_choices(tiny_tokenizer):
 
 
 def test_single_choice_is_forced(hf_backend, prompt_ids):
-    res = hf_backend.generate([GenerationRequest(prompt_ids, 10, choices=["take the coin"])], temperature=1.0, seed=0)[0]
+    res = hf_backend.generate([GenerationRequest(prompt_ids, 10, choices=["take the coin"])], temperature=1.0, seed=0)[
+        0
+    ]
     assert res.text == "take the coin" and res.logprobs == [0.0] * len(res.token_ids)
 
 
@@ -431,6 +444,7 @@ def test_weight_buckets_never_split_a_layer():
 # ------------------------------------------------------------------------------------------------
 # make_backend
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_make_backend_names(monkeypatch, tiny_model_dir):
     assert resolve_backend_name("transformers") == "transformers"
     assert resolve_backend_name("auto") == ("vllm" if vllm_available() else "transformers")
@@ -448,8 +462,5 @@ def test_make_backend_names(monkeypatch, tiny_model_dir):
 
 @pytest.mark.subprocess
 def test_importing_generation_does_not_import_vllm():
-    code = (
-        "import sys, rllib_r3l.generation, rllib_r3l.models; "
-        "assert 'vllm' not in sys.modules, 'vllm imported'"
-    )
+    code = "import sys, rllib_r3l.generation, rllib_r3l.models; assert 'vllm' not in sys.modules, 'vllm imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(REPO_ROOT))

@@ -9,8 +9,13 @@ import pytest
 from rllib_r3l.generation.json_grammar import MAX_WS, SchemaNotSupported, compile_schema
 from rllib_r3l.runner.reflection.reflect import report_json_schema
 
-REPORT = {"summary": "went east", "root_cause": "Why? Because \"east\" was a wall.\n", "outcome": "failure",
-          "suggestion": "go north", "retry_from_step": 2}
+REPORT = {
+    "summary": "went east",
+    "root_cause": "Why? Because \"east\" was a wall.\n",
+    "outcome": "failure",
+    "suggestion": "go north",
+    "retry_from_step": 2,
+}
 
 
 def schema(**props):
@@ -31,7 +36,9 @@ def test_the_report_schemas_constraints_are_enforced():
     assert not g.accepts(json.dumps({**REPORT, "summary": "x" * 41}))  # maxLength
     assert g.accepts(json.dumps({**REPORT, "summary": "x" * 40}))
     assert not g.accepts(json.dumps({**REPORT, "suggestion": ""}))  # minLength 1: the parser refuses empty fields
-    assert not g.accepts(json.dumps({**REPORT, "summary": ""})) and not g.accepts(json.dumps({**REPORT, "root_cause": ""}))
+    assert not g.accepts(json.dumps({**REPORT, "summary": ""})) and not g.accepts(
+        json.dumps({**REPORT, "root_cause": ""})
+    )
     assert not g.accepts(json.dumps({**REPORT, "suggestion": None}))
     assert not g.accepts(json.dumps({k: REPORT[k] for k in reversed(REPORT)}))  # keys in schema order
     assert not g.accepts(json.dumps({**REPORT, "extra": 1}))  # additionalProperties false
@@ -85,24 +92,35 @@ def test_completion_and_string_room():
     assert g.free_string_room(s) == 3
     assert g.free_string_room(g.step_text(s, "\\")) is None  # inside an escape: not plain
     assert g.free_string_room(g.step_text(s, '"')) is None
-    assert g.free_string_room(g.step_text(g.start, '{"s":"","t":"' + "y" * 999)) > 10 ** 6  # unbounded
+    assert g.free_string_room(g.step_text(g.start, '{"s":"","t":"' + "y" * 999)) > 10**6  # unbounded
     end = g.step_text(g.start, '{"s":"","t":""}')
     assert g.complete(end) and not g.complete(g.step_text(g.start, '{"s":"","t":""'))
     assert g.step(end, " ") is None
 
 
-@pytest.mark.parametrize("bad, named", [
-    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}, "required": ["a"]}, "'pattern'"),
-    ({"type": "object", "properties": {"a": {"type": "number"}}, "required": ["a"]}, "type 'number'"),
-    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": []}, "optional property 'a'"),
-    ({"type": "object", "properties": {"a": {"type": "object"}}, "required": ["a"]}, "nested object"),
-    ({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x"]}]}}, "required": ["a"]},
-     "both start with '\"'"),
-    ({"type": "object", "properties": {"a": {"type": "integer", "exclusiveMinimum": 0}}, "required": ["a"]},
-     "'exclusiveMinimum'"),
-    ({"type": "object", "properties": {}, "patternProperties": {}}, "'patternProperties'"),
-    ({"type": "array"}, "not {'type': 'object'"),
-])
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}, "required": ["a"]}, "'pattern'"),
+        ({"type": "object", "properties": {"a": {"type": "number"}}, "required": ["a"]}, "type 'number'"),
+        ({"type": "object", "properties": {"a": {"type": "string"}}, "required": []}, "optional property 'a'"),
+        ({"type": "object", "properties": {"a": {"type": "object"}}, "required": ["a"]}, "nested object"),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x"]}]}},
+                "required": ["a"],
+            },
+            "both start with '\"'",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"type": "integer", "exclusiveMinimum": 0}}, "required": ["a"]},
+            "'exclusiveMinimum'",
+        ),
+        ({"type": "object", "properties": {}, "patternProperties": {}}, "'patternProperties'"),
+        ({"type": "array"}, "not {'type': 'object'"),
+    ],
+)
 def test_a_feature_outside_the_subset_is_refused_by_name(bad, named):
     with pytest.raises(SchemaNotSupported) as err:
         compile_schema(bad)

@@ -47,11 +47,21 @@ def test_token_texts_leave_out_what_is_not_text(texts, tiny_tokenizer):
     assert len(quote) == 1 and int(texts.plain_len[quote[0]]) == 0  # not plain: walked per state
 
 
-@pytest.mark.parametrize("prefix", ['', '{', '{"summary": ', '{"summary":"ab', '{"summary":"' + "x" * 23,
-                                    '{"summary":"a\\', '{"summary":"a\\u00', '{"summary":"' + "x" * 24,
-                                    '{"summary":"a","root_cause":"b","outcome":"fail',
-                                    '{"summary":"a","root_cause":"b","outcome":"failure","suggestion":"x",'
-                                    '"retry_from_step": 2'])
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        '',
+        '{',
+        '{"summary": ',
+        '{"summary":"ab',
+        '{"summary":"' + "x" * 23,
+        '{"summary":"a\\',
+        '{"summary":"a\\u00',
+        '{"summary":"' + "x" * 24,
+        '{"summary":"a","root_cause":"b","outcome":"fail',
+        '{"summary":"a","root_cause":"b","outcome":"failure","suggestion":"x","retry_from_step": 2',
+    ],
+)
 def test_masks_equal_a_brute_force_check_of_every_token(texts, prefix):
     g = compile_schema(SCHEMA)
     state = g.step_text(g.start, prefix)
@@ -65,8 +75,10 @@ def test_masks_equal_a_brute_force_check_of_every_token(texts, prefix):
 def test_stop_only_once_the_object_is_closed(texts):
     g = compile_schema(SCHEMA)
     tg = TokenGrammar(g, texts, stop_token_ids=[0, 2])
-    done = g.step_text(g.start, json.dumps({"summary": "a", "root_cause": "b", "outcome": "failure",
-                                            "suggestion": "c", "retry_from_step": 1}))
+    done = g.step_text(
+        g.start,
+        json.dumps({"summary": "a", "root_cause": "b", "outcome": "failure", "suggestion": "c", "retry_from_step": 1}),
+    )
     assert tg.allowed(done) == [0, 2]
     assert not {0, 2} & set(tg.allowed(g.step_text(g.start, '{"summary":"a"')))
 
@@ -88,6 +100,7 @@ def ref_masked_logprobs(model, texts, prompt, out_ids, temperature, stop_ids):
     return lps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_reports_are_valid_and_logprobs_those_sampled_from(backend, tiny_model_dir, texts, prompt, temperature):
     """The random tiny model writes no JSON on its own (the free row); held to the schema every report

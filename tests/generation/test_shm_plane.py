@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from rllib_r3l.generation import shm_plane
@@ -41,6 +42,7 @@ def test_buffers_are_shared_grown_by_the_owner_and_removed_on_close(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.subprocess
 def test_the_sweep_removes_the_files_of_dead_senders_only(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)

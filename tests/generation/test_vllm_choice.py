@@ -42,10 +42,13 @@ def test_rows_follow_their_tries_through_steps_moves_and_removals():
     proc = CanonicalChoiceProcessor()
     assert proc.is_argmax_invariant() is False
     out0, out1, out2 = [], [], []
-    proc.update_state(_update(3, added=[(0, _params(CHOICES), [7], out0), (1, _params(), [7], out1),
-                                        (2, _params([[3, 4, 5]]), [7], out2)]))
+    proc.update_state(
+        _update(
+            3, added=[(0, _params(CHOICES), [7], out0), (1, _params(), [7], out1), (2, _params([[3, 4, 5]]), [7], out2)]
+        )
+    )
     logits = proc.apply(torch.zeros(3, 10))
-    assert _allowed(logits[0]) == [1, 3]          # first tokens of the three choices
+    assert _allowed(logits[0]) == [1, 3]  # first tokens of the three choices
     assert _allowed(logits[1]) == list(range(10))  # a free row is untouched
     assert _allowed(logits[2]) == [3]
 
@@ -81,10 +84,17 @@ def test_rows_follow_their_tries_through_steps_moves_and_removals():
 def test_malformed_choice_arguments_are_refused_with_the_helper_named():
     from vllm import SamplingParams
 
-    from rllib_r3l.generation.vllm_choice import CHOICE_STOP_ARG, CHOICE_TOKENS_ARG, CanonicalChoiceProcessor, choice_extra_args
+    from rllib_r3l.generation.vllm_choice import (
+        CHOICE_STOP_ARG,
+        CHOICE_TOKENS_ARG,
+        CanonicalChoiceProcessor,
+        choice_extra_args,
+    )
 
     with pytest.raises(ValueError, match="choice_extra_args"):
-        CanonicalChoiceProcessor.validate_params(SamplingParams(extra_args={CHOICE_TOKENS_ARG: [[]], CHOICE_STOP_ARG: 2}))
+        CanonicalChoiceProcessor.validate_params(
+            SamplingParams(extra_args={CHOICE_TOKENS_ARG: [[]], CHOICE_STOP_ARG: 2})
+        )
     with pytest.raises(ValueError, match="stop token"):
         CanonicalChoiceProcessor.validate_params(SamplingParams(extra_args={CHOICE_TOKENS_ARG: [[1]]}))
     with pytest.raises(ValueError, match="non-empty"):

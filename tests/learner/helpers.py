@@ -22,8 +22,16 @@ def make_learner(**training):
     from rllib_r3l import R3LConfig
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    opts = dict(model="tiny", backend="transformers", lr=1e-3, weight_decay=0.0, mixed_precision="none",
-                micro_batch_size=2, micro_batch_tokens=None, grad_clip=None)
+    opts = dict(
+        model="tiny",
+        backend="transformers",
+        lr=1e-3,
+        weight_decay=0.0,
+        mixed_precision="none",
+        micro_batch_size=2,
+        micro_batch_tokens=None,
+        grad_clip=None,
+    )
     opts.update(training)
     cfg = R3LConfig().training(**opts)
     space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
@@ -43,10 +51,17 @@ def uneven_batch(vocab: int):
     for i, n in enumerate(lens):
         ids[i, :n] = torch.randint(1, vocab, (n,), generator=g)
         att[i, :n] = 1
-        loss[i, n // 2:n] = 1.0
-    return {"input_ids": ids, "attention_mask": att, "loss_mask": loss, "sampler_logprobs": torch.zeros(B, T),
-            "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5]), "weights": torch.tensor([1.0, 1.0, 3.0, 1.0, 1.0]),
-            "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
+        loss[i, n // 2 : n] = 1.0
+    return {
+        "input_ids": ids,
+        "attention_mask": att,
+        "loss_mask": loss,
+        "sampler_logprobs": torch.zeros(B, T),
+        "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5]),
+        "weights": torch.tensor([1.0, 1.0, 3.0, 1.0, 1.0]),
+        "on_policy": torch.ones(B),
+        "num_loss_tokens": loss.sum(1),
+    }
 
 
 def update_at(learner, timestep: int) -> float:
@@ -60,13 +75,21 @@ def update_at(learner, timestep: int) -> float:
     B, T = 2, 8
     ids = torch.randint(1, 100, (B, T), generator=g)
     loss = torch.zeros(B, T)
-    loss[:, T // 2:] = 1.0
-    batch = {"input_ids": ids, "attention_mask": torch.ones(B, T, dtype=torch.long), "loss_mask": loss,
-             "sampler_logprobs": torch.zeros(B, T), "advantages": torch.tensor([1.0, -1.0]),
-             "weights": torch.ones(B), "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
+    loss[:, T // 2 :] = 1.0
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones(B, T, dtype=torch.long),
+        "loss_mask": loss,
+        "sampler_logprobs": torch.zeros(B, T),
+        "advantages": torch.tensor([1.0, -1.0]),
+        "weights": torch.ones(B),
+        "on_policy": torch.ones(B),
+        "num_loss_tokens": loss.sum(1),
+    }
     mb = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch({k: v.numpy() for k, v in batch.items()})}, env_steps=B)
-    r = learner.update(batch=mb, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: timestep}, num_epochs=1,
-                       minibatch_size=None)
+    r = learner.update(
+        batch=mb, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: timestep}, num_epochs=1, minibatch_size=None
+    )
     return float(r["r3l"]["learner"]["step_lr"].peek())
 
 
@@ -79,12 +102,23 @@ def toy_word_config(**training):
     """The tiny model on ToyWord (target "river"), no reflection, a high lr: an update moves the weights."""
     from rllib_r3l import R3LConfig
 
-    opts = dict(model="tiny", group_size=8, tasks_per_iteration=2, backend="transformers", reflect=False,
-                max_response_tokens=8, micro_batch_size=3, lr=5e-3, weight_decay=0.0, num_threads=1,
-                sampling_seed=0)  # seeded sampling: "an update within N iterations" cannot flake
+    opts = dict(
+        model="tiny",
+        group_size=8,
+        tasks_per_iteration=2,
+        backend="transformers",
+        reflect=False,
+        max_response_tokens=8,
+        micro_batch_size=3,
+        lr=5e-3,
+        weight_decay=0.0,
+        num_threads=1,
+        sampling_seed=0,
+    )  # seeded sampling: "an update within N iterations" cannot flake
     opts.update(training)
-    return (R3LConfig().environment("r3l/ToyWord", env_config={"fixed_target": "river"})
-            .training(**opts).debugging(seed=0))
+    return (
+        R3LConfig().environment("r3l/ToyWord", env_config={"fixed_target": "river"}).training(**opts).debugging(seed=0)
+    )
 
 
 def train_until_update(algo, max_iters=4):

@@ -19,7 +19,7 @@ def _run(fn, B, H, P, L, D=16, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, H, n, D, generator=g).to(dtype).requires_grad_() for n in (L, P + L, P + L))
     grad_out = torch.randn(B, H, L, D, generator=g).to(dtype)
-    out = fn(q, k, v, D ** -0.5)
+    out = fn(q, k, v, D**-0.5)
     out.backward(grad_out)
     return [t.detach().float() for t in (out, q.grad, k.grad, v.grad)]
 
@@ -65,8 +65,8 @@ def test_decoder_switch_is_restored_and_matches_sdpa_on_a_cache(tiny_model_dir, 
     the masked SDPA call (short calls cost less that way)."""
     if min_keys is not None:
         monkeypatch.setattr("rllib_r3l.learner.cascade_attention.CASCADE_MIN_KEYS", min_keys)
-    from rllib_r3l.models import load_causal_lm
     from rllib_r3l.learner.forward import _cache
+    from rllib_r3l.models import load_causal_lm
 
     lm = load_causal_lm(tiny_model_dir, dtype=torch.float32)
     dec = lm.get_decoder()
@@ -86,4 +86,3 @@ def test_decoder_switch_is_restored_and_matches_sdpa_on_a_cache(tiny_model_dir, 
     assert dec.config._attn_implementation == "sdpa"
     with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed dtypes after rotary: cast like SDPA does
         assert _rel(continuation(True).float(), continuation(False).float()) <= 2e-2
-

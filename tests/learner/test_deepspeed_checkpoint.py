@@ -24,15 +24,18 @@ from tests.learner.deepspeed_checks import result_of, run_python
 pytestmark = pytest.mark.slow  # DeepSpeed engines: ~10-60 s per check on 2 shared cores
 
 
-@pytest.mark.parametrize("stage, dtype", [(0, "float32"), (1, "float32"), (2, "float32"), (3, "float32"),
-                                          (2, "bfloat16")])
+@pytest.mark.parametrize(
+    "stage, dtype", [(0, "float32"), (1, "float32"), (2, "float32"), (3, "float32"), (2, "bfloat16")]
+)
 def test_deepspeed_resume_is_bit_exact(stage, dtype, tiny_model_dir, tmp_path):
     """ZeRO stage 0-3, one learner (gloo): the restored learner's losses and weights equal the
     uninterrupted learner's bit for bit; restoring the weights alone does not (AdamW moments).
     bf16 weights: DeepSpeed's fp32 masters come from the checkpoint, not from the bf16 weights."""
     pytest.importorskip("deepspeed")
-    code = ("import json, sys; from tests.learner.deepspeed_checks import deepspeed_resume_check; "
-            "print('RESULT ' + json.dumps(deepspeed_resume_check(int(sys.argv[1]), sys.argv[2], sys.argv[3])))")
+    code = (
+        "import json, sys; from tests.learner.deepspeed_checks import deepspeed_resume_check; "
+        "print('RESULT ' + json.dumps(deepspeed_resume_check(int(sys.argv[1]), sys.argv[2], sys.argv[3])))"
+    )
     r = result_of(run_python(code, str(stage), str(tmp_path / "ckpt"), dtype))
     assert r["losses_b"] == r["losses_a"], r
     assert r["same_weights"], r
@@ -86,9 +89,17 @@ def test_deepspeed_two_learners_resume_their_partitions_bit_exact(tiny_model_dir
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO_ROOT))
-    procs = [subprocess.Popen([sys.executable, "-c", _TWO_RANKS, str(r), str(port), str(tmp_path / "ckpt")],
-                              cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _TWO_RANKS, str(r), str(port), str(tmp_path / "ckpt")],
+            cwd=str(REPO_ROOT),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     results = []
     for p in procs:
         out, err = p.communicate()  # no wall-clock deadline: a loaded machine is slow, not wrong
@@ -136,7 +147,9 @@ finally:
 """
 
 
-@pytest.mark.parametrize("stage", [3])  # stage 2 passed too (198 s under load); the partition round trip above covers it
+@pytest.mark.parametrize(
+    "stage", [3]
+)  # stage 2 passed too (198 s under load); the partition round trip above covers it
 def test_deepspeed_two_learners_resume_through_ray_bit_exact(stage, tmp_path):
     """The whole path a user takes: two DeepSpeed learner actors (ZeRO-2: optimizer state split in
     halves; ZeRO-3: the weights too), ``save_to_path`` (every learner gathers its partition into the
@@ -145,8 +158,13 @@ def test_deepspeed_two_learners_resume_through_ray_bit_exact(stage, tmp_path):
     torch.distributed group behind)."""
     pytest.importorskip("deepspeed")
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO_ROOT))
-    out = subprocess.run([sys.executable, "-c", _THROUGH_RAY, str(stage), str(tmp_path)], cwd=str(REPO_ROOT), env=env,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _THROUGH_RAY, str(stage), str(tmp_path)],
+        cwd=str(REPO_ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"trained_after_ckpt": True, "updates": True, "same": True}, result

@@ -44,7 +44,9 @@ def test_a_restored_learner_takes_its_own_schedules_value_at_the_restored_timest
     assert optimizer_lrs(trial) == [pytest.approx(3e-5)]
     (sched,) = trial._optimizer_lr_schedules.values()
     assert float(sched.get_current_value()) == pytest.approx(3e-5)
-    assert update_at(trial, timestep=600) == pytest.approx(3e-5)  # RLlib's own metric would say 2.8e-5 (the next step's)
+    assert update_at(trial, timestep=600) == pytest.approx(
+        3e-5
+    )  # RLlib's own metric would say 2.8e-5 (the next step's)
 
 
 def test_a_state_without_the_optimizer_leaves_the_lr_alone(tiny_model_dir):
@@ -66,7 +68,8 @@ donor.save_to_path(ckpt)
 trial = build_learner(lr=1e-6, deepspeed={"stage": 2}, micro_batch_size=2, num_threads=1)
 trial.restore_from_path(ckpt)
 engine = trial._engines["default_policy"]
-print("RESULT " + json.dumps({"registered": optimizer_lrs(trial), "engine": [g["lr"] for g in engine.optimizer.param_groups],
+print("RESULT " + json.dumps({"registered": optimizer_lrs(trial),
+                              "engine": [g["lr"] for g in engine.optimizer.param_groups],
                               "steps": engine.global_steps}))
 """
 

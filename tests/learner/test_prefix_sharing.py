@@ -5,20 +5,28 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rllib_r3l.learner.prefix_tree import (build_prefix_tree, children_of, computed_tokens, leaf_batches,
-                                   plan_shared_micro_batches, tokens_split_by_cuts, trie_tokens)
+from rllib_r3l.learner.prefix_tree import (
+    build_prefix_tree,
+    children_of,
+    computed_tokens,
+    leaf_batches,
+    plan_shared_micro_batches,
+    tokens_split_by_cuts,
+    trie_tokens,
+)
 
 
 def _rebuild(seqs, nodes, path):
-    return [t for j in path for t in seqs[nodes[j].row][nodes[j].start:nodes[j].end]]
+    return [t for j in path for t in seqs[nodes[j].row][nodes[j].start : nodes[j].end]]
 
 
 def test_prefix_tree_hand_values():
     seqs = [[1, 2, 3, 4], [1, 2, 3, 5, 6], [1, 2, 7], [9, 9], [1, 2, 3, 4]]
     nodes, paths = build_prefix_tree(seqs)
     # [1 2] -> [3] -> {[4], [5 6]}, [1 2] -> [7], and [9 9]: 2 + 1 + 1 + 2 + 1 + 2 tokens
-    assert sorted(sum(([t for t in seqs[n.row][n.start:n.end]],), []) for n in nodes) == \
-        sorted([[1, 2], [3], [4], [5, 6], [7], [9, 9]])
+    assert sorted(sum(([t for t in seqs[n.row][n.start : n.end]],), []) for n in nodes) == sorted(
+        [[1, 2], [3], [4], [5, 6], [7], [9, 9]]
+    )
     assert trie_tokens(seqs) == 9 and sum(len(s) for s in seqs) == 18
     for i, s in enumerate(seqs):
         assert _rebuild(seqs, nodes, paths[i]) == s
@@ -27,9 +35,11 @@ def test_prefix_tree_hand_values():
     for j, n in enumerate(nodes):
         assert n.parent < j  # parents come first (the order the forward pass needs)
     # the schedule: [1 2] and [3] have children and run alone; each parent's leaves run as one batch
-    text = {j: tuple(seqs[n.row][n.start:n.end]) for j, n in enumerate(nodes)}
-    named = {text.get(p): ([[text[j] for j in b] for b in batches], [text[j] for j in inner])
-             for p, (batches, inner) in children_of(nodes).items()}
+    text = {j: tuple(seqs[n.row][n.start : n.end]) for j, n in enumerate(nodes)}
+    named = {
+        text.get(p): ([[text[j] for j in b] for b in batches], [text[j] for j in inner])
+        for p, (batches, inner) in children_of(nodes).items()
+    }
     assert named == {None: ([[(9, 9)]], [(1, 2)]), (1, 2): ([[(7,)]], [(3,)]), (3,): ([[(4,), (5, 6)]], [])}
     # computed: [9 9] 2, [1 2] 2, [7] 1, [3] 1, and [4] / [5 6] padded to 2: 2 * 2
     assert computed_tokens(seqs) == 2 + 2 + 1 + 1 + 2 * 2
@@ -55,8 +65,11 @@ def test_prefix_tree_on_random_batches_reconstructs_every_row():
     g = torch.Generator().manual_seed(0)
     for _ in range(30):
         base = torch.randint(0, 4, (12,), generator=g).tolist()
-        seqs = [base[: int(torch.randint(1, 12, (1,), generator=g))] + torch.randint(0, 4, (int(torch.randint(0, 6, (1,), generator=g)),), generator=g).tolist()
-                for _ in range(int(torch.randint(1, 7, (1,), generator=g)))]
+        seqs = [
+            base[: int(torch.randint(1, 12, (1,), generator=g))]
+            + torch.randint(0, 4, (int(torch.randint(0, 6, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(int(torch.randint(1, 7, (1,), generator=g)))
+        ]
         nodes, paths = build_prefix_tree(seqs)
         assert all(_rebuild(seqs, nodes, p) == s for p, s in zip(paths, seqs))
         assert trie_tokens(seqs) <= sum(len(s) for s in seqs)
@@ -109,22 +122,34 @@ def _shared_batch(vocab: int, with_prefix_credit: bool):
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(1, vocab, (12,), generator=g).tolist()
     base = prompt + torch.randint(1, vocab, (40,), generator=g).tolist()
-    rows = [base, base[:40] + torch.randint(1, vocab, (17,), generator=g).tolist(),
-            prompt + torch.randint(1, vocab, (25,), generator=g).tolist(),
-            torch.randint(1, vocab, (30,), generator=g).tolist()]
+    rows = [
+        base,
+        base[:40] + torch.randint(1, vocab, (17,), generator=g).tolist(),
+        prompt + torch.randint(1, vocab, (25,), generator=g).tolist(),
+        torch.randint(1, vocab, (30,), generator=g).tolist(),
+    ]
     B, T = len(rows), max(len(r) for r in rows)
     ids = torch.zeros(B, T, dtype=torch.long)
     att = torch.zeros(B, T, dtype=torch.long)
     loss = torch.zeros(B, T)
     for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-        att[i, :len(r)] = 1
-        loss[i, len(r) - 6:len(r)] = 1.0
+        ids[i, : len(r)] = torch.tensor(r)
+        att[i, : len(r)] = 1
+        loss[i, len(r) - 6 : len(r)] = 1.0
         if with_prefix_credit and i < 2:
             loss[i, 20:26] = 1.0  # inside the shared span: credited in both rows
-    return {"input_ids": ids, "attention_mask": att, "loss_mask": loss, "sampler_logprobs": torch.zeros(B, T),
-            "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0]), "weights": torch.tensor([1.0, 1.0, 3.0, 1.0]),
-            "on_policy": torch.ones(B), "num_loss_tokens": loss.sum(1)}
+    return {
+        "input_ids": ids,
+        "attention_mask": att,
+        "loss_mask": loss,
+        "sampler_logprobs": torch.zeros(B, T),
+        "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0]),
+        "weights": torch.tensor([1.0, 1.0, 3.0, 1.0]),
+        "on_policy": torch.ones(B),
+        "num_loss_tokens": loss.sum(1),
+    }
+
+
 @pytest.mark.usefixtures("attention_path")
 def test_shared_hidden_states_equal_the_unshared_ones(tiny_model_dir):
     from transformers import AutoModelForCausalLM
@@ -139,6 +164,8 @@ def test_shared_hidden_states_equal_the_unshared_ones(tiny_model_dir):
     m = b["attention_mask"].bool()
     torch.testing.assert_close(shared[m], plain[m], atol=1e-5, rtol=1e-5)
     assert torch.all(shared[~m] == 0)
+
+
 @pytest.mark.usefixtures("attention_path")
 def test_shared_hidden_states_with_prefix_rows_duplicates_and_unrelated_rows(tiny_model_dir):
     """A row that ends where others go on (a base and its transcript reflection), identical rows,
@@ -158,14 +185,14 @@ def test_shared_hidden_states_with_prefix_rows_duplicates_and_unrelated_rows(tin
     T = max(len(row) for row in rows)
     ids = torch.zeros(len(rows), T, dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
+        ids[i, : len(row)] = torch.tensor(row)
     lengths = [len(row) for row in rows]
     with torch.no_grad():
         shared = shared_prefix_hidden(lm.get_decoder(), ids, lengths)
         for i, row in enumerate(rows):
             alone = lm.get_decoder()(input_ids=torch.tensor([row])).last_hidden_state[0]
-            torch.testing.assert_close(shared[i, :len(row)], alone, atol=1e-5, rtol=1e-5)
-            assert torch.all(shared[i, len(row):] == 0)
+            torch.testing.assert_close(shared[i, : len(row)], alone, atol=1e-5, rtol=1e-5)
+            assert torch.all(shared[i, len(row) :] == 0)
 
 
 def _grads(learner, batch):
@@ -178,6 +205,7 @@ def _rel_err(a, b):
     return float((a - b).norm() / b.norm())
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("attention_path")
 @pytest.mark.parametrize("with_prefix_credit", [False, True])
 def test_shared_prefix_gradient_equals_unshared_tiny(tiny_model_dir, with_prefix_credit):
@@ -196,6 +224,9 @@ def test_shared_prefix_gradient_equals_unshared_tiny(tiny_model_dir, with_prefix
     # 17 as one batch padded to 17, and the unrelated row's 30
     assert m_on["forward_tokens"] == 12 + 28 + 25 + 2 * 17 + 30
     assert m_on["shared_prefix_tokens_saved"] == 52 + 57 + 37 + 30 - (12 + 28 + 25 + 2 * 17 + 30)
+
+
+@pytest.mark.slow
 @pytest.mark.usefixtures("attention_path")
 def test_kl_reference_shares_prefixes_too_with_the_same_gradient(tiny_model_dir):
     """GRPO's KL to a frozen reference (kl_coef > 0): the reference forward shares prefixes like
@@ -214,10 +245,15 @@ def test_kl_reference_shares_prefixes_too_with_the_same_gradient(tiny_model_dir)
         assert all(torch.isfinite(r).all() for r in ref)
         grads[share] = _grads(lrn, batch)
         kls[share] = float(lrn.metrics.reduce()["r3l"]["learner"]["kl"])
-    assert kls[True] == pytest.approx(kls[False], rel=1e-4) and kls[True] > 1e-4  # a small difference of logs: fp32 noise
+    assert (
+        kls[True] == pytest.approx(kls[False], rel=1e-4) and kls[True] > 1e-4
+    )  # a small difference of logs: fp32 noise
     assert _rel_err(grads[True], grads[False]) <= 1e-5
     no_kl = _grads(_learner(micro_batch_size=4, mixed_precision="none", share_prefixes=True), batch)
     assert _rel_err(no_kl, grads[True]) > 1e-3  # the KL term is in the gradient
+
+
+@pytest.mark.slow
 @pytest.mark.usefixtures("attention_path")
 def test_shared_prefix_gradient_with_micro_batches_and_autocast(tiny_model_dir):
     from tests.scripted_rllib import build_learner as _learner
@@ -256,8 +292,14 @@ def test_shared_prefix_gradient_equals_unshared_real_model():
     from rllib_r3l import R3LConfig
 
     def build(share):
-        cfg = R3LConfig().training(backend="transformers", lr=1e-3, weight_decay=0.0, micro_batch_size=4,
-                                   mixed_precision="none", share_prefixes=share)
+        cfg = R3LConfig().training(
+            backend="transformers",
+            lr=1e-3,
+            weight_decay=0.0,
+            micro_batch_size=4,
+            mixed_precision="none",
+            share_prefixes=share,
+        )
         space = (gym.spaces.Text(max_length=8), gym.spaces.Text(max_length=8))
         learner = cfg.build_learner(env=None, spaces={"__env__": space, DEFAULT_MODULE_ID: space})
         learner.build()

@@ -29,7 +29,9 @@ def ours(caplog):
 
 
 def module(**model_config):
-    return R3LCausalLMModule(observation_space=SPACE, action_space=SPACE, model_config={"model_id": "tiny", **model_config})
+    return R3LCausalLMModule(
+        observation_space=SPACE, action_space=SPACE, model_config={"model_id": "tiny", **model_config}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,9 @@ def plain(tiny_model_dir):
 
 # ---------------------------------------------------------------------------------- setup
 def test_setup_needs_a_model_id():
-    with pytest.raises(ValueError, match=r"^R3LCausalLMModule needs model_config\['model_id'\] \(set training\(model=\.\.\.\)\)$"):
+    with pytest.raises(
+        ValueError, match=r"^R3LCausalLMModule needs model_config\['model_id'\] \(set training\(model=\.\.\.\)\)$"
+    ):
         R3LCausalLMModule(observation_space=SPACE, action_space=SPACE, model_config={})
 
 
@@ -58,8 +62,9 @@ def test_setup_options(tiny_model_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="rllib_r3l.learner.rl_module"):
         gc = module(gradient_checkpointing=True, share_prefixes=True)
     assert gc.lm.is_gradient_checkpointing and gc.share_prefixes is False
-    assert ours(caplog) == ["share_prefixes off: gradient checkpointing recomputes without a KV cache; every "
-                               "sequence runs on its own"]
+    assert ours(caplog) == [
+        "share_prefixes off: gradient checkpointing recomputes without a KV cache; every sequence runs on its own"
+    ]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="rllib_r3l.learner.rl_module"):
         assert module(gradient_checkpointing=True).share_prefixes is False
@@ -98,8 +103,10 @@ def test_a_sliding_window_model_trains_without_shared_prefixes(tiny_model_dir, m
     with caplog.at_level(logging.WARNING, logger="rllib_r3l.learner.rl_module"):
         m = module(share_prefixes=True)
     assert m.share_prefixes is False
-    assert ours(caplog) == ["share_prefixes off: the model has sliding-window attention layers (a cache would "
-                               "drop their window's edge); every sequence runs on its own"]
+    assert ours(caplog) == [
+        "share_prefixes off: the model has sliding-window attention layers (a cache would "
+        "drop their window's edge); every sequence runs on its own"
+    ]
 
 
 def test_lora_adapts_every_linear_layer_by_default(tiny_model_dir):
@@ -150,12 +157,16 @@ def test_token_logprobs_with_shared_prefixes_equal_the_plain_ones(plain):
     shared = module(share_prefixes=True)
     shared.lm.load_state_dict(plain.lm.state_dict())
     ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 3, 0], [5, 6, 0, 0, 0]])
-    b = {"input_ids": ids, "attention_mask": (ids > 0).long(),
-         "loss_mask": torch.tensor([[0, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 1, 0, 0, 0]], dtype=torch.float32)}
+    b = {
+        "input_ids": ids,
+        "attention_mask": (ids > 0).long(),
+        "loss_mask": torch.tensor([[0, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 1, 0, 0, 0]], dtype=torch.float32),
+    }
     calls = []
     decoder = shared.lm.get_decoder()
-    hook = decoder.register_forward_hook(lambda mod, args, kw, out: calls.append(tuple(kw["input_ids"].shape)),
-                                         with_kwargs=True)
+    hook = decoder.register_forward_hook(
+        lambda mod, args, kw, out: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
     try:
         with torch.no_grad():
             got = shared.token_logprobs(b)["logprobs"]
@@ -169,8 +180,9 @@ def test_token_logprobs_with_shared_prefixes_equal_the_plain_ones(plain):
     # a batch that is not right-padded runs as a whole (no trie), with its mask
     lb = _batch(plain.lm.config.vocab_size, left_padded=True)
     with torch.no_grad():
-        torch.testing.assert_close(shared.token_logprobs(lb)["logprobs"], plain.token_logprobs(lb)["logprobs"],
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            shared.token_logprobs(lb)["logprobs"], plain.token_logprobs(lb)["logprobs"], atol=1e-5, rtol=1e-5
+        )
 
 
 def test_a_shim_without_the_option_runs_the_plain_forward(plain):
@@ -178,8 +190,11 @@ def test_a_shim_without_the_option_runs_the_plain_forward(plain):
     decoder call for the whole batch, no prefix trie."""
     shim = types.SimpleNamespace(lm=plain.lm)
     ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 0]])
-    b = {"input_ids": ids, "attention_mask": (ids > 0).long(),
-         "loss_mask": torch.tensor([[0, 1, 1, 1], [0, 0, 1, 0]], dtype=torch.float32)}
+    b = {
+        "input_ids": ids,
+        "attention_mask": (ids > 0).long(),
+        "loss_mask": torch.tensor([[0, 1, 1, 1], [0, 0, 1, 0]], dtype=torch.float32),
+    }
     calls = []
     hook = plain.lm.get_decoder().register_forward_hook(lambda *a: calls.append(1))
     try:
@@ -188,8 +203,9 @@ def test_a_shim_without_the_option_runs_the_plain_forward(plain):
     finally:
         hook.remove()
     assert calls == [1]
-    torch.testing.assert_close(got, _reference(plain.lm, ids, b["attention_mask"], b["loss_mask"]), atol=1e-5,
-                               rtol=1e-5)
+    torch.testing.assert_close(
+        got, _reference(plain.lm, ids, b["attention_mask"], b["loss_mask"]), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_shared_prefix_hidden_of_empty_rows_is_zeros(plain):

@@ -16,6 +16,7 @@ from rllib_r3l.replay_buffer import GroupReplayBuffer, decay_limit_priority, wei
 from tests import REPO_ROOT
 from tests.learner.helpers import CONT, PROMPT, ref_logprobs, toy_word_config, train_until_update
 
+
 # ---------------------------------------------------------------------------------------------------
 # Replay buffer (pure; fast)
 # ---------------------------------------------------------------------------------------------------
@@ -32,8 +33,9 @@ def test_single_draw_is_proportional_to_priority():
     rng = np.random.default_rng(1234)
     pri = decay_limit_priority(np.array([0, 1, 2, 3, 5, 8]), decay=0.5, limit=0.1)
     n = 20000
-    counts = np.bincount([int(weighted_sample_without_replacement(pri, 1, rng)[0]) for _ in range(n)],
-                         minlength=len(pri))
+    counts = np.bincount(
+        [int(weighted_sample_without_replacement(pri, 1, rng)[0]) for _ in range(n)], minlength=len(pri)
+    )
     expected = n * pri / pri.sum()
     chi2, pval = stats.chisquare(counts, expected)
     assert pval > 1e-3, (counts, expected, chi2)
@@ -44,8 +46,9 @@ def test_without_replacement_inclusion_probabilities():
     rng = np.random.default_rng(99)
     pri = np.array([1.0, 0.5, 0.25, 0.1])
     S = pri.sum()
-    exact = np.array([pri[i] / S + sum(pri[j] / S * pri[i] / (S - pri[j]) for j in range(4) if j != i)
-                      for i in range(4)])
+    exact = np.array(
+        [pri[i] / S + sum(pri[j] / S * pri[i] / (S - pri[j]) for j in range(4) if j != i) for i in range(4)]
+    )
     assert np.isclose(exact.sum(), 2.0)
     n = 20000
     hits = np.zeros(4)
@@ -93,13 +96,21 @@ def test_buffer_max_uses_and_group_integrity():
 def test_replay_and_scaling_options_are_validated():
     from rllib_r3l import R3LConfig
 
-    ok = R3LConfig().training(model="tiny", weight_sync_interval=3, replay_decay=0.7, lora={"r": 4, "alpha": 8},
-                              colocate_engine_sleep=True)
+    ok = R3LConfig().training(
+        model="tiny", weight_sync_interval=3, replay_decay=0.7, lora={"r": 4, "alpha": 8}, colocate_engine_sleep=True
+    )
     ok.validate_r3l()
-    for bad in ({"replay_decay": 0.0}, {"replay_priority_limit": 1.5}, {"replay_capacity": 0},
-                {"lora": {"r": 0}}, {"lora": {"rank": 4}}, {"deepspeed": {"stage": 4}},
-                {"colocate_engine_sleep": "yes"}, {"replay_groups_per_update": 0},
-                {"deepspeed": {"stage": 2}, "lora": {"r": 4}}):
+    for bad in (
+        {"replay_decay": 0.0},
+        {"replay_priority_limit": 1.5},
+        {"replay_capacity": 0},
+        {"lora": {"r": 0}},
+        {"lora": {"rank": 4}},
+        {"deepspeed": {"stage": 4}},
+        {"colocate_engine_sleep": "yes"},
+        {"replay_groups_per_update": 0},
+        {"deepspeed": {"stage": 2}, "lora": {"r": 4}},
+    ):
         with pytest.raises(ValueError, match=r"R3LConfig\."):
             R3LConfig().training(model="tiny", **bad).validate_r3l()
 
@@ -132,8 +143,14 @@ def test_replay_from_config_only_when_s_exceeds_one():
 def test_pad_batch_for_learners():
     from rllib_r3l.learner.distributed import pad_batch_for_learners
 
-    b = {"input_ids": np.arange(6).reshape(3, 2), "loss_mask": np.ones((3, 2)), "num_loss_tokens": np.full(3, 2.0),
-         "advantages": np.ones(3), "weights": np.ones(3), "attention_mask": np.ones((3, 2))}
+    b = {
+        "input_ids": np.arange(6).reshape(3, 2),
+        "loss_mask": np.ones((3, 2)),
+        "num_loss_tokens": np.full(3, 2.0),
+        "advantages": np.ones(3),
+        "weights": np.ones(3),
+        "attention_mask": np.ones((3, 2)),
+    }
     p = pad_batch_for_learners(b, 2)
     assert len(p["input_ids"]) == 4 and p["num_loss_tokens"][-1] == 0 and p["loss_mask"][-1].sum() == 0
     assert p["weights"][-1] == 0 and p["advantages"][-1] == 0
@@ -163,6 +180,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.subprocess
 def test_allreduce_gradients_with_uneven_microbatches():
     """Two gloo processes with different numbers of backward passes: one all-reduce each, equal
     summed gradients, the global token count, and a NaN on one learner skips the step on all."""
@@ -176,8 +194,15 @@ def test_allreduce_gradients_with_uneven_microbatches():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-c", _ALLREDUCE_WORKER, str(r), str(port), str(Path(D.__file__))],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _ALLREDUCE_WORKER, str(r), str(port), str(Path(D.__file__))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     res = []
     for p in procs:
         out, err = p.communicate()  # no wall-clock deadline: a loaded machine is slow, not wrong
@@ -221,6 +246,7 @@ def _learner_states(algo):
     return [r.get() for r in algo.learner_group.foreach_learner(get)]
 
 
+@pytest.mark.integration
 def test_two_runners_two_learners_sync_and_stay_identical(ray_session, tiny_model_dir, tiny_tokenizer):
     """num_env_runners=2 (vLLM engines when installed), num_learners=2 (DDP over gloo): after an
     update both learner replicas hold identical weights that moved, and every runner's engine,
@@ -228,11 +254,20 @@ def test_two_runners_two_learners_sync_and_stay_identical(ray_session, tiny_mode
     from rllib_r3l.generation import vllm_available
 
     vllm = vllm_available()
-    opts = dict(backend="vllm", backend_options={"kv_cache_gib": 0.25, "max_model_len": 1024,
-                                                 "weight_bucket_bytes": 1 << 20}) if vllm else {}
+    opts = (
+        dict(
+            backend="vllm",
+            backend_options={"kv_cache_gib": 0.25, "max_model_len": 1024, "weight_bucket_bytes": 1 << 20},
+        )
+        if vllm
+        else {}
+    )
     tol = 0.02 if vllm else 1e-3  # bf16 engine vs fp32 reference (measured gap for tiny: ~0.002)
-    cfg = (toy_word_config(lr=2e-2, **opts).env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
-           .learners(num_learners=2, num_cpus_per_learner=0.5))
+    cfg = (
+        toy_word_config(lr=2e-2, **opts)
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
+        .learners(num_learners=2, num_cpus_per_learner=0.5)
+    )
     algo = cfg.build_algo()
     try:
         prompt = tiny_tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
@@ -246,8 +281,9 @@ def test_two_runners_two_learners_sync_and_stay_identical(ray_session, tiny_mode
         init = ref_logprobs({}, tiny_model_dir, prompt, cont)
         moved = max(abs(a - b) for a, b in zip(ref, init))
         assert moved > 3 * tol, (ref, init)  # the update moved the weights, beyond the tolerance
-        scores = algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, r.backend.score(prompt, cont)),
-                                                          local_env_runner=False)
+        scores = algo.env_runner_group.foreach_env_runner(
+            lambda r: (r.worker_index, r.backend.score(prompt, cont)), local_env_runner=False
+        )
         assert sorted(i for i, _ in scores) == [1, 2]
         for idx, got in scores:
             assert max(abs(a - b) for a, b in zip(got, ref)) < tol, (idx, got, ref, init)
@@ -255,6 +291,7 @@ def test_two_runners_two_learners_sync_and_stay_identical(ray_session, tiny_mode
         algo.stop()
 
 
+@pytest.mark.integration
 def test_replay_with_s2_trains_and_checkpoints(ray_session, tmp_path):
     """weight_sync_interval=2: the replay buffer fills, sampled groups are whole, its state goes
     into the checkpoint and comes back."""
@@ -280,13 +317,15 @@ def test_replay_with_s2_trains_and_checkpoints(ray_session, tmp_path):
         restored.stop()
 
 
+@pytest.mark.integration
 def test_lora_learner_syncs_merged_weights(ray_session, tiny_model_dir, tiny_tokenizer):
     """LoRA: only adapter parameters train; the engine gets the merged weights and scores like the
     learner's (peft) model."""
     # colocate_engine_sleep rides along: on CPU / the transformers backend the sleep and wake
     # around the update are no-ops, and training is unchanged
-    algo = toy_word_config(lora={"r": 4, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, lr=2e-2,
-                   colocate_engine_sleep=True).build_algo()
+    algo = toy_word_config(
+        lora={"r": 4, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, lr=2e-2, colocate_engine_sleep=True
+    ).build_algo()
     try:
         train_until_update(algo)
         module = algo.learner_group._learner.module["default_policy"]
@@ -306,18 +345,20 @@ def test_lora_learner_syncs_merged_weights(ray_session, tiny_model_dir, tiny_tok
         algo.stop()
 
 
+@pytest.mark.integration
 def test_gpu_runbook_dry_run_config():
     """The GPU runbook's configurations validate (the run itself needs a GPU)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "gpu_runbook", REPO_ROOT / "scripts" / "gpu_runbook.py")
+    spec = importlib.util.spec_from_file_location("gpu_runbook", REPO_ROOT / "scripts" / "gpu_runbook.py")
     rb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rb)
     for argv in ([], ["--layout", "split", "--tp", "2", "--deepspeed-stage", "3"], ["--lora-r", "8"]):
         rb.main(argv + ["--dry-run"])
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 def test_deepspeed_zero3_learner_syncs_gathered_weights(tiny_model_dir, tmp_path):
     """deepspeed={'stage': 3} (one local learner, gloo): the update moves the weights, the engine
     receives the gathered full weights; the checkpoint holds DeepSpeed's optimizer state, and
@@ -328,7 +369,9 @@ def test_deepspeed_zero3_learner_syncs_gathered_weights(tiny_model_dir, tmp_path
 
     pytest.importorskip("deepspeed")
     root = str(REPO_ROOT)
-    code = ("import sys; from tests.learner.deepspeed_checks import deepspeed_zero3_check; "
-            "deepspeed_zero3_check(sys.argv[1]); print('deepspeed-ok')")
+    code = (
+        "import sys; from tests.learner.deepspeed_checks import deepspeed_zero3_check; "
+        "deepspeed_zero3_check(sys.argv[1]); print('deepspeed-ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().endswith("deepspeed-ok"), (out.stdout[-2000:], out.stderr[-4000:])

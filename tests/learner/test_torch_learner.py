@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
@@ -70,14 +69,23 @@ def test_right_padded_batch_logprobs_equal_unpadded_per_sequence(tiny_model_dir)
         loss[i, 1:n] = 1.0
     with torch.no_grad():
         batched = R3LCausalLMModule.token_logprobs(shim, {"input_ids": ids, "attention_mask": att, "loss_mask": loss})
-        singles = [R3LCausalLMModule.token_logprobs(shim, {"input_ids": ids[i:i + 1, :n], "attention_mask": att[i:i + 1, :n],
-                                                           "loss_mask": loss[i:i + 1, :n]})["logprobs"]
-                   for i, n in enumerate(lens)]
+        singles = [
+            R3LCausalLMModule.token_logprobs(
+                shim,
+                {
+                    "input_ids": ids[i : i + 1, :n],
+                    "attention_mask": att[i : i + 1, :n],
+                    "loss_mask": loss[i : i + 1, :n],
+                },
+            )["logprobs"]
+            for i, n in enumerate(lens)
+        ]
     assert batched["logprobs"].shape[0] == sum(n - 1 for n in lens)
     torch.testing.assert_close(batched["logprobs"], torch.cat(singles), atol=1e-5, rtol=1e-5)
 
 
 # -- accumulation and precision through the real learner -------------------------------------------------
+@pytest.mark.slow
 def test_micro_batching_leaves_the_gradient_unchanged(tiny_model_dir):
     one = build_learner(micro_batch_size=5, micro_batch_tokens=None, mixed_precision="none")
     batch = uneven_batch(one.module["default_policy"].lm.config.vocab_size)
@@ -93,6 +101,7 @@ def test_micro_batching_leaves_the_gradient_unchanged(tiny_model_dir):
     torch.testing.assert_close(g_many, g_one, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_bf16_autocast_gradient_tracks_fp32(tiny_model_dir):
     fp32 = build_learner(micro_batch_size=5, mixed_precision="none")
     batch = uneven_batch(fp32.module["default_policy"].lm.config.vocab_size)

@@ -27,9 +27,16 @@ def learner(tiny_model_dir):
 
 
 def tensor_batch(**overrides):
-    batch, _ = build_train_batch(handmade_trajectories(**overrides), pad_token_id=0, std_normalize=False,
-                                 positive_amplification=True, alpha=3.0, success_reward=1.0, pivotal_credit=True,
-                                 max_length=64)
+    batch, _ = build_train_batch(
+        handmade_trajectories(**overrides),
+        pad_token_id=0,
+        std_normalize=False,
+        positive_amplification=True,
+        alpha=3.0,
+        success_reward=1.0,
+        pivotal_credit=True,
+        max_length=64,
+    )
     return {k: torch.as_tensor(v) for k, v in batch.items()}
 
 
@@ -45,7 +52,7 @@ def reference(lm, batch, names=HANDMADE_KEPT, advantages=None, weights=None):
     pg = wl = torch.zeros(())
     for i, k in enumerate(names):
         length = int(batch["attention_mask"][i].sum())
-        ids = batch["input_ids"][i:i + 1, :length]
+        ids = batch["input_ids"][i : i + 1, :length]
         logp = torch.log_softmax(lm(input_ids=ids).logits[0].float(), -1)
         lp = torch.stack([logp[p - 1, ids[0, p]] for p in POSITIONS[k]])
         term = -advantages[k] * lp.sum()
@@ -127,7 +134,7 @@ def test_tokens_no_credited_token_sees_leave_the_gradient_unchanged(learner):
     changed = {k: v.clone() for k, v in batch.items()}
     for i, k in enumerate(HANDMADE_KEPT):
         last = max(POSITIONS[k])
-        changed["input_ids"][i, last + 1:] = 7  # trailing observation (row B) and padding
+        changed["input_ids"][i, last + 1 :] = 7  # trailing observation (row B) and padding
     assert not torch.equal(changed["input_ids"], batch["input_ids"])
     changed["sampler_logprobs"] = torch.full_like(batch["sampler_logprobs"], -3.0)
     _, _, g_same = update(learner, changed)
@@ -138,6 +145,7 @@ def test_tokens_no_credited_token_sees_leave_the_gradient_unchanged(learner):
     assert (flat(g_other) - flat(g)).abs().max() > 1e-6
 
 
+@pytest.mark.slow
 def test_scaling_an_items_weight_scales_its_gradient_contribution(learner):
     """Loss linear in each item's weight: g(w=3) - g(w=1) = 2 (g(w=1) - g(w=0)) for the aux item X."""
     row = HANDMADE_KEPT.index("X")
@@ -153,6 +161,7 @@ def test_scaling_an_items_weight_scales_its_gradient_contribution(learner):
     assert tensor_batch()["weights"][row] == 0.5
 
 
+@pytest.mark.slow
 def test_importance_ratio_applies_to_base_rows_only(tiny_model_dir):
     """With use_importance_ratio, the sampler log-probs of retry and auxiliary rows do not matter
     (no ratio for off-policy data, paper §4); those of base rows do."""
@@ -173,6 +182,7 @@ def test_importance_ratio_applies_to_base_rows_only(tiny_model_dir):
     assert (flat(g_on) - flat(g)).abs().max() > 1e-6
 
 
+@pytest.mark.slow
 def test_grad_clip_bounds_the_gradient_the_optimizer_applies(tiny_model_dir):
     def step_norms(learner):
         norms = []

@@ -218,13 +218,21 @@ def test_micro_batches_trim_padding_and_keep_row_columns():
     b = batch3(normalizer=3.0, extra=torch.zeros(5))
     mbs = lrn.micro_batches(b)
     assert [mb["input_ids"].tolist() for mb in mbs] == [[[1, 2, 1, 2], [1, 2, 3, 0]], [[3, 1]]]
-    assert set(mbs[0]) == {"input_ids", "attention_mask", "loss_mask", "advantages", "weights", "on_policy",
-                           "num_loss_tokens"}  # per-row tensors only
+    assert set(mbs[0]) == {
+        "input_ids",
+        "attention_mask",
+        "loss_mask",
+        "advantages",
+        "weights",
+        "on_policy",
+        "num_loss_tokens",
+    }  # per-row tensors only
     assert mbs[1]["advantages"].tolist() == [2.0] and mbs[0]["weights"].tolist() == [0.5, 1.0]
     assert mbs[1]["loss_mask"].shape == (1, 2)
     # a token budget: 2 rows of 4 padded tokens exceed 6
-    assert [mb["input_ids"].shape[0] for mb in StubLearner(micro_batch_size=2, micro_batch_tokens=6)
-            .micro_batches(b)] == [1, 2]
+    assert [
+        mb["input_ids"].shape[0] for mb in StubLearner(micro_batch_size=2, micro_batch_tokens=6).micro_batches(b)
+    ] == [1, 2]
     shared = lrn.micro_batches(b, share_prefixes=True)  # token order
     assert [mb["input_ids"].tolist() for mb in shared] == [[[1, 2, 1, 2], [1, 2, 3, 0]], [[3, 1]]]
     # token budget of the trie: (1,2,1,2) + (1,2,3) is 5 trie tokens, over 4
@@ -257,7 +265,9 @@ def test_optimizer_is_adamw_with_the_configured_lr_and_decay():
 def test_fused_adamw_only_where_torch_has_the_kernel():
     from rllib_r3l.learner.torch_learner import fused_adamw_supported
 
-    assert fused_adamw_supported([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))])
+    assert fused_adamw_supported(
+        [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))]
+    )
     assert not fused_adamw_supported([torch.nn.Parameter(torch.zeros(2, device="meta"))])
     # the fused step is AdamW's step
     a, b = (torch.nn.Parameter(torch.linspace(-1, 1, 7)) for _ in range(2))
@@ -297,8 +307,11 @@ LOGP = torch.tensor([-1.0, -2.0, -0.5, -0.25])  # row-major over SEL
 
 
 def _loss(lrn, batch=None, logp=LOGP):
-    return float(lrn.compute_loss_for_module(module_id=MID, config=lrn.config, batch=batch or _loss_batch(),
-                                             fwd_out={"logprobs": logp, "selection": SEL}))
+    return float(
+        lrn.compute_loss_for_module(
+            module_id=MID, config=lrn.config, batch=batch or _loss_batch(), fwd_out={"logprobs": logp, "selection": SEL}
+        )
+    )
 
 
 def test_loss_with_the_importance_ratio_on_base_rows_with_behaviour_log_probs():
@@ -344,7 +357,9 @@ def test_autocast_follows_the_learners_device(monkeypatch):
 def test_loss_without_the_importance_ratio_is_the_weighted_token_mean():
     lrn = StubLearner(loss_scale=2.0)  # use_importance_ratio off (default)
     assert _loss(lrn) == pytest.approx(2.0 * (1.0 + 2.0 - 0.25 + 0.125) / 4, rel=1e-6)
-    assert "clip_fraction" not in lrn._micro_stats[-1] and "ratio_tokens_without_behaviour_logprobs" not in lrn._gap_stats
+    assert (
+        "clip_fraction" not in lrn._micro_stats[-1] and "ratio_tokens_without_behaviour_logprobs" not in lrn._gap_stats
+    )
     # a hand-made batch without the optional columns: no gaps logged, same loss
     b = {k: v for k, v in _loss_batch().items() if k in ("advantages", "weights", "on_policy", "normalizer")}
     lrn = StubLearner(loss_scale=1.0, use_importance_ratio=True)
@@ -372,10 +387,17 @@ def test_loss_with_kl_to_the_reference_on_base_rows():
 
 def test_step_statistics_add_losses_and_average_ratios_over_micro_batches():
     lrn = StubLearner()
-    lrn._micro_stats = [{"pg_loss": 0.5, "kl": 0.1, "clip_fraction": 0.2, "mean_ratio": 1.0},
-                        {"pg_loss": 0.25, "kl": 0.3, "clip_fraction": 0.6, "mean_ratio": 2.0}]
-    lrn._gap_stats.update({"sampler_logprob_gap_base/sum": 3.0, "sampler_logprob_gap_base/n": 4.0,
-                           "ratio_tokens_without_behaviour_logprobs": 5.0})
+    lrn._micro_stats = [
+        {"pg_loss": 0.5, "kl": 0.1, "clip_fraction": 0.2, "mean_ratio": 1.0},
+        {"pg_loss": 0.25, "kl": 0.3, "clip_fraction": 0.6, "mean_ratio": 2.0},
+    ]
+    lrn._gap_stats.update(
+        {
+            "sampler_logprob_gap_base/sum": 3.0,
+            "sampler_logprob_gap_base/n": 4.0,
+            "ratio_tokens_without_behaviour_logprobs": 5.0,
+        }
+    )
     lrn._log_step_stats()
     m = lrn.metrics
     assert m.learner("pg_loss") == (0.75, "mean", 1) and m.learner("kl") == (pytest.approx(0.4), "mean", 1)

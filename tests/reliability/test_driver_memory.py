@@ -27,8 +27,9 @@ def test_the_learner_bounds_the_kernel_caches_when_it_builds(tiny_model_dir, mon
     for name in KERNEL_CACHE_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     build_learner()
-    assert {n: os.environ.get(n) for n in KERNEL_CACHE_ENV_VARS} == dict.fromkeys(KERNEL_CACHE_ENV_VARS,
-                                                                                 str(KERNEL_CACHE_CAPACITY))
+    assert {n: os.environ.get(n) for n in KERNEL_CACHE_ENV_VARS} == dict.fromkeys(
+        KERNEL_CACHE_ENV_VARS, str(KERNEL_CACHE_CAPACITY)
+    )
 
 
 def test_a_users_own_cache_capacity_wins(monkeypatch):
@@ -36,8 +37,10 @@ def test_a_users_own_cache_capacity_wins(monkeypatch):
 
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
-    assert bound_kernel_caches() == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(KERNEL_CACHE_CAPACITY),
-                                     "LRU_CACHE_CAPACITY": "512"}
+    assert bound_kernel_caches() == {
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(KERNEL_CACHE_CAPACITY),
+        "LRU_CACHE_CAPACITY": "512",
+    }
 
 
 # The child: a real driver (R3L, local runner, local learner, bf16 learner) trains one iteration, then
@@ -73,8 +76,14 @@ def test_a_driver_keeps_a_bounded_number_of_onednn_kernels_after_training(tiny_m
     env.update(RAY_AUTH_MODE="disabled", ONEDNN_VERBOSE="profile_create", PYTHONPATH=str(REPO_ROOT))
     log = tmp_path / "child.log"
     with open(log, "w") as out:
-        rc = subprocess.run([sys.executable, "-c", _CHILD], cwd=str(REPO_ROOT), env=env, stdout=out,
-                            stderr=subprocess.STDOUT, timeout=HANG_GUARD_S).returncode
+        rc = subprocess.run(
+            [sys.executable, "-c", _CHILD],
+            cwd=str(REPO_ROOT),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=HANG_GUARD_S,
+        ).returncode
     text = log.read_text()
     assert rc == 0, text[-3000:]
     phase1, phase2 = re.split(r"^PHASE \d DONE$", text, flags=re.M)[:2]  # phase1 starts with the training's

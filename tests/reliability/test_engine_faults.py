@@ -17,8 +17,9 @@ from rllib_r3l.runner.env_runner import R3LEnvRunner
 
 
 def _runner(plan, **training):
-    opts = dict(model="tiny", group_size=4, tasks_per_iteration=2, backend="transformers", max_response_tokens=8,
-                reflect=False)
+    opts = dict(
+        model="tiny", group_size=4, tasks_per_iteration=2, backend="transformers", max_response_tokens=8, reflect=False
+    )
     opts.update(training)
     cfg = R3LConfig().environment("r3l/ToyCorridor", env_config={"num_rooms": 3}).training(**opts).debugging(seed=0)
     return R3LEnvRunner(config=faults.inject(cfg, plan))
@@ -33,18 +34,22 @@ def _engine_model(runner):
 
 def _shifted_state(runner):
     """A module state unlike the weights on disk (what a learner update would have sent)."""
-    return {f"lm.{k}": v.detach().clone() + 0.01 for k, v in _engine_model(runner).state_dict().items()
-            if k != "lm_head.weight"}
+    return {
+        f"lm.{k}": v.detach().clone() + 0.01
+        for k, v in _engine_model(runner).state_dict().items()
+        if k != "lm_head.weight"
+    }
 
 
 def _faults(metrics):
     return metrics["r3l"]["faults"]
 
 
+@pytest.mark.slow
 def test_a_dead_engine_is_rebuilt_with_the_latest_weights_and_its_episodes_counted_lost():
     runner = _runner({"engine_death_at_calls": [2]})
     try:
-        runner.backend  # start the engine, then sync weights into it as the algorithm does
+        runner.backend  # noqa: B018 - the property starts the engine; then weights sync into it as the algorithm does
         state = _shifted_state(runner)
         runner.set_state({COMPONENT_RL_MODULE: state})
         old = runner.backend
@@ -56,7 +61,7 @@ def test_a_dead_engine_is_rebuilt_with_the_latest_weights_and_its_episodes_count
         assert runner.backend is not old
         new_sd = _engine_model(runner).state_dict()
         for k, v in state.items():  # the rebuilt engine holds the synced weights, not the ones on disk
-            torch.testing.assert_close(new_sd[k[len("lm."):]], v)
+            torch.testing.assert_close(new_sd[k[len("lm.") :]], v)
         # the next iteration samples normally on the rebuilt engine
         groups = runner.sample()
         f = _faults(runner.get_metrics())
@@ -104,13 +109,16 @@ def test_a_transient_generation_error_keeps_the_engine_that_still_answers(monkey
         runner.stop()
 
 
-@pytest.mark.parametrize("plan,needle", [({"engine_death_prob": 2}, "must be a probability"),
-                                         ({"engine_death_at_calls": [-1]}, "list of integers >= 0")])
+@pytest.mark.parametrize(
+    "plan,needle",
+    [({"engine_death_prob": 2}, "must be a probability"), ({"engine_death_at_calls": [-1]}, "list of integers >= 0")],
+)
 def test_engine_fault_plans_are_validated(plan, needle):
     with pytest.raises(ValueError, match=needle):
         faults.inject(R3LConfig(), plan)
 
 
+@pytest.mark.slow
 def test_an_engine_rebuilt_after_a_weight_transfer_stops_the_sample_and_the_runner_waits_for_the_weights():
     """Weights that came by weight transfer went into the engine only: the runner's keeper holds the
     older state it last loaded. A rebuild then loads that older state; rather than sample from it, the
@@ -122,7 +130,7 @@ def test_an_engine_rebuilt_after_a_weight_transfer_stops_the_sample_and_the_runn
 
     runner = _runner({"engine_death_at_calls": [2]}, dynamic_sampling_rounds=2)
     try:
-        runner.backend
+        runner.backend  # noqa: B018 - the property starts the engine
         runner.set_state({COMPONENT_RL_MODULE: _shifted_state(runner)})
         # a transfer lands: the weight-sync control plane's last call on the runner marks the keeper behind
         engine = SimpleNamespace(finish_weight_update=lambda: None)

@@ -17,16 +17,16 @@ import pytest
 import environments
 from rllib_r3l import R3LConfig
 from rllib_r3l.batch import build_train_batch, select_trainable
-from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.explore import Explorer
+from rllib_r3l.generation.base import GenerationResult
 from rllib_r3l.reliability import faults
 from rllib_r3l.reliability.faults import fault_plan, wrap_env_factory
-from rllib_r3l.generation.base import GenerationResult
+from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Status
-from tests.hang_guard import HANG_GUARD_S
-from tests.scripted import explore_options, ScriptedBackend
 from tests import REPO_ROOT
+from tests.hang_guard import HANG_GUARD_S
+from tests.scripted import ScriptedBackend, explore_options
 
 ROOT = str(REPO_ROOT)
 
@@ -42,13 +42,16 @@ def test_fault_injection_is_off_by_default():
     c.validate_r3l()
 
 
-@pytest.mark.parametrize("plan,needle", [
-    ({"env_raise_prob": 1.5}, "faults.inject['env_raise_prob']: must be a probability"),
-    ({"env_rase_prob": 0.1}, "did you mean 'env_raise_prob'"),
-    ({"nan_loss_at_updates": [-1]}, "list of integers >= 0"),
-    ({"kill_runner_delay_s": -1}, "number >= 0"),
-    ("env_raise", "faults.inject: must be a dict"),
-])
+@pytest.mark.parametrize(
+    "plan,needle",
+    [
+        ({"env_raise_prob": 1.5}, "faults.inject['env_raise_prob']: must be a probability"),
+        ({"env_rase_prob": 0.1}, "did you mean 'env_raise_prob'"),
+        ({"nan_loss_at_updates": [-1]}, "list of integers >= 0"),
+        ({"kill_runner_delay_s": -1}, "number >= 0"),
+        ("env_raise", "faults.inject: must be a dict"),
+    ],
+)
 def test_invalid_fault_plans_name_the_key(plan, needle):
     with pytest.raises(ValueError) as e:
         faults.inject(R3LConfig(), plan)
@@ -62,26 +65,29 @@ def test_fault_injection_is_a_testing_aid_not_a_config_option():
     assert fault_plan(c)["env_raise_prob"] == 0.5 and fault_plan(c.copy())["env_raise_prob"] == 0.5
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("sampling_seed", -1, "sampling_seed: must be None"),
-    ("sampling_seed", 1.5, "sampling_seed: must be None"),
-    ("runner_failure_retries", -1, "runner_failure_retries: must be an integer >= 0"),
-    ("runner_restart_wait_s", -5, "runner_restart_wait_s: must be a number"),
-    ("tasks_per_iteration", 0, "tasks_per_iteration: must be an integer >= 1"),
-    ("micro_batch_size", 2.5, "micro_batch_size: must be an integer >= 1"),
-    ("max_context_tokens", "4096", "max_context_tokens: must be an integer >= 1"),
-    ("weight_sync_interval", 0, "weight_sync_interval: must be an integer >= 1"),
-    ("top_p", 0, "top_p: must be in (0, 1]"),
-    ("evaluation_temperature", -0.1, "evaluation_temperature: must be a number >= 0"),
-    ("aux_weight", -1, "aux_weight: must be a number >= 0"),
-    ("success_reward", "high", "success_reward: must be a number"),
-    ("backend_options", ["x"], "backend_options: must be a dict"),
-    ("model_id", "", "model_id: set training(model="),
-    ("lr", 0, "lr: must be > 0"),
-    # re-probe 9: a missing template file passed --dry-run and the trial failed at its start
-    ("reflection_template", "/nonexistent/reflect.txt", "reflection template file not found: '/nonexistent/"),
-    ("reflection_template", "Reflect on {task} and {bogus}", "{bogus}"),
-])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("sampling_seed", -1, "sampling_seed: must be None"),
+        ("sampling_seed", 1.5, "sampling_seed: must be None"),
+        ("runner_failure_retries", -1, "runner_failure_retries: must be an integer >= 0"),
+        ("runner_restart_wait_s", -5, "runner_restart_wait_s: must be a number"),
+        ("tasks_per_iteration", 0, "tasks_per_iteration: must be an integer >= 1"),
+        ("micro_batch_size", 2.5, "micro_batch_size: must be an integer >= 1"),
+        ("max_context_tokens", "4096", "max_context_tokens: must be an integer >= 1"),
+        ("weight_sync_interval", 0, "weight_sync_interval: must be an integer >= 1"),
+        ("top_p", 0, "top_p: must be in (0, 1]"),
+        ("evaluation_temperature", -0.1, "evaluation_temperature: must be a number >= 0"),
+        ("aux_weight", -1, "aux_weight: must be a number >= 0"),
+        ("success_reward", "high", "success_reward: must be a number"),
+        ("backend_options", ["x"], "backend_options: must be a dict"),
+        ("model_id", "", "model_id: set training(model="),
+        ("lr", 0, "lr: must be > 0"),
+        # re-probe 9: a missing template file passed --dry-run and the trial failed at its start
+        ("reflection_template", "/nonexistent/reflect.txt", "reflection template file not found: '/nonexistent/"),
+        ("reflection_template", "Reflect on {task} and {bogus}", "{bogus}"),
+    ],
+)
 def test_invalid_config_values_name_the_field(field, value, needle):
     c = R3LConfig().training(**{field: value})
     with pytest.raises(ValueError) as e:
@@ -150,8 +156,18 @@ class _BadEnv:
         pass
 
 
-@pytest.mark.parametrize("mode", ["create_raises", "reset_raises", "reset_obs_not_str", "step_obs_not_str",
-                                  "step_info_not_dict", "step_reward_nan", "step_reward_not_number"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "create_raises",
+        "reset_raises",
+        "reset_obs_not_str",
+        "step_obs_not_str",
+        "step_info_not_dict",
+        "step_reward_nan",
+        "step_reward_not_number",
+    ],
+)
 def test_bad_environment_output_is_a_counted_lost_episode(tokenizer, mode):
     def factory():
         if mode == "create_raises":
@@ -168,20 +184,27 @@ def test_bad_environment_output_is_a_counted_lost_episode(tokenizer, mode):
     assert select_trainable([group])[1]["episodes_lost"] == 2
 
 
+@pytest.mark.subprocess
 def test_jvm_killed_mid_episode_is_counted_and_a_new_jvm_serves_the_next_episode(tokenizer):
     pytest.importorskip("textworld_express")
     counters: Counter = Counter()
     made = []
     cfg = faults.inject(R3LConfig(), {"env_kill_jvm_at_steps": [1]})
-    inner = wrap_env_factory(lambda: environments.make("r3l/CoinCollector", {"num_locations": 2, "max_turns": 4}),
-                             cfg, counters, 0)
+    inner = wrap_env_factory(
+        lambda: environments.make("r3l/CoinCollector", {"num_locations": 2, "max_turns": 4}), cfg, counters, 0
+    )
 
     def factory():
         made.append(inner())
         return made[-1]
 
-    runner, _ = _runner(tokenizer, factory, policy=lambda text, choices: sorted(choices or ["look around"])[0],
-                        counters=counters, max_turns=4)
+    runner, _ = _runner(
+        tokenizer,
+        factory,
+        policy=lambda text, choices: sorted(choices or ["look around"])[0],
+        counters=counters,
+        max_turns=4,
+    )
     try:
         [t] = runner.run([EpisodeSpec(seed=1, group_id="g")])
         assert t.status == Status.ENV_ERROR and t.num_turns == 1
@@ -201,22 +224,34 @@ class _TruncatingBackend(ScriptedBackend):
 
 def test_over_long_generations_are_recorded_as_truncated(tokenizer):
     backend = _TruncatingBackend(tokenizer, policy=lambda text, choices: "move left")
-    runner, _ = _runner(tokenizer, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
-                        backend=backend, max_turns=3)
+    runner, _ = _runner(
+        tokenizer, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), backend=backend, max_turns=3
+    )
     [t] = runner.run([EpisodeSpec(seed=11, group_id="g")])
     assert t.num_turns == 3 and t.status == Status.TRUNCATED
     assert runner.counters["truncated_responses"] == 3 and t.info["truncated_turns"] == [0, 1, 2]
 
 
 def test_zero_variance_group_has_zero_advantage_and_is_left_out_and_empty_sample_is_empty(tokenizer):
-    runner, chat = _runner(tokenizer, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
-                           policy=lambda text, choices: "move left", max_turns=3)
+    runner, chat = _runner(
+        tokenizer,
+        lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
+        policy=lambda text, choices: "move left",
+        max_turns=3,
+    )
     ex = Explorer(runner, chat, explore_options(group_size=4, reflect=False))
     [group] = ex.explore([11], ["g"])
     trajs, _ = select_trainable([group])
     assert len(trajs) == 4 and len({t.reward for t in trajs}) == 1  # all equal: no signal
-    kw = dict(pad_token_id=0, std_normalize=False, positive_amplification=True, alpha=3.0, success_reward=1.0,
-              pivotal_credit=True, max_length=4096)
+    kw = dict(
+        pad_token_id=0,
+        std_normalize=False,
+        positive_amplification=True,
+        alpha=3.0,
+        success_reward=1.0,
+        pivotal_credit=True,
+        max_length=4096,
+    )
     batch, adv = build_train_batch(trajs, **kw)
     assert np.all(adv == 0) and len(batch["input_ids"]) == 0  # counted by the Algorithm as zero_advantage_items
     batch, adv = build_train_batch(trajs, skip_zero_advantage=False, **kw)
@@ -233,15 +268,22 @@ def _weights(algo):
 
 def _optim_state(algo):
     opt = next(iter(algo.learner_group._learner._named_optimizers.values()))
-    return {i: {k: (v.clone() if hasattr(v, "clone") else v) for k, v in s.items()}
-            for i, s in enumerate(opt.state[p] for g in opt.param_groups for p in g["params"]) if s}
+    return {
+        i: {k: (v.clone() if hasattr(v, "clone") else v) for k, v in s.items()}
+        for i, s in enumerate(opt.state[p] for g in opt.param_groups for p in g["params"])
+        if s
+    }
 
 
 def _same(a, b):
     import torch
 
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if hasattr(a[k], "shape") else
-                                        (_same(a[k], b[k]) if isinstance(a[k], dict) else a[k] == b[k]) for k in a)
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k])
+        if hasattr(a[k], "shape")
+        else (_same(a[k], b[k]) if isinstance(a[k], dict) else a[k] == b[k])
+        for k in a
+    )
 
 
 def _fault(result, *path):
@@ -251,6 +293,7 @@ def _fault(result, *path):
     return 0 if isinstance(v, dict) or v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
+@pytest.mark.integration
 def test_all_episodes_lost_nan_loss_and_inf_grad_skip_updates_without_corrupting_weights(ray_session):
     import torch
 
@@ -301,15 +344,37 @@ def _load_soak():
     return mod
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 def test_short_soak_env_crashes_jvm_kills_runner_kill_and_nans_are_survived_and_counted(ray_session):
     soak = _load_soak()
-    args = soak.parse_args(["--iterations", "3", "--env-crash-prob", "0", "--jvm-kill-prob", "0",
-                            "--bad-obs-prob", "0", "--runner-kill-every", "0", "--nan-every", "0",
-                            "--engine-death-prob", "0"])
+    args = soak.parse_args(
+        [
+            "--iterations",
+            "3",
+            "--env-crash-prob",
+            "0",
+            "--jvm-kill-prob",
+            "0",
+            "--bad-obs-prob",
+            "0",
+            "--runner-kill-every",
+            "0",
+            "--nan-every",
+            "0",
+            "--engine-death-prob",
+            "0",
+        ]
+    )
     # fixed schedules: env faults in the first turn of a runner process (iteration 1, and again in
     # the re-sample after the runner restart in iteration 2), iteration 3 clean; first update NaN
-    schedule = {"env_raise_at_steps": [0], "env_kill_jvm_at_steps": [1], "env_bad_observation_at_steps": [3],
-                "kill_runner_at_iterations": [2], "nan_loss_at_updates": [0]}
+    schedule = {
+        "env_raise_at_steps": [0],
+        "env_kill_jvm_at_steps": [1],
+        "env_bad_observation_at_steps": [3],
+        "kill_runner_at_iterations": [2],
+        "nan_loss_at_updates": [0],
+    }
     rows, failures, totals = soak.run_soak(args, log=print, fault_overrides=schedule)
     print(soak.format_table(rows, failures, totals, args))
     assert failures == [] and totals["iterations_completed"] == 3
@@ -324,11 +389,27 @@ def test_short_soak_env_crashes_jvm_kills_runner_kill_and_nans_are_survived_and_
     assert all(survived == n for _name, n, survived, _note in rows)
 
 
+@pytest.mark.integration
 def test_short_soak_engine_death_in_a_remote_runner_is_rebuilt_and_its_losses_counted(ray_session):
     soak = _load_soak()
-    args = soak.parse_args(["--iterations", "2", "--env-crash-prob", "0", "--jvm-kill-prob", "0",
-                            "--bad-obs-prob", "0", "--runner-kill-every", "0", "--nan-every", "0",
-                            "--engine-death-prob", "0"])
+    args = soak.parse_args(
+        [
+            "--iterations",
+            "2",
+            "--env-crash-prob",
+            "0",
+            "--jvm-kill-prob",
+            "0",
+            "--bad-obs-prob",
+            "0",
+            "--runner-kill-every",
+            "0",
+            "--nan-every",
+            "0",
+            "--engine-death-prob",
+            "0",
+        ]
+    )
     rows, failures, totals = soak.run_soak(args, log=print, fault_overrides={"engine_death_at_calls": [2]})
     print(soak.format_table(rows, failures, totals, args))
     assert failures == [] and totals["iterations_completed"] == 2
@@ -359,6 +440,8 @@ while True:
 """
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 def test_driver_killed_after_checkpoint_resumes_exactly(ray_session, tmp_path):
     import torch
 
@@ -366,8 +449,13 @@ def test_driver_killed_after_checkpoint_resumes_exactly(ray_session, tmp_path):
 
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=ROOT)
     log = open(tmp_path / "child.log", "w")
-    child = subprocess.Popen([sys.executable, "-c", CHILD, ray_session.get_runtime_context().gcs_address,
-                              str(tmp_path)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, ray_session.get_runtime_context().gcs_address, str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         # wait for the two iterations however long they take; fail only if the child exits without
         # them (HANG_GUARD_S stops a hung child, it is no speed limit)
@@ -400,6 +488,7 @@ def test_driver_killed_after_checkpoint_resumes_exactly(ray_session, tmp_path):
         algo.stop()
 
 
+@pytest.mark.integration
 def test_a_runner_ray_restarted_unseen_refuses_its_initial_weights_and_the_iteration_repeats_exactly(ray_session):
     """A runner whose node dies between iterations is restarted by Ray (max_restarts); a sample call sent
     after that goes to the new process, which holds the initial weights and task RNG, with no error for

@@ -19,7 +19,7 @@ from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind
-from tests.scripted import explore_options, GUIDE_MARK, ScriptedBackend, walk_policy
+from tests.scripted import GUIDE_MARK, ScriptedBackend, explore_options, walk_policy
 
 COIN_RIGHT = 11
 COIN_LEFT = 2
@@ -41,8 +41,9 @@ def by_kind(trajs, kind):
 
 
 def test_retry_that_beats_a_failed_base_adds_both_items(tiny_tokenizer):
-    trajs, _ = explore(tiny_tokenizer, COIN_RIGHT, unguided="left", guided="right", outcome="failure", pivot=1,
-                       aux_weight=0.3)
+    trajs, _ = explore(
+        tiny_tokenizer, COIN_RIGHT, unguided="left", guided="right", outcome="failure", pivot=1, aux_weight=0.3
+    )
     bases, retries = by_kind(trajs, Kind.BASE), by_kind(trajs, Kind.RETRY)
     assert [b.reward for b in bases] == [0.0, 0.0] and [r.reward for r in retries] == [1.0, 1.0]
     refl, sft = by_kind(trajs, Kind.REFLECTION_SFT), by_kind(trajs, Kind.RETRY_SFT)
@@ -55,14 +56,16 @@ def test_retry_that_beats_a_failed_base_adds_both_items(tiny_tokenizer):
         assert GUIDE_MARK in tiny_tokenizer.decode(t.token_ids) and t.credit_from_turn == 1
     for t in refl:  # the reflection item: reflection prompt -> the report
         assert t.segments[-1].role == "response" and '"outcome": "failure"' in tiny_tokenizer.decode(
-            t.segments[-1].token_ids)
+            t.segments[-1].token_ids
+        )
 
 
 def test_retry_that_equals_its_base_in_fewer_turns_beats_it(tiny_tokenizer):
     # the base detours (right to room 4, then left to room 1: 5 turns); the guided retry from turn 0
     # goes left at once (3 turns): same reward, fewer turns
-    trajs, _ = explore(tiny_tokenizer, COIN_LEFT, unguided="detour", guided="left",
-                       outcome="success_but_inefficient", pivot=0)
+    trajs, _ = explore(
+        tiny_tokenizer, COIN_LEFT, unguided="detour", guided="left", outcome="success_but_inefficient", pivot=0
+    )
     bases, retries = by_kind(trajs, Kind.BASE), by_kind(trajs, Kind.RETRY)
     assert [(b.reward, b.num_turns) for b in bases] == [(1.0, 5)] * 2
     assert [(r.reward, r.num_turns) for r in retries] == [(1.0, 3)] * 2
@@ -72,8 +75,9 @@ def test_retry_that_equals_its_base_in_fewer_turns_beats_it(tiny_tokenizer):
 def test_retry_that_succeeds_without_beating_its_base_adds_nothing(tiny_tokenizer):
     # the base already succeeds in 3 turns; the reflector calls it inefficient; the retry from turn 1
     # takes the same path: equal reward, equal turns
-    trajs, ex = explore(tiny_tokenizer, COIN_LEFT, unguided="left", guided="left",
-                        outcome="success_but_inefficient", pivot=1)
+    trajs, ex = explore(
+        tiny_tokenizer, COIN_LEFT, unguided="left", guided="left", outcome="success_but_inefficient", pivot=1
+    )
     bases, retries = by_kind(trajs, Kind.BASE), by_kind(trajs, Kind.RETRY)
     assert [(b.reward, b.num_turns) for b in bases] == [(1.0, 3)] * 2
     assert [(r.reward, r.num_turns, r.success) for r in retries] == [(1.0, 3, True)] * 2
@@ -89,8 +93,9 @@ def test_retry_that_fails_adds_nothing(tiny_tokenizer):
 
 
 def test_recognised_success_adds_its_reflection_item_only(tiny_tokenizer):
-    trajs, ex = explore(tiny_tokenizer, COIN_LEFT, unguided="left", guided="left", outcome="success", pivot=1,
-                        aux_weight=0.7)
+    trajs, ex = explore(
+        tiny_tokenizer, COIN_LEFT, unguided="left", guided="left", outcome="success", pivot=1, aux_weight=0.7
+    )
     bases = by_kind(trajs, Kind.BASE)
     assert len(bases) == 2 and all(b.success for b in bases)
     assert not by_kind(trajs, Kind.RETRY) and not by_kind(trajs, Kind.RETRY_SFT)
@@ -107,22 +112,26 @@ def test_recognised_success_adds_its_reflection_item_only(tiny_tokenizer):
 @pytest.mark.parametrize("case", ["beats", "recognised_success"])
 def test_no_aux_items_adds_nothing(tiny_tokenizer, case):
     if case == "beats":
-        trajs, _ = explore(tiny_tokenizer, COIN_RIGHT, unguided="left", guided="right", outcome="failure",
-                           pivot=1, aux_items=())
+        trajs, _ = explore(
+            tiny_tokenizer, COIN_RIGHT, unguided="left", guided="right", outcome="failure", pivot=1, aux_items=()
+        )
         assert len(by_kind(trajs, Kind.RETRY)) == 2 and all(r.success for r in by_kind(trajs, Kind.RETRY))
     else:
-        trajs, _ = explore(tiny_tokenizer, COIN_LEFT, unguided="left", guided="left", outcome="success", pivot=1,
-                           aux_items=())
+        trajs, _ = explore(
+            tiny_tokenizer, COIN_LEFT, unguided="left", guided="left", outcome="success", pivot=1, aux_items=()
+        )
     assert not [t for t in trajs if t.kind in AUX]
 
 
 @pytest.mark.parametrize("items", [("retry_sft",), ("reflection_sft",), ()])
 def test_aux_items_chooses_which_auxiliary_items_join(tiny_tokenizer, items):
     # a beating retry would add one item of each kind per retry; a recognised success its reflection
-    beat, _ = explore(tiny_tokenizer, COIN_RIGHT, unguided="left", guided="right", outcome="failure", pivot=1,
-                      aux_items=items)
-    won, _ = explore(tiny_tokenizer, COIN_LEFT, unguided="left", guided="left", outcome="success", pivot=1,
-                     aux_items=items)
+    beat, _ = explore(
+        tiny_tokenizer, COIN_RIGHT, unguided="left", guided="right", outcome="failure", pivot=1, aux_items=items
+    )
+    won, _ = explore(
+        tiny_tokenizer, COIN_LEFT, unguided="left", guided="left", outcome="success", pivot=1, aux_items=items
+    )
     assert len(by_kind(beat, Kind.RETRY)) == 2 and all(r.success for r in by_kind(beat, Kind.RETRY))
     assert len(by_kind(beat, Kind.RETRY_SFT)) == (2 if "retry_sft" in items else 0)
     assert len(by_kind(beat, Kind.REFLECTION_SFT)) == (2 if "reflection_sft" in items else 0)

@@ -12,8 +12,15 @@ from rllib_r3l.trajectory import Kind
 from tests.scripted import make_trajectory
 
 PARTS = [("prompt", 3, 0), ("response", 2, 0), ("prompt", 2, 1), ("response", 2, 1)]
-OPTS = dict(std_normalize=False, positive_amplification=True, alpha=3.0, success_reward=1.0, pivotal_credit=True,
-            max_length=64, loss_aggregation="token_mean")
+OPTS = dict(
+    std_normalize=False,
+    positive_amplification=True,
+    alpha=3.0,
+    success_reward=1.0,
+    pivotal_credit=True,
+    max_length=64,
+    loss_aggregation="token_mean",
+)
 
 
 def group(rewards, gid="g", **kw):
@@ -37,8 +44,9 @@ def test_an_all_success_group_has_a_signal_only_through_positive_amplification()
 
 def test_an_auxiliary_item_alone_is_a_signal_and_an_incomplete_group_never_is():
     g = group([0.0, 0.0])
-    g.trajectories.append(make_trajectory(PARTS, reward=1.0, group_id="g/retry_sft/1", kind=Kind.RETRY_SFT,
-                                          fixed_advantage=1.0))
+    g.trajectories.append(
+        make_trajectory(PARTS, reward=1.0, group_id="g/retry_sft/1", kind=Kind.RETRY_SFT, fixed_advantage=1.0)
+    )
     assert carries_signal(g, **OPTS)
     # a group that lost an episode is dropped by the driver (select_trainable): no signal
     assert not carries_signal(group([1.0, 0.0, 0.0], complete=False), **OPTS)
@@ -48,8 +56,10 @@ def test_an_auxiliary_item_alone_is_a_signal_and_an_incomplete_group_never_is():
 
 def test_a_success_whose_tokens_are_all_before_the_pivot_carries_nothing():
     # credit starts at turn 2, after the last response: no credited token, so no signal
-    trajs = [make_trajectory(PARTS, reward=1.0, group_id="g", credit_from_turn=2),
-             make_trajectory(PARTS, reward=0.0, group_id="g", credit_from_turn=2)]
+    trajs = [
+        make_trajectory(PARTS, reward=1.0, group_id="g", credit_from_turn=2),
+        make_trajectory(PARTS, reward=0.0, group_id="g", credit_from_turn=2),
+    ]
     assert not carries_signal(GroupResult("g", trajs), **OPTS)
     assert carries_signal(GroupResult("g", trajs), **{**OPTS, "pivotal_credit": False})
 
@@ -68,12 +78,24 @@ def _runner(rounds, **env):
     from rllib_r3l import R3LConfig
     from rllib_r3l.runner.env_runner import R3LEnvRunner
 
-    cfg = (R3LConfig().environment("r3l/ToyCorridor", env_config=env)
-           .training(model="tiny", group_size=4, tasks_per_iteration=2, backend="transformers", max_response_tokens=8,
-                     max_reflection_tokens=24, dynamic_sampling_rounds=rounds).debugging(seed=0))
+    cfg = (
+        R3LConfig()
+        .environment("r3l/ToyCorridor", env_config=env)
+        .training(
+            model="tiny",
+            group_size=4,
+            tasks_per_iteration=2,
+            backend="transformers",
+            max_response_tokens=8,
+            max_reflection_tokens=24,
+            dynamic_sampling_rounds=rounds,
+        )
+        .debugging(seed=0)
+    )
     return R3LEnvRunner(config=cfg)
 
 
+@pytest.mark.slow
 def test_runner_explores_every_extra_round_when_no_task_can_be_won():
     # the coin is never reachable in one turn of a 6-room corridor: no group can carry a signal
     runner = _runner(2, num_rooms=6, max_turns=1)
@@ -91,6 +113,7 @@ def test_runner_explores_every_extra_round_when_no_task_can_be_won():
         runner.stop()
 
 
+@pytest.mark.slow
 def test_runner_stops_at_the_first_round_with_a_signal(monkeypatch):
     """The loop's stopping rule, with the signal test scripted: round 0 silent, round 1 not."""
     import rllib_r3l.batch as batch
@@ -112,6 +135,7 @@ def test_runner_stops_at_the_first_round_with_a_signal(monkeypatch):
         runner.stop()
 
 
+@pytest.mark.slow
 def test_runner_off_explores_one_round_and_still_counts_silent_groups():
     runner = _runner(0, num_rooms=6, max_turns=1)
     try:

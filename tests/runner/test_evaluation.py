@@ -24,10 +24,12 @@ def test_episode_row_reads_the_trajectory():
 
 
 def test_summary_of_rows_by_hand():
-    rows = [{"return": 1.0, "success": True, "turns": 3, "status": "done"},
-            {"return": 0.0, "success": False, "turns": 10, "status": "truncated"},
-            {"return": 0.5, "success": False, "turns": 4, "status": "done"},
-            {"return": 0.0, "success": False, "turns": 0, "status": "generation_error"}]
+    rows = [
+        {"return": 1.0, "success": True, "turns": 3, "status": "done"},
+        {"return": 0.0, "success": False, "turns": 10, "status": "truncated"},
+        {"return": 0.5, "success": False, "turns": 4, "status": "done"},
+        {"return": 0.0, "success": False, "turns": 0, "status": "generation_error"},
+    ]
     s = summarize(rows)
     # 1 success of 4 (the lost episode counts as a failure), returns 1.5/4, turns 17/4, 1 lost
     assert s == {"episodes": 4, "success_rate": 0.25, "mean_return": 0.375, "mean_turns": 4.25, "errors": 1}
@@ -54,8 +56,11 @@ def test_algorithm_evaluate_matches_the_cli_on_a_checkpoint_and_runs_with_evalua
     from tests.scripted_rllib import tiny_config
 
     def build():
-        return (tiny_config(evaluation_temperature=0.0, sampling_seed=0)
-                .evaluation(evaluation_interval=1, evaluation_duration=5).build_algo())
+        return (
+            tiny_config(evaluation_temperature=0.0, sampling_seed=0)
+            .evaluation(evaluation_interval=1, evaluation_duration=5)
+            .build_algo()
+        )
 
     algo = build()
     try:
@@ -64,7 +69,7 @@ def test_algorithm_evaluate_matches_the_cli_on_a_checkpoint_and_runs_with_evalua
         assert held["num_episodes"] == 5 and held["split"] == "dev" and held["temperature"] == 0.0
         assert held["policy_updates"] == 1 and held["lost_episodes"] == 0
         # the main job's summary.json keeps them per iteration (re-probe 7, M7: they were on the console only)
-        from rllib_r3l.cli.main import iteration_record
+        from rllib_r3l.cli.iteration_record import iteration_record
 
         record = iteration_record(1, first)["held_out"]
         assert record["success_rate"] == held["success_rate"] and record["num_episodes"] == 5

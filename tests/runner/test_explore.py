@@ -8,7 +8,7 @@ from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.runner.explore import Explorer
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind, Status
-from tests.scripted import SEED, GUIDE_MARK, ScriptedBackend, explore_options, make_explorer
+from tests.scripted import GUIDE_MARK, SEED, ScriptedBackend, explore_options, make_explorer
 
 
 def unguided_rendering(tokenizer, traj):
@@ -50,8 +50,9 @@ def test_retry_from_pivot_succeeds_and_items_are_exact(tokenizer):
         assert GUIDE_MARK not in text
         assert r.token_ids == unguided_rendering(tokenizer, r)
     # but the model did see the guidance while retrying
-    retry_prompts = [tokenizer.decode(q.prompt_token_ids) for call in backend.calls for q in call
-                     if q.json_schema is None]
+    retry_prompts = [
+        tokenizer.decode(q.prompt_token_ids) for call in backend.calls for q in call if q.json_schema is None
+    ]
     assert any(GUIDE_MARK in p for p in retry_prompts)
     sft = [t for t in group.trajectories if t.kind == Kind.RETRY_SFT]
     assert all(GUIDE_MARK in tokenizer.decode(t.token_ids) for t in sft)
@@ -66,9 +67,17 @@ def test_learner_batch_has_expected_advantages_and_masks(tokenizer):
     groups = ex.explore([SEED], ["g0"])
     trajs, counts = select_trainable(groups)
     assert counts["episodes_lost"] == 0
-    batch, adv = build_train_batch(trajs, pad_token_id=0, std_normalize=False, positive_amplification=True,
-                                   alpha=3.0, success_reward=1.0, pivotal_credit=True, max_length=4096,
-                                   skip_zero_advantage=False)
+    batch, adv = build_train_batch(
+        trajs,
+        pad_token_id=0,
+        std_normalize=False,
+        positive_amplification=True,
+        alpha=3.0,
+        success_reward=1.0,
+        pivotal_credit=True,
+        max_length=4096,
+        skip_zero_advantage=False,
+    )
     expected = {Kind.BASE: -0.5, Kind.RETRY: 1.0, Kind.REFLECTION_SFT: 1.0, Kind.RETRY_SFT: 1.0}
     for t, a in zip(trajs, adv):
         assert a == pytest.approx(expected[t.kind]), t.kind
@@ -78,8 +87,9 @@ def test_learner_batch_has_expected_advantages_and_masks(tokenizer):
         if t.kind in (Kind.BASE, Kind.RETRY):
             resp_turns = set(arr["turn_ids"][arr["loss_mask"]].tolist())
             assert resp_turns and min(resp_turns) == 1
-            assert arr["loss_mask"].sum() == sum(len(s.token_ids) for s in t.segments
-                                                 if s.role == "response" and s.turn >= 1)
+            assert arr["loss_mask"].sum() == sum(
+                len(s.token_ids) for s in t.segments if s.role == "response" and s.turn >= 1
+            )
 
 
 def test_pivot_zero_means_no_masking(tokenizer):

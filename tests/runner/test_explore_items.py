@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import types
 
-
 import environments
-from rllib_r3l.runner.reflection import reflect as reflect_lib
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.runner.explore import Explorer, GroupResult
+from rllib_r3l.runner.reflection import reflect as reflect_lib
 from rllib_r3l.runner.reflection.reflect import ParseStatus
 from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
-from tests.scripted import explore_options, ScriptedBackend, walk_policy
+from tests.scripted import ScriptedBackend, explore_options, walk_policy
 
 SEED = 11
 TEMPLATE = "A custom review.\nRULES {rules}\nTASK {task}\nSTEPS\n{trajectory}\nReward {reward}; answer in JSON."
@@ -153,10 +152,19 @@ def test_metrics_are_popped_once(tiny_tokenizer):
 
 # ---------------------------------------------------------------------- retries by hand
 def _traj(parts, *, reward, kind=Kind.BASE, pivot=None, status=Status.OK):
-    segs = [Segment(role, [10 + i], turn=turn, logprobs=[-1.0] if role == "response" else None)
-            for i, (role, turn) in enumerate(parts)]
-    return Trajectory(segments=segs, reward=reward, group_id="g", kind=kind, pivot=pivot, status=status,
-                      num_turns=1 + max(t for _, t in parts))
+    segs = [
+        Segment(role, [10 + i], turn=turn, logprobs=[-1.0] if role == "response" else None)
+        for i, (role, turn) in enumerate(parts)
+    ]
+    return Trajectory(
+        segments=segs,
+        reward=reward,
+        group_id="g",
+        kind=kind,
+        pivot=pivot,
+        status=status,
+        num_turns=1 + max(t for _, t in parts),
+    )
 
 
 BASE = [("prompt", 0), ("response", 0), ("prompt", 1), ("response", 1), ("prompt", 2), ("response", 2)]
@@ -186,8 +194,12 @@ def test_a_retry_with_nothing_generated_after_its_pivot_is_counted_not_trained(t
     assert ex.counters["retries_empty"] == 2
     [item] = [t for t in group.trajectories if t.kind is Kind.RETRY]
     assert item.credit_from_turn == 1 and base.credit_from_turn == 1
-    assert ex.samples == {"retry_success_rate": [1.0], "retry_improvement_rate": [1.0], "reward_gain": [0.75],
-                          "mean_pivot_turn": [1.0]}
+    assert ex.samples == {
+        "retry_success_rate": [1.0],
+        "retry_improvement_rate": [1.0],
+        "reward_gain": [0.75],
+        "mean_pivot_turn": [1.0],
+    }
 
 
 def test_a_shallower_pivot_moves_the_bases_credit_a_deeper_one_does_not(tiny_tokenizer):
@@ -206,20 +218,37 @@ def test_a_shallower_pivot_moves_the_bases_credit_a_deeper_one_does_not(tiny_tok
 # ----------------------------------------------------------------------------- reflect()
 def _episode(actions, *, reward):
     segs = [Segment("prompt", [10], 0)] + [Segment("response", [11 + k], k) for k in range(len(actions))]
-    return Trajectory(segments=segs, reward=reward, group_id="g", success=reward == 1.0, num_turns=len(actions),
-                      actions=list(actions), observations=[f"room {k}" for k in range(len(actions) + 1)],
-                      task="Find the coin.", seed=5)
+    return Trajectory(
+        segments=segs,
+        reward=reward,
+        group_id="g",
+        success=reward == 1.0,
+        num_turns=len(actions),
+        actions=list(actions),
+        observations=[f"room {k}" for k in range(len(actions) + 1)],
+        task="Find the coin.",
+        seed=5,
+    )
 
 
 def test_reflection_requests_and_their_accounting(tiny_tokenizer):
-    ex, chat = make(tiny_tokenizer, backend_cls=Recording, outcome="success", reflection_max_chars=40,
-                    max_reflection_tokens=77, temperature=0.7)
+    ex, chat = make(
+        tiny_tokenizer,
+        backend_cls=Recording,
+        outcome="success",
+        reflection_max_chars=40,
+        max_reflection_tokens=77,
+        temperature=0.7,
+    )
     failed, won = _episode([], reward=0.0), _episode(["a", "b", "c"], reward=1.0)
     results = ex.reflect([failed, won])
     backend = ex.reflector
     [reqs] = backend.calls
-    assert [r.prompt_token_ids for r in reqs] == [p for _parsed, p, _o in results] == [
-        chat.prompt(reflect_lib.build_reflection_messages(t)) for t in (failed, won)]
+    assert (
+        [r.prompt_token_ids for r in reqs]
+        == [p for _parsed, p, _o in results]
+        == [chat.prompt(reflect_lib.build_reflection_messages(t)) for t in (failed, won)]
+    )
     assert [r.max_tokens for r in reqs] == [77, 77] and backend.temperatures == [0.7]
     # the schema bounds the pivot by the episode's steps (at least one) and, for a failure, forbids "success"
     assert reqs[0].json_schema == reflect_lib.report_json_schema(1, failed=True, max_chars=40)
@@ -294,8 +323,6 @@ def test_transcript_reflection_falls_back_to_the_log_and_counts_it(tiny_tokenize
         results = ex.reflect(eps)
         assert [p for _r, p, _o in results] == [chat.prompt(reflect_lib.build_reflection_messages(t)) for t in eps]
         assert ex.counters["reflection_transcript_fallbacks"] == n
-
-
 
 
 def test_reflect_on_failures_passes_over_successes_and_counts_them(tiny_tokenizer):

@@ -33,11 +33,20 @@ def stubborn(prompt_text, choices):
 
 def explorer(tokenizer, policy=None, *, decoding="choice", rollout=None, **explore):
     backend = ScriptedBackend(tokenizer, pivot=1, **({"policy": policy} if policy else {}))
-    ro = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0,
-                        action_decoding=decoding, **(rollout or {}))
-    runner = EpisodeRunner(backend, ChatFormat(tokenizer), lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
-                           ro)
-    return Explorer(runner, ChatFormat(tokenizer), explore_options(group_size=4, reflect_on="failures", **explore)), backend
+    ro = RolloutOptions(
+        max_turns=6,
+        max_response_tokens=16,
+        max_context_tokens=4096,
+        temperature=1.0,
+        action_decoding=decoding,
+        **(rollout or {}),
+    )
+    runner = EpisodeRunner(
+        backend, ChatFormat(tokenizer), lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), ro
+    )
+    return Explorer(
+        runner, ChatFormat(tokenizer), explore_options(group_size=4, reflect_on="failures", **explore)
+    ), backend
 
 
 def test_every_reflection_writes_a_ledger_row_with_the_chain_s_links(tiny_tokenizer):
@@ -46,8 +55,14 @@ def test_every_reflection_writes_a_ledger_row_with_the_chain_s_links(tiny_tokeni
     bases = [t for t in group.trajectories if t.kind == Kind.BASE]
     assert len(group.ledger) == len(bases) == 2 and all(not b.success for b in bases)
     for r, b in zip(group.ledger, bases):
-        assert (r["group_id"], r["task_seed"], r["attempt"], r["style"], r["status"], r["valid"]) == \
-            ("g0", SEED, 0, "structured", "valid", True)
+        assert (r["group_id"], r["task_seed"], r["attempt"], r["style"], r["status"], r["valid"]) == (
+            "g0",
+            SEED,
+            0,
+            "structured",
+            "valid",
+            True,
+        )
         assert (r["reported_pivot"], r["pivot"], r["oracle_pivot"]) == (1, 1, 0)  # a turn late: replays the mistake
         assert r["base_action"] == b.actions[1] and r["retry_action"] == "move right" and r["action_changed"]
         assert (r["retry_status"], r["retry_success"], r["control_success"]) == ("ok", True, None)
@@ -92,16 +107,21 @@ def test_exclude_failed_with_free_text_resamples_up_to_the_bound(tiny_tokenizer)
             return "take coin" if calls["pivot"] % 3 else "move right"
         return stubborn(prompt_text, choices)
 
-    ex, _ = explorer(tiny_tokenizer, repeats_twice, decoding="free_text",
-                     rollout={"pivot_action": "exclude_failed", "pivot_resamples": 4})
+    ex, _ = explorer(
+        tiny_tokenizer,
+        repeats_twice,
+        decoding="free_text",
+        rollout={"pivot_action": "exclude_failed", "pivot_resamples": 4},
+    )
     [group] = ex.explore([SEED], ["g0"])
     rows = [r for r in group.ledger if r["retry_status"] == "ok"]
     assert [r["base_action"] for r in rows] == ["take coin", "take coin"]
     # both pivot turns repeat twice (one batched resample each round), then both move right
     assert ex.counters["pivot_resamples"] == 4 and calls["pivot"] == 6
     assert ex.counters["pivot_repeats_kept"] == 0 and all(r["action_changed"] for r in rows)
-    ex, _ = explorer(tiny_tokenizer, stubborn, decoding="free_text",
-                     rollout={"pivot_action": "exclude_failed", "pivot_resamples": 2})
+    ex, _ = explorer(
+        tiny_tokenizer, stubborn, decoding="free_text", rollout={"pivot_action": "exclude_failed", "pivot_resamples": 2}
+    )
     [group] = ex.explore([SEED], ["g0"])
     kept = [r for r in group.ledger if r["retry_status"] == "ok" and r["action_changed"] is False]
     assert ex.counters["pivot_repeats_kept"] == len(kept) > 0  # bounded, then kept and counted

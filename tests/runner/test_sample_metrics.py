@@ -30,17 +30,28 @@ def test_the_reflectors_tokens_and_truncated_reports_are_logged_apart_from_the_r
     from rllib_r3l.trajectory import Kind, Segment, Trajectory
 
     def base(report_tokens, finish):
-        t = Trajectory(segments=[Segment("prompt", [1, 2], turn=0), Segment("response", [9, 9], turn=0)],
-                       reward=0.0, group_id="g", kind=Kind.BASE, seed=0, num_turns=1)
+        t = Trajectory(
+            segments=[Segment("prompt", [1, 2], turn=0), Segment("response", [9, 9], turn=0)],
+            reward=0.0,
+            group_id="g",
+            kind=Kind.BASE,
+            seed=0,
+            num_turns=1,
+        )
         if report_tokens is not None:
-            out = GenerationResult(token_ids=[5] * report_tokens, logprobs=[-1.0] * report_tokens, text="r",
-                                   finish_reason=finish)
+            out = GenerationResult(
+                token_ids=[5] * report_tokens, logprobs=[-1.0] * report_tokens, text="r", finish_reason=finish
+            )
             t.info["reflection"] = (None, [1], out)
         return t
 
     group = GroupResult("g", trajectories=[base(7, "stop"), base(12, "length"), base(None, None)])
-    runner = SimpleNamespace(metrics=MetricsLogger(), counters=Counter(), _engine_start_logged=True,
-                             _explorer=SimpleNamespace(pop_metrics=lambda: {}))
+    runner = SimpleNamespace(
+        metrics=MetricsLogger(),
+        counters=Counter(),
+        _engine_start_logged=True,
+        _explorer=SimpleNamespace(pop_metrics=lambda: {}),
+    )
     log_sample_metrics(runner, [group], 1.0, Counter(), 0.5)
     m = runner.metrics.reduce()["r3l"]
     assert (m["generated_tokens_reflect"], m["reflections_truncated"]) == (19, 1)

@@ -90,9 +90,21 @@ def main(argv=None) -> int:
     errors = [r for r in results if r.error is not None]
     exp_dir = os.path.join(os.path.abspath(args.storage_path), name)
     table, pngs, out_dir = report.make_report(exp_dir)
-    cols = [c for c in ("amplification_alpha", "group_size", "iterations", "reward", "success_rate",
-                        "retry_trigger_rate", "retry_success_rate", "trained_tokens_per_sample", "time_total_s")
-            if c in table]
+    cols = [
+        c
+        for c in (
+            "amplification_alpha",
+            "group_size",
+            "iterations",
+            "reward",
+            "success_rate",
+            "retry_trigger_rate",
+            "retry_success_rate",
+            "trained_tokens_per_sample",
+            "time_total_s",
+        )
+        if c in table
+    ]
     print(table[cols].sort_values(cols[:2]).to_string(index=False))
     print(f"\nreport: {out_dir} ({len(pngs)} plots); again with `rllib-r3l report {exp_dir}`")
     if errors:

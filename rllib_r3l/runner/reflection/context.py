@@ -48,6 +48,9 @@ def transcript_prompt(chat: ChatFormat, traj: Trajectory) -> Optional[List[int]]
     k = len(traj.actions)
     request = TRANSCRIPT_REQUEST.format(
         final=f" After your last action the environment said:\n{str(final).strip()}\n" if str(final).strip() else "",
-        reward=_format_reward(traj.reward, traj.success, traj.status), num_steps=k, max_step=k - 1)
+        reward=_format_reward(traj.reward, traj.success, traj.status),
+        num_steps=k,
+        max_step=k - 1,
+    )
     system_text = str(traj.info.get("system_text", ""))
     return traj.token_ids + chat.closes_turn(last) + chat.user_turn(system_text, request, first=False)

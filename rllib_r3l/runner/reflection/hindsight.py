@@ -29,13 +29,12 @@ def guidance_segment(chat, system_text: str, text: str) -> List[int]:
     return chat.encode(chat._diff(before, chat._render([sys_msg, {"role": "system", "content": text}], False)))
 
 
-def turn_logprobs(trajectory_ids: Sequence[int], scores: Sequence[float],
-                  spans: Sequence[tuple]) -> Dict[int, float]:
+def turn_logprobs(trajectory_ids: Sequence[int], scores: Sequence[float], spans: Sequence[tuple]) -> Dict[int, float]:
     """Per turn, the sum of the log-probs of its response tokens; ``scores[j]`` is token ``j + 1``'s log-prob,
     ``spans`` the ``(turn, start, end)`` token ranges of the responses in ``trajectory_ids``."""
     out: Dict[int, float] = {}
     for turn, start, end in spans:
-        out[turn] = out.get(turn, 0.0) + float(sum(scores[start - 1:end - 1]))
+        out[turn] = out.get(turn, 0.0) + float(sum(scores[start - 1 : end - 1]))
     return out
 
 
@@ -58,8 +57,9 @@ def choose(deltas: Dict[int, float], bound: int) -> Optional[int]:
     return min(turns, key=lambda t: (deltas[t], t)) if turns else None
 
 
-def hindsight_pivots(backend, chat, bases: Sequence[Trajectory], reports: Sequence[str],
-                     bounds: Sequence[int]) -> List[Optional[int]]:
+def hindsight_pivots(
+    backend, chat, bases: Sequence[Trajectory], reports: Sequence[str], bounds: Sequence[int]
+) -> List[Optional[int]]:
     """The hindsight pivot of each base episode (None where it has no scorable turn at or before its bound).
 
     ``reports``: the text put before the episode (the retry's guidance); ``bounds``: each report's pivot."""
@@ -81,7 +81,9 @@ def hindsight_pivots(backend, chat, bases: Sequence[Trajectory], reports: Sequen
     return out
 
 
-def explorer_pivots(explorer: Any, bases: Sequence[Trajectory], reflections: Sequence[tuple]) -> Dict[int, Optional[int]]:
+def explorer_pivots(
+    explorer: Any, bases: Sequence[Trajectory], reflections: Sequence[tuple]
+) -> Dict[int, Optional[int]]:
     """``pivot_selector="hindsight"`` in an ``Explorer``: per base episode (by ``id``) whose report starts a retry,
     its hindsight pivot (None where no turn could be scored); ``{}`` with another selector. A scoring failure
     is counted (``hindsight_errors``) and the reports' own pivots stand."""
@@ -94,8 +96,13 @@ def explorer_pivots(explorer: Any, bases: Sequence[Trajectory], reflections: Seq
 
     texts = [reflect_lib.format_guidance(p.report, explorer.opts.guidance_template) for _b, p in todo]
     try:
-        found = hindsight_pivots(explorer.episodes.backend, explorer.chat, [b for b, _p in todo], texts,
-                                 [int(p.report.pivot) for _b, p in todo])
+        found = hindsight_pivots(
+            explorer.episodes.backend,
+            explorer.chat,
+            [b for b, _p in todo],
+            texts,
+            [int(p.report.pivot) for _b, p in todo],
+        )
     except Exception:  # the report's own pivot is still a pivot: counted, logged, not lost
         explorer.counters["hindsight_errors"] += len(todo)
         logger.exception("hindsight scoring failed; the reports' pivots are used")

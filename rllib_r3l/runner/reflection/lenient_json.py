@@ -89,9 +89,7 @@ def _literal(node: ast.AST) -> Any:
     spellings null/true/false) to a value; raise ValueError on anything else."""
     if isinstance(node, ast.Expression):
         return _literal(node.body)
-    if isinstance(node, ast.Constant) and isinstance(
-        node.value, (str, int, float, bool, type(None))
-    ):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool, type(None))):
         return node.value
     if isinstance(node, ast.Name):
         if node.id in _PY_NAMES:

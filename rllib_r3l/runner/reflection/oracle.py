@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["env_has_oracle", "oracle_report", "oracle_reflections", "log_pivot_quality"]
 
+
 def env_has_oracle(env_or_class: Any) -> bool:
     """Whether an environment (or its class / registered id) has an oracle."""
     if isinstance(env_or_class, str):
@@ -47,26 +48,36 @@ def borrowed_env(episodes: Any) -> Iterator[Any]:
         episodes._release(env, healthy)
 
 
-def oracle_report(actions: Sequence[str], success: bool, pivot: Optional[int],
-                  gold: Optional[str]) -> Optional[reflect_lib.ParseResult]:
+def oracle_report(
+    actions: Sequence[str], success: bool, pivot: Optional[int], gold: Optional[str]
+) -> Optional[reflect_lib.ParseResult]:
     """The oracle's report for an episode with ``actions``; None when there is nothing to retry
     (a failed episode without an oracle pivot: its every action was optimal, yet it did not finish)."""
     n = len(actions)
     if pivot is None:
         if not success:
             return None
-        report = {"summary": f"The agent finished the task in {n} steps, with no step to spare.",
-                  "root_cause": "Every action was on a shortest way to the goal.",
-                  "outcome": reflect_lib.Outcome.SUCCESS.value, "suggestion": None, "retry_from_step": None}
+        report = {
+            "summary": f"The agent finished the task in {n} steps, with no step to spare.",
+            "root_cause": "Every action was on a shortest way to the goal.",
+            "outcome": reflect_lib.Outcome.SUCCESS.value,
+            "suggestion": None,
+            "retry_from_step": None,
+        }
     else:
         taken = str(actions[pivot]).strip() if pivot < n else "(nothing)"
         want = gold if gold else "a different action"
         report = {
-            "summary": (f"The agent took {n} steps and {'finished' if success else 'did not finish'} the task; "
-                        f"its steps 0 to {pivot - 1} were on a shortest way to the goal." if pivot > 0 else
-                        f"The agent took {n} steps and {'finished' if success else 'did not finish'} the task."),
-            "root_cause": (f"Why did the attempt go wrong? Because at step {pivot} the agent chose '{taken}', "
-                           f"after which the task could no longer be finished in the fewest steps."),
+            "summary": (
+                f"The agent took {n} steps and {'finished' if success else 'did not finish'} the task; "
+                f"its steps 0 to {pivot - 1} were on a shortest way to the goal."
+                if pivot > 0
+                else f"The agent took {n} steps and {'finished' if success else 'did not finish'} the task."
+            ),
+            "root_cause": (
+                f"Why did the attempt go wrong? Because at step {pivot} the agent chose '{taken}', "
+                f"after which the task could no longer be finished in the fewest steps."
+            ),
             "outcome": (reflect_lib.Outcome.SUCCESS_BUT_INEFFICIENT if success else reflect_lib.Outcome.FAILURE).value,
             "suggestion": f"At step {pivot}, instead of '{taken}', do '{want}'.",
             "retry_from_step": int(pivot),
@@ -111,8 +122,11 @@ def oracle_reflections(explorer: Any, trajectories: Sequence[Any]) -> List[tuple
 
 def log_pivot_quality(explorer: Any, trajectories: Sequence[Any], results: Sequence[tuple]) -> None:
     """Score each reported pivot against the oracle pivot (when the environment has an oracle)."""
-    todo = [(t, r[0].report.pivot) for t, r in zip(trajectories, results)
-            if r[0] is not None and r[0].ok and r[0].report is not None and r[0].report.pivot is not None]
+    todo = [
+        (t, r[0].report.pivot)
+        for t, r in zip(trajectories, results)
+        if r[0] is not None and r[0].ok and r[0].report is not None and r[0].report.pivot is not None
+    ]
     if not todo:
         return
     with borrowed_env(explorer.episodes) as env:

@@ -129,16 +129,13 @@ def _validate(obj: Any, raw: str, num_turns: int, depth: int = 0) -> ParseResult
         if not ok
     ]
     if missing:
-        return ParseResult(
-            ParseStatus.MISSING_FIELDS, None, f"missing or empty field(s): {', '.join(missing)}"
-        )
+        return ParseResult(ParseStatus.MISSING_FIELDS, None, f"missing or empty field(s): {', '.join(missing)}")
     outcome = Outcome.parse(outcome_value)
     if outcome is None:
         return ParseResult(
             ParseStatus.BAD_OUTCOME,
             None,
-            f"outcome {str(outcome_value)[:80]!r} is not one of "
-            + ", ".join(o.value for o in Outcome),
+            f"outcome {str(outcome_value)[:80]!r} is not one of " + ", ".join(o.value for o in Outcome),
         )
     assert summary is not None and root_cause is not None
     if outcome is Outcome.SUCCESS:
@@ -146,22 +143,14 @@ def _validate(obj: Any, raw: str, num_turns: int, depth: int = 0) -> ParseResult
         return ParseResult(ParseStatus.PERFECT, report, "")
     suggestion = _text_field(_pick(d, "suggestion")[1])
     if suggestion is None:
-        return ParseResult(
-            ParseStatus.MISSING_SUGGESTION, None, f"outcome {outcome.value} needs a suggestion"
-        )
+        return ParseResult(ParseStatus.MISSING_SUGGESTION, None, f"outcome {outcome.value} needs a suggestion")
     _, pivot_value = _pick(d, "pivot")
     pivot = _coerce_pivot(pivot_value)
     if pivot is None:
         what = "missing" if pivot_value is None else f"not an integer: {str(pivot_value)[:40]!r}"
-        return ParseResult(
-            ParseStatus.BAD_PIVOT, None, f"retry_from_step is {what} (outcome {outcome.value})"
-        )
+        return ParseResult(ParseStatus.BAD_PIVOT, None, f"retry_from_step is {what} (outcome {outcome.value})")
     if not 0 <= pivot < num_turns:
-        return ParseResult(
-            ParseStatus.BAD_PIVOT,
-            None,
-            f"retry_from_step {pivot} is out of range [0, {num_turns})",
-        )
+        return ParseResult(ParseStatus.BAD_PIVOT, None, f"retry_from_step {pivot} is out of range [0, {num_turns})")
     report = ReflectionReport(summary, root_cause, outcome, suggestion, pivot, raw)
     return ParseResult(ParseStatus.VALID, report, "")
 
@@ -202,9 +191,7 @@ def parse_report(text: str, num_turns: int) -> ParseResult:
     if text is None:
         return ParseResult(ParseStatus.EMPTY, None, "no text (None)")
     if not isinstance(text, str):
-        return ParseResult(
-            ParseStatus.NO_JSON, None, f"expected str, got {type(text).__name__}"
-        )
+        return ParseResult(ParseStatus.NO_JSON, None, f"expected str, got {type(text).__name__}")
     try:
         return _parse(text, _as_num_turns(num_turns))
     except Exception as e:  # noqa: BLE001 - last line of defence; should be unreachable
@@ -242,9 +229,5 @@ def _parse(text: str, num_turns: int) -> ParseResult:
             best = result
     assert best is not None
     if not best.ok and len(candidates) > 1:
-        best = ParseResult(
-            best.status, None, f"{best.error} [best of {len(candidates)} candidate objects]"
-        )
+        best = ParseResult(best.status, None, f"{best.error} [best of {len(candidates)} candidate objects]")
     return best
-
-

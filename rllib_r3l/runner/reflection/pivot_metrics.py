@@ -49,12 +49,18 @@ def pivot_quality(pivot: Optional[int], oracle: Optional[int], tolerance: int = 
     if p is None or o is None:
         return None
     err = p - o
-    return {"pivot_exact": float(err == 0), "pivot_in_time": float(err <= 0), "pivot_error": float(err),
-            "pivot_early": float(err < 0), "pivot_accuracy": float(abs(err) <= tolerance)}
+    return {
+        "pivot_exact": float(err == 0),
+        "pivot_in_time": float(err <= 0),
+        "pivot_error": float(err),
+        "pivot_early": float(err < 0),
+        "pivot_accuracy": float(abs(err) <= tolerance),
+    }
 
 
-def summarize_pivot_quality(pairs: Iterable[Tuple[Optional[int], Optional[int]]],
-                            tolerance: int = 1) -> Dict[str, float]:
+def summarize_pivot_quality(
+    pairs: Iterable[Tuple[Optional[int], Optional[int]]], tolerance: int = 1
+) -> Dict[str, float]:
     """Means over ``(reported pivot, oracle pivot)`` pairs, under the logged metric names, plus
     ``pivot_scored`` (how many pairs could be scored). Empty dict when none could."""
     sums: Dict[str, float] = {}

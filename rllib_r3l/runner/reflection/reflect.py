@@ -117,9 +117,7 @@ def _check_template(template: str) -> str:
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as e:
-        raise ValueError(
-            f"malformed reflection template ({e}); write literal braces as '{{{{' and '}}}}'"
-        ) from None
+        raise ValueError(f"malformed reflection template ({e}); write literal braces as '{{{{' and '}}}}'") from None
     allowed = set(REQUIRED_PLACEHOLDERS) | set(OPTIONAL_PLACEHOLDERS)
     for f in fields:
         if f not in allowed:
@@ -246,8 +244,9 @@ def build_reflection_messages(
 # ==================================================================================================
 # Structured outputs
 # ==================================================================================================
-def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] = None,
-                       max_chars: Optional[int] = None) -> Dict[str, Any]:
+def report_json_schema(
+    num_steps: Optional[int] = None, failed: Optional[bool] = None, max_chars: Optional[int] = None
+) -> Dict[str, Any]:
     """JSON schema of a report, for constrained decoding (vLLM structured outputs).
 
     The text fields (summary, root cause, suggestion) hold at least one character; with ``max_chars``
@@ -281,12 +280,7 @@ def report_json_schema(num_steps: Optional[int] = None, failed: Optional[bool] =
         "suggestion": suggestion,
         "retry_from_step": retry,
     }
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
 
 REPORT_JSON_SCHEMA: Dict[str, Any] = report_json_schema()
@@ -315,9 +309,7 @@ def check_guidance_template(template: Any) -> str:
     return template
 
 
-def format_guidance(
-    report: Union[ReflectionReport, ParseResult], template: Optional[str] = None
-) -> str:
+def format_guidance(report: Union[ReflectionReport, ParseResult], template: Optional[str] = None) -> str:
     """The guidance inserted into the retry's context (paper §4 "Reflect-then-retry"): the whole
     report plus an instruction not to mention it. Training strips it again (guidance segments).
 
@@ -331,6 +323,11 @@ def format_guidance(
     if not isinstance(report, ReflectionReport):
         raise TypeError(f"expected a ReflectionReport, got {type(report).__name__}")
     tmpl = DEFAULT_GUIDANCE_TEMPLATE if template is None else check_guidance_template(template)
-    values = {"report": report.to_json(), "suggestion": report.suggestion or "", "root_cause": report.root_cause,
-              "summary": report.summary, "pivot": "" if report.pivot is None else str(report.pivot)}
+    values = {
+        "report": report.to_json(),
+        "suggestion": report.suggestion or "",
+        "root_cause": report.root_cause,
+        "summary": report.summary,
+        "pivot": "" if report.pivot is None else str(report.pivot),
+    }
     return re.sub(r"{(\w+)}", lambda m: values[m.group(1)], tmpl)

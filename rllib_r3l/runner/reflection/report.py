@@ -131,9 +131,7 @@ class ParseResult:
     def triggers_retry(self) -> bool:
         """A valid report whose outcome is not ``success``: retry from ``report.pivot``."""
         return (
-            self.status is ParseStatus.VALID
-            and self.report is not None
-            and self.report.outcome is not Outcome.SUCCESS
+            self.status is ParseStatus.VALID and self.report is not None and self.report.outcome is not Outcome.SUCCESS
         )
 
 

@@ -7,14 +7,14 @@ import pytest
 
 import environments
 from rllib_r3l import R3LConfig
+from rllib_r3l.learner.prefix_tree import trie_tokens
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.runner.explore import Explorer
-from rllib_r3l.learner.prefix_tree import trie_tokens
-from rllib_r3l.runner.reflection.reflect import report_json_schema
 from rllib_r3l.runner.reflection.context import transcript_prompt
+from rllib_r3l.runner.reflection.reflect import report_json_schema
 from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind
-from tests.scripted import explore_options, ScriptedBackend
+from tests.scripted import ScriptedBackend, explore_options
 
 SEED = 11
 
@@ -22,8 +22,9 @@ SEED = 11
 def _explorer(tokenizer, **kw):
     chat = ChatFormat(tokenizer)
     opts = RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0)
-    runner = EpisodeRunner(ScriptedBackend(tokenizer, pivot=1), chat,
-                           lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
+    runner = EpisodeRunner(
+        ScriptedBackend(tokenizer, pivot=1), chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts
+    )
     return Explorer(runner, chat, explore_options(group_size=4, **kw)), chat
 
 
@@ -32,8 +33,8 @@ def test_transcript_prompt_continues_the_episode(tiny_tokenizer):
     [group] = ex.explore([SEED], ["g"])
     base = group.trajectories[0]
     ids = transcript_prompt(chat, base)
-    assert ids[:base.num_tokens] == base.token_ids  # the episode's tokens, untouched
-    tail = tiny_tokenizer.decode(ids[base.num_tokens:])
+    assert ids[: base.num_tokens] == base.token_ids  # the episode's tokens, untouched
+    tail = tiny_tokenizer.decode(ids[base.num_tokens :])
     k = len(base.actions)
     assert f"numbered 0 to {k - 1}" in tail and "Final reward: 0.0 (the task was not completed)" in tail
     assert base.observations[k].strip() in tail  # the last observation, which the policy never saw
@@ -48,7 +49,7 @@ def test_transcript_reflection_drives_retries_and_its_item_shares_the_episode(ti
     bases = [t for t in group.trajectories if t.kind == Kind.BASE]
     items = [t for t in group.trajectories if t.kind == Kind.REFLECTION_SFT]
     for base, item in zip(bases, items):
-        assert item.token_ids[:base.num_tokens] == base.token_ids
+        assert item.token_ids[: base.num_tokens] == base.token_ids
         # in the learner the episode's tokens are computed once for both
         assert trie_tokens([base.token_ids, item.token_ids]) == item.num_tokens
     assert ex.counters["reflection_transcript_fallbacks"] == 0

@@ -14,8 +14,15 @@ from rllib_r3l.trajectory import Kind
 from tests.scripted import ScriptedBackend, explore_options, make_trajectory
 
 # three turns: responses of 2, 1 and 2 tokens
-PARTS = [("prompt", 3, -1), ("prompt", 2, 0), ("response", 2, 0), ("prompt", 2, 1), ("response", 1, 1),
-         ("prompt", 2, 2), ("response", 2, 2)]
+PARTS = [
+    ("prompt", 3, -1),
+    ("prompt", 2, 0),
+    ("response", 2, 0),
+    ("prompt", 2, 1),
+    ("response", 1, 1),
+    ("prompt", 2, 2),
+    ("response", 2, 2),
+]
 
 
 class Scores:
@@ -44,7 +51,7 @@ class FixedChat:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages)
 
     def _diff(self, before, after):
-        return after[len(before):]
+        return after[len(before) :]
 
     def encode(self, text):
         return [7] * 4
@@ -66,8 +73,12 @@ def test_the_token_arithmetic_matches_the_model_s_own_scores(tiny_model_dir, tin
 
     backend = HFBackend(tiny_model_dir, dtype="float32", seed=0)
     chat = ChatFormat(tiny_tokenizer)
-    runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
-                           RolloutOptions(max_turns=3, max_response_tokens=6, max_context_tokens=4096, temperature=1.0))
+    runner = EpisodeRunner(
+        backend,
+        chat,
+        lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
+        RolloutOptions(max_turns=3, max_response_tokens=6, max_context_tokens=4096, temperature=1.0),
+    )
     [t] = runner.run([EpisodeSpec(seed=11, group_id="g")])
     [scores] = backend.score_batch([(t.token_ids[:1], t.token_ids[1:])])
     per_turn = hindsight.turn_logprobs(t.token_ids, scores, hindsight.response_spans(t))
@@ -105,8 +116,12 @@ def test_the_explorer_retries_from_the_hindsight_pivot_and_ledgers_it(tiny_token
     chat = ChatFormat(tiny_tokenizer)
     backend = ScoringScripted(tiny_tokenizer, pivot=1)
     backend.early = early
-    runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
-                           RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0))
+    runner = EpisodeRunner(
+        backend,
+        chat,
+        lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
+        RolloutOptions(max_turns=6, max_response_tokens=16, max_context_tokens=4096, temperature=1.0),
+    )
     ex = Explorer(runner, chat, explore_options(group_size=4, reflect_on="failures", pivot_selector="hindsight"))
     [group] = ex.explore([11], ["g0"])
     retries = [t for t in group.trajectories if t.kind == Kind.RETRY]

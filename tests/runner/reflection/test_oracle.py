@@ -13,15 +13,20 @@ from rllib_r3l.runner.reflection.pivot_metrics import pivot_quality, summarize_p
 from rllib_r3l.runner.reflection.reflect import Outcome, ParseStatus
 from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 from rllib_r3l.trajectory import Kind
-from tests.scripted import explore_options, ScriptedBackend
+from tests.scripted import ScriptedBackend, explore_options
 
 SEED = 11  # ToyCorridor(4 rooms): start in room 2, coin in room 4; the oracle pivot of "move left ..." is 0
 
 
 # ------------------------------------------------------------------------------------------- pure metrics
 def _q(exact, in_time, error, early, within_one):
-    return {"pivot_exact": exact, "pivot_in_time": in_time, "pivot_error": error, "pivot_early": early,
-            "pivot_accuracy": within_one}
+    return {
+        "pivot_exact": exact,
+        "pivot_in_time": in_time,
+        "pivot_error": error,
+        "pivot_early": early,
+        "pivot_accuracy": within_one,
+    }
 
 
 def test_pivot_quality_hand_values():
@@ -31,8 +36,13 @@ def test_pivot_quality_hand_values():
     assert pivot_quality(0, 4) == _q(0.0, 1.0, -4.0, 1.0, 0.0)
     assert pivot_quality(None, 3) is None and pivot_quality(3, None) is None and pivot_quality(True, 1) is None
     assert summarize_pivot_quality([(3, 3), (2, 3), (5, 3), (0, 4), (None, 1), (1, None)]) == {
-        "pivot_exact_rate": 0.25, "pivot_in_time_rate": 0.75, "pivot_accuracy": 0.5, "pivot_error_mean": -0.75,
-        "pivot_early_rate": 0.5, "pivot_scored": 4.0}
+        "pivot_exact_rate": 0.25,
+        "pivot_in_time_rate": 0.75,
+        "pivot_accuracy": 0.5,
+        "pivot_error_mean": -0.75,
+        "pivot_early_rate": 0.5,
+        "pivot_scored": 4.0,
+    }
 
 
 def test_a_planted_late_pivot_is_scored_late_not_accurate():
@@ -155,6 +165,7 @@ def test_reflection_quality_on_held_out_seeds(tokenizer):
     assert all(r.json_schema is not None for r in backend.calls[-1])  # the last call: the reflections
 
 
+@pytest.mark.slow
 def test_score_reflections_on_finished_episodes_and_evaluate_reports_reflection_quality(tokenizer, tiny_model_dir):
     from rllib_r3l.cli.evaluate import evaluate
     from rllib_r3l.runner.reflection_quality import score_reflections
@@ -164,11 +175,22 @@ def test_score_reflections_on_finished_episodes_and_evaluate_reports_reflection_
     m = score_reflections(ex.episodes, ex.chat, trajs)
     assert m["reflected"] == 1 and m["pivot_accuracy"] == 0.0 and m["pivot_error_mean"] == 3.0
     # through evaluate (a tiny random model: its reflections are scored, whatever they are)
-    summary, _df = evaluate(tiny_model_dir, env="r3l/ToyCorridor", episodes=1, backend="transformers",
-                            max_response_tokens=4, reflections=True, max_reflection_tokens=8)
+    summary, _df = evaluate(
+        tiny_model_dir,
+        env="r3l/ToyCorridor",
+        episodes=1,
+        backend="transformers",
+        max_response_tokens=4,
+        reflections=True,
+        max_reflection_tokens=8,
+    )
     assert summary["reflected"] == 1 and summary["reflection_valid_rate"] == 0.0  # 8 tokens: no valid report
-    assert "pivot_accuracy" not in evaluate(tiny_model_dir, env="r3l/ToyCorridor", episodes=1,
-                                            backend="transformers", max_response_tokens=4)[0]
+    assert (
+        "pivot_accuracy"
+        not in evaluate(
+            tiny_model_dir, env="r3l/ToyCorridor", episodes=1, backend="transformers", max_response_tokens=4
+        )[0]
+    )
 
 
 def test_a_guidance_template_reaches_the_retry_and_is_stripped_from_training(tokenizer):

@@ -20,8 +20,13 @@ from rllib_r3l.runner.rollout import EpisodeRunner, RolloutOptions
 from rllib_r3l.trajectory import Kind
 from tests.scripted import SEED, ScriptedBackend, explore_options, is_reflection_request, walk_policy
 
-PAPER = dict(reflection_style="paper", reflection_structured=False, reflection_context="log",
-             reflection_temperature=0.7, temperature=1.0)
+PAPER = dict(
+    reflection_style="paper",
+    reflection_structured=False,
+    reflection_context="log",
+    reflection_temperature=0.7,
+    temperature=1.0,
+)
 
 
 class SpelledApart(ScriptedBackend):
@@ -57,8 +62,11 @@ def make(tokenizer, backend_cls=ScriptedBackend, **options):
 
 
 def reflection_calls(backend):
-    return [(reqs, t) for reqs, t in zip(backend.calls, backend.temperatures)
-            if any(is_reflection_request(backend.tok.decode(r.prompt_token_ids)) for r in reqs)]
+    return [
+        (reqs, t)
+        for reqs, t in zip(backend.calls, backend.temperatures)
+        if any(is_reflection_request(backend.tok.decode(r.prompt_token_ids)) for r in reqs)
+    ]
 
 
 def test_the_paper_reflector_reads_the_log_under_its_system_prompt_sampled_freely_at_its_temperature(tiny_tokenizer):
@@ -69,8 +77,12 @@ def test_the_paper_reflector_reads_the_log_under_its_system_prompt_sampled_freel
     assert temperature == 0.7 and set(backend.temperatures) == {1.0, 0.7}  # rollouts at 1.0
     assert all(r.json_schema is None for r in reqs)  # no grammar
     assert [r.max_tokens for r in reqs] == [512, 512]  # up to max_reflection_tokens
-    expected = [chat.prompt(reflect_lib.build_reflection_messages(b, template=PAPER_REFLECTION_TEMPLATE,
-                                                                  system=PAPER_REFLECTION_SYSTEM)) for b in bases]
+    expected = [
+        chat.prompt(
+            reflect_lib.build_reflection_messages(b, template=PAPER_REFLECTION_TEMPLATE, system=PAPER_REFLECTION_SYSTEM)
+        )
+        for b in bases
+    ]
     assert [r.prompt_token_ids for r in reqs] == expected
     text = tiny_tokenizer.decode(reqs[0].prompt_token_ids)
     assert "You are a Reflector" in text and "### Step 0" in text and "from 0 to" in text
@@ -127,11 +139,19 @@ def test_the_config_resolves_the_papers_style_and_refuses_a_grammar_with_it():
 
     c = R3LConfig().training(reflection_style="paper", reflection_temperature=0.7)
     opts = ExploreOptions.from_config(c)
-    assert (opts.reflection_style, opts.reflection_structured, opts.reflection_context,
-            opts.reflection_temperature) == ("paper", False, "log", 0.7)
+    assert (
+        opts.reflection_style,
+        opts.reflection_structured,
+        opts.reflection_context,
+        opts.reflection_temperature,
+    ) == ("paper", False, "log", 0.7)
     d = ExploreOptions.from_config(R3LConfig())  # the default: structured, in the transcript
     assert (d.reflection_style, d.reflection_structured, d.reflection_context, d.reflection_temperature) == (
-        "structured", True, "transcript", None)
+        "structured",
+        True,
+        "transcript",
+        None,
+    )
     c.validate_r3l()
     with pytest.raises(ValueError, match=r"R3LConfig.reflection_structured: True holds the report to a JSON grammar"):
         R3LConfig().training(reflection_style="paper", reflection_structured=True).validate_r3l()

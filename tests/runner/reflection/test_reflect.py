@@ -89,21 +89,39 @@ _json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-10, 50), st.floats(allow_nan=True), st.text(max_size=20)
 )
 _pivots = st.one_of(
-    _json_scalars,
-    st.integers(-3, 30).map(str),
-    st.integers(-3, 30).map(float),
-    st.lists(st.integers(0, 5), max_size=2),
+    _json_scalars, st.integers(-3, 30).map(str), st.integers(-3, 30).map(float), st.lists(st.integers(0, 5), max_size=2)
 )
 _outcomes = st.one_of(
     st.sampled_from(
-        ["success", "failure", "success_but_inefficient", "Success", "FAILURE",
-         "success but inefficient", "Success-But-Inefficient", "partial", "", "win"]
+        [
+            "success",
+            "failure",
+            "success_but_inefficient",
+            "Success",
+            "FAILURE",
+            "success but inefficient",
+            "Success-But-Inefficient",
+            "partial",
+            "",
+            "win",
+        ]
     ),
     _json_scalars,
 )
 _fields = st.sampled_from(
-    ["summary", "trajectory_summary", "root_cause", "root_cause_analysis", "outcome", "suggestion",
-     "improvement_suggestion", "retry_from_step", "pivot", "pivot_turn", "extra"]
+    [
+        "summary",
+        "trajectory_summary",
+        "root_cause",
+        "root_cause_analysis",
+        "outcome",
+        "suggestion",
+        "improvement_suggestion",
+        "retry_from_step",
+        "pivot",
+        "pivot_turn",
+        "extra",
+    ]
 )
 
 
@@ -117,18 +135,12 @@ def report_objects(draw):
         elif k == "outcome":
             d[k] = draw(_outcomes)
         else:
-            d[k] = draw(
-                st.one_of(
-                    st.text(max_size=30), _json_scalars, st.lists(st.text(max_size=5), max_size=3)
-                )
-            )
+            d[k] = draw(st.one_of(st.text(max_size=30), _json_scalars, st.lists(st.text(max_size=5), max_size=3)))
     return d
 
 
 @FUZZ
-@given(
-    report_objects(), st.text(max_size=40), st.text(max_size=40), st.booleans(), st.integers(-1, 12)
-)
+@given(report_objects(), st.text(max_size=40), st.text(max_size=40), st.booleans(), st.integers(-1, 12))
 def test_text_around_json_never_raises(obj, prefix, suffix, fenced, k):
     body = json.dumps(obj)
     if fenced:
@@ -136,9 +148,7 @@ def test_text_around_json_never_raises(obj, prefix, suffix, fenced, k):
     check_invariants(parse_report(prefix + body + suffix, k), k)
 
 
-_prose = st.text(
-    alphabet=st.characters(blacklist_characters="{}<\"'", blacklist_categories=("Cs",)), max_size=40
-)
+_prose = st.text(alphabet=st.characters(blacklist_characters="{}<\"'", blacklist_categories=("Cs",)), max_size=40)
 
 
 def expected_status(d, k):
@@ -177,9 +187,7 @@ def test_wrapped_report_matches_oracle(outcome, suggestion, pivot, k, prefix, su
 
 
 @FUZZ
-@given(
-    st.integers(1, 40), st.integers(-50, 80), st.sampled_from([int, float, str, lambda p: f" {p} "])
-)
+@given(st.integers(1, 40), st.integers(-50, 80), st.sampled_from([int, float, str, lambda p: f" {p} "]))
 def test_pivot_range_property(k, p, form):
     res = parse_report(json.dumps(report(retry_from_step=form(p))), k)
     check_invariants(res, k)
@@ -212,9 +220,7 @@ _nonnull = st.text(min_size=1, max_size=50).filter(
 
 @FUZZ
 @given(
-    _nonnull, _nonnull, _nonnull,
-    st.sampled_from([Outcome.FAILURE, Outcome.SUCCESS_BUT_INEFFICIENT]),
-    st.integers(0, 9),
+    _nonnull, _nonnull, _nonnull, st.sampled_from([Outcome.FAILURE, Outcome.SUCCESS_BUT_INEFFICIENT]), st.integers(0, 9)
 )
 def test_report_to_json_round_trips(summary, root, sugg, outcome, pivot):
     r = ReflectionReport(summary.strip(), root.strip(), outcome, sugg.strip(), pivot, raw="x")
@@ -222,14 +228,26 @@ def test_report_to_json_round_trips(summary, root, sugg, outcome, pivot):
     assert res.status is ParseStatus.VALID, res.error
     got = res.report
     assert (got.summary, got.root_cause, got.outcome, got.suggestion, got.pivot) == (
-        r.summary, r.root_cause, r.outcome, r.suggestion, r.pivot)
+        r.summary,
+        r.root_cause,
+        r.outcome,
+        r.suggestion,
+        r.pivot,
+    )
 
 
 def test_adversarial_inputs_are_fast_and_classified():
     texts = [
-        "{" * 20000, "}" * 20000 + "{" * 20000, "{" * 5000 + "}" * 5000, "{" * 20000 + "}",
-        '{"a":' * 3000, "[" * 10000 + "{}" + "]" * 10000, "(" * 5000 + "{}",
-        "{'a': " + "(" * 300 + "1" + ")" * 300 + "}", "{\x00}", '{"summary": "' + "x" * 200000,
+        "{" * 20000,
+        "}" * 20000 + "{" * 20000,
+        "{" * 5000 + "}" * 5000,
+        "{" * 20000 + "}",
+        '{"a":' * 3000,
+        "[" * 10000 + "{}" + "]" * 10000,
+        "(" * 5000 + "{}",
+        "{'a': " + "(" * 300 + "1" + ")" * 300 + "}",
+        "{\x00}",
+        '{"summary": "' + "x" * 200000,
     ]
     for text in texts:
         check_invariants(parse_report(text, 5), 5)
@@ -280,8 +298,7 @@ def test_no_json(text):
 
 
 @pytest.mark.parametrize(
-    "text",
-    ["{not json}", '{"summary": "unterminated}', '{"a": }', '{"summary": "x" "root_cause": "y"}'],
+    "text", ["{not json}", '{"summary": "unterminated}', '{"a": }', '{"summary": "x" "root_cause": "y"}']
 )
 def test_bad_json(text):
     res = parse_report(text, 3)
@@ -317,8 +334,14 @@ def test_bad_outcome(outcome):
 
 @pytest.mark.parametrize(
     "outcome",
-    ["Failure", "  FAILURE ", "success but inefficient", "Success-But-Inefficient",
-     "success_but_inefficient.", "SUCCESS"],
+    [
+        "Failure",
+        "  FAILURE ",
+        "success but inefficient",
+        "Success-But-Inefficient",
+        "success_but_inefficient.",
+        "SUCCESS",
+    ],
 )
 def test_outcome_normalised(outcome):
     res = parse_report(json.dumps(report(outcome=outcome)), 3)
@@ -413,8 +436,10 @@ def test_braces_inside_strings():
 
 
 def test_trailing_commas_and_raw_newlines():
-    text = '{"summary": "line one\nline two", "root_cause": "r", "outcome": "failure",\n' \
-           '"suggestion": "s", "retry_from_step": 0,}'
+    text = (
+        '{"summary": "line one\nline two", "root_cause": "r", "outcome": "failure",\n'
+        '"suggestion": "s", "retry_from_step": 0,}'
+    )
     res = parse_report(text, 1)
     assert res.status is ParseStatus.VALID and "line two" in res.report.summary
 
@@ -430,8 +455,12 @@ def test_single_quotes_and_python_literals():
 @pytest.mark.parametrize(
     "names",
     [
-        {"summary": "trajectory_summary", "root_cause": "root_cause_analysis",
-         "suggestion": "improvement_suggestion", "retry_from_step": "pivot"},
+        {
+            "summary": "trajectory_summary",
+            "root_cause": "root_cause_analysis",
+            "suggestion": "improvement_suggestion",
+            "retry_from_step": "pivot",
+        },
         {"retry_from_step": "pivot_turn"},
         {"summary": "Summary", "root_cause": "Root Cause", "retry_from_step": "Retry-From-Step"},
     ],
@@ -461,8 +490,13 @@ def test_double_encoded_json_string():
 def test_stats():
     stats = ReflectionStats()
     assert stats.as_metrics()["reflection_valid_rate"] == 0.0
-    for text in [json.dumps(report()), json.dumps(report(outcome="success")), "", "nope",
-                 json.dumps(report(retry_from_step=7))]:
+    for text in [
+        json.dumps(report()),
+        json.dumps(report(outcome="success")),
+        "",
+        "nope",
+        json.dumps(report(retry_from_step=7)),
+    ]:
         stats.add(parse_report(text, 3))
     m = stats.as_metrics()
     for s in ParseStatus:
@@ -503,8 +537,16 @@ def test_messages_structure_and_numbering():
     assert user.index(FIELDS["task"]) < user.index("Step 0")
     assert user.index("Step 0") < user.index("Step 1") < user.index("Step 2")
     assert "0 to 2" in user and "Final reward: 0.0" in user and "not completed" in user
-    for name in ("summary", "root_cause", "outcome", "suggestion", "retry_from_step",
-                 "success_but_inefficient", "Why", "Because"):
+    for name in (
+        "summary",
+        "root_cause",
+        "outcome",
+        "suggestion",
+        "retry_from_step",
+        "success_but_inefficient",
+        "Why",
+        "Because",
+    ):
         assert name in user
     assert "{" in user and "{{" not in user
 
@@ -512,9 +554,18 @@ def test_messages_structure_and_numbering():
 def test_messages_from_trajectory():
     from rllib_r3l.trajectory import Status, Trajectory
 
-    traj = Trajectory(segments=[], reward=1.0, group_id="g", success=True, num_turns=2,
-                      status=Status.TRUNCATED, actions=["a0", "a1"], observations=["o0", "o1"],
-                      task="the goal", info={"rules": "the rules"})
+    traj = Trajectory(
+        segments=[],
+        reward=1.0,
+        group_id="g",
+        success=True,
+        num_turns=2,
+        status=Status.TRUNCATED,
+        actions=["a0", "a1"],
+        observations=["o0", "o1"],
+        task="the goal",
+        info={"rules": "the rules"},
+    )
     user = build_reflection_messages(traj)[1]["content"]
     assert "the rules" in user and "the goal" in user and "Step 1" in user
     assert "truncated" in user and "Final reward: 1.0 (the task was completed)" in user
@@ -584,10 +635,6 @@ def test_schema():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(report(retry_from_step=3), report_json_schema(3))
     jsonschema.validate(report(retry_from_step=2), report_json_schema(3))
-
-
-
-
 
 
 def test_format_guidance():

@@ -28,10 +28,19 @@ def test_stats_add_statuses_and_results_and_give_exact_metrics():
     st.add(parse_report(json.dumps(REPORT), 3))  # VALID, failure: a retry
     st.add(parse_report(json.dumps({**REPORT, "outcome": "success"}), 3))  # PERFECT: none
     m = st.as_metrics(prefix="r/")
-    assert m == {**{f"r/{s.value}": 0 for s in ParseStatus}, "r/valid": 2, "r/perfect": 2, "r/bad_json": 1,
-                 "r/total": 5, "r/retries": 2, "r/valid_rate": 4 / 5}
+    assert m == {
+        **{f"r/{s.value}": 0 for s in ParseStatus},
+        "r/valid": 2,
+        "r/perfect": 2,
+        "r/bad_json": 1,
+        "r/total": 5,
+        "r/retries": 2,
+        "r/valid_rate": 4 / 5,
+    }
     only_valid = ReflectionStats(counts={ParseStatus.VALID: 3})
-    assert only_valid.as_metrics()["reflection_valid_rate"] == 1.0 and only_valid.as_metrics()["reflection_perfect"] == 0
+    assert (
+        only_valid.as_metrics()["reflection_valid_rate"] == 1.0 and only_valid.as_metrics()["reflection_perfect"] == 0
+    )
     assert ReflectionStats().as_metrics()["reflection_valid_rate"] == 0.0
 
 
@@ -40,7 +49,8 @@ def test_schema_in_full():
     assert report_json_schema(3, failed=True, max_chars=40) == {
         "type": "object",
         "properties": {
-            "summary": text, "root_cause": text,
+            "summary": text,
+            "root_cause": text,
             "outcome": {"type": "string", "enum": ["failure"]},
             "suggestion": text,
             "retry_from_step": {"type": "integer", "minimum": 0, "maximum": 2},
@@ -55,8 +65,13 @@ def test_schema_in_full():
 
 
 def test_prompt_texts_for_reward_status_rules_and_the_final_observation():
-    fields = {"actions": ["a", "b"], "observations": ["o0", "o1", "o2"], "task": "t", "reward": None,
-              "status": "env_error"}
+    fields = {
+        "actions": ["a", "b"],
+        "observations": ["o0", "o1", "o2"],
+        "task": "t",
+        "reward": None,
+        "status": "env_error",
+    }
     user = build_reflection_messages(fields)[1]["content"]
     assert "Final reward: (unknown); the episode ended with status: env_error\n" in user
     assert "## Rules of the environment\n(no separate rules; see the task and the observations)\n" in user

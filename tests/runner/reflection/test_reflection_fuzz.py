@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,15 +28,25 @@ from tests.scripted import ScriptedBackend, corridor_policy, explore_options
 
 FIELDS = ("summary", "root_cause", "outcome", "suggestion", "retry_from_step", "pivot")
 _scalar = st.one_of(
-    st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=30), st.sampled_from(["", " ", "null", "N/A", "failure", "success", "Success but inefficient",
-                                           "bogus", "３", "1e309", "-0", "२"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**30), 10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=30),
+    st.sampled_from(
+        ["", " ", "null", "N/A", "failure", "success", "Success but inefficient", "bogus", "３", "1e309", "-0", "२"]
+    ),
 )
-_value = st.recursive(_scalar, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                      max_leaves=6)
-_keys = st.one_of(st.sampled_from(FIELDS), st.sampled_from(["Root Cause", "OUTCOME", "pivot_turn", "Suggestion "]),
-                  st.text(max_size=12))
+_value = st.recursive(
+    _scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=6,
+)
+_keys = st.one_of(
+    st.sampled_from(FIELDS),
+    st.sampled_from(["Root Cause", "OUTCOME", "pivot_turn", "Suggestion "]),
+    st.text(max_size=12),
+)
 _objects = st.dictionaries(_keys, _value, max_size=7)
 
 
@@ -49,11 +60,17 @@ def report_texts(draw):
         body = str(obj)
     form = draw(st.sampled_from(["plain", "truncated", "fenced", "prose", "text", "empty", "nested", "valid"]))
     if form == "valid":  # a well-formed report (so the planner has retries to plan), any pivot
-        body = json.dumps({"summary": draw(st.text(min_size=1, max_size=20)) + ".", "root_cause": "It went left.",
-                           "outcome": draw(st.sampled_from(["failure", "success_but_inefficient"])),
-                           "suggestion": "GO-RIGHT-INSTEAD: move right.", "retry_from_step": draw(st.integers(-1, 5))})
+        body = json.dumps(
+            {
+                "summary": draw(st.text(min_size=1, max_size=20)) + ".",
+                "root_cause": "It went left.",
+                "outcome": draw(st.sampled_from(["failure", "success_but_inefficient"])),
+                "suggestion": "GO-RIGHT-INSTEAD: move right.",
+                "retry_from_step": draw(st.integers(-1, 5)),
+            }
+        )
     elif form == "truncated":
-        body = body[:draw(st.integers(0, max(len(body) - 1, 0)))]
+        body = body[: draw(st.integers(0, max(len(body) - 1, 0)))]
     elif form == "fenced":
         body = f"```json\n{body}\n```"
     elif form == "prose":
@@ -70,6 +87,7 @@ def report_texts(draw):
 FUZZ = settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 
+@pytest.mark.slow
 def test_ten_thousand_reports_through_the_parser_never_raise_and_get_one_status():
     seen = Counter()
 
@@ -132,6 +150,7 @@ class RecordingExplorer(Explorer):
         super()._add_reflection_item(base, group)
 
 
+@pytest.mark.slow
 def test_fuzzed_reflections_through_the_retry_planner_are_counted_and_never_trained_on(tokenizer):
     chat = ChatFormat(tokenizer)
     total, retried = Counter(), [0]
@@ -140,9 +159,12 @@ def test_fuzzed_reflections_through_the_retry_planner_are_counted_and_never_trai
     @given(st.lists(report_texts(), min_size=8, max_size=8), st.sampled_from([1, 2]))
     def check(texts, pivot_hint):
         backend = FuzzReflector(tokenizer, texts)
-        runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
-                               RolloutOptions(max_turns=4, max_response_tokens=16, max_context_tokens=4096,
-                                              temperature=1.0))
+        runner = EpisodeRunner(
+            backend,
+            chat,
+            lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}),
+            RolloutOptions(max_turns=4, max_response_tokens=16, max_context_tokens=4096, temperature=1.0),
+        )
         ex = RecordingExplorer(runner, chat, explore_options(group_size=8, reflect_on="all"))
         groups = ex.explore([11, 12], ["a", "b"])
         bases = [t for g in groups for t in g.trajectories if t.kind == Kind.BASE]

@@ -1,0 +1,56 @@
+"""One training iteration's numbers as the main job's ``summary.json`` keeps them (and benchmarks read them)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+
+def _get(d: Dict[str, Any], *path: str, default=float("nan")):
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return default
+        d = d[p]
+    return d
+
+
+def find_r3l_metrics(d: Any, key: str):
+    """The dict under ``.../r3l/<key>`` anywhere in a nested result (learner metrics sit under
+    ``learners/<module>/r3l/learner``)."""
+    if not isinstance(d, dict):
+        return None
+    if isinstance(d.get("r3l"), dict) and key in d["r3l"]:
+        return d["r3l"][key]
+    for v in d.values():
+        found = find_r3l_metrics(v, key)
+        if found is not None:
+            return found
+    return None
+
+
+def _flat(d: Any) -> Dict[str, Any]:
+    return {k: v for k, v in (d or {}).items() if not isinstance(v, dict)}
+
+
+def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
+    """One iteration's numbers for summary.json: success, every env-runner ``r3l/`` metric, the
+    credit/batch metrics and the learner's throughput (NaN where the iteration had no update)."""
+    er = r.get("env_runners", {})
+    return {
+        "iteration": it,
+        "seconds": float(r.get("time_this_iter_s", float("nan"))),
+        "success_rate": _get(er, "success_rate"),
+        "episodes": _get(er, "num_episodes"),  # base episodes (more than planned with dynamic sampling)
+        "episode_return_mean": _get(er, "episode_return_mean"),
+        "r3l": _flat(_get(er, "r3l", default={})),
+        # where the runner's time went: engine per phase, environment steps/resets, replay, reflection
+        "timers": _flat(_get(er, "r3l", "timers", default={})),
+        # dynamic sampling: extra rounds of new tasks, groups without a learning signal
+        "dynamic_sampling": _flat(_get(er, "r3l", "dynamic_sampling", default={})),
+        "credit": _flat(_get(r, "r3l", default={})),
+        "batch": _flat(_get(r, "r3l", "batch", default={})),
+        "learner": _flat(find_r3l_metrics(r.get("learners", {}), "learner")),
+        # evaluation_interval: R3L.evaluate()'s held-out episodes after this iteration (not only on the console)
+        **(
+            {"held_out": _flat(r["evaluation"].get("env_runners", {}))} if isinstance(r.get("evaluation"), dict) else {}
+        ),
+    }
