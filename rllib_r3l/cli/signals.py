@@ -102,3 +102,27 @@ def local_gcs_alive(timeout_s: float = 2.0) -> Optional[bool]:
         return True
     except Exception:  # noqa: BLE001 - RpcError: "Timed out while waiting for GCS to become available"
         return False
+
+
+@contextlib.contextmanager
+def noted(arrived: List[int]):
+    """Append to ``arrived`` every signal the process received inside the block, whatever handler took it
+    (Python's wakeup fd gets one byte per signal): ``ray.init`` installs its own SIGTERM handler, whose
+    ``sys.exit`` can be swallowed on the way out, and the run then trained to its end with exit 0."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        try:
+            arrived.extend(os.read(read_end, 4096))
+        except BlockingIOError:  # nothing arrived
+            pass
+        os.close(read_end)
+        os.close(write_end)
