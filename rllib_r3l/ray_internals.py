@@ -161,12 +161,6 @@ def local_learner(learner_group: Any) -> Any:
     return learner_group._learner
 
 
-def learner_results(learner_group: Any, results: Any) -> List[Any]:
-    """The values of a ``foreach_learner`` call, raising the first learner's error."""
-    check_version()
-    return learner_group._get_results(results)
-
-
 def algorithm_counters(algo: Any) -> Dict[str, Any]:
     """The Algorithm's counters (restored runners are counted as RLlib counts them)."""
     check_version()

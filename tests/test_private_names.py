@@ -55,7 +55,6 @@ RAY: Dict[str, str] = {
     "._worker_manager": "the actor ids of the runners/learners and their health (resilience, weight sync)",
     "._actors": "a runner's actor handle by id: the weight transfer's engines live in the runner actors",
     "._learner": "the local learner of a LearnerGroup (the default layout): weights to the engine",
-    "._get_results": "TODO(issue 48): foreach_learner's RemoteCallResults read by hand instead",
     "._counters": "Algorithm's counters: restored runners counted as RLlib counts them",
     "._check_component": "Algorithm's check of which state components a get_state call asked for",
     "._params": "the Learner's parameters by id (fault injection poisons one gradient)",

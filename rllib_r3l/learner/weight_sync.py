@@ -291,9 +291,12 @@ class WeightTransferSync:
         if learner_group.is_local:
             return [fn(ray_internals.local_learner(learner_group), **kwargs)]
         first = ray_internals.actor_ids(learner_group)[0]  # rank 0, whose state RLlib syncs
-        return ray_internals.learner_results(
-            learner_group, learner_group.foreach_learner(fn, remote_actor_ids=[first], **kwargs)
-        )
+        out = []
+        for result in learner_group.foreach_learner(fn, remote_actor_ids=[first], **kwargs):  # RemoteCallResults
+            if not result.ok:
+                raise result.get()  # the learner's error
+            out.append(result.get())
+        return out
 
     def _open(self, learner_group: Any, engines: Any, ids: list, infos: List[Dict[str, Any]]) -> None:
         from rllib_r3l.generation import weight_transfer as wt
