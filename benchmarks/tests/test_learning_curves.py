@@ -440,5 +440,7 @@ def test_a_run_cut_short_resumes_from_its_checkpoint_and_finishes(tmp_path, tiny
     assert after[: len(ledger)] == ledger and {r["iteration"] for r in after[len(ledger) :]} <= {2}
     assert recs[1]["samples_cumulative"] > first["samples_cumulative"]
     assert final["iterations"] == 2 and final["eval_episodes"] == 2 and 0 <= final["eval_successes"] <= 2
+    games = final["eval_games"]  # every held-out game, raw
+    assert [g["seed"] for g in games] == [0, 1] and sum(g["success"] for g in games) == final["eval_successes"]
     assert not (d / "checkpoint").exists() and (d / "final.json").exists()
     assert lcr.run_numbers(tmp_path, "r3l_oracle", 0)["iterations"] == 2
