@@ -60,6 +60,10 @@ CANDIDATES: Dict[str, tuple] = {
     # TWX cookingworld: one room, one ingredient (read the cookbook, take and prepare it, eat the meal)
     "cook1": ("r3l/TextWorldExpress", {"game": "cookingworld", "max_turns": 20, "game_params": {
         "numLocations": 1, "numIngredients": 1, "numDistractorItems": 0, "includeDoors": 0, "limitInventorySize": 0}}),
+    # TWX arithmetic: solve the problem, take the item with that quantity, put it in the box (TWX's defaults)
+    "arith": ("r3l/TextWorldExpress", {"game": "arithmetic", "max_turns": 10}),
+    # TWX simon says: do what Simon says, step after step (TWX's defaults)
+    "simon": ("r3l/TextWorldExpress", {"game": "simonsays", "max_turns": 15}),
 }
 
 
