@@ -90,9 +90,10 @@ def folder_variants(out: Path) -> List[str]:
     return [v for v in ORDER if v in found] + sorted(found - set(ORDER))
 
 
-def pairs_for(variants: Sequence[str]) -> Dict[str, str]:
-    """``PAIRS`` among ``variants``; in a folder with a ``grpo`` (v3's), every other variant against it."""
-    pairs = {v: ref for v, ref in PAIRS.items() if v in variants and ref in variants}
+def pairs_for(variants: Sequence[str], pairs: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """``pairs`` (default ``PAIRS``) among ``variants``; in a folder with a ``grpo`` (v3's), every other
+    variant against it."""
+    pairs = {v: ref for v, ref in (PAIRS if pairs is None else pairs).items() if v in variants and ref in variants}
     if LEGACY_REFERENCE in variants:
         pairs.update({v: LEGACY_REFERENCE for v in variants if v != LEGACY_REFERENCE and v not in pairs})
     return pairs
@@ -185,7 +186,8 @@ def goal_met(ratio: Dict[str, Any]) -> Optional[bool]:
     return ratio["ratio"] >= GOAL_RATIO and ratio["lo"] > 1.0
 
 
-def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[str, Any]:
+def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int],
+              pair_map: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Per variant: held-out success over seeds (mean, sd, 95 % t interval; pooled k/n as a description),
     cost and reflection numbers; per pair (``pairs_for``): the paired difference and the paired ratio
     over the seeds both have."""
@@ -209,7 +211,7 @@ def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[
         entry["retries_total"] = sum(r["retries"] for r in rows)
         table[v] = entry
     pairs = []
-    for v, ref in pairs_for(list(per)).items():
+    for v, ref in pairs_for(list(per), pair_map).items():
         a = {s: r["eval_success"] for s, r in per[v].items()}
         b = {s: r["eval_success"] for s, r in per[ref].items()}
         ratio = harness.paired_ratio(a, b)
@@ -326,9 +328,12 @@ def ratio_text(r: Dict[str, Any]) -> Tuple[str, str, str]:
     return each, f"{r['mean']:.2f}", f"{r['ratio']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}]"
 
 
-def report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
-    """The Markdown summary (also ``summary.md``), ``summary.json``, ``runs.csv`` and the PNG."""
-    s = summarize(out, variants, seeds)
+def report(out: Path, variants: Sequence[str], seeds: Sequence[int], pair_map: Optional[Dict[str, str]] = None) -> str:
+    """The Markdown summary (also ``summary.md``), ``summary.json``, ``runs.csv`` and the PNG; ``pair_map``:
+    variant -> reference (default ``PAIRS``). Runs that kept a retry ledger add the chain's funnel and the
+    retry against its fresh control (``chain_lines``)."""
+    s = summarize(out, variants, seeds, pair_map)
+    chain = chain_summary(out, variants, seeds)
     rows = []
     for v in dict.fromkeys([BASE, *variants]):
         e = s["variants"].get(v)
@@ -383,36 +388,91 @@ def report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
         goal = {True: "yes", False: "no", None: "n/a"}[p["goal_met"]]
         prow.append([p["variant"], p["reference"], ", ".join(map(str, p["seeds"])), diffs, ci, each, mean, geo, goal])
     paired = harness.markdown_table(
-        [
-            "variant",
-            "against",
-            "seeds",
-            "differences per seed",
-            "difference: mean ± sd [95 % t]",
-            "ratios per seed",
-            "mean ratio",
-            "geometric mean ratio [95 % t on the log ratio]",
-            f">= {GOAL_RATIO}x with the interval above 1",
-        ],
-        prow,
-    )
-    text = "\n".join(
-        [
-            *setting_lines(out, variants),
-            held,
-            "",
-            POOLED_NOTE,
-            "",
-            "Paired, seed-level (each variant against its reference at the same seeds):",
-            "",
-            paired,
-        ]
-    )
+        ["variant", "against", "seeds", "differences per seed", "difference: mean ± sd [95 % t]", "ratios per seed",
+         "mean ratio", "geometric mean ratio [95 % t on the log ratio]",
+         f">= {GOAL_RATIO}x with the interval above 1"], prow)
+    text = "\n".join([*setting_lines(out, variants), held, "", POOLED_NOTE, "",
+                      "Paired, seed-level (each variant against its reference at the same seeds):", "", paired,
+                      *chain_lines(chain)])
+    if chain:  # a folder without ledgers (v4) keeps its summary.json as it was
+        s["chain"] = chain
     (out / "summary.md").write_text(text + "\n")
     (out / "summary.json").write_text(json.dumps(s, indent=1, default=float))
     _write_csv(out, s)
     _plot(out, variants, seeds, s)
     return text
+
+
+# ---------------------------------------------------------------------------------------------------
+# the retry chain, from each finished run's ledger (retries.jsonl)
+def ledger_rows(out: Path, variant: str, seed: int) -> Optional[List[Dict[str, Any]]]:
+    """A finished run's retry ledger (``rllib_r3l.retry_ledger``); None for an unfinished run or one
+    without a ledger (v4's runs, GRPO's)."""
+    from rllib_r3l import retry_ledger
+
+    d = run_dir(out, variant, seed)
+    p = d / retry_ledger.LEDGER_FILE
+    if not (d / "final.json").exists() or not p.exists():
+        return None
+    return retry_ledger.read(str(p))
+
+
+def chain_numbers(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """``retry_ledger.funnel`` and ``control_comparison`` of ``rows`` (rows of several runs: their
+    ``group_id`` prefixed with the run, so that tasks of different runs stay apart)."""
+    from rllib_r3l import retry_ledger
+
+    return {**retry_ledger.funnel(rows), "control": retry_ledger.control_comparison(rows)}
+
+
+def chain_summary(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Dict[str, Any]:
+    """Per variant with a ledger: each run's chain numbers (by seed) and all its runs' together."""
+    res: Dict[str, Any] = {}
+    for v in dict.fromkeys(variants):
+        runs = {s: rows for s in seeds if (rows := ledger_rows(out, v, s)) is not None}
+        if not runs:
+            continue
+        pooled = [dict(r, group_id=f"seed{s}/{r.get('group_id')}") for s, rows in runs.items() for r in rows]
+        res[v] = {"per_seed": {str(s): chain_numbers(rows) for s, rows in runs.items()}, "all": chain_numbers(pooled)}
+    return res
+
+
+def _frac(k: int, n: int) -> str:
+    return f"{k}/{n}" if n else "-"
+
+
+def chain_row(label: List[str], c: Dict[str, Any]) -> List[str]:
+    ctl = c["control"]
+    if ctl["pairs"]:
+        diff = f"{ctl['difference']:+.2f}" + ("" if ctl["difference_low"] is None else
+                                               f" [{ctl['difference_low']:+.2f}, {ctl['difference_high']:+.2f}]")
+        versus = f"{ctl['retry_successes']}/{ctl['pairs']} vs {ctl['control_successes']}/{ctl['pairs']}"
+        ratio = "-" if ctl["ratio"] is None else f"{ctl['ratio']:.2f}"
+    else:
+        diff = versus = ratio = "-"
+    pivots = (f"{c['pivot_in_time']}/{c['pivot_scored']} ({c['pivot_exact']} exact)" if c["pivot_scored"] else "-")
+    return [*label, c["reflections"], c["valid"], pivots, c["retried"],
+            _frac(c["action_changed"], c["action_compared"]), _frac(c["retry_success"], c["retried"]), versus, diff, ratio]
+
+
+def chain_lines(ch: Dict[str, Any]) -> List[str]:
+    """``chain_summary``'s funnel and retry-vs-control table, one row per run and one per variant (all its
+    runs); nothing where no finished run kept a ledger (a v4 folder)."""
+    if not ch:
+        return []
+    rows = []
+    for v, e in ch.items():
+        rows += [chain_row([v, s], c) for s, c in sorted(e["per_seed"].items(), key=lambda kv: int(kv[0]))]
+        if len(e["per_seed"]) > 1:
+            rows.append(chain_row([f"**{v}**", "all"], e["all"]))
+    return ["", "The retry chain per run (its retries.jsonl): reflections -> valid reports -> pivot at or before the "
+            "oracle's first mistake (of the valid reports the oracle scored) -> retries started -> action at the pivot "
+            "changed -> retry success; and the retry against a fresh unguided episode of the same task "
+            "(`retry_control`, never trained on), paired over retry/control pairs (difference with its 95 % t "
+            "interval; ratio = retry successes / control successes):", "",
+            harness.markdown_table(["variant", "seed", "reflections", "valid", "pivot in time", "retries",
+                                    "action changed", "retry success", "retry vs control successes",
+                                    "difference [95 % t]", "ratio"], rows)]
 
 
 def _write_csv(out: Path, s: Dict[str, Any]) -> None:
