@@ -73,11 +73,22 @@ LEVERS: Dict[str, Dict[str, Any]] = {
     "r3l_pivot_temp": {"pivot_temperature": 1.2},
     "r3l_oracle_exclude": {"reflector": "oracle", "pivot_action": "exclude_failed"},  # DIAGNOSTIC upper bound
 }
-VARIANTS: Dict[str, Dict[str, Any]] = {"grpo_paper": dict(lc.VARIANTS["grpo_paper"]), "r3l": R3L_TODAY,
-                                       **{v: {**R3L_TODAY, **opts} for v, opts in LEVERS.items()}}
+VARIANTS: Dict[str, Dict[str, Any]] = {
+    "grpo_paper": dict(lc.VARIANTS["grpo_paper"]),
+    "r3l": R3L_TODAY,
+    **{v: {**R3L_TODAY, **opts} for v, opts in LEVERS.items()},
+}
 # run order: R3L today and the first two levers, then the others and GRPO, then the diagnostic
-PRIORITY: Dict[str, int] = {BASE: 0, "r3l": 0, "r3l_exclude": 0, "r3l_hindsight": 0, "r3l_backoff": 1,
-                            "r3l_pivot_temp": 1, "grpo_paper": 1, "r3l_oracle_exclude": 2}
+PRIORITY: Dict[str, int] = {
+    BASE: 0,
+    "r3l": 0,
+    "r3l_exclude": 0,
+    "r3l_hindsight": 0,
+    "r3l_backoff": 1,
+    "r3l_pivot_temp": 1,
+    "grpo_paper": 1,
+    "r3l_oracle_exclude": 2,
+}
 PAIRS: Dict[str, str] = {"r3l": "grpo_paper", **{v: "r3l" for v in LEVERS}}
 
 

@@ -362,13 +362,28 @@ def evaluate_heldout(algo, episodes: int, batch: Optional[int] = None) -> Dict[s
         er.close()
     ok = [t for t in trajs if t is not None]
     # each game as it went (raw, per held-out seed): a lost game is None
-    games = [None if t is None else {"seed": s.seed, "success": bool(t.success), "reward": float(t.reward),
-                                     "turns": int(t.num_turns), "status": getattr(t.status, "value", str(t.status))}
-             for s, t in zip(specs, trajs)]
-    return {"eval_successes": sum(bool(t.success) for t in ok), "eval_episodes": episodes, "eval_games": games,
-            "eval_lost": episodes - len(ok), "eval_return_mean": sum(float(t.reward) for t in ok) / max(len(ok), 1),
-            "eval_temperature": c.evaluation_temperature, "eval_seconds": round(time.perf_counter() - t0, 1),
-            "eval_cpu_s": round(time.process_time() - c0, 1)}
+    games = [
+        None
+        if t is None
+        else {
+            "seed": s.seed,
+            "success": bool(t.success),
+            "reward": float(t.reward),
+            "turns": int(t.num_turns),
+            "status": getattr(t.status, "value", str(t.status)),
+        }
+        for s, t in zip(specs, trajs)
+    ]
+    return {
+        "eval_successes": sum(bool(t.success) for t in ok),
+        "eval_episodes": episodes,
+        "eval_games": games,
+        "eval_lost": episodes - len(ok),
+        "eval_return_mean": sum(float(t.reward) for t in ok) / max(len(ok), 1),
+        "eval_temperature": c.evaluation_temperature,
+        "eval_seconds": round(time.perf_counter() - t0, 1),
+        "eval_cpu_s": round(time.process_time() - c0, 1),
+    }
 
 
 def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:

@@ -186,8 +186,9 @@ def goal_met(ratio: Dict[str, Any]) -> Optional[bool]:
     return ratio["ratio"] >= GOAL_RATIO and ratio["lo"] > 1.0
 
 
-def summarize(out: Path, variants: Sequence[str], seeds: Sequence[int],
-              pair_map: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+def summarize(
+    out: Path, variants: Sequence[str], seeds: Sequence[int], pair_map: Optional[Dict[str, str]] = None
+) -> Dict[str, Any]:
     """Per variant: held-out success over seeds (mean, sd, 95 % t interval; pooled k/n as a description),
     cost and reflection numbers; per pair (``pairs_for``): the paired difference and the paired ratio
     over the seeds both have."""
@@ -388,12 +389,32 @@ def report(out: Path, variants: Sequence[str], seeds: Sequence[int], pair_map: O
         goal = {True: "yes", False: "no", None: "n/a"}[p["goal_met"]]
         prow.append([p["variant"], p["reference"], ", ".join(map(str, p["seeds"])), diffs, ci, each, mean, geo, goal])
     paired = harness.markdown_table(
-        ["variant", "against", "seeds", "differences per seed", "difference: mean ± sd [95 % t]", "ratios per seed",
-         "mean ratio", "geometric mean ratio [95 % t on the log ratio]",
-         f">= {GOAL_RATIO}x with the interval above 1"], prow)
-    text = "\n".join([*setting_lines(out, variants), held, "", POOLED_NOTE, "",
-                      "Paired, seed-level (each variant against its reference at the same seeds):", "", paired,
-                      *chain_lines(chain)])
+        [
+            "variant",
+            "against",
+            "seeds",
+            "differences per seed",
+            "difference: mean ± sd [95 % t]",
+            "ratios per seed",
+            "mean ratio",
+            "geometric mean ratio [95 % t on the log ratio]",
+            f">= {GOAL_RATIO}x with the interval above 1",
+        ],
+        prow,
+    )
+    text = "\n".join(
+        [
+            *setting_lines(out, variants),
+            held,
+            "",
+            POOLED_NOTE,
+            "",
+            "Paired, seed-level (each variant against its reference at the same seeds):",
+            "",
+            paired,
+            *chain_lines(chain),
+        ]
+    )
     if chain:  # a folder without ledgers (v4) keeps its summary.json as it was
         s["chain"] = chain
     (out / "summary.md").write_text(text + "\n")
@@ -444,15 +465,26 @@ def _frac(k: int, n: int) -> str:
 def chain_row(label: List[str], c: Dict[str, Any]) -> List[str]:
     ctl = c["control"]
     if ctl["pairs"]:
-        diff = f"{ctl['difference']:+.2f}" + ("" if ctl["difference_low"] is None else
-                                               f" [{ctl['difference_low']:+.2f}, {ctl['difference_high']:+.2f}]")
+        diff = f"{ctl['difference']:+.2f}" + (
+            "" if ctl["difference_low"] is None else f" [{ctl['difference_low']:+.2f}, {ctl['difference_high']:+.2f}]"
+        )
         versus = f"{ctl['retry_successes']}/{ctl['pairs']} vs {ctl['control_successes']}/{ctl['pairs']}"
         ratio = "-" if ctl["ratio"] is None else f"{ctl['ratio']:.2f}"
     else:
         diff = versus = ratio = "-"
-    pivots = (f"{c['pivot_in_time']}/{c['pivot_scored']} ({c['pivot_exact']} exact)" if c["pivot_scored"] else "-")
-    return [*label, c["reflections"], c["valid"], pivots, c["retried"],
-            _frac(c["action_changed"], c["action_compared"]), _frac(c["retry_success"], c["retried"]), versus, diff, ratio]
+    pivots = f"{c['pivot_in_time']}/{c['pivot_scored']} ({c['pivot_exact']} exact)" if c["pivot_scored"] else "-"
+    return [
+        *label,
+        c["reflections"],
+        c["valid"],
+        pivots,
+        c["retried"],
+        _frac(c["action_changed"], c["action_compared"]),
+        _frac(c["retry_success"], c["retried"]),
+        versus,
+        diff,
+        ratio,
+    ]
 
 
 def chain_lines(ch: Dict[str, Any]) -> List[str]:
@@ -465,14 +497,31 @@ def chain_lines(ch: Dict[str, Any]) -> List[str]:
         rows += [chain_row([v, s], c) for s, c in sorted(e["per_seed"].items(), key=lambda kv: int(kv[0]))]
         if len(e["per_seed"]) > 1:
             rows.append(chain_row([f"**{v}**", "all"], e["all"]))
-    return ["", "The retry chain per run (its retries.jsonl): reflections -> valid reports -> pivot at or before the "
-            "oracle's first mistake (of the valid reports the oracle scored) -> retries started -> action at the pivot "
-            "changed -> retry success; and the retry against a fresh unguided episode of the same task "
-            "(`retry_control`, never trained on), paired over retry/control pairs (difference with its 95 % t "
-            "interval; ratio = retry successes / control successes):", "",
-            harness.markdown_table(["variant", "seed", "reflections", "valid", "pivot in time", "retries",
-                                    "action changed", "retry success", "retry vs control successes",
-                                    "difference [95 % t]", "ratio"], rows)]
+    return [
+        "",
+        "The retry chain per run (its retries.jsonl): reflections -> valid reports -> pivot at or before the "
+        "oracle's first mistake (of the valid reports the oracle scored) -> retries started -> action at the pivot "
+        "changed -> retry success; and the retry against a fresh unguided episode of the same task "
+        "(`retry_control`, never trained on), paired over retry/control pairs (difference with its 95 % t "
+        "interval; ratio = retry successes / control successes):",
+        "",
+        harness.markdown_table(
+            [
+                "variant",
+                "seed",
+                "reflections",
+                "valid",
+                "pivot in time",
+                "retries",
+                "action changed",
+                "retry success",
+                "retry vs control successes",
+                "difference [95 % t]",
+                "ratio",
+            ],
+            rows,
+        ),
+    ]
 
 
 def _write_csv(out: Path, s: Dict[str, Any]) -> None:

@@ -78,6 +78,7 @@ EVAL_KEYS = (
     "eval_temperature",
     "eval_seconds",
     "eval_cpu_s",
+    "eval_games",  # every held-out game (learning_curves.evaluate_heldout)
 )
 
 

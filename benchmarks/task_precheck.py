@@ -55,11 +55,29 @@ CANDIDATES: Dict[str, tuple] = {
     "coin8_t15": ("r3l/CoinCollector", {**_COMPACT, "num_locations": 8, "max_turns": 15}),
     "coin8_t25": ("r3l/CoinCollector", {**_COMPACT, "num_locations": 8, "max_turns": 25}),
     # TWX twc: one room, one item to put where it belongs (take it, put it in the right container)
-    "twc1": ("r3l/TextWorldExpress", {"game": "twc", "max_turns": 15, "game_params": {
-        "numLocations": 1, "numItemsToPutAway": 1, "includeDoors": 0, "limitInventorySize": 0}}),
+    "twc1": (
+        "r3l/TextWorldExpress",
+        {
+            "game": "twc",
+            "max_turns": 15,
+            "game_params": {"numLocations": 1, "numItemsToPutAway": 1, "includeDoors": 0, "limitInventorySize": 0},
+        },
+    ),
     # TWX cookingworld: one room, one ingredient (read the cookbook, take and prepare it, eat the meal)
-    "cook1": ("r3l/TextWorldExpress", {"game": "cookingworld", "max_turns": 20, "game_params": {
-        "numLocations": 1, "numIngredients": 1, "numDistractorItems": 0, "includeDoors": 0, "limitInventorySize": 0}}),
+    "cook1": (
+        "r3l/TextWorldExpress",
+        {
+            "game": "cookingworld",
+            "max_turns": 20,
+            "game_params": {
+                "numLocations": 1,
+                "numIngredients": 1,
+                "numDistractorItems": 0,
+                "includeDoors": 0,
+                "limitInventorySize": 0,
+            },
+        },
+    ),
     # TWX arithmetic: solve the problem, take the item with that quantity, put it in the box (TWX's defaults)
     "arith": ("r3l/TextWorldExpress", {"game": "arithmetic", "max_turns": 10}),
     # TWX simon says: do what Simon says, step after step (TWX's defaults)
@@ -90,15 +108,21 @@ def run_result(folder: Path, variant: str, seed: int = 0) -> Optional[Dict[str, 
     header, recs = read_curve(d)
     trained = [r for r in recs if r.get("iteration", 0) > 0]
     games = [g for g in final.get("eval_games") or [] if g is not None]
-    return {"successes": int(final["eval_successes"]), "episodes": int(final["eval_episodes"]),
-            "rate": final["eval_successes"] / max(final["eval_episodes"], 1), "lost": final.get("eval_lost"),
-            "mean_turns": sum(g["turns"] for g in games) / len(games) if games else None,
-            "eval_cpu_s": final.get("eval_cpu_s"), "eval_wall_s": final.get("eval_seconds"),
-            "train_cpu_s": round(sum(r.get("cpu_s") or 0.0 for r in trained), 1),
-            "train_wall_s": round(sum(r.get("wall_s") or 0.0 for r in trained), 1),
-            "samples": trained[-1]["samples_cumulative"] if trained else 0.0, "iterations": len(trained),
-            "run_wall_s": _seconds_between((header or {}).get("started"), final.get("finished")),
-            "cpu_model": (header or {}).get("cpu_model")}
+    return {
+        "successes": int(final["eval_successes"]),
+        "episodes": int(final["eval_episodes"]),
+        "rate": final["eval_successes"] / max(final["eval_episodes"], 1),
+        "lost": final.get("eval_lost"),
+        "mean_turns": sum(g["turns"] for g in games) / len(games) if games else None,
+        "eval_cpu_s": final.get("eval_cpu_s"),
+        "eval_wall_s": final.get("eval_seconds"),
+        "train_cpu_s": round(sum(r.get("cpu_s") or 0.0 for r in trained), 1),
+        "train_wall_s": round(sum(r.get("wall_s") or 0.0 for r in trained), 1),
+        "samples": trained[-1]["samples_cumulative"] if trained else 0.0,
+        "iterations": len(trained),
+        "run_wall_s": _seconds_between((header or {}).get("started"), final.get("finished")),
+        "cpu_model": (header or {}).get("cpu_model"),
+    }
 
 
 def verdict(base: Optional[Dict[str, Any]], grpo: Optional[Dict[str, Any]]) -> str:
@@ -121,8 +145,16 @@ def summarize(out: Path, names: Sequence[str]) -> List[Dict[str, Any]]:
         folder = out / name
         base, grpo = run_result(folder, BASE), run_result(folder, GRPO)
         env, env_config = CANDIDATES.get(name, (None, None))
-        rows.append({"candidate": name, "env": env, "env_config": env_config, "base": base, "grpo": grpo,
-                     "verdict": verdict(base, grpo)})
+        rows.append(
+            {
+                "candidate": name,
+                "env": env,
+                "env_config": env_config,
+                "base": base,
+                "grpo": grpo,
+                "verdict": verdict(base, grpo),
+            }
+        )
     return rows
 
 
@@ -135,20 +167,49 @@ def report(out: Path, names: Sequence[str]) -> str:
     table = []
     for r in rows:
         b, g = r["base"] or {}, r["grpo"] or {}
-        table.append([r["candidate"], f"{r['env']} {json.dumps(r['env_config'])}",
-                      f"{b['successes']}/{b['episodes']}" if b else "-", _n(b.get("mean_turns"), 1),
-                      _n(b.get("eval_cpu_s")), _n(b.get("run_wall_s")),
-                      f"{g['successes']}/{g['episodes']}" if g else "-", _n(g.get("samples")),
-                      _n(g.get("train_cpu_s")), _n(g.get("eval_cpu_s")), _n(g.get("run_wall_s")), r["verdict"]])
+        table.append(
+            [
+                r["candidate"],
+                f"{r['env']} {json.dumps(r['env_config'])}",
+                f"{b['successes']}/{b['episodes']}" if b else "-",
+                _n(b.get("mean_turns"), 1),
+                _n(b.get("eval_cpu_s")),
+                _n(b.get("run_wall_s")),
+                f"{g['successes']}/{g['episodes']}" if g else "-",
+                _n(g.get("samples")),
+                _n(g.get("train_cpu_s")),
+                _n(g.get("eval_cpu_s")),
+                _n(g.get("run_wall_s")),
+                r["verdict"],
+            ]
+        )
     cpus = sorted({x["cpu_model"] for r in rows for x in (r["base"], r["grpo"]) if x and x.get("cpu_model")})
-    text = "\n".join([
-        f"Task pre-check (issue 46 item 6): base = untrained, no reflection, held-out test-fold games at "
-        f"T=0.4; GRPO = {GRPO} seed 0 after the budget. Band: base {BASE_BAND[0]:.0%}-{BASE_BAND[1]:.0%}, "
-        f"GRPO < {GRPO_CEILING:.0%}. CPU: {', '.join(cpus) or 'unknown'} (one thread a run). CPU s: the run "
-        f"process's own time; wall s: the run from start to finish (engine build included).", "",
-        harness.markdown_table(["candidate", "environment", "base successes", "base mean turns", "base eval CPU s",
-                                "base run wall s", "GRPO successes", "GRPO trajectories", "GRPO train CPU s",
-                                "GRPO eval CPU s", "GRPO run wall s", "verdict"], table)])
+    text = "\n".join(
+        [
+            f"Task pre-check (issue 46 item 6): base = untrained, no reflection, held-out test-fold games at "
+            f"T=0.4; GRPO = {GRPO} seed 0 after the budget. Band: base {BASE_BAND[0]:.0%}-{BASE_BAND[1]:.0%}, "
+            f"GRPO < {GRPO_CEILING:.0%}. CPU: {', '.join(cpus) or 'unknown'} (one thread a run). CPU s: the run "
+            f"process's own time; wall s: the run from start to finish (engine build included).",
+            "",
+            harness.markdown_table(
+                [
+                    "candidate",
+                    "environment",
+                    "base successes",
+                    "base mean turns",
+                    "base eval CPU s",
+                    "base run wall s",
+                    "GRPO successes",
+                    "GRPO trajectories",
+                    "GRPO train CPU s",
+                    "GRPO eval CPU s",
+                    "GRPO run wall s",
+                    "verdict",
+                ],
+                table,
+            ),
+        ]
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(text + "\n")
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
@@ -164,8 +225,10 @@ def run_candidates(out: Path, names: Sequence[str], variants: Sequence[str]) -> 
         todo = lc.next_runs(folder, variants, [0])
 
         def finished(v: str, s: int, took: Optional[float], name=name) -> None:
-            print(f"{time.strftime('%H:%M:%S')} {name} {v}/seed{s} done" + (f" in {took:.1f} min" if took else ""),
-                  flush=True)
+            print(
+                f"{time.strftime('%H:%M:%S')} {name} {v}/seed{s} done" + (f" in {took:.1f} min" if took else ""),
+                flush=True,
+            )
             print(report(out, names), flush=True)
 
         lc.run_children(folder, todo, 1, setting["num_threads"], finished)

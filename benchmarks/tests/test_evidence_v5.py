@@ -31,9 +31,13 @@ def test_each_lever_is_one_option_on_top_of_r3l_today_with_the_control(v5_instal
     from rllib_r3l.cli.main import MAIN_JOB_SETTINGS
 
     assert v5.R3L_TODAY == {**MAIN_JOB_SETTINGS, "retry_control": True}  # what scripts/main.sh trains, + the control
-    expected = {"r3l_exclude": {"pivot_action": "exclude_failed"}, "r3l_hindsight": {"pivot_selector": "hindsight"},
-                "r3l_backoff": {"pivot_backoff": 1}, "r3l_pivot_temp": {"pivot_temperature": 1.2},
-                "r3l_oracle_exclude": {"reflector": "oracle", "pivot_action": "exclude_failed"}}
+    expected = {
+        "r3l_exclude": {"pivot_action": "exclude_failed"},
+        "r3l_hindsight": {"pivot_selector": "hindsight"},
+        "r3l_backoff": {"pivot_backoff": 1},
+        "r3l_pivot_temp": {"pivot_temperature": 1.2},
+        "r3l_oracle_exclude": {"reflector": "oracle", "pivot_action": "exclude_failed"},
+    }
     for v, lever in expected.items():
         extra = {k: x for k, x in diffs[v].items() if r3l.get(k, "unset") != x}
         assert extra == lever and set(r3l) <= set(diffs[v]), v
@@ -77,17 +81,33 @@ def test_the_control_is_outside_the_trajectory_budget(tiny_tokenizer, cap):
 def _ledger_run(out: Path, variant: str, seed: int, rows, k: int = 4) -> None:
     d = lcr.run_dir(out, variant, seed)
     d.mkdir(parents=True)
-    it = {"iteration": 1, "samples_cumulative": 64, "cpu_s": 10.0, "wall_s": 10.0, "success_rate": 0.25,
-          "num_retries": 2.0, "trained_tokens": 100.0}
+    it = {
+        "iteration": 1,
+        "samples_cumulative": 64,
+        "cpu_s": 10.0,
+        "wall_s": 10.0,
+        "success_rate": 0.25,
+        "num_retries": 2.0,
+        "trained_tokens": 100.0,
+    }
     (d / "curve.jsonl").write_text(json.dumps({"header": {"variant": variant}}) + "\n" + json.dumps(it) + "\n")
     (d / "final.json").write_text(json.dumps({"eval_successes": k, "eval_episodes": 32}))
     (d / "retries.jsonl").write_text("".join(json.dumps({"iteration": 1, **r}) + "\n" for r in rows))
 
 
 def _row(group, refl, pivot, oracle, changed, ok, control, status="ok"):
-    return {"group_id": group, "reflection": refl, "valid": True, "pivot": pivot, "reported_pivot": pivot,
-            "oracle_pivot": oracle, "retry_status": status, "action_changed": changed, "retry_success": ok,
-            "control_success": control}
+    return {
+        "group_id": group,
+        "reflection": refl,
+        "valid": True,
+        "pivot": pivot,
+        "reported_pivot": pivot,
+        "oracle_pivot": oracle,
+        "retry_status": status,
+        "action_changed": changed,
+        "retry_success": ok,
+        "control_success": control,
+    }
 
 
 def test_the_report_shows_each_run_s_funnel_and_retry_against_control(tmp_path):
@@ -99,12 +119,24 @@ def test_the_report_shows_each_run_s_funnel_and_retry_against_control(tmp_path):
     ch = lcr.chain_summary(tmp_path, ["grpo_paper", "r3l", "r3l_exclude"], [0, 1])
     assert set(ch) == {"r3l", "r3l_exclude"}
     s0 = ch["r3l"]["per_seed"]["0"]
-    assert (s0["reflections"], s0["valid"], s0["pivot_scored"], s0["pivot_in_time"], s0["retried"],
-            s0["action_changed"], s0["retry_success"]) == (2, 2, 2, 1, 2, 1, 1)
+    assert (
+        s0["reflections"],
+        s0["valid"],
+        s0["pivot_scored"],
+        s0["pivot_in_time"],
+        s0["retried"],
+        s0["action_changed"],
+        s0["retry_success"],
+    ) == (2, 2, 2, 1, 2, 1, 1)
     a = ch["r3l"]["all"]  # both seeds' group g0 stay two tasks
     assert (a["reflections"], a["retried"], a["retry_success"]) == (4, 4, 2)
-    assert (a["control"]["pairs"], a["control"]["tasks"], a["control"]["retry_successes"],
-            a["control"]["control_successes"], a["control"]["ratio"]) == (4, 3, 2, 1, 2.0)
+    assert (
+        a["control"]["pairs"],
+        a["control"]["tasks"],
+        a["control"]["retry_successes"],
+        a["control"]["control_successes"],
+        a["control"]["ratio"],
+    ) == (4, 3, 2, 1, 2.0)
     text = lcr.report(tmp_path, ["grpo_paper", "r3l", "r3l_exclude"], [0, 1], v5.PAIRS)
     assert "| r3l | 0 | 2 | 2 | 1/2 (1 exact) | 2 | 1/2 | 1/2 | 1/2 vs 0/2 |" in text
     assert "| **r3l** | all | 4 | 4 |" in text and "| r3l_exclude | 0 | 1 | 1 |" in text

@@ -19,7 +19,6 @@ import argparse
 import errno
 import importlib.util
 import os
-import signal
 import sys
 from typing import Optional, Sequence
 
@@ -200,22 +199,13 @@ def _run_tune(args, experiments, plan, storage, callbacks, con, live_dir, log_pa
     started = False
     if not ray.is_initialized():
         os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
-        arrived: list = []
-        try:
-            with signals.noted(arrived):  # Ray's own SIGTERM handler (sys.exit) may be swallowed inside ray.init
-                ray.init(
-                    address=args.address or "local",
-                    num_cpus=None if args.address else launch.local_cpus(args.num_cpus),
-                    include_dashboard=False,
-                    log_to_driver=not args.quiet_workers,
-                )
-        except SystemExit as e:  # Ray's own SIGTERM handler, installed first thing in ray.init
-            if e.code != signal.SIGTERM:
-                raise
-            raise KeyboardInterrupt from None
-        signals.interrupt_on_sigterm()  # ray.init replaced it
-        if signal.SIGTERM in arrived:  # it arrived while Ray started and its SystemExit went nowhere
-            raise KeyboardInterrupt
+        signals.init_ray(
+            signals.interrupt_on_sigterm,
+            address=args.address or "local",
+            num_cpus=None if args.address else launch.local_cpus(args.num_cpus),
+            include_dashboard=False,
+            log_to_driver=not args.quiet_workers,
+        )
         started = True
     import rllib_r3l
 

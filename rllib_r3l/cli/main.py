@@ -171,25 +171,15 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
     t0 = time.time()
     try:  # preemption while Ray starts or the model loads: nothing ran, nothing to save (a second signal: at once)
         _on_sigterm(con)
-        arrived: list = []
-        try:
-            with signals.noted(arrived):  # ray.init's own handler's sys.exit may be swallowed inside it
-                ray.init(
-                    address="local",
-                    num_cpus=args.num_cpus,
-                    include_dashboard=False,
-                    log_to_driver=args.verbose,
-                    configure_logging=True,
-                    logging_level="INFO" if args.verbose else "WARNING",
-                )
-        except SystemExit as e:  # ray.init's own SIGTERM handler (installed first thing inside it)
-            if e.code != signal.SIGTERM:
-                raise
-            raise KeyboardInterrupt from None
-        _on_sigterm(con)  # ray.init replaced it
-        if signal.SIGTERM in arrived:
-            _STOP_REQUESTED.append(signal.SIGTERM)  # a second signal now ends the process at once
-            raise KeyboardInterrupt
+        signals.init_ray(
+            lambda: _on_sigterm(con),
+            address="local",
+            num_cpus=args.num_cpus,
+            include_dashboard=False,
+            log_to_driver=args.verbose,
+            configure_logging=True,
+            logging_level="INFO" if args.verbose else "WARNING",
+        )
         if resume_from:
             from rllib_r3l import R3L
 

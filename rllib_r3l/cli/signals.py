@@ -126,3 +126,21 @@ def noted(arrived: List[int]):
             pass
         os.close(read_end)
         os.close(write_end)
+
+
+def init_ray(reinstall: Callable[[], None], **kwargs) -> None:
+    """``ray.init(**kwargs)``, then ``reinstall()`` our SIGTERM handler (ray.init installs its own, whose
+    ``sys.exit`` may be swallowed inside it); a SIGTERM that arrived meanwhile raises KeyboardInterrupt."""
+    import ray
+
+    arrived: List[int] = []
+    try:
+        with noted(arrived):
+            ray.init(**kwargs)
+    except SystemExit as e:  # Ray's own SIGTERM handler, installed first thing in ray.init
+        if e.code != signal.SIGTERM:
+            raise
+        raise KeyboardInterrupt from None
+    reinstall()
+    if signal.SIGTERM in arrived:  # it arrived while Ray started and its SystemExit went nowhere
+        raise KeyboardInterrupt
