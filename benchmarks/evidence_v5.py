@@ -16,6 +16,8 @@ common setting (``V5_SETTING``: v4's with the chosen task) and its own variants,
 * ``r3l_hindsight``: ``pivot_selector="hindsight"`` (the pivot where the policy's own odds blame the episode);
 * ``r3l_backoff``: ``pivot_backoff=1`` (one turn before the reported pivot);
 * ``r3l_pivot_temp``: ``pivot_temperature=1.2`` (a hotter pivot turn);
+* ``r3l_hindsight_exclude``: ``hindsight`` + ``exclude_failed``: the combination the first screened seeds
+  point at (hindsight put the pivot in time, 28/28; exclude_failed changed the action, 50/50);
 * ``r3l_oracle_exclude``: the oracle's reports + ``exclude_failed``: a DIAGNOSTIC upper bound.
 
 **The task** (``benchmarks/results/evidence_v5/precheck/summary.md``, AMD EPYC, 2 cores, one thread a run):
@@ -71,6 +73,7 @@ LEVERS: Dict[str, Dict[str, Any]] = {
     "r3l_hindsight": {"pivot_selector": "hindsight"},
     "r3l_backoff": {"pivot_backoff": 1},
     "r3l_pivot_temp": {"pivot_temperature": 1.2},
+    "r3l_hindsight_exclude": {"pivot_selector": "hindsight", "pivot_action": "exclude_failed"},
     "r3l_oracle_exclude": {"reflector": "oracle", "pivot_action": "exclude_failed"},  # DIAGNOSTIC upper bound
 }
 VARIANTS: Dict[str, Dict[str, Any]] = {
@@ -87,6 +90,7 @@ PRIORITY: Dict[str, int] = {
     "r3l_backoff": 1,
     "r3l_pivot_temp": 1,
     "grpo_paper": 1,
+    "r3l_hindsight_exclude": 1,
     "r3l_oracle_exclude": 2,
 }
 PAIRS: Dict[str, str] = {"r3l": "grpo_paper", **{v: "r3l" for v in LEVERS}}

@@ -36,6 +36,7 @@ def test_each_lever_is_one_option_on_top_of_r3l_today_with_the_control(v5_instal
         "r3l_hindsight": {"pivot_selector": "hindsight"},
         "r3l_backoff": {"pivot_backoff": 1},
         "r3l_pivot_temp": {"pivot_temperature": 1.2},
+        "r3l_hindsight_exclude": {"pivot_selector": "hindsight", "pivot_action": "exclude_failed"},
         "r3l_oracle_exclude": {"reflector": "oracle", "pivot_action": "exclude_failed"},
     }
     for v, lever in expected.items():
