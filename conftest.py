@@ -32,6 +32,22 @@ def pytest_configure(config):
         config.option.markexpr = f"({given}) and {FAST_EXPRESSION}" if given else FAST_EXPRESSION
 
 
+# imported before the first test under --fast: their import runs a child process (cpuinfo: `file`, through
+# platform.architecture) or takes seconds (vLLM), so a test that merely imports them is fast wherever it runs
+_IMPORTED_UP_FRONT = ("cpuinfo", "vllm")
+
+
+def pytest_sessionstart(session):
+    if session.config.getoption("--fast"):
+        import importlib
+
+        for name in _IMPORTED_UP_FRONT:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # a machine without it: its tests skip
+                pass
+
+
 class _Started:
     """What a test started: child processes (counted by ``subprocess.Popen``), Ray, vLLM."""
 
@@ -47,36 +63,49 @@ class _Started:
         self._counting_init = counting_init
 
     def __enter__(self):
+        # a JVM environment's first engine call starts a JVM: counted here, since the simulators' packages
+        # share one gateway per process (whichever test came first would start it); their import starts none
+        from environments import sciworld, twx
+
         subprocess.Popen.__init__ = self._counting_init
-        self.vllm_before = "vllm" in sys.modules
+        self.vllm_engines = 0
         self.jvms = 0
         self._engines = []
-        # a JVM environment's first engine call starts a JVM: counted here, since the simulators' packages
-        # share one gateway per process (whichever test came first would start it)
-        from environments import sciworld, twx
 
         for cls in (twx.TextWorldExpressEnv, sciworld.ScienceWorldEnv):
             original = cls.__dict__["_engine"]
-            self._engines.append((cls, original))
+            self._engines.append((cls, "_engine", original))
 
             def engine(env, _original=original):
                 self.jvms += env._env is None
                 return _original(env)
 
             cls._engine = engine
+        # a vLLM engine (vllm.LLM), not vLLM's import: the session imports vLLM up front (pytest_sessionstart),
+        # so which test imported it first does not matter
+        vllm = sys.modules.get("vllm")
+        if vllm is not None:
+            original = vllm.LLM.__dict__["__init__"]
+            self._engines.append((vllm.LLM, "__init__", original))
+
+            def llm_init(llm, *args, _original=original, **kwargs):
+                self.vllm_engines += 1
+                return _original(llm, *args, **kwargs)
+
+            vllm.LLM.__init__ = llm_init
         return self
 
     def __exit__(self, *exc):
         subprocess.Popen.__init__ = self._init
-        for cls, original in self._engines:
-            cls._engine = original
+        for cls, name, original in self._engines:
+            setattr(cls, name, original)
 
     def heavy(self):
         found = []
         if _ray_up():
             found.append(("a Ray runtime", "integration"))
-        if "vllm" in sys.modules and not self.vllm_before:
-            found.append(("vLLM", "slow"))
+        if self.vllm_engines:
+            found.append((f"{self.vllm_engines} vLLM engine(s)", "slow"))
         if self.children or self.jvms:
             found.append((f"{self.children} child process(es), {self.jvms} JVM environment(s)", "subprocess"))
         return found

@@ -307,7 +307,7 @@ class TimedReflector:
 
 def collect_failed(runner, args) -> Tuple[List[Any], Dict[str, Any]]:
     """Waves of ``args.batch`` seeded base episodes until ``args.failed`` have failed."""
-    from rllib_r3l.reliability.resilience import begin_sample
+    from rllib_r3l.generation.seeded import begin_sample
     from rllib_r3l.runner.explore import LOST
     from rllib_r3l.runner.rollout import EpisodeSpec
 
@@ -354,7 +354,7 @@ def collect_failed(runner, args) -> Tuple[List[Any], Dict[str, Any]]:
 
 def reflect_chunk(runner, style: str, args, bases: Sequence[Any], chunk: int) -> List[Dict[str, Any]]:
     """One style's reflections (one batched call) and retries on copies of ``bases``; a record each."""
-    from rllib_r3l.reliability.resilience import begin_sample
+    from rllib_r3l.generation.seeded import begin_sample
     from rllib_r3l.runner.explore import ExploreOptions, Explorer, GroupResult
     from rllib_r3l.runner.reflection.pivot_metrics import pivot_quality
     from rllib_r3l.trajectory import Kind

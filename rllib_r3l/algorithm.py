@@ -42,6 +42,7 @@ from rllib_r3l.config import R3LConfig
 from rllib_r3l.learner.distributed import pad_batch_for_learners
 from rllib_r3l.reliability import resilience
 from rllib_r3l.replay_buffer import replay_from_config
+from rllib_r3l.runner import dispatch
 
 logger = logging.getLogger(__name__)
 # where a Tune run of R3L starts (Tune resolving "R3L" imports this module, as does ``from rllib_r3l import
@@ -328,9 +329,12 @@ class R3L(Algorithm):
 
     # ------------------------------------------------------------------------------------------------
     def _explore(self):
-        # explicit per-runner shares; a runner that dies mid-sample is counted, restored and its
-        # share re-sampled (runner_failure_retries); see resilience.sample_with_recovery and docs/reliability.md
-        return resilience.sample_with_recovery(self)
+        """Each runner samples its explicit share of the iteration's task groups (runner/dispatch.py);
+        recovery is wrapped around the rounds: a runner that dies mid-sample is counted, restored and its
+        share re-sampled (runner_failure_retries; resilience.sample_with_recovery, docs/reliability.md)."""
+        if self.env_runner_group.num_remote_workers() <= 0:
+            return dispatch.sample_local(self)
+        return resilience.sample_with_recovery(self, dispatch.sample_round)
 
     @override(Algorithm)
     def restore_env_runners(self, env_runner_group) -> List[int]:

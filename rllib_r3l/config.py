@@ -346,13 +346,9 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
         }
 
     def get_default_learner_class(self):
-        if self.deepspeed:
-            from rllib_r3l.learner.deepspeed_learner import R3LDeepSpeedLearner
+        from rllib_r3l.learner import default_learner_class
 
-            return R3LDeepSpeedLearner
-        from rllib_r3l.learner.torch_learner import R3LTorchLearner
-
-        return R3LTorchLearner
+        return default_learner_class(self)
 
 
 def _validate_oracle_reflector(cfg: "R3LConfig", err) -> None:

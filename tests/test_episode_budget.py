@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rllib_r3l.reliability.resilience import episode_shares
+from rllib_r3l.runner.dispatch import episode_shares
 from rllib_r3l.trajectory import Kind
 from tests.scripted import make_explorer
 

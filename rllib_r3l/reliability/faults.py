@@ -149,7 +149,12 @@ def validate_reliability_options(config: Any) -> None:
     wait = config.runner_restart_wait_s
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
         raise ValueError(f"R3LConfig.runner_restart_wait_s: must be a number of seconds >= 0, got {wait!r}")
-    validate_fault_injection(config._fault_injection)
+    plan = validate_fault_injection(config._fault_injection)
+    if has_learner_faults(plan) and config.deepspeed:
+        raise ValueError(
+            "faults.inject: nan_loss_*/nan_grad_* are injected into R3L's torch learner; with "
+            "deepspeed=True they would not be: inject them with deepspeed=False"
+        )
 
 
 def fault_plan(config: Any) -> Optional[Dict[str, Any]]:
@@ -167,11 +172,16 @@ def _any(plan: Optional[Dict[str, Any]], names) -> bool:
     return bool(plan) and any(plan[f"{n}_prob"] > 0 or plan[f"{n}_at_{_unit(n)}"] for n in names)
 
 
+def has_learner_faults(plan: Optional[Dict[str, Any]]) -> bool:
+    """Whether ``plan`` injects a learner fault (``reliability/learner_faults.py`` then trains)."""
+    return _any(plan, LEARNER_FAULTS)
+
+
 def _unit(name: str) -> str:
     return "updates" if name in LEARNER_FAULTS else "calls" if name in ENGINE_FAULTS else "steps"
 
 
-class _Trigger:
+class Trigger:
     """Decides, per event index, which faults fire (a fixed index or a seeded coin flip)."""
 
     def __init__(self, plan: Dict[str, Any], names, seed_parts: List[int]) -> None:
@@ -195,7 +205,7 @@ class _Trigger:
 class FaultyEnv:
     """Wraps a text environment and injects crashes, JVM kills and bad observations into ``step``."""
 
-    def __init__(self, env: Any, trigger: _Trigger, counters: Counter) -> None:
+    def __init__(self, env: Any, trigger: Trigger, counters: Counter) -> None:
         self.env = env
         self._trigger = trigger
         self._counters = counters
@@ -250,7 +260,7 @@ def wrap_env_factory(
     plan = fault_plan(config)
     if not _any(plan, ENV_FAULTS):
         return factory
-    trigger = _Trigger(plan, ENV_FAULTS, [1, worker_index])
+    trigger = Trigger(plan, ENV_FAULTS, [1, worker_index])
     return lambda: FaultyEnv(factory(), trigger, counters)
 
 
@@ -260,7 +270,7 @@ class FaultyBackend:
     """Wraps a generation backend; at an injected ``engine_death`` the engine dies: that call and every
     later one raise, as calls into a crashed vLLM engine do, until the runner builds a new engine."""
 
-    def __init__(self, backend: Any, trigger: _Trigger, counters: Counter) -> None:
+    def __init__(self, backend: Any, trigger: Trigger, counters: Counter) -> None:
         self.backend = backend
         self._trigger = trigger
         self._counters = counters
@@ -279,50 +289,15 @@ class FaultyBackend:
 
 
 def wrap_backend(
-    backend: Any, config: Any, counters: Counter, worker_index: int, trigger: Optional[_Trigger] = None
-) -> Tuple[Any, Optional[_Trigger]]:
+    backend: Any, config: Any, counters: Counter, worker_index: int, trigger: Optional[Trigger] = None
+) -> Tuple[Any, Optional[Trigger]]:
     """``(backend, None)``, or with engine faults configured a ``FaultyBackend`` and its trigger (pass
     the trigger back for a rebuilt engine, so that call indices count across engines)."""
     plan = fault_plan(config)
     if not _any(plan, ENGINE_FAULTS):
         return backend, None
-    trigger = trigger or _Trigger(plan, ENGINE_FAULTS, [3, worker_index])
+    trigger = trigger or Trigger(plan, ENGINE_FAULTS, [3, worker_index])
     return FaultyBackend(backend, trigger, counters), trigger
-
-
-# ------------------------------------------------------------------------------------------------------
-# learner
-def begin_update(learner: Any) -> None:
-    """Decide which learner faults this update gets (``learner._r3l_faults``); count the injections."""
-    trigger = getattr(learner, "_r3l_fault_trigger", False)
-    if trigger is False:
-        plan = fault_plan(learner.config)
-        trigger = _Trigger(plan, LEARNER_FAULTS, [2]) if _any(plan, LEARNER_FAULTS) else None
-        learner._r3l_fault_trigger = trigger
-    learner._r3l_faults = set(trigger.next()) if trigger is not None else set()
-    for kind in learner._r3l_faults:
-        learner.metrics.log_value(("r3l", "faults", f"injected_{kind}"), 1, reduce="sum")
-
-
-def poison_loss(learner: Any, loss):
-    """The loss, or NaN for the first micro-batch of an update chosen by ``nan_loss_*``."""
-    faults = getattr(learner, "_r3l_faults", None)
-    if faults and "nan_loss" in faults:
-        faults.discard("nan_loss")
-        return loss * float("nan")
-    return loss
-
-
-def poison_grads(learner: Any) -> None:
-    """Set one gradient entry to +inf in an update chosen by ``nan_grad_*``."""
-    faults = getattr(learner, "_r3l_faults", None)
-    if faults and "nan_grad" in faults:
-        faults.discard("nan_grad")
-        for p in ray_internals.learner_params(learner).values():
-            if p.grad is not None:
-                p.grad.view(-1)[0] = float("inf")
-                return
-        logger.warning("fault injection nan_grad: no gradient in this update to poison")
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""Surviving env-runner failures, checkpointing all of R3L's state, and reproducible sampling.
+"""Surviving env-runner failures and checkpointing the runners' state RLlib leaves out.
 
-* ``explore``: the Algorithm's sampling step. Each healthy remote runner gets an explicit share of
-  the iteration's task groups; a runner that dies mid-sample (with
+* ``sample_with_recovery``: recovery wrapped around exploration (``runner/dispatch.py`` samples each
+  healthy runner's share). A runner that dies mid-sample (with
   ``fault_tolerance(restart_failed_env_runners=True)`` RLlib drops its result) is counted under
   ``r3l/faults/env_runner_failures`` and its share under ``r3l/faults/groups_lost_with_runner``;
   then, up to ``runner_failure_retries`` times, the runner is restored (RLlib restarts the actor;
@@ -18,9 +18,9 @@
 * ``get_extra_state``/``set_extra_state``: what RLlib's checkpoint leaves out. RLlib saves the local
   env runner only; the remote runners' task-seed RNG states go under ``state["r3l_state"]`` (the
   update counter and the replay buffer are saved by the Algorithm under ``state["r3l_scaling"]``).
-* ``SeededBackend``: with ``sampling_seed`` set, every generate call gets a seed derived from
-  (``sampling_seed``, the sample's task seeds, the call number), so sampling depends only on the
-  runner's (checkpointed) RNG state and the weights: a resumed run repeats an uninterrupted one.
+* ``learner_lost_is_clear``: a remote learner lost mid-update ends the run with one line.
+
+Reproducible sampling (``sampling_seed``) lives in ``generation/seeded.py``.
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from rllib_r3l import ray_internals
-from rllib_r3l.generation.base import GenerationBackend
 from rllib_r3l.reliability import faults
+from rllib_r3l.runner import dispatch
 
 logger = logging.getLogger(__name__)
 
@@ -43,62 +41,14 @@ STATE_KEY = "r3l_state"
 
 
 # ------------------------------------------------------------------------------------------------------
-# sampling with runner-failure accounting and retry
-def runner_shares(total: int, runner_ids: Sequence[int]) -> Dict[int, int]:
-    """Split ``total`` task groups over ``runner_ids`` (the same split ``R3LEnvRunner.sample`` uses)."""
-    ids = sorted(runner_ids)
-    if not ids:
-        return {}
-    base, extra = divmod(int(total), len(ids))
-    return {i: base + int(k < extra) for k, i in enumerate(ids) if base + int(k < extra) > 0}
-
-
-def _runner_cache(algo: Any) -> Dict[int, Dict[str, Any]]:
-    cache = getattr(algo, "_r3l_runner_states", None)
-    if cache is None:
-        cache = algo._r3l_runner_states = {}
-    return cache
-
-
-def episode_shares(cap: Optional[int], groups: Dict[int, int]) -> Dict[int, Optional[int]]:
-    """``cap`` episodes split over runners in proportion to their task groups (the remainder to the first
-    ones); None for each when there is no cap."""
-    if cap is None:
-        return {i: None for i in groups}
-    total = sum(groups.values()) or 1
-    shares = {i: cap * n // total for i, n in groups.items()}
-    for i in sorted(groups)[: cap - sum(shares.values())]:
-        shares[i] += 1
-    return shares
-
-
-def _sample_fn(n: int, after: Dict[str, Any], max_episodes: Optional[int] = None):
-    """Sample ``n`` groups, unless the runner cannot sample from the learner's weights: it has fewer
-    groups behind it than the driver last saw (``after``: a fresh process Ray restarted unseen, with
-    the initial weights and task RNG), or its engine was rebuilt with older weights than the last
-    weight transfer's. Then it answers ``None`` and the reason (raising would make RLlib exit the actor
-    and restart it again); the driver restores it like a failed runner."""
-    k = int(after.get("num_groups_sampled", 0) or 0)
-
-    def fn(r):
-        if r.get_state()["num_groups_sampled"] < k:
-            return None, "env_runners_restarted_unseen", r.worker_index, None
-        if r.needs_weights():
-            return None, "env_runners_behind_weights", r.worker_index, None
-        return r.sample(num_groups=n, max_episodes=max_episodes), r.get_metrics(), r.worker_index, r.get_state()
-
-    return fn
-
-
-def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
-    """Sample this iteration's task groups on the env runners; count (and retry) runner failures."""
+# recovery around exploration
+def sample_with_recovery(algo: Any, sample_round: Callable[..., Any]) -> Tuple[List[Any], List[Any]]:
+    """Recovery wrapped around exploration: ``sample_round(algo, pending, cap)`` (``runner/dispatch.py``)
+    samples each healthy runner's share; a runner that failed or could not sample is counted, restored
+    and its share sampled again, up to ``runner_failure_retries`` times."""
     group = algo.env_runner_group
     cap = getattr(algo, "episode_cap", None)  # an exact trajectory budget for this iteration (R3L.episode_cap)
-    if group.num_remote_workers() <= 0:
-        out = group.foreach_env_runner(lambda r: (r.sample(max_episodes=cap), r.get_metrics()), local_env_runner=True)
-        return [g for o in out for g in o[0]], [o[1] for o in out]
     c, m = algo.config, algo.metrics
-    cache = _runner_cache(algo)
     healthy = list(group.healthy_worker_ids())
     if not healthy:  # every runner is restarting: wait (bounded) rather than run an empty iteration
         healthy = wait_for_runners(algo, group, ray_internals.actor_ids(group))
@@ -106,36 +56,24 @@ def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
         m.log_value(
             ("r3l", "faults", "env_runners_unavailable"), group.num_remote_workers() - len(healthy), reduce="sum"
         )
-    pending = runner_shares(c.tasks_per_iteration, healthy)
+    pending = dispatch.runner_shares(c.tasks_per_iteration, healthy)
     if not pending:
         m.log_value(("r3l", "faults", "groups_lost_with_runner"), int(c.tasks_per_iteration), reduce="sum")
     groups: List[Any] = []
     metrics: List[Any] = []
     attempt = 0
     while pending:
-        ids = sorted(pending)
-        killer = faults.maybe_kill_runner(algo, ids) if attempt == 0 else None
+        killer = faults.maybe_kill_runner(algo, sorted(pending)) if attempt == 0 else None
         try:
-            caps = episode_shares(cap, pending)
-            out = group.foreach_env_runner(
-                [_sample_fn(pending[i], cache.get(i, {}), caps.get(i)) for i in ids],
-                remote_worker_ids=ids,
-                local_env_runner=False,
-            )
+            got = sample_round(algo, pending, cap)
         finally:
             if killer is not None and killer.finish():
                 m.log_value(("r3l", "faults", "injected_runner_kill"), 1, reduce="sum")
-        done = set()
-        for sample, runner_metrics, idx, state in out:
-            if sample is None:  # out of service until restored with the learner's weights (and its RNG)
-                m.log_value(("r3l", "faults", runner_metrics), 1, reduce="sum")
-                ray_internals.mark_unhealthy(group, idx)
-                continue
-            groups.extend(sample)
-            metrics.append(runner_metrics)
-            cache[idx] = state
-            done.add(idx)
-        failed = {i: n for i, n in pending.items() if i not in done}
+        for reason in got.out_of_service.values():
+            m.log_value(("r3l", "faults", reason), 1, reduce="sum")
+        groups.extend(got.groups)
+        metrics.extend(got.metrics)
+        failed = {i: n for i, n in pending.items() if i not in got.done}
         if not failed:
             break
         lost = sum(failed.values())
@@ -153,7 +91,7 @@ def sample_with_recovery(algo: Any) -> Tuple[List[Any], List[Any]]:
             if i in healthy:  # restored with its pre-sample RNG state: it redraws the same tasks
                 again[i] += n
             else:
-                again.update(runner_shares(n, healthy))
+                again.update(dispatch.runner_shares(n, healthy))
         pending = {i: n for i, n in again.items() if n > 0}
         m.log_value(("r3l", "faults", "groups_resampled"), sum(pending.values()), reduce="sum")
     return groups, metrics
@@ -188,7 +126,7 @@ def restore_env_runners(algo: Any, group: Any) -> List[int]:
         components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE, inference_only=True
     )[COMPONENT_LEARNER]
     ref = ray.put(weights)
-    cache = _runner_cache(algo) if group is algo.env_runner_group else {}
+    cache = dispatch.runner_states(algo) if group is algo.env_runner_group else {}
     funcs = []
     for idx in restored:
         own = {k: v for k, v in cache.get(idx, {}).items() if k != "weights_seq_no"}
@@ -212,7 +150,7 @@ def restore_env_runners(algo: Any, group: Any) -> List[int]:
 def remote_runner_states(algo: Any) -> Dict[int, Dict[str, Any]]:
     """Task-seed RNG state of every remote env runner (live, else the last one seen)."""
     group = algo.env_runner_group
-    cache = _runner_cache(algo)
+    cache = dispatch.runner_states(algo)
     if group is None or group.num_remote_workers() <= 0:
         return {}
     try:
@@ -237,7 +175,7 @@ def set_extra_state(algo: Any, state: Optional[Dict[str, Any]]) -> None:
     if not state:
         return
     runner_states = {int(i): s for i, s in (state.get("env_runners") or {}).items()}
-    cache = _runner_cache(algo)
+    cache = dispatch.runner_states(algo)
     cache.clear()
     cache.update(runner_states)
     group = algo.env_runner_group
@@ -250,62 +188,6 @@ def set_extra_state(algo: Any, state: Optional[Dict[str, Any]]) -> None:
             remote_worker_ids=ids,
             local_env_runner=False,
         )
-
-
-# ------------------------------------------------------------------------------------------------------
-# reproducible sampling
-class SeededBackend(GenerationBackend):
-    """Passes a derived seed to every unseeded ``generate`` call of the wrapped backend."""
-
-    def __init__(self, inner: GenerationBackend, sampling_seed: int) -> None:
-        self.inner = inner
-        self.name = getattr(inner, "name", "seeded")
-        self.sampling_seed = int(sampling_seed)
-        self._key: List[int] = []
-        self._calls = 0
-
-    def begin_sample(self, task_seeds: Iterable[int]) -> None:
-        self._key = [int(s) for s in task_seeds]
-        self._calls = 0
-
-    def next_seed(self) -> int:
-        ss = np.random.SeedSequence([self.sampling_seed, self._calls, *self._key])
-        self._calls += 1
-        return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
-
-    def generate(self, requests, *, temperature, top_p=1.0, seed=None, on_done=None):
-        if seed is None:
-            seed = self.next_seed()
-        return self.inner.generate(requests, temperature=temperature, top_p=top_p, seed=seed, on_done=on_done)
-
-    def update_weights(self, named_tensors):
-        return self.inner.update_weights(named_tensors)
-
-    def score(self, prompt_token_ids, continuation_ids):
-        return self.inner.score(prompt_token_ids, continuation_ids)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
-def seeded_backend(backend: Optional[GenerationBackend], sampling_seed: Optional[int]):
-    if backend is None or sampling_seed is None:
-        return backend
-    return SeededBackend(backend, sampling_seed)
-
-
-def begin_sample(task_seeds: Sequence[int], *backends: Any) -> None:
-    """Key the seeds of the coming generate calls to this sample's task seeds."""
-    seen = set()
-    for b in backends:
-        if isinstance(b, SeededBackend) and id(b) not in seen:
-            seen.add(id(b))
-            b.begin_sample(task_seeds)
 
 
 @contextlib.contextmanager

@@ -102,7 +102,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
             self._reflector = make_backend(c.backend, rpath, **engine_options(c))
             reflector_chat = ChatFormat(load_tokenizer(rpath))
         self.counters["backend_start_seconds"] = int(time.perf_counter() - t0)
-        from rllib_r3l.reliability.resilience import seeded_backend
+        from rllib_r3l.generation.seeded import seeded_backend
 
         # sampling_seed: every generate call seeded from the sample's task seeds (reproducible resume)
         self._reflector = seeded_backend(self._reflector, c.sampling_seed)
@@ -126,8 +126,8 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
     def _build_policy_backend(self):
         """The policy's engine as exploration uses it: seeded sampling and (a testing aid) engine faults."""
         from rllib_r3l.generation import make_backend
+        from rllib_r3l.generation.seeded import seeded_backend
         from rllib_r3l.reliability.faults import wrap_backend
-        from rllib_r3l.reliability.resilience import seeded_backend
 
         backend = make_backend(self.config.backend, self._model_path, **engine_options(self.config))
         backend, self._engine_fault_trigger = wrap_backend(
@@ -214,7 +214,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         (``env_config["eval_split"]``, default "dev") at ``evaluation_temperature``, with the weights this
         runner's engine holds: the rows of ``R3L.evaluate()`` (runner/evaluation.py). The training task
         stream is untouched (its RNG is not drawn from); the episodes' faults count apart, in the rows."""
-        from rllib_r3l.reliability.resilience import begin_sample
+        from rllib_r3l.generation.seeded import begin_sample
         from rllib_r3l.runner.evaluation import episode_row
         from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
@@ -232,7 +232,7 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
     def _explore_round(self, num_groups: int) -> Optional[List[GroupResult]]:
         """One round of exploration on ``num_groups`` new tasks; None when it failed (counted)."""
         seeds = [int(s) for s in self._rng.integers(0, 2**31 - 1, size=num_groups)]
-        from rllib_r3l.reliability.resilience import begin_sample
+        from rllib_r3l.generation.seeded import begin_sample
 
         begin_sample(seeds, self._backend, self._reflector)
         gids = [f"w{self.worker_index}-g{self._num_groups_sampled + i}-s{s}" for i, s in enumerate(seeds)]

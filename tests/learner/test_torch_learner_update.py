@@ -20,6 +20,7 @@ import torch
 
 from rllib_r3l import R3LConfig
 from rllib_r3l.learner.torch_learner import R3LTorchLearner
+from rllib_r3l.reliability.learner_faults import FaultInjectingLearner
 from rllib_r3l.trajectory import KINDS, Kind
 
 MID = "default_policy"
@@ -183,10 +184,27 @@ def test_an_update_without_credited_tokens_changes_nothing():
     assert ("r3l", "learner", "pg_loss") not in m.logged  # no micro-batch ran: no loss statistics
 
 
+class FaultyStub(StubLearner, FaultInjectingLearner):
+    """The stub with the fault-injecting learner's hooks (what R3LConfig picks when a plan names them)."""
+
+
 def _faulty(kind, **training):
-    lrn = StubLearner(**training)
-    lrn._r3l_fault_trigger = types.SimpleNamespace(next=lambda: [kind])
+    lrn = FaultyStub(**training)
+    lrn.arm(types.SimpleNamespace(next=lambda: [kind]), [lrn._module[MID].table])
     return lrn
+
+
+def test_r3l_s_own_learner_has_no_fault_code():
+    """Fault injection lives in a subclass the config picks only for a plan with learner faults."""
+    from rllib_r3l.reliability import faults
+
+    assert R3LConfig().get_default_learner_class() is R3LTorchLearner
+    picked = faults.inject(R3LConfig(), {"nan_grad_at_updates": [1]}).get_default_learner_class()
+    assert picked is FaultInjectingLearner
+    assert faults.inject(R3LConfig(), {"env_raise_at_steps": [0]}).get_default_learner_class() is R3LTorchLearner
+    lrn = StubLearner()
+    lrn._update({MID: batch3()})
+    assert lrn.applied is not None and not any("injected" in k[-1] for k in lrn.metrics.logged)
 
 
 @pytest.mark.parametrize("kind", ["nan_loss", "nan_grad"])
@@ -405,3 +423,13 @@ def test_step_statistics_add_losses_and_average_ratios_over_micro_batches():
     assert m.learner("sampler_logprob_gap_base") == (0.75, "mean", 1)
     assert m.learner("ratio_tokens_without_behaviour_logprobs") == (5.0, "sum", None)
     assert len(m.logged) == 6
+
+
+def test_learner_faults_with_deepspeed_are_refused_not_silently_dropped():
+    """DeepSpeed's learner is not the fault-injecting one: a plan with learner faults there is an error."""
+    from rllib_r3l.reliability import faults
+
+    cfg = faults.inject(R3LConfig().training(deepspeed=True), {"nan_loss_at_updates": [0]})
+    with pytest.raises(ValueError, match="deepspeed=True"):
+        faults.validate_reliability_options(cfg)
+    faults.validate_reliability_options(faults.inject(R3LConfig().training(deepspeed=True), {"env_raise_prob": 0.1}))

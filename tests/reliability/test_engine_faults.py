@@ -126,7 +126,7 @@ def test_an_engine_rebuilt_after_a_weight_transfer_stops_the_sample_and_the_runn
     from types import SimpleNamespace
 
     from rllib_r3l.learner.weight_sync import _on_runner
-    from rllib_r3l.reliability.resilience import _sample_fn
+    from rllib_r3l.runner.dispatch import sample_fn as _sample_fn
 
     runner = _runner({"engine_death_at_calls": [2]}, dynamic_sampling_rounds=2)
     try:

@@ -15,6 +15,7 @@ a retry from a later turn would replay the turn the report blames). Ties go to t
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from rllib_r3l.trajectory import Trajectory
@@ -52,8 +53,9 @@ def response_spans(t: Trajectory, offset_after_first: int = 0) -> List[tuple]:
 
 
 def choose(deltas: Dict[int, float], bound: int) -> Optional[int]:
-    """The turn at or before ``bound`` whose action lost the most log-probability (earliest on a tie)."""
-    turns = sorted(t for t in deltas if 0 <= t <= bound)
+    """The turn at or before ``bound`` whose action lost the most log-probability (earliest on a tie).
+    A turn whose score is not finite (a NaN log-prob) is no evidence: it is never chosen."""
+    turns = sorted(t for t in deltas if 0 <= t <= bound and math.isfinite(deltas[t]))
     return min(turns, key=lambda t: (deltas[t], t)) if turns else None
 
 

@@ -66,6 +66,9 @@ def test_the_turn_the_report_speaks_against_by_hand():
     assert hindsight.hindsight_pivots(backend, FixedChat(), [t], ["report"], [0]) == [0]  # bounded by the report
     assert hindsight.choose({0: -1.0, 1: -1.0, 2: -3.0}, 1) == 0  # a tie goes to the earliest turn
     assert hindsight.choose({}, 3) is None
+    nan = float("nan")  # a NaN score is no evidence: not turn 0 by default (min() over NaN keys would be)
+    assert hindsight.choose({0: nan, 1: -0.5, 2: -0.1}, 2) == 1
+    assert hindsight.choose({0: nan, 1: float("-inf")}, 1) is None
 
 
 def test_the_token_arithmetic_matches_the_model_s_own_scores(tiny_model_dir, tiny_tokenizer):
