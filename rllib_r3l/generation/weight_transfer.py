@@ -15,7 +15,9 @@ The API (vLLM 0.32) as used here:
   wire dtype, shape) and a fresh ``(name, tensor)`` stream per round.
 
 GPU: vLLM's own ``"nccl"`` engines (one PyNccl broadcast from the trainer, packed 1 GiB buffers), or
-its ``"ipc"`` engines when the one engine shares the learner's GPU (:func:`choose_backend`).
+its ``"ipc"`` engines when the one engine, in another process, shares the learner's GPU; an engine whose
+workers run in the learner's own process (the default layout) takes no transfer engine: ``"direct"``, the
+learner's tensors loaded in place (:func:`choose_backend`; CUDA IPC is built to cross processes).
 CPU: vLLM's engines cannot run there (``base.py:502`` ``torch.accelerator.synchronize()`` and
 ``nccl_common.py:203`` ``torch.accelerator.current_device_index()`` raise without an accelerator,
 ``packed_tensor.py:24`` builds ``torch.cuda.Stream``s, the IPC engine rebuilds CUDA IPC handles), so
@@ -25,6 +27,7 @@ format over a gloo group. It also serves GPU engines whose sender has no GPU.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -33,12 +36,14 @@ from rllib_r3l.generation.gloo_transfer import GLOO, chunk_plan, register
 
 NCCL = "nccl"
 IPC = "ipc"
+DIRECT = "direct"  # no transfer engine: the engine's workers share the sender's process and load its tensors
 GPU_BUFFER_BYTES = 1 << 30  # vLLM's default
 
 __all__ = [
     "GLOO",
     "NCCL",
     "IPC",
+    "DIRECT",
     "api_missing_reason",
     "choose_backend",
     "engine_info",
@@ -65,9 +70,10 @@ def api_missing_reason() -> Optional[str]:
     return f"vllm.LLM lacks {', '.join(missing)}" if missing else None
 
 
-def engine_info(backend: Any, parallel_config: Any) -> Dict[str, Any]:
+def engine_info(backend: Any, parallel_config: Any, in_process: bool = False) -> Dict[str, Any]:
     """A ``VLLMBackend``'s ``weight_transfer_info``: why not (None: the API is there), its device(s),
-    dtype (the wire dtype), workers, what not to send (a tied head), the group it is in."""
+    dtype (the wire dtype), workers, what not to send (a tied head), the group it is in, and the
+    process it runs in (``pid``) with whether its workers run there too (``in_process``)."""
     off = backend.weight_transfer == "off"
     uuids = (
         []
@@ -83,20 +89,30 @@ def engine_info(backend: Any, parallel_config: Any) -> Dict[str, Any]:
         "session": backend.transfer_session,
         "world_size": int(parallel_config.world_size * parallel_config.data_parallel_size),
         "skip": ["lm_head.weight"] if backend.tie_word_embeddings else [],
+        "pid": os.getpid(),
+        "in_process": bool(in_process),
     }
 
 
 def choose_backend(engines: Sequence[Dict[str, Any]], sender: Dict[str, Any], requested: str = "auto") -> str:
     """Which engine moves the weights, from each engine's ``weight_transfer_info`` and the sender's
-    ``{"cuda", "gpu_uuid", "ranks"}``: vLLM's ``"ipc"`` when the only engine (one worker) shares the
-    sender's GPU (NCCL refuses two ranks on one device), vLLM's ``"nccl"`` when the engines are on
-    other GPUs, ours over gloo otherwise (CPU engines, a CPU learner, a mix)."""
+    ``{"cuda", "gpu_uuid", "ranks", "pid"}``: none (``"direct"``: the engine loads the sender's tensors in
+    place) when every engine is on a GPU with its workers in the sender's process (vLLM's IPC engine
+    exports CUDA IPC handles for another process to open; NCCL would need two ranks in one process);
+    else vLLM's ``"ipc"`` when the only engine (one worker) shares the sender's GPU (NCCL refuses two
+    ranks on one device), vLLM's ``"nccl"`` when the engines are on other GPUs, ours over gloo otherwise
+    (CPU engines, a CPU learner, a mix). A CPU engine in the sender's process keeps ours over gloo
+    (the measured CPU path: shared memory, the cast overlapped with the engine's loading)."""
     if requested not in ("auto", NCCL, IPC, GLOO):
         raise ValueError(
             f"backend_options.weight_transfer must be 'auto', 'off', {NCCL!r}, {IPC!r} or {GLOO!r}; got {requested!r}"
         )
     if requested != "auto":
         return requested
+    pid = sender.get("pid")
+    if pid is not None and engines and all(e.get("in_process") and e.get("pid") == pid for e in engines):
+        if all(e["device"] == "cuda" for e in engines):
+            return DIRECT
     if not sender.get("cuda") or any(e["device"] != "cuda" for e in engines):
         return GLOO
     shared = [e for e in engines if sender.get("gpu_uuid") in e.get("gpu_uuids", ())]

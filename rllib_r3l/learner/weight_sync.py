@@ -8,6 +8,8 @@ has the weight-transfer engine API)::
                     (vLLM's NCCL or IPC engine on GPU; ours over gloo on CPU:
                     rllib_r3l.generation.weight_transfer); no driver, no object store
     every worker:   receives and loads through vLLM's layerwise reload; prefix cache reset
+    (an engine on a GPU with its workers in the learner's process, the default layout: no transfer
+    engine, its workers load the learner's tensors in place, ``VLLMBackend.load_weights_in_place``)
 
 **Object store** (the fallback, chosen once with one log line saying why): the learner's
 ``get_state(inference_only=True)`` goes through the driver's ``ray.put`` to every runner, whose engine
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import traceback
 import uuid
@@ -154,10 +157,14 @@ def close_sender() -> None:
 
 def send_weights(plan: TransferPlan, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> float:
     """Rank 0's send: opens the plan's transfer group on first use (vLLM's trainer factory), then one
-    full round (start, broadcast while the engines receive, finish). Returns the seconds it took."""
+    full round (start, broadcast while the engines receive, finish). Returns the seconds it took.
+    ``"direct"``: no group, the engines in this process load the tensors (:func:`load_in_process`)."""
     from rllib_r3l.generation import weight_transfer as wt
 
     t0 = time.perf_counter()
+    if plan.backend == wt.DIRECT:
+        load_in_process(plan, named_tensors)
+        return time.perf_counter() - t0
     if _SENDER.get("session") != plan.session:
         close_sender()
         source = wt.StateSource(getattr(torch, plan.dtype), "cpu" if plan.backend == wt.GLOO else "cuda", plan.skip)
@@ -186,6 +193,20 @@ def send_weights(plan: TransferPlan, named_tensors: Iterable[Tuple[str, torch.Te
     return time.perf_counter() - t0
 
 
+def load_in_process(plan: TransferPlan, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+    """The ``"direct"`` plan: engines whose workers share this process load the learner's tensors in
+    place (``VLLMBackend.load_weights_in_place``: vLLM's layerwise reload, the prefix cache reset), as they
+    are (the copy into the parameters casts); no transfer engine, no packing, no CUDA IPC handles. Each
+    engine then counts as in the plan's session (a rebuilt one is not, and re-opens the plan)."""
+    if not plan.engines.in_process:
+        raise RuntimeError("the 'direct' weight sync needs the engines in the sender's process")
+    named = list(named_tensors)
+    out = plan.engines.call("load_weights_in_place", [(named, plan.session)] * len(plan.engines.backends))
+    errors = [r["error"] for r in out if "error" in r]
+    if errors:
+        raise RuntimeError(f"load_weights_in_place failed on {len(errors)} engine(s):\n{errors[0]}")
+
+
 def _node_ip() -> str:
     import ray
 
@@ -207,7 +228,7 @@ def learner_weights(learner: Any) -> List[Tuple[str, torch.Tensor]]:
 
 
 def sender_info(learner: Any) -> Dict[str, Any]:
-    """Where the sender's weights live: its GPU (for the choice of engine) and its trainer ranks."""
+    """Where the sender's weights live: its GPU (for the choice of engine), its trainer ranks, its process."""
     import torch.distributed as dist
     from ray.rllib.core import DEFAULT_MODULE_ID
 
@@ -217,6 +238,7 @@ def sender_info(learner: Any) -> Dict[str, Any]:
         "cuda": cuda,
         "gpu_uuid": str(torch.cuda.get_device_properties(p.device).uuid) if cuda else None,
         "ranks": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+        "pid": os.getpid(),  # an engine whose workers run in this process loads the tensors directly
     }
 
 
@@ -315,10 +337,15 @@ class WeightTransferSync:
             uuid.uuid4().hex, backend, engines, offsets, n, infos[0]["dtype"], infos[0]["skip"], self.buffer_bytes
         )
         self._engine_ids = ids
+        how = (
+            "loaded in place (the engine's workers share the learner's process)"
+            if backend == wt.DIRECT
+            else f"through vLLM's weight-transfer engine {backend!r}"
+        )
         (logger.info if first else logger.warning)(
-            "weight sync: learner rank 0 -> %d engine worker(s) through vLLM's weight-transfer engine %r, in %s%s",
+            "weight sync: learner rank 0 -> %d engine worker(s) %s, in %s%s",
             n - 1,
-            backend,
+            how,
             infos[0]["dtype"],
             "" if first else " (group re-opened)",
         )

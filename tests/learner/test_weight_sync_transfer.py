@@ -168,7 +168,7 @@ def test_backend_choice():
 
     gpu0 = {"cuda": True, "gpu_uuid": "GPU-0", "ranks": 1}
     assert choose_backend([engine(), engine(uuids=("GPU-2", "GPU-3"), world_size=2)], gpu0) == "nccl"  # vLLM's
-    assert choose_backend([engine(uuids=("GPU-0",))], gpu0) == "ipc"  # one GPU shared: NCCL refuses
+    assert choose_backend([engine(uuids=("GPU-0",))], gpu0) == "ipc"  # one GPU shared (another process): NCCL refuses
     assert choose_backend([engine(uuids=("GPU-0",)), engine()], gpu0) == "r3l_gloo"  # neither fits all
     assert choose_backend([engine(uuids=("GPU-0",))], dict(gpu0, ranks=2)) == "r3l_gloo"  # IPC gathers on all ranks
     assert choose_backend([engine()], {"cuda": False}) == "r3l_gloo"  # a CPU learner feeding GPU engines
@@ -176,6 +176,73 @@ def test_backend_choice():
     assert choose_backend([engine("cpu", ())], {"cuda": False}, "nccl") == "nccl"
     with pytest.raises(ValueError, match="weight_transfer"):
         choose_backend([engine("cpu", ())], {"cuda": False}, "shm")
+
+
+def test_an_in_process_engine_never_takes_ipc_and_another_process_on_the_gpu_does_with_faked_cuda_infos():
+    """Issue 47 item 4: an engine whose workers run in the learner's process (the default layout) loads
+    the tensors directly (vLLM's IPC engine exports CUDA IPC handles for another process to open). The
+    engine infos fake CUDA devices (no GPU here)."""
+    from rllib_r3l.generation.weight_transfer import DIRECT, choose_backend
+
+    def engine(uuids=("GPU-0",), pid=100, in_process=True, device="cuda", world_size=1):
+        return {
+            "device": device,
+            "gpu_uuids": list(uuids),
+            "world_size": world_size,
+            "pid": pid,
+            "in_process": in_process,
+        }
+
+    sender = {"cuda": True, "gpu_uuid": "GPU-0", "ranks": 1, "pid": 100}
+    assert choose_backend([engine()], sender) == DIRECT  # was "ipc": the same GPU, the same process
+    assert choose_backend([engine(uuids=("GPU-1",))], sender) == DIRECT  # not NCCL with two ranks in one process
+    assert choose_backend([engine()], dict(sender, cuda=False, gpu_uuid=None)) == DIRECT  # a CPU learner, too
+    assert choose_backend([engine(pid=200)], sender) == "ipc"  # another process on the learner's GPU
+    assert choose_backend([engine(in_process=False)], sender) == "ipc"  # engine core in a child process
+    assert choose_backend([engine(uuids=("GPU-1",), pid=200)], sender) == "nccl"
+    assert choose_backend([engine(), engine(pid=200)], sender) != DIRECT  # one engine elsewhere: a group
+    assert choose_backend([engine(device="cpu", uuids=())], dict(sender, cuda=False)) == "r3l_gloo"  # CPU: ours
+    assert choose_backend([engine()], {"cuda": True, "gpu_uuid": "GPU-0", "ranks": 1}) == "ipc"  # no pid: as before
+
+
+class FakeGpuEngine(FakeEngine):
+    """An in-process engine that says it is on a (faked) GPU and loads what it is given."""
+
+    def __init__(self):
+        super().__init__(device="cuda")
+        self.loaded = []
+
+    def weight_transfer_info(self):
+        import os
+
+        return dict(super().weight_transfer_info(), gpu_uuids=["GPU-0"], pid=os.getpid(), in_process=True)
+
+    def load_weights_in_place(self, named_tensors, session):
+        self.loaded.append(list(named_tensors))
+        self.session = session
+
+
+def test_the_default_layout_on_a_gpu_loads_the_tensors_in_place_with_a_faked_gpu(monkeypatch, caplog):
+    """Learner and engine in one process on one (faked) GPU: the sync opens no transfer engine (no
+    init, no IPC handles), hands the learner's tensors to the engine's in-place load, and reuses the plan."""
+    import os
+
+    import torch
+
+    weights = [("model.embed_tokens.weight", torch.ones(2, 2))]
+    monkeypatch.setattr(ws, "learner_weights", lambda learner: weights)
+    monkeypatch.setattr(
+        ws, "sender_info", lambda learner: {"cuda": True, "gpu_uuid": "GPU-0", "ranks": 1, "pid": os.getpid()}
+    )
+    engine = FakeGpuEngine()
+    sync = ws.WeightTransferSync()
+    with caplog.at_level("INFO", logger="rllib_r3l.learner.weight_sync"):
+        assert [sync.sync(*groups(engine)) for _ in range(3)] == [False, True, True]
+    assert sync.plan.backend == "direct" and sync.disabled is None
+    assert not [c for c in engine.calls if c[0] == "init"]  # no transfer engine joined
+    assert len(engine.loaded) == 2 and engine.loaded[0][0][1] is weights[0][1]  # the learner's tensor, no copy
+    opened = [r.getMessage() for r in caplog.records if "engine worker(s)" in r.getMessage()]
+    assert len(opened) == 1 and "loaded in place" in opened[0]  # the plan is reused, not re-opened
 
 
 def test_buffers_are_cut_as_vllms_pack_tensors_cuts_them():
