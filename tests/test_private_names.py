@@ -65,6 +65,9 @@ OTHER: Dict[str, str] = {
     # vLLM
     "._registry": "vLLM's weight-transfer factories: whether the gloo engine is registered already",
     "._checked_iter": "vLLM's NCCL trainer's checked iteration over the tensors to send, reused for gloo",
+    "getattr:_weight_update_active": "vLLM's worker flag for a weight update in progress: a failed round leaves "
+    "it set (start and shutdown then refuse) and vLLM has no abort (vllm_weights.abort_weight_update_on_worker)",
+    "._weight_update_active": "the same, cleared",
     # torch / transformers
     "._foreach_norm": "one fused norm over all gradients (the non-finite check); torch.nn.utils.get_total_norm "
     "returns one total, not one per tensor",

@@ -29,6 +29,7 @@ from rllib_r3l.generation.vllm_choice import choice_extra_args
 from rllib_r3l.generation.vllm_engine import engine_args, register_model_classes_in_process
 from rllib_r3l.generation.vllm_progress import progress_factory
 from rllib_r3l.generation.vllm_weights import quiet_reload_logs, reload_weights_on_worker, weight_buckets
+from rllib_r3l.generation.weight_transfer import engine_info, install_on_worker, leave_transfer_group
 
 logger = logging.getLogger(__name__)
 
@@ -320,14 +321,10 @@ class VLLMBackend(GenerationBackend):
     # rllib_r3l.learner.weight_sync.WeightTransferSync) ------------------------------------------------
     def weight_transfer_info(self) -> Dict[str, Any]:
         """What the trainer needs to choose and open a transfer group with this engine."""
-        from rllib_r3l.generation.weight_transfer import engine_info
-
         return engine_info(self, self._llm.llm_engine.vllm_config.parallel_config, in_process=self._in_process)
 
     def init_weight_transfer(self, backend: str, init_info: Dict[str, Any], session: str) -> None:
         """Join the trainer's transfer group (blocks until the trainer opens its end)."""
-        from rllib_r3l.generation.weight_transfer import install_on_worker
-
         self.transfer_session = None
         self._llm.collective_rpc(install_on_worker, args=(backend,))
         self._llm.init_weight_transfer_engine({"init_info": init_info})
@@ -351,9 +348,9 @@ class VLLMBackend(GenerationBackend):
         self.last_update_seconds = time.perf_counter() - getattr(self, "_transfer_t0", time.perf_counter())
 
     def shutdown_weight_transfer(self) -> None:
+        """Leave the group; a round begun and not finished is aborted first (``leave_transfer_group``)."""
         self.transfer_session = None
-        with contextlib.suppress(Exception):
-            self._llm.shutdown_weight_transfer_engine()
+        leave_transfer_group(self._llm)
 
     # ----------------------------------------------------------------------------------------------
     def score_batch(self, pairs: Sequence[Tuple[List[int], List[int]]]) -> List[List[float]]:

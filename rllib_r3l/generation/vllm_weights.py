@@ -15,7 +15,14 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["group_key", "weight_buckets", "reload_weights_on_worker", "refresh_tied_lm_head", "quiet_reload_logs"]
+__all__ = [
+    "group_key",
+    "weight_buckets",
+    "reload_weights_on_worker",
+    "abort_weight_update_on_worker",
+    "refresh_tied_lm_head",
+    "quiet_reload_logs",
+]
 
 _LAYER_RE = re.compile(r"^(.*?\.layers\.\d+)\.")
 _RELOAD_LOGGERS = (
@@ -98,6 +105,39 @@ def reload_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) ->
         if any(n.endswith("embed_tokens.weight") for n, _ in weights):
             refresh_tied_lm_head(worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model)
     return len(weights)
+
+
+def abort_weight_update_on_worker(worker) -> int:
+    """Runs on each vLLM worker (``collective_rpc``): end a weight update that a failed round began and
+    did not finish, so the engine serves whole weights and can start the next round. vLLM has no abort:
+    a failed ``update_weights`` only clears the worker's flag, a failed sender leaves it set, and either
+    way ``start_weight_update``'s layerwise reload stays begun (layers restored on the meta device,
+    their loaders wrapped to buffer). Each layer not yet complete drops what it received, so
+    ``finalize_layerwise_reload`` puts its kernel tensors back (the weights it had); a layer completed
+    in the round keeps the new ones (the caller's fallback reloads every weight). Returns how many
+    layers were waiting (0: no round was open)."""
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    inner = getattr(worker, "worker", worker)  # vLLM's WorkerWrapperBase forwards reads, not writes
+    engine = getattr(inner, "weight_transfer_engine", None)
+    model = engine.model if engine is not None else inner.model_runner.get_model()
+    if engine is not None:
+        engine.drain_pending()  # what an engine that defers its processing owes before a finalize
+    waiting = [LAYERWISE_INFO[m] for m in model.modules() if m in LAYERWISE_INFO and LAYERWISE_INFO[m].can_load()]
+    for info in waiting:
+        if info.kernel_tensors is not None:  # a reload (not a first load): the layer keeps what it had
+            info.loaded_weights, info.load_numel = [], 0
+    if waiting:
+        with quiet_reload_logs():  # "Failed to load weights" for each layer put back
+            finalize_layerwise_reload(model, engine.model_config if engine is not None else inner.model_config)
+    if engine is not None:
+        engine.reset_weight_update_target()
+        if getattr(engine, "loaded_embedding", False):  # ours: an embedding completed in the round
+            refresh_tied_lm_head(model)
+    if getattr(inner, "_weight_update_active", False):  # vLLM's flag: set, no round may start or shut down
+        inner._weight_update_active = False
+    return len(waiting)
 
 
 def refresh_tied_lm_head(model) -> None:

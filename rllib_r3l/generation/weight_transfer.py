@@ -27,12 +27,16 @@ format over a gloo group. It also serves GPU engines whose sender has no GPU.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from rllib_r3l.generation.gloo_transfer import GLOO, chunk_plan, register
+
+logger = logging.getLogger(__name__)
 
 NCCL = "nccl"
 IPC = "ipc"
@@ -49,6 +53,7 @@ __all__ = [
     "engine_info",
     "register",
     "install_on_worker",
+    "leave_transfer_group",
     "StateSource",
     "trainer_init",
     "chunk_plan",
@@ -140,6 +145,27 @@ def install_on_worker(worker, backend: str) -> str:
         WeightTransferConfig(backend=backend), inner.vllm_config, inner.device, inner.model_runner.get_model()
     )
     return backend
+
+
+def leave_transfer_group(llm) -> int:
+    """An engine (``vllm.LLM``) leaves its transfer group: a round begun and not finished (a failed one,
+    before the caller's fallback) is aborted on every worker first
+    (:func:`~rllib_r3l.generation.vllm_weights.abort_weight_update_on_worker`), then vLLM's
+    ``shutdown_weight_transfer_engine``. Returns the layers the abort put back (on all workers)."""
+    from rllib_r3l.generation.vllm_weights import abort_weight_update_on_worker
+
+    if llm is None:  # a closed engine
+        return 0
+    aborted = 0
+    try:
+        aborted = sum(llm.collective_rpc(abort_weight_update_on_worker))
+    except Exception as e:  # noqa: BLE001 - the engine may be gone; the fallback reloads every weight
+        logger.warning("could not abort the weight update a failed round began: %s", e)
+    if aborted:
+        logger.info("weight sync: the failed round's layerwise reload aborted (%d layers kept their weights)", aborted)
+    with contextlib.suppress(Exception):
+        llm.shutdown_weight_transfer_engine()
+    return aborted
 
 
 def trainer_init(

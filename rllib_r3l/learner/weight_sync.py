@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 import traceback
 import uuid
@@ -69,15 +70,17 @@ def _on_runner(runner: Any, method: str, args: tuple) -> Dict[str, Any]:
 
 class LocalEngines:
     """Engines in this process (the main job's runner, tests): each call on all of them in threads (a
-    transfer group's members must join and receive together)."""
+    transfer group's members must join and receive together), one call at a time, as a runner actor
+    takes them: a failed round's receive, left running by the sender, ends before the shutdown after it."""
 
     in_process = True
 
     def __init__(self, backends: Sequence[Any]) -> None:
         self.backends = list(backends)
+        self.one_at_a_time = threading.Lock()
 
     def call(self, method: str, per_engine_args: Sequence[tuple]) -> List[Dict[str, Any]]:
-        with ThreadPoolExecutor(max_workers=len(self.backends)) as exe:
+        with self.one_at_a_time, ThreadPoolExecutor(max_workers=len(self.backends)) as exe:
             return list(exe.map(lambda ba: _on_engine(ba[0], method, ba[1]), zip(self.backends, per_engine_args)))
 
 
