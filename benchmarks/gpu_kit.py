@@ -34,6 +34,7 @@ import contextlib  # noqa: E402
 import copy  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -526,7 +527,7 @@ class Plan:
 # every throughput row of a shape, in order; the largest micro-batch last (the time guard drops it first)
 # (4 groups of GPU_LAYOUT: 45,760 tokens, 28,256 in the prefix trie; at 16384 two micro-batches of
 # up to 15,564 trie tokens, about 60 GiB of 1.5B activations under autocast besides 24 GiB of fp32
-# weights, gradients and AdamW state)
+# weights, gradients and AdamW state: the memory guard skips it on an 80 GB card)
 GPU_PLAN = Plan(
     shapes=("smollm2-135m", "qwen2.5-1.5b"),
     layout=GPU_LAYOUT,
@@ -620,6 +621,66 @@ class TimeGuard:
     def record(self, shape: str, seconds: float, forward_tokens: int) -> None:
         if forward_tokens > 0:
             self.per_token[shape] = max(self.per_token.get(shape, 0.0), seconds / forward_tokens)
+
+
+# ------------------------------------------------------------------------------------------------
+# The memory guard: a throughput row that cannot fit the card is skipped with its line (issue 47 item 4:
+# the last 1.5B row needs ~84 GiB and would fail on an 80 GB H100). An estimate, not a measurement: per
+# parameter the fp32 master weights, gradients and AdamW's two moments (16 bytes; bf16 weights 8); per
+# computed token of the largest micro-batch, what autograd keeps under bf16 autocast: per decoder layer
+# about 10 hidden-size and 4 intermediate-size bf16 values (norm inputs and outputs, q/k/v, attention
+# output, gate/up/activation), and the fp32 logits with their log-softmax (8 bytes a vocabulary entry).
+
+STATE_BYTES = {False: 16, True: 8}  # per parameter, by bf16 weights
+ACT_HIDDEN, ACT_INTERMEDIATE, LOGIT_BYTES = 10, 4, 8
+CARD_HEADROOM = 0.95  # of the card's memory: the CUDA context, the allocator's fragmentation
+
+
+@functools.lru_cache(maxsize=None)
+def parameter_count(shape: str) -> int:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(model_config(shape))
+    return sum(p.numel() for p in lm.parameters())
+
+
+def largest_micro_batch_tokens(batch: Dict[str, torch.Tensor], spec: Throughput) -> int:
+    """Tokens the forward computes in the row's largest micro-batch (as ``forward_backward`` cuts it)."""
+    most = 0
+    for _, sub in split_micro_batches(batch, spec.share, 64, spec.micro_batch_tokens):
+        if spec.share:
+            lengths = sub["attention_mask"].sum(dim=1).tolist()
+            most = max(most, computed_tokens([sub["input_ids"][i, :m].tolist() for i, m in enumerate(lengths)]))
+        else:
+            most = max(most, int(sub["input_ids"].numel()))
+    return most
+
+
+def memory_estimate_gib(shape: str, spec: Throughput, micro_batch_tokens: int) -> float:
+    """Peak GiB of a throughput row of ``shape`` whose largest micro-batch computes ``micro_batch_tokens``."""
+    cfg = model_config(shape)
+    per_token = 2 * cfg.num_hidden_layers * (ACT_HIDDEN * cfg.hidden_size + ACT_INTERMEDIATE * cfg.intermediate_size)
+    per_token += LOGIT_BYTES * cfg.vocab_size
+    return (STATE_BYTES[spec.bf16_weights] * parameter_count(shape) + per_token * micro_batch_tokens) / 2**30
+
+
+def card_memory_gib(device: torch.device) -> Optional[float]:
+    """The card's memory (None on CPU: no limit checked)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / 2**30
+
+
+def memory_skip_reason(shape: str, spec: Throughput, batch: Dict[str, torch.Tensor], device: torch.device):
+    """The one-line reason a throughput row cannot fit the card, or None."""
+    card = card_memory_gib(device)
+    if card is None:
+        return None
+    need = memory_estimate_gib(shape, spec, largest_micro_batch_tokens(batch, spec))
+    if need <= CARD_HEADROOM * card:
+        return None
+    return f"skipped by the memory guard: ~{need:.0f} GiB needed, the card has {card:.0f} GiB"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -754,7 +815,7 @@ def throughput_row(
     rid = f"throughput/{shape}/{spec.key}"
     check = "loss + backward, bf16: tokens/s and peak memory"
     label = f"{plan.groups} groups, {info['tokens']:,} tokens, {spec.label}"
-    reason = guard.skip_reason(shape, fwd_est, plan.reps)
+    reason = memory_skip_reason(shape, spec, batch, device) or guard.skip_reason(shape, fwd_est, plan.reps)
     if reason:
         return Row(rid, check, shape, label, reason, "loss and gradients finite", "SKIP", {"skipped": reason})
     if spec.bf16_weights:

@@ -155,6 +155,36 @@ def test_a_throughput_row_past_the_budget_is_a_skip_row_not_a_failure():
     assert "| SKIP |" in row.markdown()
 
 
+def test_the_last_1_5b_row_is_skipped_with_its_line_on_a_faked_80gb_card_and_runs_on_a_faked_139gb_card(monkeypatch):
+    """Issue 47 item 4: the memory guard against the card's memory (faked: no GPU here; the row's own
+    run is faked too, on the 139 GB card)."""
+    gpu = torch.device("cuda", 0)  # never touched: the card's memory and the timed run are faked
+    vocab = kit.model_config("qwen2.5-1.5b").vocab_size
+    batch, info, _, _ = kit.make_batch(kit.GPU_PLAN.groups, kit.GPU_PLAN.layout, vocab, seed=3)
+    last = kit.GPU_PLAN.throughput[-1]
+    ran = []
+
+    def faked_run(lm, shape, spec, plan, device, guard, batch, info, rid, check, label):
+        ran.append(rid)
+        return kit.Row(rid, check, shape, label, "ran", "loss and gradients finite", "PASS")
+
+    monkeypatch.setattr(kit, "_timed", faked_run)
+
+    def row(card_bytes, spec=last):
+        monkeypatch.setattr(kit, "card_memory_gib", lambda device: card_bytes / 2**30)
+        guard = kit.TimeGuard(600.0)
+        return kit.throughput_row(None, "qwen2.5-1.5b", spec, kit.GPU_PLAN, gpu, guard, batch, info)
+
+    h100 = row(85_031_714_816)  # an 80 GB H100's total_memory: 79.2 GiB
+    assert h100.result == "SKIP" and h100.id == "throughput/qwen2.5-1.5b/mbt16384" and ran == []
+    assert h100.measured.startswith("skipped by the memory guard: ~82 GiB needed, the card has 79 GiB")
+    assert "| SKIP |" in h100.markdown() and "\n" not in h100.measured
+    assert row(85_031_714_816, kit.GPU_PLAN.throughput[1]).result == "PASS"  # 8192 (~50 GiB) fits the H100
+    h200 = row(139 * 2**30)
+    assert h200.result == "PASS" and ran[-1] == "throughput/qwen2.5-1.5b/mbt16384"
+    assert kit.memory_skip_reason("qwen2.5-1.5b", last, batch, torch.device("cpu")) is None  # no limit on CPU
+
+
 def test_row_ids_of_the_gpu_plan_end_with_the_largest_batch_of_the_largest_model():
     ids = kit.row_ids(kit.GPU_PLAN)
     assert ids[:2] == ["imports", "layout"] and len(ids) == len(set(ids)) == 2 + (1 + 2 + 5) + (1 + 5)
