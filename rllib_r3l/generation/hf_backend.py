@@ -128,7 +128,7 @@ class HFBackend(GenerationBackend):
         on_done: Optional[Callable[[int], None]] = None,
     ) -> List[GenerationResult]:
         """One completion per request. With ``seed`` the call is reproducible (for the same batch);
-        ``on_done`` is told after each ``max_batch_size`` chunk."""
+        ``on_done(n)`` is told as requests finish (each row at its stop token or length, inside its batch)."""
         if not requests:
             return []
         generator = self._generator
@@ -137,9 +137,7 @@ class HFBackend(GenerationBackend):
         results: List[GenerationResult] = []
         for start in range(0, len(requests), self.max_batch_size):
             chunk = requests[start : start + self.max_batch_size]
-            results.extend(self._generate_batch(chunk, float(temperature), float(top_p), generator))
-            if on_done is not None:
-                on_done(len(chunk))
+            results.extend(self._generate_batch(chunk, float(temperature), float(top_p), generator, on_done))
         return results
 
     @torch.inference_mode()
@@ -149,8 +147,10 @@ class HFBackend(GenerationBackend):
         temperature: float,
         top_p: float,
         generator: Optional[torch.Generator],
+        on_done: Optional[Callable[[int], None]] = None,
     ) -> List[GenerationResult]:
         B = len(requests)
+        done = on_done or (lambda n: None)
         for r in requests:
             if not r.prompt_token_ids:
                 raise ValueError("a GenerationRequest needs at least one prompt token")
@@ -181,6 +181,8 @@ class HFBackend(GenerationBackend):
         out_lps: List[List[float]] = [[] for _ in range(B)]
         reasons: List[Optional[str]] = [None if m > 0 else "length" for m in max_new]
         seq = input_ids
+        if any(reason is not None for reason in reasons):
+            done(sum(reason is not None for reason in reasons))
         if all(reason is not None for reason in reasons):
             return [self._result([], [], "length") for _ in range(B)]
 
@@ -216,6 +218,8 @@ class HFBackend(GenerationBackend):
                     reasons[i] = "stop"
                 elif len(out_ids[i]) >= max_new[i]:
                     reasons[i] = "length"
+                if reasons[i] is not None:  # the live progress line counts it now, not after the batch
+                    done(1)
             if all(reason is not None for reason in reasons):
                 break
             feed = tokens[:, None]
