@@ -24,6 +24,7 @@ from rllib_r3l.cli import retry_chain
 
 # re-exported: callers use console.routed_output, console.Console
 from rllib_r3l.cli.output_routing import Console, routed_output  # noqa: F401
+from rllib_r3l.cli.result_rows import get_metric
 from rllib_r3l.runner import progress
 
 PLOT_FILE = "run.png"
@@ -32,40 +33,30 @@ PLOT_FILE = "run.png"
 # ==================================================================================================
 # Reading results
 # ==================================================================================================
-def metric(result: Mapping[str, Any], path: str, default: Any = math.nan) -> Any:
-    """``result["a"]["b"]`` for ``path="a/b"``, or the flattened key ``"a/b"`` (Tune's form)."""
-    node: Any = result
-    for p in path.split("/"):
-        if not isinstance(node, Mapping) or p not in node:
-            return result.get(path, default) if isinstance(result, Mapping) else default
-        node = node[p]
-    return node
-
-
 def learner_metric(result: Mapping[str, Any], key: str) -> float:
     """``learners/r3l/learner/<key>`` (where R3L's learner logs), else under a module; NaN if none
     (no update this iteration)."""
-    v = metric(result, f"learners/r3l/learner/{key}")
-    if _finite(v):
+    v = get_metric(result, f"learners/r3l/learner/{key}")
+    if finite(v):
         return float(v)
     learners = result.get("learners")
     if isinstance(learners, Mapping):
         for mod in learners.values():
-            v = metric(mod, f"r3l/learner/{key}") if isinstance(mod, Mapping) else math.nan
-            if _finite(v):
+            v = get_metric(mod, f"r3l/learner/{key}")
+            if finite(v):
                 return float(v)
     for k, v in result.items():  # flattened
-        if k.startswith("learners/") and k.endswith(f"/r3l/learner/{key}") and _finite(v):
+        if k.startswith("learners/") and k.endswith(f"/r3l/learner/{key}") and finite(v):
             return float(v)
     return math.nan
 
 
-def _finite(v: Any) -> bool:
+def finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _num(v: Any, default: float = 0.0) -> float:
-    return float(v) if _finite(v) else default
+def number(v: Any, default: float = 0.0) -> float:
+    return float(v) if finite(v) else default
 
 
 def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
@@ -78,44 +69,44 @@ def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
     ``timers/`` are moving averages, not this iteration's) and ``other`` = the rest of the
     iteration: the credit assignment and RLlib's bookkeeping.
     """
-    total = _num(result.get("time_this_iter_s"), math.nan)
-    sampling = _num(metric(result, "env_runners/r3l/rollout_seconds"))
-    reflect = _num(metric(result, "env_runners/r3l/timers/reflect_s"))
-    start = _num(metric(result, "env_runners/r3l/timers/engine_start_s"))
+    total = number(result.get("time_this_iter_s"), math.nan)
+    sampling = number(get_metric(result, "env_runners/r3l/rollout_seconds"))
+    reflect = number(get_metric(result, "env_runners/r3l/timers/reflect_s"))
+    start = number(get_metric(result, "env_runners/r3l/timers/engine_start_s"))
     learn = learner_metric(result, "update_seconds")
-    updated = _finite(learn)
+    updated = finite(learn)
     learn = learn if updated else 0.0
-    sync = _num(metric(result, "r3l/timers/weight_sync_s"))
-    rest = total - sampling - learn - start - sync if _finite(total) else math.nan
-    episodes = _num(metric(result, "env_runners/num_episodes"))
-    success = metric(result, "env_runners/success_rate")
-    retries = _num(metric(result, "env_runners/r3l/num_retries"))
-    retry_rate = metric(result, "env_runners/r3l/retry_success_rate")
+    sync = number(get_metric(result, "r3l/timers/weight_sync_s"))
+    rest = total - sampling - learn - start - sync if finite(total) else math.nan
+    episodes = number(get_metric(result, "env_runners/num_episodes"))
+    success = get_metric(result, "env_runners/success_rate")
+    retries = number(get_metric(result, "env_runners/r3l/num_retries"))
+    retry_rate = get_metric(result, "env_runners/r3l/retry_success_rate")
     trained = learner_metric(result, "trained_tokens") if updated else 0.0
     return {
         "iteration": int(iteration),
         "episodes": int(episodes),
-        "extra_rounds": int(_num(metric(result, "env_runners/r3l/dynamic_sampling/extra_rounds"))),
-        "success_rate": float(success) if _finite(success) else math.nan,
+        "extra_rounds": int(number(get_metric(result, "env_runners/r3l/dynamic_sampling/extra_rounds"))),
+        "success_rate": number(success, math.nan),
         "retries": int(retries),
-        "retry_success_rate": float(retry_rate) if retries and _finite(retry_rate) else math.nan,
-        "reflections": int(_num(metric(result, "env_runners/r3l/reflection_total"))),
+        "retry_success_rate": number(retry_rate, math.nan) if retries else math.nan,
+        "reflections": int(number(get_metric(result, "env_runners/r3l/reflection_total"))),
         # the reflect-then-retry chain (reports valid, cut, asking for a retry): where it broke, if it did
         "reflection": retry_chain.reflection_counts(result),
         "updated": updated,
-        "trained_tokens": int(_num(trained)),
-        "generated_tokens": int(_num(metric(result, "env_runners/r3l/generated_tokens"))),
+        "trained_tokens": int(number(trained)),
+        "generated_tokens": int(number(get_metric(result, "env_runners/r3l/generated_tokens"))),
         # evaluation_interval: R3L.evaluate()'s held-out episodes of this iteration (absent: NaN)
-        "eval_success_rate": _float_or_nan(metric(result, "evaluation/env_runners/success_rate")),
-        "eval_episodes": int(_num(metric(result, "evaluation/env_runners/num_episodes"))),
-        "eval_lost": int(_num(metric(result, "evaluation/env_runners/lost_episodes"))),
+        "eval_success_rate": number(get_metric(result, "evaluation/env_runners/success_rate"), math.nan),
+        "eval_episodes": int(number(get_metric(result, "evaluation/env_runners/num_episodes"))),
+        "eval_lost": int(number(get_metric(result, "evaluation/env_runners/lost_episodes"))),
         "time": {
             "rollout": max(sampling - reflect, 0.0),
             "reflect": reflect,
             "learn": learn,
             "start": start,
             "sync": sync,
-            "other": max(rest, 0.0) if _finite(rest) else math.nan,
+            "other": max(rest, 0.0) if finite(rest) else math.nan,
             "total": total,
         },
     }
@@ -143,7 +134,7 @@ def fmt_clock(seconds: float) -> str:
 
 
 def fmt_rate(x: float) -> str:
-    return f"{x:.3f}" if _finite(x) else "  -  "
+    return f"{x:.3f}" if finite(x) else "  -  "
 
 
 def header_lines(info: Mapping[str, Any]) -> List[str]:
@@ -214,13 +205,9 @@ TIME_LABELS = {
 
 def time_split(t: Mapping[str, float]) -> str:
     """``rollout 52 + reflect 20 + learn 28 + sync 1 + other 2 s`` (and the engine start where there was one)."""
-    parts = [("start", t.get("start", 0.0))] if _num(t.get("start")) >= 0.5 else []
+    parts = [("start", t.get("start", 0.0))] if number(t.get("start")) >= 0.5 else []
     parts += [(k, t.get(k, math.nan)) for k in ("rollout", "reflect", "learn", "sync", "other")]
-    return " + ".join(f"{TIME_LABELS[k]} {_num(v):.0f}" for k, v in parts) + " s"
-
-
-def _float_or_nan(x: Any) -> float:
-    return float(x) if _finite(x) else math.nan
+    return " + ".join(f"{TIME_LABELS[k]} {number(v):.0f}" for k, v in parts) + " s"
 
 
 def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> str:
@@ -229,10 +216,10 @@ def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> 
     sr, n = row.get("success_rate", math.nan), row.get("episodes", 0)
     extra = int(row.get("extra_rounds", 0) or 0)
     more = f", +{extra} round{'s' if extra > 1 else ''} of tasks" if extra else ""  # dynamic sampling
-    success = f"success {fmt_rate(sr)}" + (f" ({round(sr * n)}/{n}{more})" if _finite(sr) and n else "")
+    success = f"success {fmt_rate(sr)}" + (f" ({round(sr * n)}/{n}{more})" if finite(sr) and n else "")
     if row.get("retries"):
         rr = row.get("retry_success_rate", math.nan)
-        retries = f"retries {row['retries']}, {round(rr * row['retries']) if _finite(rr) else 0} succeeded"
+        retries = f"retries {row['retries']}, {round(rr * row['retries']) if finite(rr) else 0} succeeded"
     else:  # with reflection on: why no retry ran (no failure, reports cut or invalid, ...)
         retries = "retries 0" + retry_chain.iteration_note(row.get("reflection"))
     update = f"update yes, {fmt_int(row.get('trained_tokens', 0))} tok" if row.get("updated") else "update no"
@@ -240,11 +227,11 @@ def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> 
     lost = int(row.get("eval_lost", 0) or 0)  # lost episodes count as failures: say how many
     held_out = (
         f" | held-out {fmt_rate(esr)} ({round(esr * en)}/{en}{f', {lost} lost' if lost else ''})"
-        if _finite(esr) and en
+        if finite(esr) and en
         else ""
     )
     t = row.get("time", {})
-    return f"iter {it} | {success} | {retries} | {update}{held_out} | {_num(t.get('total')):.0f} s: {time_split(t)}"
+    return f"iter {it} | {success} | {retries} | {update}{held_out} | {number(t.get('total')):.0f} s: {time_split(t)}"
 
 
 SUMMARY_COLUMNS = (
@@ -273,7 +260,7 @@ def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     def cells(r: Mapping[str, Any], label: str) -> List[str]:
         t = r.get("time", {})
         rr = r.get("retry_success_rate", math.nan)
-        ok = f"{round(rr * r['retries'])}" if r.get("retries") and _finite(rr) else "0"
+        ok = f"{round(rr * r['retries'])}" if r.get("retries") and finite(rr) else "0"
         upd = r["updated"] if isinstance(r.get("updated"), str) else ("yes" if r.get("updated") else "no")
         return [
             label,
@@ -283,17 +270,17 @@ def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
             upd,
             fmt_int(r.get("trained_tokens", 0)),
             fmt_int(r.get("generated_tokens", 0)),
-            *(f"{_num(t.get(k)):.0f}" for k in TIME_KEYS),
+            *(f"{number(t.get(k)):.0f}" for k in TIME_KEYS),
         ]
 
     body = [cells(r, str(r["iteration"])) for r in rows]
     if len(rows) > 1:
-        srs = [r["success_rate"] for r in rows if _finite(r.get("success_rate"))]
+        srs = [r["success_rate"] for r in rows if finite(r.get("success_rate"))]
         n_ret = sum(r.get("retries", 0) for r in rows)
         n_ok = sum(
             round(r["retry_success_rate"] * r["retries"])
             for r in rows
-            if r.get("retries") and _finite(r.get("retry_success_rate"))
+            if r.get("retries") and finite(r.get("retry_success_rate"))
         )
         total = {
             "success_rate": sum(srs) / len(srs) if srs else math.nan,
@@ -302,13 +289,13 @@ def summary_table(rows: Sequence[Mapping[str, Any]]) -> List[str]:
             "updated": f"{sum(bool(r.get('updated')) for r in rows)}/{len(rows)}",
             "trained_tokens": sum(r.get("trained_tokens", 0) for r in rows),
             "generated_tokens": sum(r.get("generated_tokens", 0) for r in rows),
-            "time": {k: sum(_num(r.get("time", {}).get(k)) for r in rows) for k in TIME_KEYS},
+            "time": {k: sum(number(r.get("time", {}).get(k)) for r in rows) for k in TIME_KEYS},
         }
         body.append(cells(total, "all"))
     keep = [
         i
         for i, c in enumerate(SUMMARY_COLUMNS)  # the engine-start column only where an engine started
-        if c != "start s" or any(_num(r.get("time", {}).get("start")) >= 0.5 for r in rows)
+        if c != "start s" or any(number(r.get("time", {}).get("start")) >= 0.5 for r in rows)
     ]
     header = [SUMMARY_COLUMNS[i] for i in keep]
     body = [[b[i] for i in keep] for b in body]
@@ -351,7 +338,7 @@ def plot_run(rows: Sequence[Mapping[str, Any]], path: str, title: str = "R3L run
     ax3.set_title("trained tokens (the update)")
     bottom = [0.0] * len(rows)
     for key in ("start", "rollout", "reflect", "learn", "sync", "other"):
-        vals = [_num(r.get("time", {}).get(key)) for r in rows]
+        vals = [number(r.get("time", {}).get(key)) for r in rows]
         if any(vals):
             ax2.bar(its, vals, bottom=bottom, label=TIME_LABELS[key])
             bottom = [b + v for b, v in zip(bottom, vals)]

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict
 
-
-def _get(d: Dict[str, Any], *path: str, default=float("nan")):
-    for p in path:
-        if not isinstance(d, dict) or p not in d:
-            return default
-        d = d[p]
-    return d
+from rllib_r3l.cli.result_rows import get_metric
 
 
 def find_r3l_metrics(d: Any, key: str):
@@ -38,16 +33,16 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "iteration": it,
         "seconds": float(r.get("time_this_iter_s", float("nan"))),
-        "success_rate": _get(er, "success_rate"),
-        "episodes": _get(er, "num_episodes"),  # base episodes (more than planned with dynamic sampling)
-        "episode_return_mean": _get(er, "episode_return_mean"),
-        "r3l": _flat(_get(er, "r3l", default={})),
+        "success_rate": get_metric(er, "success_rate", math.nan),
+        "episodes": get_metric(er, "num_episodes", math.nan),  # base episodes (more than planned with dynamic sampling)
+        "episode_return_mean": get_metric(er, "episode_return_mean", math.nan),
+        "r3l": _flat(get_metric(er, "r3l", {})),
         # where the runner's time went: engine per phase, environment steps/resets, replay, reflection
-        "timers": _flat(_get(er, "r3l", "timers", default={})),
+        "timers": _flat(get_metric(er, "r3l/timers", {})),
         # dynamic sampling: extra rounds of new tasks, groups without a learning signal
-        "dynamic_sampling": _flat(_get(er, "r3l", "dynamic_sampling", default={})),
-        "credit": _flat(_get(r, "r3l", default={})),
-        "batch": _flat(_get(r, "r3l", "batch", default={})),
+        "dynamic_sampling": _flat(get_metric(er, "r3l/dynamic_sampling", {})),
+        "credit": _flat(get_metric(r, "r3l", {})),
+        "batch": _flat(get_metric(r, "r3l/batch", {})),
         "learner": _flat(find_r3l_metrics(r.get("learners", {}), "learner")),
         # evaluation_interval: R3L.evaluate()'s held-out episodes after this iteration (not only on the console)
         **(

@@ -10,6 +10,9 @@ tail aside before a resume; :func:`rebuild_progress_csv` writes ``progress.csv``
 A resume that runs iterations again moves their first rows into ``<file>.r3l-redone``
 (:func:`set_aside_rows`); rows a killed driver left only in Ray's staging folder are found
 (:func:`staged_trial_dir`) and copied back (:func:`recover_rows`).
+
+It also holds the one reader of a metric from a result row (:func:`get_metric`, nested or flattened),
+which the console, the retry chain, the outcome and the main job's ``summary.json`` share.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from rllib_r3l.cli.storage import write_atomically
 
@@ -114,12 +117,13 @@ def _iterations_agree(rows: List[List[str]], lines: List[str]) -> bool:
 # --------------------------------------------------------------------------------------------------
 # The rows of a trial, by iteration; the rows a resume runs again, set aside
 # --------------------------------------------------------------------------------------------------
-def get_metric(result: Dict[str, Any], path: str) -> Any:
-    """``result["a"]["b"]`` for ``path = "a/b"`` (or a flattened key)."""
+def get_metric(result: Mapping[str, Any], path: str, default: Any = None) -> Any:
+    """``result["a"]["b"]`` for ``path = "a/b"``, or the flattened key ``"a/b"`` (Tune's form), else ``default``.
+    The one getter of a metric by path: the console, the retry chain, the outcome and summary.json use it."""
     node: Any = result
     for p in path.split("/"):
-        if not isinstance(node, dict) or p not in node:
-            return result.get(path)
+        if not isinstance(node, Mapping) or p not in node:
+            return result.get(path, default) if isinstance(result, Mapping) else default
         node = node[p]
     return node
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from rllib_r3l.cli.result_rows import get_metric
 from rllib_r3l.runner.reflection.report import ParseStatus
 
 _R3L = "env_runners/r3l/"
@@ -23,12 +24,7 @@ COUNT_KEYS = ("reflections", "valid", "asked", "retries", "truncated", "skipped_
 
 
 def _get(result: Mapping[str, Any], path: str) -> float:
-    node: Any = result
-    for p in path.split("/"):
-        if not isinstance(node, Mapping) or p not in node:
-            node = result.get(path) if isinstance(result, Mapping) else None
-            break
-        node = node[p]
+    node = get_metric(result, path)
     ok = isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node)
     return float(node) if ok else 0.0
 
