@@ -24,7 +24,7 @@ from rllib_r3l.cli import retry_chain
 
 # re-exported: callers use console.routed_output, console.Console
 from rllib_r3l.cli.output_routing import Console, routed_output  # noqa: F401
-from rllib_r3l.cli.result_rows import get_metric
+from rllib_r3l.cli.result_rows import finite, get_metric, number
 from rllib_r3l.runner import progress
 
 PLOT_FILE = "run.png"
@@ -49,14 +49,6 @@ def learner_metric(result: Mapping[str, Any], key: str) -> float:
         if k.startswith("learners/") and k.endswith(f"/r3l/learner/{key}") and finite(v):
             return float(v)
     return math.nan
-
-
-def finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def number(v: Any, default: float = 0.0) -> float:
-    return float(v) if finite(v) else default
 
 
 def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:

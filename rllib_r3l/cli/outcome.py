@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 from ray.tune import Callback
 
 from rllib_r3l.cli import retry_chain
-from rllib_r3l.cli.result_rows import get_metric
+from rllib_r3l.cli.result_rows import get_metric, number
 
 INTERRUPTED = "INTERRUPTED"
 TRAINED_ON_NOTHING = "TRAINED ON NOTHING"
@@ -44,9 +44,7 @@ TRAINED_LIFETIME_KEY = "learners/__all_modules__/num_env_steps_trained_lifetime"
 
 def _count(v: Any) -> int:
     """A counter from a result: absent, NaN (not logged this iteration) and non-numbers count 0."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-        return 0
-    return int(v)
+    return int(number(v))
 
 
 class TrainingTracker(Callback):

@@ -11,7 +11,8 @@ A resume that runs iterations again moves their first rows into ``<file>.r3l-red
 (:func:`set_aside_rows`); rows a killed driver left only in Ray's staging folder are found
 (:func:`staged_trial_dir`) and copied back (:func:`recover_rows`).
 
-It also holds the one reader of a metric from a result row (:func:`get_metric`, nested or flattened),
+It also holds the one reader of a metric from a result row (:func:`get_metric`, nested or flattened) and
+its number coercers (:func:`finite`, :func:`number`),
 which the console, the retry chain, the outcome and the main job's ``summary.json`` share.
 """
 
@@ -21,6 +22,7 @@ import csv
 import glob
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -126,6 +128,16 @@ def get_metric(result: Mapping[str, Any], path: str, default: Any = None) -> Any
             return result.get(path, default) if isinstance(result, Mapping) else default
         node = node[p]
     return node
+
+
+def finite(v: Any) -> bool:
+    """A real number a result logged (not a bool, not NaN or infinite)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def number(v: Any, default: float = 0.0) -> float:
+    """A metric as a float; ``default`` where it is absent, NaN (not logged this iteration) or not a number."""
+    return float(v) if finite(v) else default
 
 
 def nonblank_lines(path: str) -> List[str]:

@@ -11,10 +11,9 @@ reports that asked for a retry) and ``num_retries`` (retries that ran).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from rllib_r3l.cli.result_rows import get_metric
+from rllib_r3l.cli.result_rows import get_metric, number
 from rllib_r3l.runner.reflection.report import ParseStatus
 
 _R3L = "env_runners/r3l/"
@@ -24,9 +23,7 @@ COUNT_KEYS = ("reflections", "valid", "asked", "retries", "truncated", "skipped_
 
 
 def _get(result: Mapping[str, Any], path: str) -> float:
-    node = get_metric(result, path)
-    ok = isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node)
-    return float(node) if ok else 0.0
+    return number(get_metric(result, path))
 
 
 def reflection_counts(result: Mapping[str, Any]) -> Dict[str, Any]:
