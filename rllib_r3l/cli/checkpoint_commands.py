@@ -9,6 +9,7 @@ import sys
 from typing import Any, Dict, Optional
 
 from rllib_r3l.cli.experiments import validate_env_only
+from rllib_r3l.cli.storage import write_atomically
 from rllib_r3l.errors import UsageError
 
 EXIT_OK = 0
@@ -64,7 +65,8 @@ def cmd_evaluate(args) -> int:
     print(ev.format_summary(summary))
     if args.out:
         try:
-            ev.write_aside(out, lambda tmp: episodes.to_csv(tmp, index=False))
+            os.makedirs(os.path.dirname(out) or ".", exist_ok=True)  # else a new folder fails after the run
+            write_atomically(out, lambda tmp: episodes.to_csv(tmp, index=False))  # no half CSV left
             print(f"per-episode results: {out}")
         except OSError as e:  # the table above is printed; only the CSV is missing
             print(

@@ -250,15 +250,3 @@ def check_flags(args) -> Optional[str]:
         raise UsageError(f"--out {out}: is a folder; give a file name, e.g. {os.path.join(out, 'episodes.csv')}")
     check_storage(os.path.dirname(out), None, "--out")
     return out
-
-
-def write_aside(path: str, write) -> None:
-    """``write(tmp)`` next to ``path``, then renamed onto it: a failed write leaves no half file."""
-    tmp = f"{path}.partial-{os.getpid()}"
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # else a new folder fails after the run
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

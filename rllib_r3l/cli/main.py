@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import json
 import os
 import resource
@@ -30,7 +29,7 @@ from rllib_r3l import retry_ledger
 from rllib_r3l.cli import signals
 from rllib_r3l.cli.iteration_record import iteration_record
 from rllib_r3l.cli.run_folder import CHECKPOINT, FINISHED_MARKERS, check_out, out_dir, resume_point  # noqa: F401
-from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of
+from rllib_r3l.cli.storage import check_storage, checkpoint_bytes_of, write_atomically
 from rllib_r3l.errors import UsageError
 
 LOG_FILE = "main.log"
@@ -340,17 +339,13 @@ def _run(args, config, out: str, log_path: str, con, live_dir, started: float) -
 
 
 def _write_json_aside(path: str, data: Dict[str, Any]) -> Optional[str]:
-    """Write ``data`` to ``path + ".partial"``, then rename it into place (a full disk or a signal leaves
-    the previous file whole); the error in a few words, or None."""
+    """Write ``data`` aside, then rename it into place (a full disk or a signal leaves the previous file
+    whole); the error in a few words, or None."""
     try:
-        with open(path + ".partial", "w") as f:
-            json.dump(data, f, indent=2, default=float)
-        os.replace(path + ".partial", path)
-        return None
+        write_atomically(path, json.dumps(data, indent=2, default=float))
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(path + ".partial")
         return str(e.strerror or e)
+    return None
 
 
 def _earlier_iterations(out: str, first: int) -> List[Dict[str, Any]]:

@@ -50,9 +50,7 @@ def drop_cut_rows(tdir: str) -> List[str]:
         keep = data[: data.rfind(b"\n") + 1]
         with open(path + CUT, "ab") as f:
             f.write(data[len(keep) :] + b"\n")
-        with open(path + ".tmp", "wb") as f:
-            f.write(keep)
-        os.replace(path + ".tmp", path)
+        write_atomically(path, keep)
         cut.append(name)
     return cut
 
@@ -316,8 +314,7 @@ def recover_rows(staged: str, tdir: str) -> None:
             continue
         if os.path.isfile(dst):
             shutil.copy2(dst, dst + ".r3l-before-recovery")
-        shutil.copy2(src, dst + ".r3l-tmp")
-        os.replace(dst + ".r3l-tmp", dst)
+        write_atomically(dst, lambda tmp, src=src: shutil.copy2(src, tmp))  # copy2: the rows keep their mtime
 
 
 def read_rows(tdir: str, live: bool = False) -> Tuple[List[Dict[str, Any]], List[str]]:

@@ -14,6 +14,7 @@ import contextlib
 import glob
 import json
 import os
+import shutil
 from typing import Optional
 
 from ray.tune import Callback
@@ -97,14 +98,6 @@ def _newest_search(exp_dir: str) -> Optional[str]:
     return files[-1] if files else None
 
 
-def _copy_atomically(src: str, dst: str) -> None:
-    with open(src, "rb") as f, open(dst + ".r3l-tmp", "wb") as out:
-        out.write(f.read())
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(dst + ".r3l-tmp", dst)
-
-
 def _put_back(exp_dir: str, cut: Optional[str], prefix: str, pattern: str, whole) -> Optional[str]:
     """Put the newest whole copy (``prefix + pattern``) in place under its name without ``prefix``, then set
     the cut file (None: there is none) aside as ``DAMAGED`` (kept for inspection, no longer read by Tune);
@@ -124,10 +117,8 @@ def _put_back(exp_dir: str, cut: Optional[str], prefix: str, pattern: str, whole
             os.link(cut, cut + DAMAGED)
             linked = True
     try:
-        _copy_atomically(copies[-1], dst)
+        write_atomically(dst, lambda tmp: shutil.copyfile(copies[-1], tmp))
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(dst + ".r3l-tmp")
         if linked:
             with contextlib.suppress(OSError):
                 os.remove(cut + DAMAGED)
@@ -157,13 +148,12 @@ def save_search(exp_dir: str) -> None:
         return
     dst = os.path.join(exp_dir, SEARCH_PREFIX + os.path.basename(src))
     try:
-        _copy_atomically(src, dst)
+        write_atomically(dst, lambda tmp: shutil.copyfile(src, tmp))
         for old in glob.glob(os.path.join(exp_dir, SEARCH_PREFIX + "*")):
             if old != dst:
                 os.remove(old)
     except OSError:  # a full disk: the previous copy stays
-        with contextlib.suppress(OSError):
-            os.remove(dst + ".r3l-tmp")
+        pass
 
 
 def restore_search(exp_dir: str) -> Optional[str]:

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Optional
+from typing import Any, Callable, Optional, Union
 
 from rllib_r3l.errors import UsageError
 
@@ -127,14 +127,19 @@ def write_failure(e: BaseException) -> Optional[str]:
     return m.group("msg") if m else None
 
 
-def write_atomically(path: str, text: str) -> None:
-    """Replace ``path`` by ``text`` whole or not at all (a temporary file beside it, synced, renamed over it):
-    Tune's state and the result rows are never left half-written by a kill or a full disk."""
+def write_atomically(path: str, data: Union[str, bytes, Callable[[str], Any]]) -> None:
+    """Replace ``path`` by ``data`` whole or not at all (a temporary file beside it, synced, renamed over it):
+    text, bytes, or a function that writes the file name it is given (``DataFrame.to_csv``, ``shutil.copy2``).
+    Tune's state and its copies, the result rows, summary.json and evaluate's CSV are never left half-written
+    by a kill or a full disk."""
     tmp = path + ".r3l-tmp"
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
+        if callable(data):
+            data(tmp)
+        else:
+            with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+                f.write(data)
+        with open(tmp, "rb") as f:  # on disk before the rename: a crash leaves the old file or the new one
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:  # a full disk: no half-written temporary left beside the file
