@@ -288,18 +288,18 @@ def check_checkpoint_freq(plan: Dict[str, Dict[str, Any]], freq: Optional[int]) 
             )
 
 
-def _without_fixed_flags(argv: Sequence[str], keep: Sequence[str] = ()) -> List[str]:
-    """``argv`` without --set/--stop/--checkpoint-freq and their values (both ``--set X`` and ``--set=X``),
-    except the flags in ``keep``."""
-    fixed = tuple(f for f in FIXED_ON_RESUME if f not in keep)
+def _without(argv: Sequence[str], flags: Sequence[str]) -> List[str]:
+    """``argv`` without ``flags`` and their values (both ``--set X`` and ``--set=X``): the flags a resume
+    fixes (--set/--stop/--checkpoint-freq) or ``--experiment`` (one command per experiment)."""
+    flags = tuple(flags)
     out: List[str] = []
     skip = False
     for a in argv:
         if skip:
             skip = False
-        elif a in fixed:
+        elif a in flags:
             skip = True
-        elif not a.startswith(tuple(f + "=" for f in fixed)):
+        elif not a.startswith(tuple(f + "=" for f in flags)):
             out.append(a)
     return out
 
@@ -313,7 +313,7 @@ def resume_command(argv: Sequence[str]) -> str:
     the saved experiment keeps its own; ``--resume`` added). The ``--stop`` of a resume is its new stop,
     which a run cut short before saving it needs again: kept."""
     keep = ("--stop",) if "--resume" in argv else ()
-    args = [a for a in _without_fixed_flags(argv, keep) if a != "--new"]
+    args = [a for a in _without(argv, [f for f in FIXED_ON_RESUME if f not in keep]) if a != "--new"]
     if "--resume" not in args:
         args.append("--resume")
     return _command(args)
@@ -329,16 +329,7 @@ def new_command(argv: Sequence[str]) -> str:
 
 def _only(argv: Sequence[str], name: str) -> List[str]:
     """``argv`` for the one experiment ``name`` (any ``--experiment`` flags replaced)."""
-    out: List[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--experiment":
-            skip = True
-        elif not a.startswith("--experiment="):
-            out.append(a)
-    return out + ["--experiment", name]
+    return _without(argv, ["--experiment"]) + ["--experiment", name]
 
 
 def _finished(exp_dir: str) -> bool:
