@@ -147,10 +147,9 @@ def plan_runs(
         if not has_state(d) and not _trials(d):
             plan[name] = {"mode": START, "name": name, "dir": d}
         elif resume:
-            restored = state_backup.restore(d)  # a cut experiment_state (full disk): the last whole one back
-            searched = state_backup.restore_search(d)  # the search state beside it, likewise
-            restored = "; ".join(x for x in (restored, searched) if x) or None
-            damaged = state_backup.problem(d) or state_backup.search_problem(d)
+            # a cut experiment_state or search state (full disk): the last whole one back
+            restored = state_backup.restore(d)
+            damaged = state_backup.problem(d)
             if damaged:  # Tune would take it for a new experiment: a new trial from iteration 1
                 ckpts = checkpoints(d)
                 raise UsageError(

@@ -459,7 +459,7 @@ def test_a_cut_search_state_is_restored_from_r3ls_copy_or_refused(tmp_path):
     search = exp / "basic-variant-state-2026-12-05_19-18-11.json"
     whole = pickle.dumps({"_total_samples": 1, "_finished": True})
     search.write_bytes(whole)
-    state_backup.save_search(str(exp))
+    state_backup.save(str(exp))  # the search state's copy too
     assert (exp / (state_backup.SEARCH_PREFIX + search.name)).read_bytes() == whole
     search.write_bytes(whole[: len(whole) // 2])  # the full disk's cut
     plan = resume.plan_runs(["exp"], {"exp": str(tmp_path)}, resume=True, new=False)
