@@ -70,24 +70,18 @@ def rebuild_progress_csv(tdir: str) -> bool:
     more fields than its header, or, with as many fields, columns in another order (Tune's CSV logger after a
     resume writes its own column order under the old header; after a second resume the field counts agree
     and ``training_iteration`` read 1.89...); True when it was rewritten."""
-    path, results = os.path.join(tdir, "progress.csv"), os.path.join(tdir, "result.json")
+    path, parsed = os.path.join(tdir, "progress.csv"), parsed_rows(tdir)
     try:
         with open(path, newline="", errors="replace") as f:
             rows = list(csv.reader(f))
-        with open(results, errors="replace") as f:
-            lines = [line for line in f if line.strip()]
     except OSError:
         return False
-    if not rows or (all(len(r) == len(rows[0]) for r in rows[1:]) and _iterations_agree(rows, lines)):
+    if parsed is None or not rows:
         return False
-    flat = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-            row.pop("config", None)  # as Tune's CSV logger leaves it out
-            flat.append(_flat(row))
-        except (ValueError, AttributeError):
-            continue
+    if all(len(r) == len(rows[0]) for r in rows[1:]) and _iterations_agree(rows, parsed):
+        return False
+    # without "config", as Tune's CSV logger leaves it out
+    flat = [_flat({k: v for k, v in row.items() if k != "config"}) for _, row in parsed if row is not None]
     header: Dict[str, None] = {}
     for r in flat:
         header.update(dict.fromkeys(r))
@@ -99,18 +93,13 @@ def rebuild_progress_csv(tdir: str) -> bool:
     return True
 
 
-def _iterations_agree(rows: List[List[str]], lines: List[str]) -> bool:
+def _iterations_agree(rows: List[List[str]], parsed: List[Tuple[str, Optional[Dict[str, Any]]]]) -> bool:
     """Whether the CSV's ``training_iteration`` column reads ``result.json``'s iterations, row by row."""
     header = rows[0]
     if "training_iteration" not in header:
-        return not lines
+        return not parsed
     col = header.index("training_iteration")
-    want = []
-    for line in lines:
-        try:
-            want.append(str(json.loads(line).get("training_iteration")))
-        except (ValueError, AttributeError):
-            continue
+    want = [str(row.get("training_iteration")) for _, row in parsed if row is not None]
     return [r[col] if col < len(r) else None for r in rows[1:]] == want
 
 
@@ -147,14 +136,30 @@ def nonblank_lines(path: str) -> List[str]:
         return []
 
 
+def parsed_rows(tdir: str) -> Optional[List[Tuple[str, Optional[Dict[str, Any]]]]]:
+    """Each non-blank line of the trial's ``result.json`` (undecodable bytes replaced) and its row: None where
+    the line is no JSON object (cut by a full disk, or edited); None when the file cannot be read. The one
+    parser of ``result.json``: the rebuild, the set-aside rows, ``report``'s reader and resume's checks."""
+    try:
+        with open(os.path.join(tdir, "result.json"), errors="replace") as f:
+            lines = [line for line in f if line.strip()]
+    except OSError:
+        return None
+    out = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        out.append((line, row if isinstance(row, dict) else None))
+    return out
+
+
 def _json_rows(tdir: str) -> List[Tuple[str, Optional[int]]]:
     """``(line, training_iteration)`` of ``result.json``; a line that does not parse has iteration None."""
     out = []
-    for line in nonblank_lines(os.path.join(tdir, "result.json")):
-        try:
-            it = json.loads(line).get("training_iteration")
-        except (ValueError, AttributeError):
-            it = None
+    for line, row in parsed_rows(tdir) or []:
+        it = row.get("training_iteration") if row else None
         out.append((line, it if isinstance(it, int) else None))
     return out
 
@@ -326,26 +331,17 @@ def read_rows(tdir: str, live: bool = False) -> Tuple[List[Dict[str, Any]], List
     no damage."""
     rows: Dict[float, Dict[str, Any]] = {}
     notes: List[str] = []
-    path = os.path.join(tdir, "result.json")
-    try:
-        with open(path, errors="replace") as f:  # else a non-UTF-8 byte is a UnicodeDecodeError
-            text = f.read()
-    except OSError:
-        text = None
-    lines = [line for line in (text or "").split("\n") if line.strip()]
+    parsed = parsed_rows(tdir)
     bad = 0
-    for i, line in enumerate(lines):
-        try:
-            row = _flat(json.loads(line))
-        except (ValueError, AttributeError):
-            row = {}
-        it = row.get("training_iteration")
+    for i, (line, row) in enumerate(parsed or []):
+        it = row.get("training_iteration") if row else None
         if isinstance(it, bool) or not isinstance(it, (int, float)):
-            bad += not (live and i == len(lines) - 1 and not text.endswith("\n"))
+            # a live trial's last line without its newline is being written: no damage
+            bad += not (live and i == len(parsed) - 1 and not line.endswith("\n"))
             continue
-        rows[it] = row
-    if text is None or not lines:
-        notes.append("result.json is " + ("missing" if text is None else "empty"))
+        rows[it] = _flat(row)
+    if not parsed:
+        notes.append("result.json is " + ("missing" if parsed is None else "empty"))
     elif bad:
         notes.append(f"result.json has {bad} unreadable line(s) (cut by a full disk, or edited)")
     from_csv = []

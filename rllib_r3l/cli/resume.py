@@ -27,7 +27,6 @@ records it).
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shlex
 import time
@@ -35,6 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from rllib_r3l.cli import driver_mark, state_backup
 from rllib_r3l.cli.extend import check_new_stop, extend_hint, fresh_run
+from rllib_r3l.cli.result_rows import parsed_rows
 from rllib_r3l.cli.resume_from import STATE_GLOB, all_finished, checkpoint_dirs, resume_choices
 from rllib_r3l.errors import UsageError
 
@@ -75,12 +75,8 @@ def checkpoints(exp_dir: str) -> List[str]:
 
 def _last_row_done(trial_dir: str) -> bool:
     """Whether the trial's last result row says it reached its stop criterion."""
-    try:
-        with open(os.path.join(trial_dir, "result.json")) as f:
-            rows = [line for line in f if line.strip()]
-        return bool(rows) and bool(json.loads(rows[-1]).get("done"))
-    except (OSError, ValueError):
-        return False
+    rows = parsed_rows(trial_dir)
+    return bool(rows and rows[-1][1] and rows[-1][1].get("done"))
 
 
 def _has_rows(trial_dir: str) -> bool:
