@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from rllib_r3l.cli import driver_mark, ledger_report, pbt_lineage
 from rllib_r3l.cli.report_warnings import error_text
-from rllib_r3l.cli.result_rows import read_rows
+from rllib_r3l.cli.result_rows import flat, read_rows
 from rllib_r3l.errors import UsageError
 
 SUMMARY_FILE = "summary.csv"
@@ -129,16 +129,13 @@ def load_trial(trial_dir: str):
     return df, params
 
 
-def _scalar_params(params: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-    out = {}
-    for k, v in params.items():
-        if k in _IGNORED_PARAMS:
-            continue
-        if isinstance(v, dict):
-            out.update(_scalar_params(v, f"{prefix}{k}."))
-        elif v is None or isinstance(v, (str, int, float, bool)):
-            out[f"{prefix}{k}"] = v
-    return out
+def _scalar_params(params: Dict[str, Any]) -> Dict[str, Any]:
+    """Dotted keys to scalar leaves; an ignored key at any depth is left out with what is under it."""
+    return {
+        k: v
+        for k, v in flat(params, ".").items()
+        if not set(k.split(".")) & set(_IGNORED_PARAMS) and (v is None or isinstance(v, (str, int, float, bool)))
+    }
 
 
 def _tune_statuses(folder: str) -> Dict[str, str]:

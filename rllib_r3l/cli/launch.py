@@ -181,12 +181,11 @@ def _not_a_gcs(address: str, timeout_s: float) -> Optional[str]:
         channel.close()
 
 
-def _varied_params(config: Dict[str, Any], prefix: str = "") -> List[str]:
-    out = []
-    for k, v in config.items():
-        if isinstance(v, dict):
-            out += [f"{prefix}{k}"] if set(v) == {"grid_search"} else _varied_params(v, f"{prefix}{k}/")
-    return out
+def _varied_params(config: Dict[str, Any]) -> List[str]:
+    """The keys (``/``-joined) that a ``grid_search`` varies: the only dicts left as values."""
+    return [
+        k for k, v in result_rows.flat(config, leaf=lambda v: set(v) == {"grid_search"}).items() if isinstance(v, dict)
+    ]
 
 
 def progress_reporter(spec: Dict[str, Any]):

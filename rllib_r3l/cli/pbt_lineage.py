@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from rllib_r3l.cli.result_rows import _flat, nonblank_lines, read_rows
+from rllib_r3l.cli.result_rows import flat, nonblank_lines, read_rows
 
 PBT_GLOBAL = "pbt_global.txt"
 
@@ -67,7 +67,7 @@ def splices(trial_dirs: List[str]) -> Dict[str, List[Splice]]:
             target, source = folder_of(target_tag), folder_of(clone_tag)
             if target is None:
                 continue
-            old, new = _flat(clone_config), _flat(new_config)
+            old, new = flat(clone_config), flat(new_config)
             changed = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v and not k.startswith("__")}
             if target not in rows_of:
                 rows_of[target] = sorted(read_rows(target)[0], key=lambda r: r["training_iteration"])

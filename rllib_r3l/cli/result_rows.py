@@ -26,7 +26,7 @@ import math
 import os
 import re
 import shutil
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from rllib_r3l.cli.storage import write_atomically
 
@@ -55,11 +55,16 @@ def drop_cut_rows(tdir: str) -> List[str]:
     return cut
 
 
-def _flat(d: Dict[str, Any], prefix: str = "", out: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    out = {} if out is None else out
+def flat(
+    d: Mapping[str, Any], sep: str = "/", leaf: Callable[[dict], bool] = lambda v: False, prefix: str = ""
+) -> Dict[str, Any]:
+    """Nested keys joined by ``sep`` (``{"a": {"b": 1}}`` -> ``{"a/b": 1}``); a dict ``leaf`` accepts is one value
+    (a Tune search space); an empty one vanishes unless ``leaf`` accepts it. The one flattener: result rows, saved
+    specs, params, search spaces."""
+    out: Dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, dict):
-            _flat(v, f"{prefix}{k}/", out)
+        if isinstance(v, dict) and not leaf(v):
+            out.update(flat(v, sep, leaf, f"{prefix}{k}{sep}"))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -81,14 +86,14 @@ def rebuild_progress_csv(tdir: str) -> bool:
     if all(len(r) == len(rows[0]) for r in rows[1:]) and _iterations_agree(rows, parsed):
         return False
     # without "config", as Tune's CSV logger leaves it out
-    flat = [_flat({k: v for k, v in row.items() if k != "config"}) for _, row in parsed if row is not None]
+    flat_rows = [flat({k: v for k, v in row.items() if k != "config"}) for _, row in parsed if row is not None]
     header: Dict[str, None] = {}
-    for r in flat:
+    for r in flat_rows:
         header.update(dict.fromkeys(r))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(header), restval="")
     writer.writeheader()
-    writer.writerows(flat)
+    writer.writerows(flat_rows)
     write_atomically(path, buf.getvalue())
     return True
 
@@ -339,7 +344,7 @@ def read_rows(tdir: str, live: bool = False) -> Tuple[List[Dict[str, Any]], List
             # a live trial's last line without its newline is being written: no damage
             bad += not (live and i == len(parsed) - 1 and not line.endswith("\n"))
             continue
-        rows[it] = _flat(row)
+        rows[it] = flat(row)
     if not parsed:
         notes.append("result.json is " + ("missing" if parsed is None else "empty"))
     elif bad:

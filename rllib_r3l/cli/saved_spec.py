@@ -15,6 +15,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
+from rllib_r3l.cli.result_rows import flat
 from rllib_r3l.cli.storage import write_atomically
 
 SPEC_FILE = "r3l-experiment.json"
@@ -25,14 +26,9 @@ def _normal(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=repr))
 
 
-def _flat(d: Any, prefix: str = "") -> Dict[str, Any]:
-    """Dotted keys to leaves; a Tune search space (``{grid_search: [...]}``) is one leaf."""
-    if not isinstance(d, dict) or not d or "grid_search" in d:
-        return {prefix.rstrip("."): d}
-    out: Dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}."))
-    return out
+def _flat(d: Dict[str, Any]) -> Dict[str, Any]:
+    """Dotted keys to leaves; a Tune search space (``{grid_search: [...]}``) and an empty dict are one leaf."""
+    return flat(d, ".", lambda v: not v or "grid_search" in v)
 
 
 def save(exp_dir: str, spec: Dict[str, Any]) -> None:
