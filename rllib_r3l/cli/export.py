@@ -197,30 +197,30 @@ def _load_pickle(path: str) -> Any:
         ) from None
 
 
+def _stored_config(ckpt: str) -> Any:
+    """The config ``class_and_ctor_args.pkl`` holds: the algorithm's first constructor argument (None: none)."""
+    args, kwargs = _load_pickle(os.path.join(ckpt, "class_and_ctor_args.pkl")).get("ctor_args_and_kwargs", ((), {}))
+    return args[0] if args else kwargs.get("config")
+
+
 def load_checkpoint_config(ckpt: str) -> Dict[str, Any]:
     """The algorithm's config (as a dict) stored in the checkpoint."""
-    f = os.path.join(ckpt, "class_and_ctor_args.pkl")
-    if not os.path.isfile(f):  # else evaluated with every default (another backend, max_turns), exit 0
+    # else evaluated with every default (another backend, max_turns), exit 0
+    if not os.path.isfile(os.path.join(ckpt, "class_and_ctor_args.pkl")):
         raise UsageError(
             f"{ckpt}: class_and_ctor_args.pkl (the training config) is missing, so its environment, "
             "env_config and rollout settings are unknown; copy it back from the run's checkpoint, "
             "or evaluate a complete checkpoint"
         )
-    data = _load_pickle(f)
-    args, kwargs = data.get("ctor_args_and_kwargs", ((), {}))
-    cfg = args[0] if args else kwargs.get("config", {})
-    if hasattr(cfg, "to_dict"):
-        cfg = cfg.to_dict()
-    return dict(cfg or {})
+    cfg = _stored_config(ckpt)
+    return dict((cfg.to_dict() if hasattr(cfg, "to_dict") else cfg) or {})
 
 
 def load_checkpoint_algo_config(ckpt: str) -> Any:
     """The algorithm's config object stored in the checkpoint (what ``Algorithm.from_checkpoint`` builds with)."""
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-    data = _load_pickle(os.path.join(ckpt, "class_and_ctor_args.pkl"))
-    args, kwargs = data.get("ctor_args_and_kwargs", ((), {}))
-    cfg = args[0] if args else kwargs.get("config")
+    cfg = _stored_config(ckpt)
     return AlgorithmConfig.from_state(cfg) if isinstance(cfg, dict) and "class" in cfg else cfg  # get_state()
 
 
