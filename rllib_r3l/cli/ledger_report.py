@@ -62,19 +62,8 @@ def chain_lines(table) -> List[str]:
         return []
     out = []
     for _i, r in table.iterrows():
-        f = {
-            k: int(r[k])
-            for k in (
-                "reflections",
-                "valid",
-                "pivot_scored",
-                "pivot_in_time",
-                "retried",
-                "action_compared",
-                "action_changed",
-                "retry_success",
-            )
-        }
+        # every count the funnel's links name: their count keys and what each is a share of
+        f = {k: int(r[k]) for _label, *keys in LINKS for k in keys if k}
         pivots = f"{f['pivot_in_time']}/{f['pivot_scored']} in time" if f["pivot_scored"] else "pivots unscored"
         line = (
             f"retry chain {r['trial']}: {f['reflections']} reflections -> {f['valid']} valid -> {pivots} -> "
