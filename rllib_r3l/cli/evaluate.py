@@ -10,13 +10,14 @@ in training, at the evaluation temperature (paper K.1: 0.4) or greedily. Tasks a
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import tempfile
 import time
 from collections import Counter
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from rllib_r3l.config import R3L_OPTIONS
 from rllib_r3l.errors import UsageError
@@ -44,17 +45,16 @@ def evaluate(
     max_response_tokens: Optional[int] = None,
     seed: int = 0,
     batch_size: int = 32,
-    reflections: bool = False,
-    max_reflection_tokens: Optional[int] = None,
     base_model: Optional[str] = None,
+    extra: Optional[Callable[..., Dict[str, Any]]] = None,
 ):
     """Run ``episodes`` base episodes; returns ``(summary dict, per-episode DataFrame)``.
 
     ``base_model`` replaces the checkpoint's base model (moved or renamed since training).
-    ``reflections=True`` also lets the policy reflect on each episode (no retry) and adds its
-    reflection quality to the summary: ``reflection_valid_rate`` and, where the environment has an
-    oracle, ``pivot_exact_rate``, ``pivot_in_time_rate``, ``pivot_error_mean``, ``pivot_early_rate``, ``pivot_accuracy``
-    (``rllib_r3l.runner.reflection.oracle``)."""
+    ``extra(runner, chat, trajectories, setting, temperature, success_reward)`` adds keys to the summary from
+    the finished episodes while the engine still runs; ``setting(name)`` is the checkpoint's training setting
+    (no flag sets it: :func:`rllib_r3l.runner.reflection_quality.reflection_summary`, the policy's reflection
+    quality, is one)."""
     import pandas as pd
 
     import environments
@@ -156,8 +156,8 @@ def evaluate(
     counters: Counter = Counter()
     runner = EpisodeRunner(gen, ChatFormat(tokenizer), lambda: environments.make(env_id, env_config), opts, counters)
     rows = []
-    finished = []  # the trajectories, for reflections=True
-    reflection_metrics: Dict[str, Any] = {}
+    finished = []  # the trajectories, for ``extra``
+    extra_metrics: Dict[str, Any] = {}
     try:
         seeds = list(range(seed, seed + episodes))
         for start in range(0, len(seeds), max(1, batch_size)):
@@ -165,33 +165,9 @@ def evaluate(
             trajs = runner.run([EpisodeSpec(seed=s, group_id=f"eval-{s}") for s in chunk])
             finished.extend(trajs)
             rows.extend(episode_row(s, t, success_reward) for s, t in zip(chunk, trajs))
-        if reflections:
-            from rllib_r3l.runner.reflection_quality import score_reflections
-
-            m = score_reflections(
-                runner,
-                ChatFormat(tokenizer),
-                finished,
-                temperature=temp,
-                max_reflection_tokens=int(max_reflection_tokens or _setting(cfg, "max_reflection_tokens")),
-                structured=cfg.get("reflection_structured"),
-                style=_setting(cfg, "reflection_style"),
-                template=cfg.get("reflection_template"),
-                success_reward=success_reward,
-            )
-            reflection_metrics = {
-                k: m[k]
-                for k in (
-                    "reflected",
-                    "reflection_valid_rate",
-                    "pivot_exact_rate",
-                    "pivot_in_time_rate",
-                    "pivot_error_mean",
-                    "pivot_early_rate",
-                    "pivot_accuracy",
-                )
-                if k in m
-            }
+        if extra is not None:
+            setting = functools.partial(_setting, cfg)
+            extra_metrics = extra(runner, ChatFormat(tokenizer), finished, setting, temp, success_reward)
     finally:
         runner.close()
         gen.close()
@@ -208,7 +184,7 @@ def evaluate(
         "backend": name,
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    summary.update(reflection_metrics)
+    summary.update(extra_metrics)
     return summary, df
 
 

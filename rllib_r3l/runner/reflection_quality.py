@@ -1,16 +1,27 @@
-"""Reflection quality on finished episodes (held-out evaluation, ``rllib-r3l evaluate``): the policy
-reflects, nothing is retried; the counts of ``Explorer.reflect`` plus pivot metrics where the
-environment has an oracle (rllib_r3l.runner.reflection.oracle)."""
+"""Reflection quality on finished episodes (held-out evaluation): the policy reflects, nothing is retried;
+the counts of ``Explorer.reflect`` plus pivot metrics where the environment has an oracle
+(rllib_r3l.runner.reflection.oracle). :func:`reflection_summary` adds them to an evaluation's summary
+(``rllib_r3l.cli.evaluate.evaluate(extra=...)``; no ``rllib-r3l evaluate`` flag reaches it)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from rllib_r3l.options import resolve_reflection_context, resolve_reflection_structured
 from rllib_r3l.runner.explore import LOST, ExploreOptions, Explorer
 from rllib_r3l.runner.rollout import EpisodeSpec
 
-__all__ = ["score_reflections", "reflection_quality"]
+__all__ = ["score_reflections", "reflection_quality", "reflection_summary"]
+# what :func:`reflection_summary` adds to an evaluation's summary
+SUMMARY_KEYS = (
+    "reflected",
+    "reflection_valid_rate",
+    "pivot_exact_rate",
+    "pivot_in_time_rate",
+    "pivot_error_mean",
+    "pivot_early_rate",
+    "pivot_accuracy",
+)
 
 
 def score_reflections(
@@ -72,3 +83,27 @@ def reflection_quality(episodes: Any, chat: Any, seeds: Sequence[int], **kw: Any
         }
     )
     return out
+
+
+def reflection_summary(max_reflection_tokens: Optional[int] = None) -> Callable[..., dict]:
+    """The ``extra`` of ``rllib_r3l.cli.evaluate.evaluate`` that lets the policy also reflect on each evaluated
+    episode (no retry) and adds its reflection quality to the summary: ``reflection_valid_rate`` and, where the
+    environment has an oracle, ``pivot_exact_rate``, ``pivot_in_time_rate``, ``pivot_error_mean``,
+    ``pivot_early_rate``, ``pivot_accuracy`` (``rllib_r3l.runner.reflection.oracle``). The reflection settings are
+    the checkpoint's; ``max_reflection_tokens`` replaces its own. No CLI flag reaches it (tests and scripts do)."""
+
+    def score(runner: Any, chat: Any, trajectories: Sequence[Any], setting, temperature: float, success_reward: float):
+        m = score_reflections(
+            runner,
+            chat,
+            trajectories,
+            temperature=temperature,
+            max_reflection_tokens=int(max_reflection_tokens or setting("max_reflection_tokens")),
+            structured=setting("reflection_structured"),
+            style=setting("reflection_style"),
+            template=setting("reflection_template"),
+            success_reward=success_reward,
+        )
+        return {k: m[k] for k in SUMMARY_KEYS if k in m}
+
+    return score

@@ -168,7 +168,7 @@ def test_reflection_quality_on_held_out_seeds(tokenizer):
 @pytest.mark.slow
 def test_score_reflections_on_finished_episodes_and_evaluate_reports_reflection_quality(tokenizer, tiny_model_dir):
     from rllib_r3l.cli.evaluate import evaluate
-    from rllib_r3l.runner.reflection_quality import score_reflections
+    from rllib_r3l.runner.reflection_quality import reflection_summary, score_reflections
 
     ex, _backend = make_explorer(tokenizer, pivot=3)
     trajs = ex.episodes.run([EpisodeSpec(seed=SEED, group_id="e")])
@@ -181,8 +181,7 @@ def test_score_reflections_on_finished_episodes_and_evaluate_reports_reflection_
         episodes=1,
         backend="transformers",
         max_response_tokens=4,
-        reflections=True,
-        max_reflection_tokens=8,
+        extra=reflection_summary(max_reflection_tokens=8),
     )
     assert summary["reflected"] == 1 and summary["reflection_valid_rate"] == 0.0  # 8 tokens: no valid report
     assert (
