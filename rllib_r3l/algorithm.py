@@ -42,7 +42,7 @@ from rllib_r3l.config import R3LConfig
 from rllib_r3l.learner.distributed import pad_batch_for_learners
 from rllib_r3l.reliability import resilience
 from rllib_r3l.replay_buffer import replay_from_config
-from rllib_r3l.runner import dispatch
+from rllib_r3l.runner import dispatch, lagged
 
 logger = logging.getLogger(__name__)
 # where a Tune run of R3L starts (Tune resolving "R3L" imports this module, as does ``from rllib_r3l import
@@ -118,6 +118,16 @@ class R3L(Algorithm):
         # episodes in all runners together (r3l/episodes_started counts them); comparisons at equal budgets
         # set it to what is left before each iteration (benchmarks/learning_curves.py)
         self.episode_cap: Optional[int] = None
+
+    @property
+    def learner_updates(self) -> int:
+        """Learner updates so far (the policy version the next update trains)."""
+        return self._num_updates
+
+    @property
+    def engine_weights_version(self) -> int:
+        """Learner updates in the weights the engines hold (a sample request's ``policy_version``)."""
+        return self._synced_update
 
     # ------------------------------------------------------------------------------------------------
     @override(Algorithm)
@@ -316,7 +326,10 @@ class R3L(Algorithm):
 
     @override(Algorithm)
     def set_state(self, state: Dict[str, Any]) -> None:
+        discarded = lagged.discard_queued(self)  # what the runners sample now comes from the state being replaced
         super().set_state(state)
+        if discarded:  # after RLlib restored the metrics' own state
+            self.metrics.log_value(("r3l", "inflight_groups_discarded"), discarded, reduce="sum")
         resilience.set_extra_state(self, state.get(resilience.STATE_KEY))
         if state.get(LEDGER_STATE_KEY) is not None:  # the checkpoint's rows: what ran after it runs again
             retry_ledger.replace(self.retry_ledger_path, state[LEDGER_STATE_KEY])
@@ -329,12 +342,19 @@ class R3L(Algorithm):
 
     # ------------------------------------------------------------------------------------------------
     def _explore(self):
-        """Each runner samples its explicit share of the iteration's task groups (runner/dispatch.py);
-        recovery is wrapped around the rounds: a runner that dies mid-sample is counted, restored and its
+        """Each runner samples its explicit share of the iteration's task groups (runner/dispatch.py; with
+        max_policy_lag >= 1 from requests queued before the last update, runner/lagged.py); recovery is
+        wrapped around the rounds: a runner that dies mid-sample is counted, restored and its
         share re-sampled (runner_failure_retries; resilience.sample_with_recovery, docs/reliability.md)."""
         if self.env_runner_group.num_remote_workers() <= 0:
-            return dispatch.sample_local(self)
-        return resilience.sample_with_recovery(self, dispatch.sample_round)
+            groups, metrics = dispatch.sample_local(self)
+        elif self.config.max_policy_lag > 0:  # the runners sample the next groups while the learner trains
+            return lagged.sampler(self).explore(self)
+        else:
+            groups, metrics = resilience.sample_with_recovery(self, dispatch.sample_round)
+        for g in groups:
+            lagged.tag_version(g, self._synced_update)
+        return groups, metrics
 
     @override(Algorithm)
     def restore_env_runners(self, env_runner_group) -> List[int]:

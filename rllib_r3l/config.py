@@ -224,6 +224,7 @@ class R3LConfig(TrainingArgs, AlgorithmConfig):
         validation.check_learning_signal(self)
         validation.check_retry_options(self)
         validation.check_callbacks(self)
+        validation.check_policy_lag(self, err)
         if self.reflection_template is not None:  # else a missing file passes --dry-run, then fails the trial
             from rllib_r3l.runner.reflection.reflect import load_template
 

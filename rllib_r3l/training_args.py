@@ -75,6 +75,7 @@ class TrainingArgs:
         backend: str = NotProvided,
         backend_options: Any = NotProvided,
         weight_sync_interval: int = NotProvided,
+        max_policy_lag: int = NotProvided,
         colocate_engine_sleep: bool = NotProvided,
         lora: Any = NotProvided,
         deepspeed: Any = NotProvided,
@@ -197,6 +198,8 @@ class TrainingArgs:
             backend_options: extra options of the backend (e.g. tensor_parallel_size, gpu_memory_utilization)
                 (default {})
             weight_sync_interval: S: push learner weights into the engines every S updates (default 1)
+            max_policy_lag: 0 = explore, then train; k >= 1: remote env runners sample the next task groups while
+                the learner trains, on weights at most k updates old (older groups are dropped, counted) (default 0)
             colocate_engine_sleep: engine and learner share a GPU: vLLM sleeps (weights to host, KV cache freed)
                 during the learner update and wakes for sampling; no-op on CPU (default False)
             lora: None = full fine-tuning; else LoRA via peft: {'r': 16, 'alpha': 32, 'target_modules': [...],

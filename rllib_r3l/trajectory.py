@@ -91,6 +91,7 @@ class Trajectory:
     seed: Optional[int] = None
     env_id: str = ""
     pivot: Optional[int] = None  # retry: the turn it restarted from
+    policy_version: Optional[int] = None  # learner updates in the weights that generated it (driver-tagged)
     info: Dict[str, Any] = field(default_factory=dict)
 
     # ----------------------------------------------------------------------------------------------

@@ -178,6 +178,40 @@ def validate_scaling(cfg: Any, err) -> None:
             err("deepspeed", "DeepSpeed together with lora is not supported; use one of them")
 
 
+def check_policy_lag(cfg: Any, err) -> None:
+    """``max_policy_lag`` >= 1 queues sample requests on remote env runners while the learner trains
+    (runner/lagged.py): it needs remote runners, RLlib's in-flight limit, and nothing that stops the
+    engines during the update."""
+    k = cfg.max_policy_lag
+    if not k or getattr(cfg, "in_evaluation", False):  # RLlib's evaluation copy has no runners of its own
+        return
+    if cfg.num_env_runners < 1:
+        err(
+            "max_policy_lag",
+            f"{k} needs remote env runners (the driver's own runner cannot sample while the learner trains): set "
+            ".env_runners(num_env_runners=1) or max_policy_lag=0",
+        )
+    if k > cfg.max_requests_in_flight_per_env_runner:
+        err(
+            "max_policy_lag",
+            f"{k} queues up to {k} sample requests per env runner, but RLlib's max_requests_in_flight_per_env_runner "
+            f"is {cfg.max_requests_in_flight_per_env_runner}: set .env_runners(max_requests_in_flight_per_env_runner="
+            f"{k}) or a smaller max_policy_lag",
+        )
+    if cfg.weight_sync_interval > 1:
+        err(
+            "max_policy_lag",
+            f"cannot be combined with weight_sync_interval={cfg.weight_sync_interval} (its replay already trains "
+            "on older weights' groups): use one of them",
+        )
+    if cfg.colocate_engine_sleep:
+        err(
+            "max_policy_lag",
+            "cannot be combined with colocate_engine_sleep=True (the engines would sleep while they sample): "
+            "use one of them",
+        )
+
+
 def _validate_lora(lora: Any, err) -> None:
     if not isinstance(lora, dict):
         err(

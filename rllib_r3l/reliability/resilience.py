@@ -153,11 +153,22 @@ def remote_runner_states(algo: Any) -> Dict[int, Dict[str, Any]]:
     cache = dispatch.runner_states(algo)
     if group is None or group.num_remote_workers() <= 0:
         return {}
+    from rllib_r3l.runner.lagged import queued_runner_ids
+
+    # a runner with sample requests queued (max_policy_lag) keeps the state from before them: a resumed run
+    # samples those tasks again, once (runner/lagged.py)
+    busy = set(queued_runner_ids(algo))
+    ids = [i for i in group.healthy_worker_ids() if i not in busy]
     try:
-        out = group.foreach_env_runner(
-            lambda r: (r.worker_index, r.get_state()),
-            local_env_runner=False,
-            timeout_seconds=algo.config.env_runner_health_probe_timeout_s,
+        out = (
+            group.foreach_env_runner(
+                lambda r: (r.worker_index, r.get_state()),
+                local_env_runner=False,
+                remote_worker_ids=ids,
+                timeout_seconds=algo.config.env_runner_health_probe_timeout_s,
+            )
+            if ids
+            else []
         )
         cache.update({int(i): s for i, s in out})
     except Exception:  # a dying runner: keep its last known state

@@ -108,6 +108,7 @@ class GroupResult:
     lost: List[Trajectory] = field(default_factory=list)  # episodes that failed (env/generation error)
     complete: bool = True
     ledger: List[Dict[str, Any]] = field(default_factory=list)  # rllib_r3l.retry_ledger rows of this group
+    policy_version: Optional[int] = None  # learner updates in the weights it was sampled with (driver-tagged)
 
 
 def _base_success(group: GroupResult) -> float:

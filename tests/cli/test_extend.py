@@ -134,7 +134,7 @@ def test_a_reflecting_run_s_retry_ledger_goes_on_across_resumes(tmp_path):
     ]
     resumed = shlex.split(resume_command(argv))[1:-1]  # a resume keeps the saved --set
     ledgers = []
-    for n, again in ((1, argv), (2, [*resumed, "--resume"]), (3, [*resumed, "--resume"])):
+    for n, again in ((1, argv), (2, [*resumed, "--resume"])):
         proc = cli_process([*again, "--stop", f"training_iteration={n}"])
         out, err = proc.communicate(timeout=900)
         assert finished(proc, err), out[-2000:] + err[-3000:]
@@ -144,4 +144,4 @@ def test_a_reflecting_run_s_retry_ledger_goes_on_across_resumes(tmp_path):
     assert ledgers[0], "the seeded first iteration reflects on a failure"
     for earlier, later in zip(ledgers, ledgers[1:]):
         assert later[: len(earlier)] == earlier  # every earlier row kept, in order
-    assert {r["iteration"] for r in ledgers[-1]} <= {1, 2, 3}
+    assert {r["iteration"] for r in ledgers[-1]} <= {1, 2}

@@ -7,8 +7,13 @@ so they die with the driver; the workers and actors exit when their raylet is go
 two agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) see their raylet die at once but then
 try to report it through the dead GCS (a hard-coded 60 s timeout) and exit after that, about 75 s
 after the kill here. The test waits for that, bounded only by the hang guard (never a speed limit).
+
+The scenario (start, train, kill) starts in the background when the suite's collection ends
+(``START_EARLY``, called by tests/conftest.py), so those 75 s pass while the tests before this one run;
+the test checks the outcome at its turn (run alone, it starts the scenario itself and waits).
 """
 
+import atexit
 import os
 import queue
 import signal
@@ -87,37 +92,73 @@ def _describe(procs):
     return out
 
 
-def test_a_killed_driver_leaves_no_process_of_its_ray_session(tiny_model_dir):
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO_ROOT))
-    driver = subprocess.Popen(
-        [sys.executable, "-c", _DRIVER],
-        cwd=str(REPO_ROOT),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    session = []
-    try:
-        lines = _read_until_ready(driver, time.monotonic() + HANG_GUARD_S)
-        assert lines and lines[-1].startswith("READY "), "".join(lines[-40:])
+class _KilledDriver(threading.Thread):
+    """Starts the driver, waits for READY, records its session's processes and SIGKILLs it."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="killed-driver-scenario")
+        self.lines: list = []
+        self.session: list = []
+        self.driver = None
+
+    def run(self) -> None:
+        env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO_ROOT))
+        self.driver = subprocess.Popen(
+            [sys.executable, "-c", _DRIVER],
+            cwd=str(REPO_ROOT),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines = _read_until_ready(self.driver, time.monotonic() + HANG_GUARD_S)
+        if not (self.lines and self.lines[-1].startswith("READY ")):
+            return
         # the session's processes: everything the driver started, its children's children included (the
         # agents and workers are the raylet's); psutil keeps each one's start time, so a reused pid is no match
-        session = psutil.Process(driver.pid).children(recursive=True)
-        names = " ".join(_describe(session))
-        assert "raylet" in names and "gcs_server" in names and "DashboardAgent" in names, names
-        os.kill(driver.pid, signal.SIGKILL)
-        driver.wait(timeout=HANG_GUARD_S)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while _alive(session) and time.monotonic() < deadline:
-            time.sleep(1.0)
-        assert _alive(session) == [], f"still running {HANG_GUARD_S:.0f} s after the kill: {_describe(_alive(session))}"
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-        for p in _alive(session):  # only this test's own processes
+        self.session = psutil.Process(self.driver.pid).children(recursive=True)
+        os.kill(self.driver.pid, signal.SIGKILL)
+        self.driver.wait(timeout=HANG_GUARD_S)
+
+    def cleanup(self) -> None:
+        if self.driver is not None and self.driver.poll() is None:
+            self.driver.kill()
+            self.driver.wait()
+        for p in _alive(self.session):  # only this scenario's own processes
             try:
                 p.kill()
             except psutil.Error:
                 pass
+
+
+_SCENARIO: "_KilledDriver | None" = None
+
+
+def start_scenario() -> _KilledDriver:
+    """The scenario, started once per process (a pytest run that ends first kills what is left of it)."""
+    global _SCENARIO
+    if _SCENARIO is None:
+        _SCENARIO = _KilledDriver()
+        _SCENARIO.start()
+        atexit.register(_SCENARIO.cleanup)
+    return _SCENARIO
+
+
+START_EARLY = {"test_a_killed_driver_leaves_no_process_of_its_ray_session": start_scenario}
+
+
+def test_a_killed_driver_leaves_no_process_of_its_ray_session(tiny_model_dir):
+    scenario = start_scenario()
+    try:
+        scenario.join(timeout=2 * HANG_GUARD_S)
+        assert not scenario.is_alive(), "the driver neither became ready nor was killed within the hang guard"
+        assert scenario.lines and scenario.lines[-1].startswith("READY "), "".join(scenario.lines[-40:])
+        names = " ".join(_describe(scenario.session))
+        assert "raylet" in names and "gcs_server" in names and "DashboardAgent" in names, names
+        deadline = time.monotonic() + HANG_GUARD_S
+        while _alive(scenario.session) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        left = _describe(_alive(scenario.session))
+        assert left == [], f"still running {HANG_GUARD_S:.0f} s after the kill: {left}"
+    finally:
+        scenario.cleanup()
