@@ -33,8 +33,8 @@ from rllib_r3l import preflight, ray_internals, retry_ledger, stopping
 from rllib_r3l.batch import (
     build_train_batch,
     drop_overlong,
-    kind_counts,
-    loss_share_by_kind,
+    log_batch_metrics,
+    mark_policy_lag,
     select_trainable,
     train_batch_options,
 )
@@ -155,7 +155,9 @@ class R3L(Algorithm):
             batch, adv = build_train_batch(
                 trajectories, pad_token_id=self._get_pad_token_id(), **train_batch_options(c)
             )
-            self._log_batch_metrics(trajectories, batch, adv)
+            log_batch_metrics(self.metrics, trajectories, batch, adv)
+            stale = mark_policy_lag(batch, self.learner_updates)  # max_policy_lag: base items from older weights
+            self.metrics.log_value(("r3l", "batch", "stale_items"), stale, reduce="sum")
 
         # 3. Optimize: one accumulated step on the learner(s).
         if batch is None or len(batch["input_ids"]) == 0:
@@ -368,21 +370,6 @@ class R3L(Algorithm):
             tok = load_tokenizer(resolve_model(self.config.model_id))
             self._pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         return self._pad_token_id
-
-    def _log_batch_metrics(self, trajectories, batch, adv) -> None:
-        m = self.metrics
-        samples = [t for t in trajectories if t.kind.value in ("base", "retry")]
-        trained = float(batch["num_loss_tokens"].sum())
-        m.log_value(("r3l", "trained_tokens"), trained, reduce="sum")
-        m.log_value(("r3l", "trained_tokens_per_sample"), trained / max(len(samples), 1), reduce="mean", window=1)
-        m.log_value(("r3l", "batch", "items"), len(batch["input_ids"]), reduce="sum")
-        m.log_value(("r3l", "batch", "zero_advantage_items"), int(np.sum(adv == 0)), reduce="sum")
-        m.log_value(("r3l", "advantage_mean"), float(np.mean(adv)), reduce="mean", window=1)
-        for kind, n in kind_counts(trajectories).items():
-            m.log_value(("r3l", "batch", f"num_{kind}"), n, reduce="sum")
-        for kind, share in loss_share_by_kind(batch).items():
-            m.log_value(("r3l", "batch", f"credited_tokens_{kind}"), share["credited_tokens"], reduce="sum")
-            m.log_value(("r3l", "batch", f"loss_share_{kind}"), share["loss_share"], reduce="mean", window=1)
 
 
 def _refuse_incomplete_checkpoint(path: Any) -> None:

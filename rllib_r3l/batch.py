@@ -124,6 +124,33 @@ def build_train_batch(
     return batch, adv
 
 
+def mark_policy_lag(batch: Dict[str, np.ndarray], learner_updates: int) -> int:
+    """Add ``policy_lag`` [B] (float): learner updates since the weights that generated each item (0 where
+    the version was not recorded). The learner takes the clipped importance ratio on base items with a lag
+    (``stale_clip_ratio_*``; max_policy_lag). Returns how many items have one."""
+    version = np.asarray(batch["policy_version"], dtype=np.int64)
+    lag = np.where(version >= 0, int(learner_updates) - version, 0).clip(min=0).astype(np.float32)
+    batch["policy_lag"] = lag
+    return int((lag > 0).sum())
+
+
+def log_batch_metrics(m, trajectories: Sequence[Trajectory], batch: Dict[str, np.ndarray], adv: np.ndarray) -> None:
+    """The batch's numbers into the algorithm's MetricsLogger ``m``: trained tokens, items, advantages, and
+    per kind its items, credited tokens and share of the loss."""
+    samples = [t for t in trajectories if t.kind.value in ("base", "retry")]
+    trained = float(batch["num_loss_tokens"].sum())
+    m.log_value(("r3l", "trained_tokens"), trained, reduce="sum")
+    m.log_value(("r3l", "trained_tokens_per_sample"), trained / max(len(samples), 1), reduce="mean", window=1)
+    m.log_value(("r3l", "batch", "items"), len(batch["input_ids"]), reduce="sum")
+    m.log_value(("r3l", "batch", "zero_advantage_items"), int(np.sum(adv == 0)), reduce="sum")
+    m.log_value(("r3l", "advantage_mean"), float(np.mean(adv)), reduce="mean", window=1)
+    for kind, n in kind_counts(trajectories).items():
+        m.log_value(("r3l", "batch", f"num_{kind}"), n, reduce="sum")
+    for kind, share in loss_share_by_kind(batch).items():
+        m.log_value(("r3l", "batch", f"credited_tokens_{kind}"), share["credited_tokens"], reduce="sum")
+        m.log_value(("r3l", "batch", f"loss_share_{kind}"), share["loss_share"], reduce="mean", window=1)
+
+
 def kind_counts(trajectories: Sequence[Trajectory]) -> Dict[str, int]:
     c = Counter(t.kind.value for t in trajectories)
     return {k.value: c.get(k.value, 0) for k in Kind}

@@ -232,6 +232,36 @@ def loss_aggregation_weights(
     return out
 
 
+def ratio_selection(
+    on_policy: torch.Tensor,
+    has_behaviour: torch.Tensor,
+    policy_lag: torch.Tensor,
+    *,
+    use_importance_ratio: bool,
+    clip: tuple,
+    stale_clip: tuple,
+):
+    """Which credited tokens take the clipped importance ratio, and its clip bounds (§4; issue 47 item 3).
+
+    Per token (bool masks, ``policy_lag`` in learner updates): base tokens with the behaviour model's
+    log-probs, with ``use_importance_ratio`` (bounds ``clip``); and base tokens from older weights
+    (``policy_lag > 0``, max_policy_lag) always, with bounds ``stale_clip``. Retry and auxiliary tokens
+    never (R3L's off-policy rule, §4). Returns ``(mask or None, clip_low, clip_high)``: the bounds are
+    floats, or per-token tensors where both kinds of bounds apply.
+    """
+    stale = on_policy & has_behaviour & (policy_lag > 0)
+    any_stale = bool(stale.any())
+    if not any_stale:
+        return ((on_policy & has_behaviour) if use_importance_ratio else None), clip[0], clip[1]
+    mask = (on_policy & has_behaviour) if use_importance_ratio else stale
+    dtype = policy_lag.dtype if policy_lag.is_floating_point() else torch.float32
+
+    def bound(fresh: float, old: float) -> torch.Tensor:
+        return torch.where(stale, torch.tensor(float(old), dtype=dtype), torch.tensor(float(fresh), dtype=dtype))
+
+    return mask, bound(clip[0], stale_clip[0]), bound(clip[1], stale_clip[1])
+
+
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
     """Per-token KL estimate between the policy and a frozen reference (GRPO §3).
 

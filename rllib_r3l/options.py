@@ -140,6 +140,14 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     ),
     "clip_ratio_low": (0.2, "lower PPO clip epsilon (base data, with use_importance_ratio)"),
     "clip_ratio_high": (0.2, "upper PPO clip epsilon (base data, with use_importance_ratio)"),
+    "stale_clip_ratio_low": (
+        0.2,
+        "lower clip epsilon of the importance ratio on base data from older weights (max_policy_lag >= 1)",
+    ),
+    "stale_clip_ratio_high": (
+        0.2,
+        "upper clip epsilon of the importance ratio on base data from older weights (max_policy_lag >= 1)",
+    ),
     "loss_aggregation": (
         "token_mean",
         "how the loss averages over credited tokens: 'token_mean' (the authors' code), 'sequence_mean' (each item's "
@@ -321,6 +329,8 @@ RANGES: Dict[str, Range] = {
     "kl_coef": Range(low=0),
     "clip_ratio_low": Range(low=0, high=1, high_open=True),  # the ratio's lower clip 1 - eps must stay > 0
     "clip_ratio_high": Range(low=0),
+    "stale_clip_ratio_low": Range(low=0, high=1, high_open=True),
+    "stale_clip_ratio_high": Range(low=0),
     "loss_scale": Range(low=0, low_open=True, note="1.0 = paper, 0.5 = authors' code scale"),
     "micro_batch_size": _INT1,
     "micro_batch_tokens": Range(low=1, integer=True, none="no cap"),

@@ -55,6 +55,8 @@ class TrainingArgs:
         use_importance_ratio: bool = NotProvided,
         clip_ratio_low: float = NotProvided,
         clip_ratio_high: float = NotProvided,
+        stale_clip_ratio_low: float = NotProvided,
+        stale_clip_ratio_high: float = NotProvided,
         loss_aggregation: str = NotProvided,
         loss_scale: float = NotProvided,
         share_prefixes: bool = NotProvided,
@@ -167,6 +169,10 @@ class TrainingArgs:
                 (default False)
             clip_ratio_low: lower PPO clip epsilon (base data, with use_importance_ratio) (default 0.2)
             clip_ratio_high: upper PPO clip epsilon (base data, with use_importance_ratio) (default 0.2)
+            stale_clip_ratio_low: lower clip epsilon of the importance ratio on base data from older weights
+                (max_policy_lag >= 1) (default 0.2)
+            stale_clip_ratio_high: upper clip epsilon of the importance ratio on base data from older weights
+                (max_policy_lag >= 1) (default 0.2)
             loss_aggregation: how the loss averages over credited tokens: 'token_mean' (the authors' code),
                 'sequence_mean' (each item's token mean, then over items) or 'paper' (§4 'Objective': RL term over
                 the trajectories plus a separate SFT term) (default 'token_mean')

@@ -189,7 +189,7 @@ def collate(
     tokens), ``sampler_logprobs`` and ``behaviour_logprobs`` [B, T] with their row flags
     ``has_sampler_logprobs`` / ``has_behaviour_logprobs`` [B], ``advantages`` [B], ``weights`` [B],
     ``on_policy`` [B] (base rollouts: importance ratio and KL may apply), ``kind`` [B] (index in
-    ``KINDS``) and ``num_loss_tokens`` [B].
+    ``KINDS``), ``policy_version`` [B] (-1: not recorded) and ``num_loss_tokens`` [B].
     """
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
@@ -226,5 +226,8 @@ def collate(
         "weights": np.asarray([t.weight for t in trajectories], dtype=np.float32),
         "on_policy": np.asarray([t.kind.on_policy for t in trajectories], dtype=np.float32),
         "kind": np.asarray([KINDS.index(t.kind) for t in trajectories], dtype=np.int64),
+        "policy_version": np.asarray(
+            [-1 if t.policy_version is None else t.policy_version for t in trajectories], dtype=np.int64
+        ),
         "num_loss_tokens": loss_mask.sum(axis=1).astype(np.float32),
     }

@@ -147,3 +147,11 @@ def test_paper_loss_aggregation_puts_auxiliary_items_in_their_own_term():
     np.testing.assert_allclose(batch["weights"], want, rtol=1e-6)
     tm, _ = build(handmade_trajectories(), loss_aggregation="token_mean")
     np.testing.assert_allclose(tm["weights"], [1, 1, 1, 0.5, 0.5, 1])
+
+
+def test_mark_policy_lag_counts_updates_since_each_items_weights():
+    from rllib_r3l.batch import mark_policy_lag
+
+    batch = {"policy_version": np.asarray([3, 5, -1, 4])}  # -1: not recorded (counted as fresh)
+    assert mark_policy_lag(batch, 5) == 2
+    assert batch["policy_lag"].tolist() == [2.0, 0.0, 0.0, 1.0] and batch["policy_lag"].dtype == np.float32

@@ -189,3 +189,38 @@ def test_paper_objective_is_rl_trajectory_mean_plus_sft_term_by_hand():
     # the same batch under the authors' token mean: every token once, RL and auxiliary alike
     tm, _ = ca.policy_gradient_loss(logp, adv, mask, normalizer=float(mask.sum()))
     assert float(tm) == pytest.approx(-(0.5 * -4 + -1.0 * -8 + -6 + -6) / 10)
+
+
+def test_ratio_selection_by_hand():
+    """Base tokens with behaviour log-probs take the ratio under use_importance_ratio (clip bounds) and, when
+    from older weights, always (stale bounds); retries and tokens without behaviour log-probs never."""
+    on = torch.tensor([True, True, True, False])
+    has = torch.tensor([True, True, False, True])
+    fresh = torch.zeros(4)
+    assert ca.ratio_selection(on, has, fresh, use_importance_ratio=False, clip=(0.2, 0.3), stale_clip=(0.1, 0.15)) == (
+        None,
+        0.2,
+        0.3,
+    )
+    mask, low, high = ca.ratio_selection(
+        on, has, fresh, use_importance_ratio=True, clip=(0.2, 0.3), stale_clip=(0.1, 0.1)
+    )
+    assert mask.tolist() == [True, True, False, False] and (low, high) == (0.2, 0.3)
+    lag = torch.tensor([1.0, 0.0, 2.0, 3.0])  # token 2 has no behaviour log-probs, token 3 is a retry's
+    mask, low, high = ca.ratio_selection(
+        on, has, lag, use_importance_ratio=False, clip=(0.2, 0.3), stale_clip=(0.1, 0.15)
+    )
+    assert mask.tolist() == [True, False, False, False]
+    assert low.tolist() == pytest.approx([0.1, 0.2, 0.2, 0.2]) and high.tolist() == pytest.approx([0.15, 0.3, 0.3, 0.3])
+    mask, low, _ = ca.ratio_selection(on, has, lag, use_importance_ratio=True, clip=(0.2, 0.3), stale_clip=(0.1, 0.15))
+    assert mask.tolist() == [True, True, False, False] and low.tolist() == pytest.approx([0.1, 0.2, 0.2, 0.2])
+
+
+def test_the_clipped_surrogate_takes_per_token_bounds():
+    lp, old = torch.tensor([0.5, 0.5]), torch.tensor([0.0, 0.0])  # both ratios e^0.5
+    adv, mask = torch.ones(2), torch.ones(2)
+    bounds = torch.tensor([0.1, 0.3])
+    loss, st = ca.policy_gradient_loss(
+        lp, adv, mask, old_logprobs=old, ratio_mask=mask.bool(), clip_low=bounds, clip_high=bounds
+    )
+    assert float(loss) == pytest.approx((-1.1 - 1.3) / 2) and float(st["clip_fraction"]) == 1.0

@@ -152,16 +152,28 @@ class R3LTorchLearner(TorchLearner):
             ref = self._ref_logprobs(batch, share_prefixes=self.shares_prefixes(module_id))
         if config.use_importance_ratio:
             self._gap_stats["ratio_tokens_without_behaviour_logprobs"] += float((on_policy & ~has_behaviour).sum())
+        lag = per_token(batch["policy_lag"]) if "policy_lag" in batch else torch.zeros_like(logp)
+        ratio_mask, clip_low, clip_high = core_algos.ratio_selection(
+            on_policy,
+            has_behaviour,
+            lag,
+            use_importance_ratio=bool(config.use_importance_ratio),
+            clip=(config.clip_ratio_low, config.clip_ratio_high),
+            stale_clip=(config.stale_clip_ratio_low, config.stale_clip_ratio_high),
+        )
+        uncovered = float((on_policy & (lag > 0) & ~has_behaviour).sum())
+        if uncovered:
+            self._gap_stats["stale_tokens_without_behaviour_logprobs"] += uncovered
         loss, stats = core_algos.policy_gradient_loss(
             logp,
             adv,
             mask,
             normalizer=float(batch["normalizer"]),
             weights=weights,
-            old_logprobs=behaviour if config.use_importance_ratio else None,
-            ratio_mask=(on_policy & has_behaviour) if config.use_importance_ratio else None,
-            clip_low=config.clip_ratio_low,
-            clip_high=config.clip_ratio_high,
+            old_logprobs=behaviour if ratio_mask is not None else None,
+            ratio_mask=ratio_mask,
+            clip_low=clip_low,
+            clip_high=clip_high,
             ref_logprobs=ref,
             kl_mask=on_policy,
             kl_coef=config.kl_coef,
@@ -324,12 +336,9 @@ class R3LTorchLearner(TorchLearner):
         g = self._gap_stats
         for key in [k[:-4] for k in g if k.endswith("/sum")]:
             self.metrics.log_value(("r3l", "learner", key), g[key + "/sum"] / g[key + "/n"], reduce="mean", window=1)
-        if "ratio_tokens_without_behaviour_logprobs" in g:
-            self.metrics.log_value(
-                ("r3l", "learner", "ratio_tokens_without_behaviour_logprobs"),
-                g["ratio_tokens_without_behaviour_logprobs"],
-                reduce="sum",
-            )
+        for key in ("ratio_tokens_without_behaviour_logprobs", "stale_tokens_without_behaviour_logprobs"):
+            if g.get(key):  # tokens the ratio should cover but cannot: trained as plain policy gradient
+                self.metrics.log_value(("r3l", "learner", key), g[key], reduce="sum")
 
 
 def fused_adamw_supported(params: List[torch.nn.Parameter]) -> bool:

@@ -67,7 +67,7 @@ class ExploreOptions:
     temperature: float = default("temperature")
     pivotal_credit: bool = default("pivotal_credit")
     max_context_tokens: Optional[int] = default("max_context_tokens")  # longer auxiliary items are dropped (counted)
-    # the behaviour model's log-probs on base rollouts (use_importance_ratio)
+    # the behaviour model's log-probs on base rollouts (use_importance_ratio, max_policy_lag)
     score_behaviour: bool = default("use_importance_ratio")
     # "auto" resolved: "transcript" continues the episode's own context (rllib_r3l.runner.reflection.context)
     reflection_context: str = resolve_reflection_context(default("reflection_context"), default("reflector"))
@@ -87,7 +87,8 @@ class ExploreOptions:
             reflect=bool(config.reflect) and not evaluation,
             reflection_context=config.resolved_reflection_context(),
             reflection_structured=config.resolved_reflection_structured(),
-            score_behaviour=bool(config.use_importance_ratio) and not evaluation,
+            # the importance ratio needs them: with use_importance_ratio, and on data from older weights
+            score_behaviour=bool(config.use_importance_ratio or config.max_policy_lag) and not evaluation,
         )
         return cls(**kw)
 

@@ -433,3 +433,32 @@ def test_learner_faults_with_deepspeed_are_refused_not_silently_dropped():
     with pytest.raises(ValueError, match="deepspeed=True"):
         faults.validate_reliability_options(cfg)
     faults.validate_reliability_options(faults.inject(R3LConfig().training(deepspeed=True), {"env_raise_prob": 0.1}))
+
+
+def _stale_batch(lags):
+    b = _loss_batch()
+    b["policy_lag"] = torch.tensor(lags)
+    return b
+
+
+def test_base_rows_from_older_weights_take_the_ratio_with_their_own_clip_bounds():
+    """max_policy_lag (issue 47 item 3): row 0 (base, behaviour log-probs, 1 update old) takes the clipped
+    ratio at stale_clip_ratio_* even without use_importance_ratio: ratios e^0.5 (clipped to 1.1) and 1 ->
+    -1.1 A and -1.0 A; row 1 (base, old, no behaviour log-probs) stays -A log p and is counted; the retry
+    (row 2) never takes the ratio: -0.5 - 0.25 * 0.5 ... as in the plain loss."""
+    lrn = StubLearner(stale_clip_ratio_low=0.1, stale_clip_ratio_high=0.1)
+    assert _loss(lrn, _stale_batch([1.0, 1.0, 1.0])) == pytest.approx((-1.1 - 1.0 - 0.25 + 0.125) / 4, rel=1e-6)
+    assert lrn._micro_stats[-1]["clip_fraction"] == pytest.approx(0.5)
+    assert lrn._gap_stats["stale_tokens_without_behaviour_logprobs"] == 1.0
+    # fresh rows with use_importance_ratio keep clip_ratio_*: row 0 fresh -> clipped at 1.2, old -> at 1.1
+    both = StubLearner(use_importance_ratio=True, stale_clip_ratio_low=0.1, stale_clip_ratio_high=0.1)
+    assert _loss(both, _stale_batch([0.0, 0.0, 0.0])) == pytest.approx((-1.2 - 1.0 - 0.25 + 0.125) / 4, rel=1e-6)
+    assert _loss(both, _stale_batch([2.0, 0.0, 0.0])) == pytest.approx((-1.1 - 1.0 - 0.25 + 0.125) / 4, rel=1e-6)
+
+
+def test_no_lag_leaves_the_plain_loss_without_a_ratio():
+    lrn = StubLearner()
+    assert _loss(lrn, _stale_batch([0.0, 0.0, 0.0])) == pytest.approx((1.0 + 2.0 - 0.25 + 0.125) / 4, rel=1e-6)
+    assert "clip_fraction" not in lrn._micro_stats[-1] and not lrn._gap_stats.get(
+        "stale_tokens_without_behaviour_logprobs"
+    )

@@ -90,6 +90,13 @@ def test_lag_one_samples_while_training_trains_each_group_once_and_resumes_queue
         assert [[v for _, v in it] for it in seen] == [[0, 0], [0, 0], [1, 1]]
         assert all(r["r3l"]["async"]["requests_in_flight"] == 1 for r in results)
         assert all(r["r3l"].get("stale_groups_dropped", 0) == 0 for r in results)
+        # every item of the lagged iterations is one update old: the learner takes the clipped ratio on its
+        # base items (stale_clip_ratio_*), with the behaviour log-probs the runner scored
+        batches = [r["r3l"]["batch"] for r in results]
+        assert batches[0].get("stale_items", 0) == 0 and batches[1]["items"] > 0
+        assert [b.get("stale_items", 0) for b in batches[1:]] == [b.get("items", 0) for b in batches[1:]]
+        learner = results[1]["learners"]["r3l"]["learner"]
+        assert "clip_fraction" in learner and not learner.get("stale_tokens_without_behaviour_logprobs")
         ids = [gid for it in seen for gid, _ in it]
         assert len(ids) == len(set(ids)) == 6  # nothing trained twice, nothing lost
         queued_after_save = seen[2]
