@@ -92,6 +92,9 @@ def iteration_row(iteration: int, result: Mapping[str, Any]) -> Dict[str, Any]:
         "eval_success_rate": number(get_metric(result, "evaluation/env_runners/success_rate"), math.nan),
         "eval_episodes": int(number(get_metric(result, "evaluation/env_runners/num_episodes"))),
         "eval_lost": int(number(get_metric(result, "evaluation/env_runners/lost_episodes"))),
+        # max_policy_lag: the lag trained on and how long the learner waited for samples (absent: NaN)
+        "policy_lag": number(get_metric(result, "r3l/policy_lag_max"), math.nan),
+        "waited": number(get_metric(result, "r3l/async/wait_for_samples_s"), math.nan),
         "time": {
             "rollout": max(sampling - reflect, 0.0),
             "reflect": reflect,
@@ -222,8 +225,13 @@ def iteration_line(row: Mapping[str, Any], iterations: Optional[int] = None) -> 
         if finite(esr) and en
         else ""
     )
+    lag = row.get("policy_lag", math.nan)  # the runners sampled while the learner trained: the times overlap
+    lagged = f" | lag {lag:.0f}, learner waited {number(row.get('waited')):.0f} s" if finite(lag) else ""
     t = row.get("time", {})
-    return f"iter {it} | {success} | {retries} | {update}{held_out} | {number(t.get('total')):.0f} s: {time_split(t)}"
+    return (
+        f"iter {it} | {success} | {retries} | {update}{held_out}{lagged} | {number(t.get('total')):.0f} s: "
+        f"{time_split(t)}"
+    )
 
 
 SUMMARY_COLUMNS = (

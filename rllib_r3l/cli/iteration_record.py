@@ -26,6 +26,19 @@ def _flat(d: Any) -> Dict[str, Any]:
     return {k: v for k, v in (d or {}).items() if not isinstance(v, dict)}
 
 
+def _overlap(r: Dict[str, Any]) -> Dict[str, Any]:
+    """``r3l/async`` with the idle fractions of the iteration: the learner's (its wait for samples) and the
+    runners' (1 - their sampling time), both of the iteration's wall time."""
+    out = _flat(get_metric(r, "r3l/async", {}))
+    wall = float(r.get("time_this_iter_s") or 0.0)
+    sampled = get_metric(r, "env_runners/r3l/rollout_seconds")
+    if wall > 0:
+        out["learner_idle_fraction"] = min(1.0, float(out.get("wait_for_samples_s", 0.0)) / wall)
+        if isinstance(sampled, (int, float)):
+            out["runner_idle_fraction"] = max(0.0, 1.0 - float(sampled) / wall)
+    return out
+
+
 def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
     """One iteration's numbers for summary.json: success, every env-runner ``r3l/`` metric, the
     credit/batch metrics and the learner's throughput (NaN where the iteration had no update)."""
@@ -44,6 +57,8 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
         "credit": _flat(get_metric(r, "r3l", {})),
         "batch": _flat(get_metric(r, "r3l/batch", {})),
         "learner": _flat(find_r3l_metrics(r.get("learners", {}), "learner")),
+        # max_policy_lag: requests in flight, the driver's wait for samples; the lag itself is under "credit"
+        **({"async": _overlap(r)} if get_metric(r, "r3l/async") else {}),
         # evaluation_interval: R3L.evaluate()'s held-out episodes after this iteration (not only on the console)
         **(
             {"held_out": _flat(r["evaluation"].get("env_runners", {}))} if isinstance(r.get("evaluation"), dict) else {}

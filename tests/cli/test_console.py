@@ -490,3 +490,26 @@ def test_the_iteration_line_shows_held_out_success_when_the_iteration_evaluated(
     # re-probe 6 (P4): held-out episodes the environment lost were a silent 0/2
     lost = {**result, "evaluation": {"env_runners": {"success_rate": 0.0, "num_episodes": 2, "lost_episodes": 2}}}
     assert "| held-out 0.000 (0/2, 2 lost) |" in console.iteration_line(console.iteration_row(1, lost))
+
+
+def test_a_lagged_iteration_says_its_lag_and_the_learners_wait_and_summary_json_its_idle_fractions():
+    """max_policy_lag (issue 47 item 7): the phases overlap, so the line says the lag and how long the learner
+    waited for samples; summary.json's record keeps the idle fractions of the iteration's wall time."""
+    from rllib_r3l.cli.iteration_record import iteration_record
+
+    result = {
+        **RESULT,
+        "r3l": {
+            "policy_lag_max": 1,
+            "policy_lag_mean": 1.0,
+            "async": {"wait_for_samples_s": 22.0, "requests_in_flight": 1},
+        },
+    }
+    line = console.iteration_line(console.iteration_row(2, result), 3)
+    assert " | lag 1, learner waited 22 s | 110 s: " in line
+    assert " | lag " not in console.iteration_line(console.iteration_row(1, RESULT), 3)
+    rec = iteration_record(2, result)
+    assert rec["credit"]["policy_lag_max"] == 1 and rec["async"]["requests_in_flight"] == 1
+    assert rec["async"]["learner_idle_fraction"] == pytest.approx(22 / 110)
+    assert rec["async"]["runner_idle_fraction"] == pytest.approx(1 - 70 / 110)  # the runners sampled 70 s of 110
+    assert "async" not in iteration_record(1, RESULT)
