@@ -108,3 +108,45 @@ def test_lag_one_samples_while_training_trains_each_group_once_and_resumes_queue
         assert [gid for gid, _ in seen[3]] == [gid for gid, _ in queued_after_save]
     finally:
         algo.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_runner_killed_with_a_request_queued_loses_only_its_groups_counted_and_comes_back(ray_session):
+    """Item 5 of issue 47: the runner dies while its next request runs (killed right after the request is
+    queued): the next iteration counts the failure and the request's task groups as lost, trains on nothing
+    rather than on anything stale, and once RLlib restored the runner (weights and task RNG re-sent) it
+    samples again."""
+    import ray
+
+    from rllib_r3l.runner import lagged
+    from tests.scripted_rllib import tiny_config
+
+    algo = (
+        _remote(tiny_config(max_policy_lag=1, sampling_seed=3, num_threads=1))
+        .fault_tolerance(restart_failed_env_runners=True)
+        .build_algo()
+    )
+    try:
+        sampler = lagged.sampler(algo)
+        top_up, calls = sampler._top_up, []
+        [rid] = algo.env_runner_group.healthy_worker_ids()
+
+        def top_up_then_kill(a, depth, used):
+            top_up(a, depth, used)
+            calls.append(1)
+            if len(calls) == 2:  # iteration 1's second call: its next request was just queued
+                ray.kill(algo.env_runner_group._worker_manager._actors[rid], no_restart=False)
+
+        sampler._top_up = top_up_then_kill
+        first, second, third = (algo.train() for _ in range(3))
+        tasks = algo.config.tasks_per_iteration
+        f = second["r3l"]["faults"]
+        assert f["env_runner_failures"] == 1 and f["groups_lost_with_runner"] == tasks
+        got = second["env_runners"].get("num_groups", 0)  # no runner answered: RLlib reports NaN
+        assert (got != got or got == 0) and second["r3l"]["batch"]["empty_batches"] == 1
+        assert third["r3l"]["faults"]["env_runners_restored"] == 1
+        assert third["env_runners"]["num_groups"] == tasks and first["env_runners"]["num_groups"] == tasks
+        assert third["r3l"].get("stale_groups_dropped", 0) == 0
+    finally:
+        algo.stop()
