@@ -196,8 +196,10 @@ def test_collate_hand_values():
         "weights": np.float32,
         "on_policy": np.float32,
         "kind": np.int64,
+        "policy_version": np.int64,
         "num_loss_tokens": np.float32,
     }
+    np.testing.assert_array_equal(b["policy_version"], [-1, -1])  # not tagged by a driver: unknown
     off = collate([base, _aux()], [-0.5, 1.0], pad_token_id=99, pivotal_credit=False)
     np.testing.assert_array_equal(off["loss_mask"][0], [0, 0, 1, 1, 0, 1, 1])
     np.testing.assert_array_equal(off["num_loss_tokens"], [4, 1])

@@ -24,11 +24,11 @@ from tests.learner.deepspeed_checks import result_of, run_python
 pytestmark = pytest.mark.slow  # DeepSpeed engines: ~10-60 s per check on 2 shared cores
 
 
-@pytest.mark.parametrize(
-    "stage, dtype", [(0, "float32"), (1, "float32"), (2, "float32"), (3, "float32"), (2, "bfloat16")]
-)
+# stages 1 and 2 write the same checkpoint (the optimizer state in partitions; 2 also splits the gradients,
+# which a checkpoint does not hold): 2 is tested, in bf16, where the fp32 masters matter most
+@pytest.mark.parametrize("stage, dtype", [(0, "float32"), (2, "bfloat16"), (3, "float32")])
 def test_deepspeed_resume_is_bit_exact(stage, dtype, tiny_model_dir, tmp_path):
-    """ZeRO stage 0-3, one learner (gloo): the restored learner's losses and weights equal the
+    """ZeRO stages 0, 2 and 3, one learner (gloo): the restored learner's losses and weights equal the
     uninterrupted learner's bit for bit; restoring the weights alone does not (AdamW moments).
     bf16 weights: DeepSpeed's fp32 masters come from the checkpoint, not from the bf16 weights."""
     pytest.importorskip("deepspeed")

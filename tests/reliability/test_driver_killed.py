@@ -99,6 +99,7 @@ class _KilledDriver(threading.Thread):
         super().__init__(daemon=True, name="killed-driver-scenario")
         self.lines: list = []
         self.session: list = []
+        self.names = ""
         self.driver = None
 
     def run(self) -> None:
@@ -117,6 +118,7 @@ class _KilledDriver(threading.Thread):
         # the session's processes: everything the driver started, its children's children included (the
         # agents and workers are the raylet's); psutil keeps each one's start time, so a reused pid is no match
         self.session = psutil.Process(self.driver.pid).children(recursive=True)
+        self.names = " ".join(_describe(self.session))  # read now: the test looks after they have exited
         os.kill(self.driver.pid, signal.SIGKILL)
         self.driver.wait(timeout=HANG_GUARD_S)
 
@@ -153,7 +155,7 @@ def test_a_killed_driver_leaves_no_process_of_its_ray_session(tiny_model_dir):
         scenario.join(timeout=2 * HANG_GUARD_S)
         assert not scenario.is_alive(), "the driver neither became ready nor was killed within the hang guard"
         assert scenario.lines and scenario.lines[-1].startswith("READY "), "".join(scenario.lines[-40:])
-        names = " ".join(_describe(scenario.session))
+        names = scenario.names
         assert "raylet" in names and "gcs_server" in names and "DashboardAgent" in names, names
         deadline = time.monotonic() + HANG_GUARD_S
         while _alive(scenario.session) and time.monotonic() < deadline:

@@ -16,6 +16,11 @@ from rllib_r3l.runner.lagged import LaggedSampler, tag_version
 from rllib_r3l.trajectory import Trajectory
 
 
+def _n(v) -> float:
+    """A metric's value, 0 where it is missing or NaN (RLlib reports NaN where nothing was logged)."""
+    return 0 if v is None or v != v else v
+
+
 def _remote(cfg):
     return cfg.env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
 
@@ -139,14 +144,17 @@ def test_a_runner_killed_with_a_request_queued_loses_only_its_groups_counted_and
                 ray.kill(algo.env_runner_group._worker_manager._actors[rid], no_restart=False)
 
         sampler._top_up = top_up_then_kill
-        first, second, third = (algo.train() for _ in range(3))
+        first, second = algo.train(), algo.train()
         tasks = algo.config.tasks_per_iteration
         f = second["r3l"]["faults"]
         assert f["env_runner_failures"] == 1 and f["groups_lost_with_runner"] == tasks
-        got = second["env_runners"].get("num_groups", 0)  # no runner answered: RLlib reports NaN
-        assert (got != got or got == 0) and second["r3l"]["batch"]["empty_batches"] == 1
-        assert third["r3l"]["faults"]["env_runners_restored"] == 1
-        assert third["env_runners"]["num_groups"] == tasks and first["env_runners"]["num_groups"] == tasks
-        assert third["r3l"].get("stale_groups_dropped", 0) == 0
+        assert not _n(second["env_runners"].get("num_groups")) and second["r3l"]["batch"]["empty_batches"] == 1
+        later = []
+        while len(later) < 6 and not _n(later[-1]["env_runners"].get("num_groups") if later else 0):
+            later.append(algo.train())  # RLlib restores the runner once Ray restarted it, then it samples again
+        # the restore is counted in the iteration that made it (the one that saw the failure, or a later one)
+        assert sum(_n(r["r3l"]["faults"].get("env_runners_restored")) for r in [second, *later]) == 1
+        assert _n(later[-1]["env_runners"].get("num_groups")) == tasks == first["env_runners"]["num_groups"]
+        assert all(not _n(r["r3l"].get("stale_groups_dropped")) for r in later)
     finally:
         algo.stop()
