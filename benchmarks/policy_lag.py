@@ -47,6 +47,14 @@ def _config(lag: int, seed: int):
     return cfg.debugging(seed=seed)
 
 
+def _float(v) -> float:
+    """A metric as a float (RLlib's reduced values may be numpy scalars); NaN where there is none."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
 def _row(i: int, r: dict) -> dict:
     from rllib_r3l.cli.console import learner_metric
     from rllib_r3l.cli.result_rows import get_metric, number
@@ -60,9 +68,9 @@ def _row(i: int, r: dict) -> dict:
         "runner_sampling_s": number(get_metric(r, "env_runners/r3l/rollout_seconds")),
         "learn_s": number(learn) if learn == learn else 0.0,  # NaN: no update this iteration
         "sync_s": number(get_metric(r, "r3l/timers/weight_sync_s")),
-        "policy_lag_max": get_metric(r, "r3l/policy_lag_max"),
+        "policy_lag_max": _float(get_metric(r, "r3l/policy_lag_max")),
         "episodes_started": number(get_metric(r, "env_runners/r3l/episodes_started")),
-        "success_rate": get_metric(r, "env_runners/success_rate"),
+        "success_rate": number(get_metric(r, "env_runners/success_rate"), float("nan")),
     }
 
 
@@ -90,6 +98,11 @@ def run(lag: int, iterations: int, seed: int, out: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # whole runs only: a cut run starts again
 
 
+def _lag(row: dict) -> int:
+    v = row.get("policy_lag_max")
+    return int(v) if isinstance(v, (int, float)) and v == v else 0  # None/NaN: lag 0 logs none
+
+
 def _mean(rows: list, key: str) -> float:
     return sum(float(r[key] or 0) for r in rows) / max(len(rows), 1)
 
@@ -110,7 +123,8 @@ def report(out: Path) -> str:
     for lag, rows in sorted(later.items()):
         cells = [f"{_mean(rows, k):.1f}" for k in ("train_call_s", "wait_for_samples_s", "runner_sampling_s")]
         cells += [f"{_mean(rows, k):.1f}" for k in ("learn_s", "sync_s")]
-        lines.append(f"| {lag} | {' | '.join(cells)} | {max(int(r['policy_lag_max'] or 0) for r in rows)} |")
+        lag_max = max(_lag(r) for r in rows)
+        lines.append(f"| {lag} | {' | '.join(cells)} | {lag_max} |")
     if 0 in later and 1 in later:
         e = _mean(later[0], "runner_sampling_s")
         l_ = _mean(later[0], "learn_s") + _mean(later[0], "sync_s")

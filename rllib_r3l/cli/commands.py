@@ -411,4 +411,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rllib_r3l.cli.signals import exit_process
+
+    exit_process(main())

@@ -15,7 +15,6 @@ OUT/summary.json; ``--resume`` continues a run in OUT from its newest complete c
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import resource
@@ -390,11 +389,4 @@ def _size_gb(path: str) -> float:
 
 
 if __name__ == "__main__":
-    code = main()
-    # a signal while the interpreter exits keeps the exit code (Python's teardown of torch's modules runs
-    # with SIGTERM back at its default: 143). The exit hooks (Ray's, logging's) run; the teardown is skipped.
-    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    signals.exit_process(main())

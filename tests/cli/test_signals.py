@@ -87,7 +87,9 @@ def test_sigterm_after_a_checkpoint_stops_like_ctrl_c(tmp_path):
     assert "checkpoint: (none)" not in out and f"checkpoint: {complete[-1]}" in out, out[-2000:]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+# SIGTERM only: the driver turns it into Ctrl-C's KeyboardInterrupt (signals.sigterm_as_sigint), so it takes
+# Ctrl-C's path and the conversion too (Ctrl-C itself: tests/cli/test_resume.py); each case is a 20-s run
+@pytest.mark.parametrize("sig", [signal.SIGTERM])
 def test_signal_before_the_first_checkpoint_advises_new_not_resume(tmp_path, capsys, sig):
     # no periodic checkpoint (the file's is every 10 iterations, a second on this tiny run): none before
     # the signal, and an interrupted trial is not checkpointed at its end
