@@ -88,7 +88,10 @@ class LaggedSampler:
             short = [i for i in healthy if len(self.queued[i]) < depth]
             if not short:
                 return
-            shares = dispatch.runner_shares(c.tasks_per_iteration, short)
+            # each runner's share of an iteration among all healthy ones (a restored runner topping up alone
+            # must not take the whole iteration's task groups)
+            every = dispatch.runner_shares(c.tasks_per_iteration, healthy)
+            shares = {i: every[i] for i in short if i in every}
             caps = dispatch.episode_shares(self._cap_left(algo, used), shares)
             sent = False
             for i, n in shares.items():
