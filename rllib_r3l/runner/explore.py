@@ -87,7 +87,6 @@ class ExploreOptions:
             reflect=bool(config.reflect) and not evaluation,
             reflection_context=config.resolved_reflection_context(),
             reflection_structured=config.resolved_reflection_structured(),
-            # the importance ratio needs them: with use_importance_ratio, and on data from older weights
             score_behaviour=bool(config.use_importance_ratio or config.max_policy_lag) and not evaluation,
         )
         return cls(**kw)
