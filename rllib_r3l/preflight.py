@@ -27,7 +27,7 @@ from rllib_r3l.errors import did_you_mean, one_line
 from rllib_r3l.model_check import check_model, local_model_problem  # noqa: F401 - re-exported
 
 # env_config keys the env runner consumes itself (not passed to the environment).
-RUNNER_ENV_KEYS = ("eval_split",)
+RUNNER_ENV_KEYS = ("eval_split", "step_delay_s")
 
 _ENVS_OK: set = set()  # (env_id, env_config, split) already built successfully in this process
 
@@ -190,7 +190,8 @@ def first_prompt_tokens(config: Any, env: Any) -> Optional[int]:
     dry run (before the model's first conversion) must refuse a broken environment as a later one does."""
     from rllib_r3l.models import load_tokenizer
     from rllib_r3l.runner.chat import ChatFormat
-    from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions, check_env_output
+    from rllib_r3l.runner.env_pool import check_env_output
+    from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
     source = _tokenizer_source(config.model_id)
     try:
@@ -208,7 +209,7 @@ def first_prompt_tokens(config: Any, env: Any) -> Optional[int]:
     level = rollout_log.level
     rollout_log.setLevel(logging.ERROR)  # a failed reset is raised below, not logged with its traceback
     try:
-        live = runner._start_episode(EpisodeSpec(seed=0, group_id="preflight"))
+        live = runner._start(EpisodeSpec(seed=0, group_id="preflight"))
     finally:
         rollout_log.setLevel(level)
     if live is not None and live.env is None and live.traj.info.get("error"):

@@ -77,6 +77,8 @@ class TrainingArgs:
         backend: str = NotProvided,
         backend_options: Any = NotProvided,
         weight_sync_interval: int = NotProvided,
+        rollout_loop: str = NotProvided,
+        env_step_workers: int = NotProvided,
         max_policy_lag: int = NotProvided,
         colocate_engine_sleep: bool = NotProvided,
         lora: Any = NotProvided,
@@ -204,6 +206,11 @@ class TrainingArgs:
             backend_options: extra options of the backend (e.g. tensor_parallel_size, gpu_memory_utilization)
                 (default {})
             weight_sync_interval: S: push learner weights into the engines every S updates (default 1)
+            rollout_loop: 'waves' = each turn of all live episodes is one batched generate, then each environment
+                steps in turn; 'episodes' = each episode its own loop over the engine's queue, environments stepped
+                in threads (default 'waves')
+            env_step_workers: rollout_loop='episodes': threads that step environments while the engine generates
+                (one environment instance per episode, as always) (default 16)
             max_policy_lag: 0 = explore, then train; k >= 1: remote env runners sample the next task groups while
                 the learner trains, on weights at most k updates old (older groups are dropped, counted) (default 0)
             colocate_engine_sleep: engine and learner share a GPU: vLLM sleeps (weights to host, KV cache freed)

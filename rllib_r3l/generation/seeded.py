@@ -32,6 +32,25 @@ class SeededBackend(GenerationBackend):
         self._calls += 1
         return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
 
+    def request_seeds(self):
+        """Seeds for one run of episode loops: (numbers...) -> a seed from (``sampling_seed``, this call, the
+        sample's task seeds, the numbers naming the request: its episode, turn and attempt), independent of
+        when each request is made."""
+        call, key = self._calls, list(self._key)
+        self._calls += 1
+
+        def seed(*numbers: int) -> int:
+            ss = np.random.SeedSequence([self.sampling_seed, call, *key, *(int(n) for n in numbers)])
+            return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
+
+        return seed
+
+    def request_stream(self):
+        """The wrapped engine's request stream (seeds come from ``request_seeds``)."""
+        from rllib_r3l.generation.stream import open_stream
+
+        return open_stream(self.inner)
+
     def generate(self, requests, *, temperature, top_p=1.0, seed=None, on_done=None):
         if seed is None:
             seed = self.next_seed()

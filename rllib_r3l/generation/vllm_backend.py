@@ -28,19 +28,11 @@ from rllib_r3l.generation.base import CHOICE_TOKENIZATIONS, GenerationBackend, G
 from rllib_r3l.generation.vllm_choice import choice_extra_args
 from rllib_r3l.generation.vllm_engine import engine_args, register_model_classes_in_process
 from rllib_r3l.generation.vllm_progress import progress_factory
+from rllib_r3l.generation.vllm_stream import EngineStream, logprob_of, result_of
 from rllib_r3l.generation.vllm_transfer_endpoint import TransferEndpoint
 from rllib_r3l.generation.vllm_weights import reload_weights_on_worker, weight_buckets
 
 logger = logging.getLogger(__name__)
-
-
-def _logprob_of(entry: Any, token_id: int) -> float:
-    if entry is None:
-        return float("nan")
-    lp = entry.get(token_id)
-    if lp is None:  # should not happen with logprobs=0 (the sampled token is always included)
-        return float("nan")
-    return float(lp.logprob)
 
 
 class VLLMBackend(TransferEndpoint, GenerationBackend):
@@ -267,29 +259,11 @@ class VLLMBackend(TransferEndpoint, GenerationBackend):
         ]
         with self._compile_stance():
             outputs = self._llm.generate(prompts, params, use_tqdm=progress_factory(on_done))
-        results: List[GenerationResult] = []
-        for out in outputs:
-            o = out.outputs[0]
-            ids = [int(t) for t in o.token_ids]
-            lps = [_logprob_of(d, t) for d, t in zip(o.logprobs or [], ids)]
-            if len(lps) != len(ids):
-                raise RuntimeError(f"vLLM returned {len(ids)} tokens but {len(lps)} log-probs")
-            if o.finish_reason == "stop":
-                reason = "stop"
-            elif o.finish_reason == "length":
-                reason = "length"
-            else:
-                raise RuntimeError(f"vLLM request ended with finish_reason={o.finish_reason!r}")
-            results.append(
-                GenerationResult(
-                    token_ids=ids,
-                    logprobs=lps,
-                    text=o.text,
-                    finish_reason=reason,
-                    cached_prompt_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
-                )
-            )
-        return results
+        return [result_of(out) for out in outputs]
+
+    def request_stream(self):
+        """Requests into this engine's queue, handed back as each finishes (rllib_r3l.generation.vllm_stream)."""
+        return EngineStream(self)
 
     # ----------------------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
@@ -336,7 +310,7 @@ class VLLMBackend(TransferEndpoint, GenerationBackend):
         scores = []
         for (prompt, cont), out in zip(pairs, outputs):
             entries = out.prompt_logprobs[len(prompt) :]
-            scores.append([_logprob_of(d, int(t)) for d, t in zip(entries, cont)])
+            scores.append([logprob_of(d, int(t)) for d, t in zip(entries, cont)])
         return scores
 
     def score(self, prompt_token_ids: List[int], continuation_ids: List[int]) -> List[float]:

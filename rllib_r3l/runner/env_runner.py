@@ -71,14 +71,19 @@ class R3LEnvRunner(EnvRunner, Checkpointable):
         evaluation = evaluation or self._in_eval
         split = self.config.task_split if not evaluation else env_config.get("eval_split", "dev")
         env_config.pop("eval_split", None)
+        delay = env_config.pop("step_delay_s", 0) or 0  # a stand-in for tool/web latency (environments.latency)
 
         if split and "split" not in env_config and _accepts(environments.registry.resolve(env_id), "split"):
             env_config["split"] = split
+        from environments.latency import with_step_delay
         from rllib_r3l.reliability.faults import wrap_env_factory
 
         # fault_injection (a testing aid, off by default) wraps the environments; else unchanged
         return wrap_env_factory(
-            lambda: environments.make(env_id, env_config), self.config, self.counters, self.worker_index
+            lambda: with_step_delay(environments.make(env_id, env_config), delay),
+            self.config,
+            self.counters,
+            self.worker_index,
         )
 
     def _setup(self) -> None:

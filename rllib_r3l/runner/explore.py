@@ -28,11 +28,11 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from rllib_r3l import core_algos, retry_ledger
-from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
+from rllib_r3l.generation.base import GenerationBackend
 from rllib_r3l.options import default, resolve_reflection_context, resolve_reflection_structured
 from rllib_r3l.runner.aux_items import AuxItems
 from rllib_r3l.runner.chat import ChatFormat
-from rllib_r3l.runner.reflection import context as reflection_context
+from rllib_r3l.runner.reflecting import Reflecting
 from rllib_r3l.runner.reflection import hindsight as hindsight_lib
 from rllib_r3l.runner.reflection import oracle as oracle_lib
 from rllib_r3l.runner.reflection import reflect as reflect_lib
@@ -117,7 +117,7 @@ def _base_success(group: GroupResult) -> float:
     return sum(1 for t in bases if t.success) / len(bases) if bases else 0.0
 
 
-class Explorer(AuxItems):
+class Explorer(Reflecting, AuxItems):
     """Runs R3L's exploration for a batch of task groups with one policy backend."""
 
     def __init__(
@@ -170,7 +170,12 @@ class Explorer(AuxItems):
             group_ids = [g for g in group_ids if any(s.group_id == g for s in specs)]
         self.counters["episodes_started"] += len(specs)
         self._retry_allowance = None if max_episodes is None else max(0, int(max_episodes) - len(specs))
-        bases = [b for b in self.episodes.run(specs) if b is not None]
+        ran = None
+        if self.pipelined:  # reflections and retries start as their bases end (rllib_r3l.runner.pipeline)
+            from rllib_r3l.runner.pipeline import explore_pipelined
+
+            ran = explore_pipelined(self, specs, self._retry_allowance)
+        bases = [b for b in (ran.bases if ran else self.episodes.run(specs)) if b is not None]
         for b in bases:
             b.success = self.is_success(b)
         if self.opts.score_behaviour:
@@ -179,7 +184,7 @@ class Explorer(AuxItems):
         for b in bases:
             (groups[b.group_id].lost if b.status in LOST else groups[b.group_id].trajectories).append(b)
         if self.opts.reflect:
-            self._reflect_and_retry(self._to_reflect([b for g in groups.values() for b in g.trajectories]), groups)
+            self._reflect_and_retry(self._to_reflect([b for g in groups.values() for b in g.trajectories]), groups, ran)
         for g in groups.values():
             if g.lost:
                 g.complete = False
@@ -197,82 +202,40 @@ class Explorer(AuxItems):
         self.counters["reflections_skipped_successes"] += len(bases) - len(failed)
         return failed
 
-    def reflect(self, trajectories: List[Trajectory]) -> List[tuple]:
-        """Reflect on each trajectory; returns ``(ParseResult, prompt_ids, GenerationResult)`` per item."""
-        if self.opts.reflector == "oracle":  # diagnostic: no prompt, no generation, nothing to train on
-            return oracle_lib.oracle_reflections(self, trajectories)
-        prompts = [self._reflection_prompt(t) for t in trajectories]
-        structured = self.opts.reflection_structured
-        reqs = [
-            GenerationRequest(
-                p,
-                self.opts.max_reflection_tokens,
-                json_schema=reflect_lib.report_json_schema(
-                    max(len(t.actions), 1), failed=not t.success, max_chars=self.opts.reflection_max_chars
-                )
-                if structured
-                else None,
-            )
-            for p, t in zip(prompts, trajectories)
-        ]
-        self.counters["prompt_tokens"] += sum(len(p) for p in prompts)
-        self.counters["prompt_tokens_reflect"] += sum(len(p) for p in prompts)
-        reported = [0]
-
-        def finished(n: int) -> None:  # the live progress line counts each report as it finishes
-            reported[0] += n
-            self.counters["progress_reflections"] += n
-
-        try:
-            outs = self.reflector.generate(reqs, temperature=self.reflection_temperature, on_done=finished)
-        except Exception:
-            self.counters["reflection_generation_errors"] += len(reqs)
-            logger.exception("reflection generation failed")
-            return [(None, p, None) for p in prompts]
-        self.counters["prompt_tokens_cached_reflect"] += sum(o.cached_prompt_tokens for o in outs)
-        self.counters["progress_reflections"] += len(outs) - reported[0]  # what the backend did not report
-        self.counters["progress_tokens"] += sum(len(o.token_ids) for o in outs)
-        results = []
-        for t, p, o in zip(trajectories, prompts, outs):
-            parsed = reflect_lib.parse_report(o.text, len(t.actions))
-            if parsed.ok and parsed.report.outcome == reflect_lib.Outcome.SUCCESS and not t.success:
-                # the reward says the episode failed: a "success" verdict is a misjudgment, not a report
-                self.counters["reflection_contradicts_reward"] += 1
-                parsed = reflect_lib.ParseResult(
-                    reflect_lib.ParseStatus.BAD_OUTCOME, None, "outcome 'success' contradicts the environment's reward"
-                )
-            self.reflection_stats.add(parsed)
-            results.append((parsed, p, o))
-        oracle_lib.log_pivot_quality(self, trajectories, results)  # r3l/pivot_* where the env has an oracle
-        return results
-
-    def _reflection_prompt(self, t: Trajectory) -> List[int]:
-        """The episode's own context + a reflection request ("transcript": served from the prefix
-        cache), or the episode re-rendered as a log ("log"; also the fallback, counted)."""
-        if self.opts.reflection_context == "transcript" and self.reflector_chat is self.chat:
-            ids = reflection_context.transcript_prompt(self.chat, t)
-            if ids is not None:
-                return ids
-            self.counters["reflection_transcript_fallbacks"] += 1
-        return self.reflector_chat.prompt(self._reflection_messages(t))
-
-    def _reflection_messages(self, t: Trajectory) -> List[Dict[str, str]]:
-        return reflect_lib.build_reflection_messages(t, template=self.template, system=self.reflection_system)
-
-    @property
-    def reflection_temperature(self) -> float:
-        """Reflections sample at ``reflection_temperature`` (paper K.1: 0.7), else at the training one."""
-        t = self.opts.reflection_temperature
-        return self.opts.temperature if t is None else float(t)
-
     # -- retry ---------------------------------------------------------------------------------------
-    def _reflect_and_retry(self, bases: List[Trajectory], groups: Dict[str, GroupResult]) -> None:
-        t0 = time.perf_counter()
-        reflections = self.reflect(bases)
-        self.reflect_seconds += time.perf_counter() - t0
+    @property
+    def pipelined(self) -> bool:
+        """Episode loops with reflection: no barrier between the phases (rllib_r3l.runner.pipeline). Hindsight
+        pivots score with the engine's batch call, which would run the loop's requests too: phases then."""
+        return (
+            self.opts.reflect
+            and getattr(self.episodes.opts, "rollout_loop", "waves") == "episodes"
+            and self.opts.pivot_selector != "hindsight"
+        )
+
+    def retry_of(self, b: Trajectory, parsed: Any, hindsight_pivot: Optional[int]) -> Optional[tuple]:
+        """``(pivot, guidance)`` of the retries ``parsed`` (a report on ``b``) starts, or None."""
+        if parsed is None or not (parsed.triggers_retry and b.actions):
+            return None
+        guidance = reflect_lib.format_guidance(parsed.report, self.opts.guidance_template)
+        pivot = int(parsed.report.pivot) if hindsight_pivot is None else hindsight_pivot
+        return max(0, pivot - self.opts.pivot_backoff), guidance
+
+    def _reflect_and_retry(self, bases: List[Trajectory], groups: Dict[str, GroupResult], ran: Any = None) -> None:
+        if ran is None:
+            t0 = time.perf_counter()
+            reflections = self.reflect(bases)
+            self.reflect_seconds += time.perf_counter() - t0
+            hindsight = hindsight_lib.explorer_pivots(self, bases, reflections)  # pivot_selector="hindsight"
+        else:  # reflected and retried as each base ended (rllib_r3l.runner.pipeline)
+            reflections = [ran.reflections[id(b)] for b in bases]
+            if self.opts.reflector != "oracle":
+                oracle_lib.log_pivot_quality(self, bases, reflections)
+            hindsight = ran.hindsight
+            self.reflect_seconds += ran.reflect_seconds
         retry_specs: List[EpisodeSpec] = []
+        retry_keys: List[tuple] = []  # (id(base), attempt) per retry spec
         rows = []  # per reflection: its ledger row and the indices of its retries in retry_specs
-        hindsight = hindsight_lib.explorer_pivots(self, bases, reflections)  # pivot_selector="hindsight"
         for i, (b, (parsed, prompt_ids, out)) in enumerate(zip(bases, reflections)):
             b.info["reflection"] = (parsed, prompt_ids, out)
             row = retry_ledger.reflection_row(
@@ -286,16 +249,15 @@ class Explorer(AuxItems):
             rows.append((b, row, []))
             if parsed is None:
                 continue
-            if parsed.triggers_retry and b.actions:
-                guidance = reflect_lib.format_guidance(parsed.report, self.opts.guidance_template)
-                pivot = int(parsed.report.pivot) if hindsight.get(id(b)) is None else hindsight[id(b)]
+            retry = self.retry_of(b, parsed, hindsight.get(id(b)))
+            if retry is not None:
                 row["hindsight_pivot"] = hindsight.get(id(b))
-                pivot = max(0, pivot - self.opts.pivot_backoff)
-                for _ in range(self.opts.retries_per_failure):
+                for attempt in range(self.opts.retries_per_failure):
                     rows[-1][2].append(len(retry_specs))
+                    retry_keys.append((id(b), attempt))
                     retry_specs.append(
                         EpisodeSpec(
-                            seed=b.seed, group_id=b.group_id, kind=Kind.RETRY, base=b, pivot=pivot, guidance=guidance
+                            seed=b.seed, group_id=b.group_id, kind=Kind.RETRY, base=b, pivot=retry[0], guidance=retry[1]
                         )
                     )
             elif parsed.ok and b.success and self._adds("reflection_sft") and out is not None:
@@ -305,7 +267,12 @@ class Explorer(AuxItems):
         allowed = len(retry_specs) if self._retry_allowance is None else min(len(retry_specs), self._retry_allowance)
         self.counters["retries_cut_by_budget"] += len(retry_specs) - allowed
         self.counters["episodes_started"] += allowed
-        retries = self.episodes.run(retry_specs[:allowed]) if allowed else []
+        if ran is None:
+            retries = self.episodes.run(retry_specs[:allowed]) if allowed else []
+        else:
+            if set(ran.retries) != set(retry_keys[:allowed]):  # the pipeline's budget rule is the phases' rule
+                raise RuntimeError(f"pipelined retries {sorted(ran.retries)} differ from {retry_keys[:allowed]}")
+            retries = [ran.retries[k] for k in retry_keys[:allowed]]
         retries += [None] * (len(retry_specs) - allowed)
         controls = self._controls([b for b, _row, idx in rows if any(j < allowed for j in idx)])
         for b, row, idx in rows:

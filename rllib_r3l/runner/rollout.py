@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any, Callable, List, Optional
 
@@ -23,6 +22,9 @@ from rllib_r3l.generation.base import GenerationBackend, GenerationRequest
 from rllib_r3l.options import default
 from rllib_r3l.runner import pivot_turn
 from rllib_r3l.runner.chat import ChatFormat
+from rllib_r3l.runner.env_pool import EnvPool, Outcome
+from rllib_r3l.runner.episode import EpisodeSpec, Turn
+from rllib_r3l.runner.episode import Live as _Live
 from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -35,18 +37,6 @@ DEFAULT_SYSTEM_PROMPT = (
     "Your task: {task}\n"
     "Reply with exactly one action and nothing else."
 )
-
-
-@dataclass
-class EpisodeSpec:
-    """What to run: a fresh episode on task ``seed``, or a retry of ``base`` from ``pivot``."""
-
-    seed: int
-    group_id: str
-    kind: Kind = Kind.BASE
-    base: Optional[Trajectory] = None  # retry: the trajectory to restart
-    pivot: int = 0
-    guidance: Optional[str] = None
 
 
 @dataclass
@@ -65,6 +55,8 @@ class RolloutOptions:
     pivot_action: str = default("pivot_action")  # a retry's pivot turn (rllib_r3l.runner.pivot_turn)
     pivot_resamples: int = default("pivot_resamples")
     pivot_temperature: Optional[float] = default("pivot_temperature")
+    rollout_loop: str = default("rollout_loop")  # "waves" or "episodes" (rllib_r3l.runner.episode_loop)
+    env_step_workers: int = default("env_step_workers")  # "episodes": threads stepping environments
 
     @classmethod
     def from_config(cls, config: Any, evaluation: bool = False) -> "RolloutOptions":
@@ -73,18 +65,6 @@ class RolloutOptions:
         if evaluation:
             kw["temperature"] = config.evaluation_temperature
         return cls(**kw)
-
-
-@dataclass
-class _Live:
-    spec: EpisodeSpec
-    env: Any
-    traj: Trajectory
-    system_text: str
-    turn: int = 0
-    admissible: Optional[List[str]] = None
-    done: bool = False
-    close_prev: List[int] = field(default_factory=list)  # stop token owed by a truncated response
 
 
 def format_observation(obs: str, admissible: Optional[List[str]]) -> str:
@@ -112,31 +92,21 @@ class EpisodeRunner:
     ) -> None:
         self.backend = backend
         self.chat = chat
-        self.env_factory = env_factory
         self.opts = options
         self.counters = counters if counters is not None else Counter()
-        self._pool: List[Any] = []
+        self.envs = EnvPool(env_factory, self.counters, verify_replay=options.verify_replay)
 
-    # -- environment pool ----------------------------------------------------------------------------
-    def _acquire(self) -> Any:
-        return self._pool.pop() if self._pool else self.env_factory()
+    @property
+    def env_factory(self) -> Callable[[], Any]:
+        """What builds this runner's environments (the pool's factory; replacing it replaces future ones)."""
+        return self.envs.factory
 
-    def _release(self, env: Any, healthy: bool) -> None:
-        if healthy:
-            self._pool.append(env)
-            return
-        try:
-            env.close()
-        except Exception:  # a crashed environment may fail to close; it is replaced either way
-            self.counters["env_close_errors"] += 1
+    @env_factory.setter
+    def env_factory(self, factory: Callable[[], Any]) -> None:
+        self.envs.factory = factory
 
     def close(self) -> None:
-        for env in self._pool:
-            try:
-                env.close()
-            except Exception:
-                self.counters["env_close_errors"] += 1
-        self._pool.clear()
+        self.envs.close()
 
     # -- episodes ------------------------------------------------------------------------------------
     def _max_turns(self, env: Any) -> int:
@@ -152,43 +122,34 @@ class EpisodeRunner:
         self.counters[f"seconds_{name}"] += time.perf_counter() - t0
 
     def _start(self, spec: EpisodeSpec) -> Optional[_Live]:
-        t0 = time.perf_counter()
-        try:
-            return self._start_episode(spec)
-        finally:
-            self._timed("env_reset" if spec.kind == Kind.BASE else "replay", t0)
+        return self._started(spec, self.envs.open_env(spec.seed, spec.base, spec.pivot))
 
-    def _start_episode(self, spec: EpisodeSpec) -> Optional[_Live]:
+    def _started(self, spec: EpisodeSpec, opened: Outcome) -> Optional[_Live]:
+        """The live episode of ``spec`` from its environment's opening (None: a retry whose replay
+        mismatched, counted); a failed opening is an ENV_ERROR episode, counted."""
+        self.counters["seconds_env_reset" if spec.kind == Kind.BASE else "seconds_replay"] += opened.seconds
         traj = Trajectory(segments=[], reward=0.0, group_id=spec.group_id, kind=spec.kind, seed=spec.seed)
-        try:
-            env = self._acquire()
-        except Exception:  # e.g. a JVM that does not start: the episode is lost, counted
-            self.counters["env_errors"] += 1
-            self.counters["env_create_errors"] += 1
-            logger.warning("environment creation failed:\n%s", traceback.format_exc())
-            traj.status = Status.ENV_ERROR
-            traj.info["error"] = traceback.format_exc(limit=3)
-            return _Live(spec=spec, env=None, traj=traj, system_text="", done=True)
-        try:
-            if spec.kind == Kind.BASE:
-                obs, info = env.reset(seed=spec.seed)
-                check_env_output(obs, info)
-                traj.task = str(info.get("task", ""))
-                traj.observations.append(str(obs))
-            else:
-                obs, info = self._replay_prefix(env, spec)
-        except _ReplayMismatch as e:
-            self._release(env, healthy=True)
+        if opened.mismatch is not None:
+            self.envs.release(opened.env, healthy=True)
             self.counters["replay_mismatch"] += 1
-            logger.info("retry skipped: %s", e)
+            logger.info("retry skipped: %s", opened.mismatch)
             return None
-        except Exception:
+        if opened.error is not None:
             self.counters["env_errors"] += 1
-            logger.warning("environment failed at reset/replay:\n%s", traceback.format_exc())
-            self._release(env, healthy=False)
+            if not opened.created:
+                self.counters["env_create_errors"] += 1
+                logger.warning("environment creation failed:\n%s", opened.error)
+            else:
+                logger.warning("environment failed at reset/replay:\n%s", opened.error)
+                self.envs.release(opened.env, healthy=False)
             traj.status = Status.ENV_ERROR
-            traj.info["error"] = traceback.format_exc(limit=3)
+            traj.info["error"] = opened.error_short
             return _Live(spec=spec, env=None, traj=traj, system_text="", done=True)
+        env = opened.env
+        obs, info = opened.value
+        if spec.kind == Kind.BASE:
+            traj.task = str(info.get("task", ""))
+            traj.observations.append(str(obs))
         live = _Live(spec=spec, env=env, traj=traj, system_text="")
         live.admissible = info.get("admissible_actions")
         if spec.kind == Kind.BASE:
@@ -217,68 +178,39 @@ class EpisodeRunner:
         traj.info["truncated_turns"] = [
             t for t in (spec.base.info.get("truncated_turns", []) if spec.base else []) if t < live.turn
         ]
-        traj.env_id = type(env).__name__
+        traj.env_id = getattr(env, "env_name", type(env).__name__)  # a wrapper names what it wraps
         return live
 
-    def _replay_prefix(self, env: Any, spec: EpisodeSpec):
-        """Restore the state before turn ``pivot`` by replaying the recorded actions (verified)."""
-        base = spec.base
-        t = spec.pivot
-        traj_obs = base.observations
-        obs, info = env.reset(seed=base.seed)
-        check_env_output(obs, info)
-        if self.opts.verify_replay and str(obs) != traj_obs[0]:
-            raise _ReplayMismatch(f"observation 0 differs after reset(seed={base.seed})")
-        for i in range(t):
-            obs, _r, term, trunc, info = env.step(base.actions[i])
-            check_env_output(obs, info)
-            if self.opts.verify_replay and str(obs) != traj_obs[i + 1]:
-                raise _ReplayMismatch(f"observation {i + 1} differs on replay")
-            if term or trunc:
-                raise _ReplayMismatch(f"episode ended during replay at action {i}")
-        return obs, info
-
     def run(self, specs: List[EpisodeSpec]) -> List[Optional[Trajectory]]:
-        """Run all episodes to the end; one trajectory per spec (None: a retry whose replay mismatched)."""
+        """Run all episodes to the end; one trajectory per spec (None: a retry whose replay mismatched).
+
+        ``rollout_loop="waves"``: every live episode's turn is one batched generate, then the environments
+        step one after another; ``"episodes"``: each episode is its own loop (rllib_r3l.runner.episode_loop)."""
+        if self.opts.rollout_loop == "episodes":
+            from rllib_r3l.runner.episode_loop import run_episodes
+
+            return run_episodes(self, specs)
         started = [self._start(s) for s in specs]
         lives = [lv for lv in started if lv is not None]
         while True:
             active = [lv for lv in lives if not lv.done]
             if not active:
                 break
-            requests, ready, temps, failed = [], [], [], []
+            ready, turns = [], []
             for lv in active:
-                ctx = lv.traj.context_ids()
-                budget = self.opts.max_context_tokens - len(ctx)
-                if budget < 2:
-                    lv.traj.status = Status.CONTEXT_OVERFLOW
-                    self.counters["context_overflow"] += 1
-                    # the prompt that no longer fits was never answered: it is not part of the episode
-                    while len(lv.traj.segments) > 1 and lv.traj.segments[-1].role != "response":
-                        lv.traj.segments.pop()
-                    self._end_unfinished(lv)
-                    self._finish(lv)
-                    continue
-                choices = lv.admissible if (self.opts.action_decoding == "choice" and lv.admissible) else None
-                failed.append(pivot_turn.failed_action(lv.spec, lv.turn, self.opts.pivot_action))
-                choices = pivot_turn.exclude(choices, failed[-1], self.counters)
-                failed[-1] = failed[-1] if choices is None else None  # free text: resampled when it repeats
-                temps.append(
-                    pivot_turn.temperature(lv.spec, lv.turn, self.opts.temperature, self.opts.pivot_temperature)
-                )
-                requests.append(GenerationRequest(ctx, min(self.opts.max_response_tokens, budget - 1), choices=choices))
-                self.counters["prompt_tokens"] += len(ctx)  # context submitted this turn (prefill work before caching)
-                self.counters[f"prompt_tokens_{_phase(lv)}"] += len(ctx)
-                ready.append(lv)
+                turn = self._prepare(lv)
+                if turn is not None:
+                    ready.append(lv)
+                    turns.append(turn)
             if not ready:
                 continue
             t0 = time.perf_counter()
             try:
                 results = pivot_turn.generate(
                     partial(self.backend.generate, top_p=self.opts.top_p),
-                    requests,
-                    temps,
-                    failed,
+                    [t.request for t in turns],
+                    [t.temperature for t in turns],
+                    [t.failed for t in turns],
                     self.opts.pivot_resamples,
                     self.counters,
                 )
@@ -292,9 +224,33 @@ class EpisodeRunner:
             finally:  # one wave holds one phase: explore runs bases and retries in separate calls
                 self._timed(f"generate_{_phase(ready[0])}", t0)
             for lv, res in zip(ready, results):
-                self.counters[f"prompt_tokens_cached_{_phase(lv)}"] += res.cached_prompt_tokens
-                self._advance(lv, res)
+                action = self._respond(lv, res)
+                self._stepped(lv, res, self.envs.step_env(lv.env, action))
         return [lv.traj if lv is not None else None for lv in started]
+
+    def _prepare(self, lv: _Live) -> Optional[Turn]:
+        """The generation request of ``lv``'s next turn, or None when its context is full (the episode
+        then ends as a context overflow, counted)."""
+        ctx = lv.traj.context_ids()
+        budget = self.opts.max_context_tokens - len(ctx)
+        if budget < 2:
+            lv.traj.status = Status.CONTEXT_OVERFLOW
+            self.counters["context_overflow"] += 1
+            # the prompt that no longer fits was never answered: it is not part of the episode
+            while len(lv.traj.segments) > 1 and lv.traj.segments[-1].role != "response":
+                lv.traj.segments.pop()
+            self._end_unfinished(lv)
+            self._finish(lv)
+            return None
+        choices = lv.admissible if (self.opts.action_decoding == "choice" and lv.admissible) else None
+        failed = pivot_turn.failed_action(lv.spec, lv.turn, self.opts.pivot_action)
+        choices = pivot_turn.exclude(choices, failed, self.counters)
+        failed = failed if choices is None else None  # free text: resampled when it repeats
+        temp = pivot_turn.temperature(lv.spec, lv.turn, self.opts.temperature, self.opts.pivot_temperature)
+        request = GenerationRequest(ctx, min(self.opts.max_response_tokens, budget - 1), choices=choices)
+        self.counters["prompt_tokens"] += len(ctx)  # context submitted this turn (prefill work before caching)
+        self.counters[f"prompt_tokens_{_phase(lv)}"] += len(ctx)
+        return Turn(request, temp, failed)
 
     def score_behaviour(self, trajectories: List[Trajectory]) -> None:
         """Attach the behaviour model's own log-probs (T=1, unconstrained) to each response.
@@ -324,7 +280,9 @@ class EpisodeRunner:
                 start += n
             self.counters["behaviour_scored_tokens"] += len(t.token_ids)
 
-    def _advance(self, lv: _Live, res) -> None:
+    def _respond(self, lv: _Live, res) -> str:
+        """Record the policy's response to ``lv``'s turn; the action it takes."""
+        self.counters[f"prompt_tokens_cached_{_phase(lv)}"] += res.cached_prompt_tokens
         traj = lv.traj
         traj.segments.append(Segment("response", list(res.token_ids), turn=lv.turn, logprobs=list(res.logprobs)))
         self.counters["progress_turns"] += 1  # live progress (rllib_r3l.runner.progress)
@@ -334,22 +292,20 @@ class EpisodeRunner:
             traj.info["truncated_turns"].append(lv.turn)
         action = res.text.strip()
         traj.actions.append(action)
-        t0 = time.perf_counter()
-        try:
-            obs, reward, term, trunc, info = lv.env.step(action)
-            check_env_output(obs, info)
-            reward = float(reward)
-            if not math.isfinite(reward):
-                raise ValueError(f"environment returned a non-finite reward {reward!r}")
-        except Exception:
+        return action
+
+    def _stepped(self, lv: _Live, res, step: Outcome) -> None:
+        """Apply the environment's answer to ``lv``'s action: the next turn's prompt, or the episode's end."""
+        self.counters["seconds_env_step"] += step.seconds
+        traj = lv.traj
+        if step.error is not None:
             self.counters["env_errors"] += 1
-            logger.warning("environment step failed:\n%s", traceback.format_exc())
+            logger.warning("environment step failed:\n%s", step.error)
             traj.status = Status.ENV_ERROR
-            traj.info["error"] = traceback.format_exc(limit=3)
+            traj.info["error"] = step.error_short
             self._finish(lv, healthy=False)
             return
-        finally:
-            self._timed("env_step", t0)
+        obs, reward, term, trunc, info = step.value
         traj.reward += reward
         traj.info.setdefault("step_rewards", []).append(reward)
         traj.observations.append(obs)
@@ -384,22 +340,10 @@ class EpisodeRunner:
         self.counters["progress_episodes" if lv.spec.kind == Kind.BASE else "progress_retries"] += 1
         lv.traj.num_turns = lv.turn
         if lv.env is not None:
-            self._release(lv.env, healthy)
+            self.envs.release(lv.env, healthy)
             lv.env = None
 
 
 def _phase(lv: _Live) -> str:
     """The cost phase a turn belongs to: base rollouts or retries (reflection counts its own)."""
     return "base" if lv.spec.kind == Kind.BASE else "retry"
-
-
-class _ReplayMismatch(RuntimeError):
-    pass
-
-
-def check_env_output(obs: Any, info: Any) -> None:
-    """An environment must return a str observation and a dict info (else: an environment error)."""
-    if not isinstance(obs, str):
-        raise TypeError(f"environment returned a {type(obs).__name__} observation, expected str")
-    if not isinstance(info, dict):
-        raise TypeError(f"environment returned a {type(info).__name__} info, expected dict")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import environments
-from rllib_r3l.generation import make_backend, vllm_available
+from rllib_r3l.generation import vllm_available
 from rllib_r3l.generation.base import GenerationRequest
 from rllib_r3l.runner.chat import ChatFormat
 from rllib_r3l.runner.explore import Explorer
@@ -21,10 +21,8 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    backend = make_backend("vllm", tiny_model_dir, kv_cache_gib=0.25, max_model_len=2048, seed=0)
-    yield backend
-    backend.close()
+def engine(tiny_vllm_engine):
+    return tiny_vllm_engine
 
 
 def _block(engine) -> int:

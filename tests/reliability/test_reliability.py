@@ -121,7 +121,7 @@ def test_injected_env_crash_is_counted_and_the_env_replaced(tokenizer):
     assert counters["injected_env_raise"] == 1 and counters["env_errors"] == 1
     assert len(group.lost) == 1 and group.lost[0].status == Status.ENV_ERROR and not group.complete
     crashed = [e for e in made if e in closed]
-    assert len(crashed) == 1 and all(w.env is not crashed[0] for w in runner._pool)  # closed, never reused
+    assert len(crashed) == 1 and all(w.env is not crashed[0] for w in runner.envs._free)  # closed, never reused
     trajs, counts = select_trainable([group])
     assert trajs == [] and counts["partial_groups"] == 1 and counts["episodes_lost"] == 1
     assert counts["episodes_dropped_with_partial_group"] == len(group.trajectories)

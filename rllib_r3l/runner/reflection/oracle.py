@@ -37,7 +37,7 @@ def env_has_oracle(env_or_class: Any) -> bool:
 @contextlib.contextmanager
 def borrowed_env(episodes: Any) -> Iterator[Any]:
     """An environment of the episode runner's pool (finished episodes only; reset before reuse)."""
-    env = episodes._acquire()
+    env = episodes.envs.acquire()
     healthy = True
     try:
         yield env
@@ -45,7 +45,7 @@ def borrowed_env(episodes: Any) -> Iterator[Any]:
         healthy = False
         raise
     finally:
-        episodes._release(env, healthy)
+        episodes.envs.release(env, healthy)
 
 
 def oracle_report(
