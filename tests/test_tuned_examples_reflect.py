@@ -23,11 +23,35 @@ from tests import REPO_ROOT
 CPU = sorted(glob.glob(os.path.join(str(REPO_ROOT), "tuned_examples", "cpu", "*.yaml")))
 # the real default model on a 2-core CPU: a minute with vLLM, a few with the transformers backend
 SLOW = {"coin_collector.yaml"}
+# examples whose reflection step is another example's (the same model, environment and reflection options):
+# checked once, under the other's name
+SAME_REFLECTION = {"coin_collector_async.yaml": "coin_collector.yaml"}
+REFLECTION_OPTIONS = (
+    "model_id",
+    "env",
+    "env_config",
+    "reflect",
+    "reflector",
+    "reflection_style",
+    "reflection_context",
+    "reflection_structured",
+    "reflection_max_chars",
+    "max_reflection_tokens",
+    "reflection_temperature",
+    "backend",
+    "backend_options",
+    "action_decoding",
+    "max_turns",
+    "max_response_tokens",
+    "max_context_tokens",
+)
 
 
 def _experiments():
     for path in CPU:
         name = os.path.basename(path)
+        if name in SAME_REFLECTION:
+            continue
         marks = [pytest.mark.slow] if name in SLOW else []
         for exp in cli.load_yaml_file(path):
             yield pytest.param(path, exp, marks=marks, id=f"{name}:{exp}")
@@ -38,7 +62,19 @@ def test_every_cpu_example_is_covered():
         "toy_corridor_tiny.yaml",
         "coin_collector.yaml",
         "coin_collector_grpo.yaml",
+        "coin_collector_async.yaml",
     }
+
+
+@pytest.mark.parametrize("name, same_as", sorted(SAME_REFLECTION.items()))
+def test_an_example_checked_under_another_has_its_reflection_step(name, same_as):
+    def options(file):
+        path = os.path.join(str(REPO_ROOT), "tuned_examples", "cpu", file)
+        [(exp, spec)] = cli.prepare_experiments(path).items()
+        cfg = cli.validate_config(spec["config"], where=exp)
+        return {k: getattr(cfg, k) for k in REFLECTION_OPTIONS}
+
+    assert options(name) == options(same_as)
 
 
 def failed_episodes(explorer, runner, seeds, want):
