@@ -59,7 +59,7 @@ class EpisodeLoop:
         self._specs: Dict[int, EpisodeSpec] = {}
         self._on_end: Dict[int, Callable[[Optional[Trajectory]], None]] = {}
         self._turns: Dict[int, Tuple[Turn, int]] = {}  # episode -> its turn in flight, the attempt
-        self._single: Dict[Any, Tuple[Callable, Callable, str]] = {}  # request key -> on_done, on_fail, phase
+        self._single: Dict[Any, tuple] = {}  # request key -> on_done, on_fail, phase, its stream
         self.seconds: Counter = Counter()  # engine-step seconds per phase (shared steps split by requests)
 
     # -- what goes in ------------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ class EpisodeLoop:
     ) -> None:
         """One request (e.g. a reflection) into ``backend``'s stream; ``on_done(result)`` or ``on_fail()``."""
         stream, seed_of = self._stream(backend)
-        self._single[key] = (on_done, on_fail, phase)
+        self._single[key] = (on_done, on_fail, phase, stream)
         try:
             stream.submit(key, request, temperature=temperature, top_p=1.0, seed=seed_of(1, *key[1:]))
         except Exception:
@@ -149,7 +149,7 @@ class EpisodeLoop:
 
     def _generated(self, key: Tuple[Any, ...], res: Any) -> None:
         if key[0] != "ep":
-            on_done, _fail, _phase = self._single.pop(key)
+            on_done = self._single.pop(key)[0]
             on_done(res)
             return
         i = key[1]
@@ -166,13 +166,14 @@ class EpisodeLoop:
         self._calls[self.workers.submit(self.runner.envs.step_env, lv.env, action)] = ("step", i, res)
 
     def _phases(self, stream: RequestStream) -> Counter:
-        """Requests in flight per phase (generate_base / generate_retry / reflect) across this loop."""
+        """``stream``'s requests in flight per phase (generate_base / generate_retry / reflect)."""
         out: Counter = Counter()
-        for i in self._turns:
-            kind = self._lives[i].spec.kind
-            out["generate_base" if kind == Kind.BASE else "generate_retry"] += 1
-        for _on_done, _on_fail, phase in self._single.values():
-            out[phase] += 1
+        if stream is self._stream(self.runner.backend)[0]:
+            for i in self._turns:
+                kind = self._lives[i].spec.kind
+                out["generate_base" if kind == Kind.BASE else "generate_retry"] += 1
+        for _on_done, _on_fail, phase, on_stream in self._single.values():
+            out[phase] += on_stream is stream
         return out
 
     def _step(self, stream: RequestStream) -> None:

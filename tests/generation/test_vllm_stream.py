@@ -24,11 +24,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_vllm_engine):
-    return tiny_vllm_engine
-
-
 def _prompt(tok, text):
     return tok(text, add_special_tokens=False)["input_ids"]
 
@@ -40,7 +35,8 @@ def _drain(stream):
     return out
 
 
-def test_stream_samples_what_generate_samples_with_the_same_seeds(engine, tiny_tokenizer):
+def test_stream_samples_what_generate_samples_with_the_same_seeds(tiny_vllm_engine, tiny_tokenizer):
+    engine = tiny_vllm_engine
     reqs = [
         GenerationRequest(_prompt(tiny_tokenizer, "Go north."), 12),
         GenerationRequest(_prompt(tiny_tokenizer, "Open the door."), 12, choices=["move left", "take coin"]),
@@ -57,7 +53,8 @@ def test_stream_samples_what_generate_samples_with_the_same_seeds(engine, tiny_t
     assert got[1].text in ("move left", "take coin")
 
 
-def test_a_request_joins_while_another_runs_and_returns_first(engine, tiny_tokenizer):
+def test_a_request_joins_while_another_runs_and_returns_first(tiny_vllm_engine, tiny_tokenizer):
+    engine = tiny_vllm_engine
     stream = open_stream(engine)
     stream.submit(
         "long", GenerationRequest(_prompt(tiny_tokenizer, "Tell a story."), 40), temperature=1.0, top_p=1.0, seed=1
@@ -95,7 +92,8 @@ def _seeded_runner(engine, chat, sampling_seed: int, max_turns: int) -> EpisodeR
     return EpisodeRunner(backend, chat, lambda: Jittery(num_rooms=4), opts, Counter())
 
 
-def test_seeded_episode_loops_sample_the_same_whatever_the_timing(engine, tiny_tokenizer):
+def test_seeded_episode_loops_sample_the_same_whatever_the_timing(tiny_vllm_engine, tiny_tokenizer):
+    engine = tiny_vllm_engine
     chat = ChatFormat(tiny_tokenizer)
     runs = []
     for _ in range(2):
@@ -108,7 +106,8 @@ def test_seeded_episode_loops_sample_the_same_whatever_the_timing(engine, tiny_t
     assert runs[0][0] != runs[0][1]  # two episodes of one task: their own seeds, not one sample twice
 
 
-def test_seeded_pipelined_exploration_is_the_same_whatever_the_timing(engine, tiny_tokenizer):
+def test_seeded_pipelined_exploration_is_the_same_whatever_the_timing(tiny_vllm_engine, tiny_tokenizer):
+    engine = tiny_vllm_engine
     """Bases, reports (JSON schema) and retries share one engine, each started as its predecessor ends: a seeded
     run repeats itself exactly under random environment timing."""
     from rllib_r3l.runner.explore import Explorer
