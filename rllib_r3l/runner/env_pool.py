@@ -51,10 +51,9 @@ class EnvPool:
     """Environment instances of one runner, reused across episodes; one instance per live episode (an
     environment need not be thread-safe: no two threads ever use one instance at once)."""
 
-    def __init__(self, factory: Callable[[], Any], counters: Counter, verify_replay: bool = True) -> None:
+    def __init__(self, factory: Callable[[], Any], counters: Counter) -> None:
         self.factory = factory
         self.counters = counters
-        self.verify_replay = verify_replay
         self._free: List[Any] = []
         self._lock = threading.Lock()
 
@@ -85,9 +84,9 @@ class EnvPool:
                 self.counters["env_close_errors"] += 1
 
     # -- calls that return an Outcome ------------------------------------------------------------------
-    def open_env(self, seed: int, base: Any = None, pivot: int = 0) -> Outcome:
+    def open_env(self, seed: int, base: Any = None, pivot: int = 0, verify: bool = True) -> Outcome:
         """An environment at the start of an episode: ``reset(seed)``, or (``base`` given) the state before
-        turn ``pivot`` of ``base``, by replaying its actions (checked against its observations)."""
+        turn ``pivot`` of ``base``, by replaying its actions (checked against its observations with ``verify``)."""
         t0 = time.perf_counter()
         out = Outcome()
         try:
@@ -103,7 +102,7 @@ class EnvPool:
                 check_env_output(obs, info)
                 out.value = (obs, info)
             else:
-                out.value = self._replay_prefix(out.env, base, pivot)
+                out.value = self._replay_prefix(out.env, base, pivot, verify)
         except ReplayMismatch as e:
             out.mismatch = str(e)
         except Exception:
@@ -111,17 +110,17 @@ class EnvPool:
         out.seconds = time.perf_counter() - t0
         return out
 
-    def _replay_prefix(self, env: Any, base: Any, pivot: int):
+    def _replay_prefix(self, env: Any, base: Any, pivot: int, verify: bool):
         """Restore the state before turn ``pivot`` by replaying the recorded actions (verified)."""
         traj_obs = base.observations
         obs, info = env.reset(seed=base.seed)
         check_env_output(obs, info)
-        if self.verify_replay and str(obs) != traj_obs[0]:
+        if verify and str(obs) != traj_obs[0]:
             raise ReplayMismatch(f"observation 0 differs after reset(seed={base.seed})")
         for i in range(pivot):
             obs, _r, term, trunc, info = env.step(base.actions[i])
             check_env_output(obs, info)
-            if self.verify_replay and str(obs) != traj_obs[i + 1]:
+            if verify and str(obs) != traj_obs[i + 1]:
                 raise ReplayMismatch(f"observation {i + 1} differs on replay")
             if term or trunc:
                 raise ReplayMismatch(f"episode ended during replay at action {i}")

@@ -71,11 +71,7 @@ class EpisodeLoop:
     def episode(self, i: int, spec: EpisodeSpec, on_end: Callable[[Optional[Trajectory]], None]) -> None:
         """Start episode ``i`` (its number seeds its turns); ``on_end(trajectory or None)`` when it ends."""
         self._specs[i], self._on_end[i] = spec, on_end
-        self._calls[self.workers.submit(self.runner.envs.open_env, spec.seed, spec.base, spec.pivot)] = (
-            "open",
-            i,
-            None,
-        )
+        self._calls[self.workers.submit(self.runner.open_env, spec)] = ("open", i, None)
 
     def request(
         self,

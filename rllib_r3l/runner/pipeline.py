@@ -52,7 +52,6 @@ class _Chain:
         self.ended = [False] * len(specs)
         self.planned: Dict[int, List[EpisodeSpec]] = {}  # base index -> its retry specs (known once reflected)
         self.waiting: Dict[int, bool] = {}  # base index -> reflected on, report not yet parsed
-        self.started: set = set()  # (base index, attempt)
         self.decided: set = set()
 
     def run(self) -> Pipelined:
@@ -131,7 +130,6 @@ class _Chain:
 
     def start_retry(self, i: int, a: int, spec: EpisodeSpec) -> None:
         key = (id(spec.base), a)
-        self.started.add(key)
         n = len(self.specs) + i * self.R + a  # the retry's own seeds, whatever the timing
 
         def ended(t: Optional[Trajectory]) -> None:

@@ -94,7 +94,7 @@ class EpisodeRunner:
         self.chat = chat
         self.opts = options
         self.counters = counters if counters is not None else Counter()
-        self.envs = EnvPool(env_factory, self.counters, verify_replay=options.verify_replay)
+        self.envs = EnvPool(env_factory, self.counters)
 
     @property
     def env_factory(self) -> Callable[[], Any]:
@@ -122,7 +122,12 @@ class EpisodeRunner:
         self.counters[f"seconds_{name}"] += time.perf_counter() - t0
 
     def _start(self, spec: EpisodeSpec) -> Optional[_Live]:
-        return self._started(spec, self.envs.open_env(spec.seed, spec.base, spec.pivot))
+        return self._started(spec, self.open_env(spec))
+
+    def open_env(self, spec: EpisodeSpec) -> Outcome:
+        """The environment of ``spec`` opened (reset, or a retry's replay checked by ``verify_replay``); safe in a
+        worker thread."""
+        return self.envs.open_env(spec.seed, spec.base, spec.pivot, self.opts.verify_replay)
 
     def _started(self, spec: EpisodeSpec, opened: Outcome) -> Optional[_Live]:
         """The live episode of ``spec`` from its environment's opening (None: a retry whose replay
