@@ -18,6 +18,7 @@ compared per turn too). Raw rows in OUT/rows.jsonl; OUT/summary.md pairs the loo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -40,6 +41,9 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--episodes", type=int, default=16, help="concurrent episodes per rollout")
     ap.add_argument("--max-turns", type=int, default=10, help="turns per episode at most")
     ap.add_argument("--env", default="r3l/CoinCollector", help="environment id")
+    ap.add_argument(
+        "--env-config", default="{}", help='JSON env_config keys, e.g. {"java_max_heap": "384m"}: 16 JVMs at once'
+    )
     ap.add_argument("--explore", action="store_true", help="time explore() (reflections, retries), three ways")
     ap.add_argument("--action-decoding", default="choice", help="choice (the main job's) or free_text")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the engine")
@@ -66,6 +70,7 @@ class Bench:
         self.chat = ChatFormat(load_tokenizer(path))
         self.engine = make_backend(self.cfg.backend, path, num_threads=args.threads)
         self.environments = environments
+        self.env_config = {"split": "train", **json.loads(args.env_config)}
 
     def _explore(self, runner, loop: str, tasks: list) -> list:
         """One sample's exploration of ``len(tasks) // num_base`` tasks; its base and retry trajectories."""
@@ -97,7 +102,7 @@ class Bench:
         env = self.environments
         counters: Counter = Counter()
         runner = EpisodeRunner(
-            backend, self.chat, lambda: with_step_delay(env.make(a.env, {"split": "train"}), delay), opts, counters
+            backend, self.chat, lambda: with_step_delay(env.make(a.env, self.env_config), delay), opts, counters
         )
         # environments start (JVMs) before the clock: a rollout's cost, not its loop's
         envs = [runner.envs.acquire() for _ in range(a.episodes)]
@@ -130,6 +135,8 @@ class Bench:
             "generated_tokens": counters["progress_tokens"],
             "longest_episode_turns": max(t.num_turns for t in trajs),
             "action_decoding": opts.action_decoding,
+            "env": a.env,
+            "env_config": self.env_config,
         }
 
 
@@ -143,7 +150,8 @@ def report(out: Path) -> str:
     delays = sorted({float(r["delay_s"]) for r in rows})
     seeds = sorted({int(r["seed"]) for r in rows})
     loops = [lp for lp in LOOPS if any(r["loop"] == lp for r in rows)]
-    lines = [f"# Waves vs episode loops ({rows[0]['machine'] if rows else '?'})", ""]
+    env = f"{rows[0].get('env', 'r3l/CoinCollector')} {json.dumps(rows[0].get('env_config', {}))}" if rows else "?"
+    lines = [f"# Waves vs episode loops ({rows[0]['machine'] if rows else '?'}; {env})", ""]
     head = ["delay s", "loop", "wall s (mean, 95% CI)", "turns", "s/turn", "vs no delay (paired ratio)"]
     table = []
     for d in delays:

@@ -131,14 +131,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         raise SystemExit(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
     setting = dict(V5_SETTING)
     lc.check_setting(out, setting, lc.variant_diffs(setting, [BASE, *variants]))
-    todo = lc.next_runs(out, variants, seeds)
-    print(f"{len(todo)} run(s) to do in {out}: {', '.join(f'{v}/seed{s}' for v, s in todo)}", flush=True)
-
-    def finished(v: str, s: int, took: Optional[float]) -> None:
-        print(f"{v}/seed{s} done" + (f" in {took:.1f} min" if took else ""), flush=True)
-        print(report(out, variants, seeds, PAIRS), flush=True)
-
-    lc.run_children(out, todo, args.parallel, setting["num_threads"], finished, script=__file__)
+    lc.sweep(out, setting, variants, seeds, args.parallel, __file__, lambda: report(out, variants, seeds, PAIRS))
     print(report(out, variants, seeds, PAIRS))
 
 

@@ -61,6 +61,7 @@ import argparse
 import contextlib
 import json
 import math
+import numbers
 import os
 import resource
 import shutil
@@ -171,12 +172,16 @@ def build_config(setting: Dict[str, Any], variant: str, seed: int):
         training["model"] = setting["model"]
     training.update({} if variant == BASE else VARIANTS[variant])
     training.update(setting.get("training") or {})
-    return (
+    config = (
         R3LConfig()
         .environment(setting["env"], env_config=dict(setting["env_config"]))
         .training(**training)
         .debugging(seed=seed)
     )
+    runners = int(setting.get("num_env_runners") or 0)  # v3-v5: 0, the local runner samples
+    if runners:  # one process per runner beside the learner's (lag_heldout.py: max_policy_lag needs one)
+        config = config.env_runners(num_env_runners=runners, num_cpus_per_env_runner=1)
+    return config
 
 
 def _jsonable(x: Any) -> Any:
@@ -339,6 +344,8 @@ def evaluate_heldout(algo, episodes: int, batch: Optional[int] = None) -> Dict[s
     import environments
     from rllib_r3l.runner.rollout import EpisodeRunner, EpisodeSpec, RolloutOptions
 
+    if algo.env_runner_group.num_remote_workers() > 0:  # the local runner holds no engine then
+        return evaluate_on_runners(algo, episodes)
     runner = algo.env_runner  # local runner (num_env_runners=0): holds the synced engine
     c = algo.config
     env_config = dict(c.env_config, split="test")
@@ -386,6 +393,49 @@ def evaluate_heldout(algo, episodes: int, batch: Optional[int] = None) -> Dict[s
     }
 
 
+def evaluate_on_runners(algo, episodes: int) -> Dict[str, Any]:
+    """``evaluate_heldout`` with remote env runners: the same games (test fold, seeds 0..E-1, evaluation
+    temperature, no reflection) through each runner's own ``evaluate_episodes`` (what ``R3L.evaluate()``
+    runs), the seeds split over the runners. The setting's ``env_config.eval_split`` must be "test"; a
+    runner that fails loses its games (``None``, counted in ``eval_lost``)."""
+    from rllib_r3l.runner.evaluation import split_seeds
+
+    c = algo.config
+    if (c.env_config or {}).get("eval_split") != "test":
+        raise SystemExit(
+            "env_config.eval_split: held-out evaluation on remote env runners reads the runners' eval split; "
+            "set it to 'test' in the setting's env_config"
+        )
+    if algo.engine_weights_version != algo.learner_updates:
+        raise SystemExit("weight_sync_interval > 1: the engines hold older weights than the learner; evaluate at 1")
+    group = algo.env_runner_group
+    ids = sorted(group.healthy_worker_ids())
+    seeds = list(range(episodes))
+    shares = dict(zip(ids, split_seeds(seeds, len(ids)))) if ids else {}
+    t0 = time.perf_counter()
+    out = group.foreach_env_runner(
+        [(lambda r, _s=shares[i]: r.evaluate_episodes(_s)) for i in ids], remote_worker_ids=ids, local_env_runner=False
+    )
+    by_seed = {row["seed"]: row for rows in out for row in rows}
+    games = [
+        None
+        if by_seed.get(s) is None or by_seed[s]["status"] in ("env_error", "generation_error")
+        else {k: by_seed[s][k] for k in ("seed", "success", "turns", "status")} | {"reward": by_seed[s]["return"]}
+        for s in seeds
+    ]
+    ok = [g for g in games if g is not None]
+    return {
+        "eval_successes": sum(bool(g["success"]) for g in ok),
+        "eval_episodes": episodes,
+        "eval_games": games,
+        "eval_lost": episodes - len(ok),
+        "eval_return_mean": sum(g["reward"] for g in ok) / max(len(ok), 1),
+        "eval_temperature": c.evaluation_temperature,
+        "eval_seconds": round(time.perf_counter() - t0, 1),
+        "eval_cpu_s": None,  # in the runners' processes, not measured here
+    }
+
+
 def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
     """The numbers a curve keeps from one ``algo.train()`` result (NaN or None where absent)."""
     from rllib_r3l.cli.main import iteration_record
@@ -424,6 +474,7 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
     # the report's name for the tokens the reflector wrote
     keep["reflection_generated_tokens"] = keep.pop("generated_tokens_reflect")
     keep["reflect_s"] = rec["timers"].get("reflect_s")  # the part of the rollout spent reflecting
+    keep["policy_lag_max"] = rec["credit"].get("policy_lag_max")  # max_policy_lag runs only (lag_heldout.py)
     keep["dynamic_extra_rounds"] = rec["dynamic_sampling"].get("extra_rounds")
     keep["groups_without_signal"] = rec["dynamic_sampling"].get("groups_without_signal")
     for k in ("trained_tokens", "forward_tokens", "update_seconds"):
@@ -431,7 +482,7 @@ def iteration_numbers(result: Dict[str, Any]) -> Dict[str, Any]:
     for k, v in rec["batch"].items():  # credited tokens and loss share of each item kind
         if k.startswith(("credited_tokens_", "loss_share_")):
             keep[k] = v
-    return {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in keep.items()}
+    return {k: (float(v) if isinstance(v, numbers.Real) else v) for k, v in keep.items()}  # numpy's too
 
 
 def keep_training(samples: float, budget: float) -> bool:
@@ -633,17 +684,27 @@ def _fmt(x) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-def sweep(out: Path, setting: Dict[str, Any], variants: Sequence[str], seeds: Sequence[int], parallel: int) -> None:
-    """Run what is left (``next_runs``), ``parallel`` child processes at a time (``run_children``); report after
-    each."""
+def sweep(
+    out: Path,
+    setting: Dict[str, Any],
+    variants: Sequence[str],
+    seeds: Sequence[int],
+    parallel: int,
+    script: str = __file__,
+    tables: Optional[Callable[[], str]] = None,
+) -> None:
+    """Run what is left (``next_runs``), ``parallel`` child processes of ``script`` at a time (``run_children``);
+    report after each (``tables``: a script's own report; default ``report``). Scripts over this harness
+    (evidence_v5.py, lag_heldout.py) call it with their own ``script`` and ``tables``."""
+    tables = tables or (lambda: report(out, variants, seeds))
     todo = next_runs(out, variants, seeds)
     print(f"{len(todo)} run(s) to do in {out}: {', '.join(f'{v}/seed{s}' for v, s in todo)}", flush=True)
 
     def finished(v: str, s: int, took: Optional[float]) -> None:
         print(f"{time.strftime('%H:%M:%S')} {v}/seed{s} done" + (f" in {took:.1f} min" if took else ""), flush=True)
-        print(report(out, variants, seeds), flush=True)
+        print(tables(), flush=True)
 
-    run_children(out, todo, parallel, setting["num_threads"], finished)
+    run_children(out, todo, parallel, setting["num_threads"], finished, script=script)
 
 
 def run_children(

@@ -90,6 +90,9 @@ def run(lag: int, iterations: int, seed: int, out: Path, delay: float = 0.0, loo
         print(f"lag {lag} seed {seed}: done ({path})", flush=True)
         return
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    from benchmarks.harness import machine
+
+    ran_on = machine()
     algo = _config(lag, seed, delay, loop).build_algo()
     rows = []
     try:
@@ -98,6 +101,7 @@ def run(lag: int, iterations: int, seed: int, out: Path, delay: float = 0.0, loo
             r = algo.train()
             row = _row(i, r)
             row["train_call_s"] = round(time.perf_counter() - t0, 2)
+            row["machine"] = ran_on
             rows.append(row)
             print(f"lag {lag} seed {seed} it {i}: {json.dumps(row)}", flush=True)
     finally:
@@ -125,20 +129,27 @@ def _runs(out: Path) -> dict:
     return runs
 
 
+def _rate(rows: list) -> float:
+    """Trajectories per second: the episodes the iterations started over their wall seconds (an iteration's
+    count varies with dynamic sampling's extra rounds and retries, so iterations per second alone can mislead)."""
+    return sum(float(r["episodes_started"] or 0) for r in rows) / max(sum(float(r["train_call_s"]) for r in rows), 1e-9)
+
+
 def report(out: Path) -> str:
     from benchmarks.harness import fmt_interval, machine, mean_interval, paired_ratio
 
     runs = _runs(out)
     lags = sorted({k for k, _ in runs})
+    ran_on = sorted({r["machine"] for rs in runs.values() for r in rs if r.get("machine")})
     lines = [
-        f"# max_policy_lag timing ({machine()})",
+        f"# max_policy_lag timing ({'; '.join(ran_on) or machine() + ', where this report ran: the rows name none'})",
         "",
         "Means over seeds of the iterations after the first; idle = the learner's wait for samples (or the runner's "
         "sampling time beside the iteration) / the iteration; lags seen = each later iteration's largest policy lag.",
         "",
-        "| lag | seeds | s/iter | learner waits | learner idle | runner idle | runner samples | learns | sync "
-        "| lags seen |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| lag | seeds | s/iter | trajectories/s | learner waits | learner idle | runner idle | runner samples "
+        "| learns | sync | lags seen |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lag in lags:
         rows = [r for (k, _s), rs in runs.items() if k == lag for r in rs]
@@ -147,14 +158,14 @@ def report(out: Path) -> str:
         # lag 0 waits for the whole sample (no async metric); a lag waits for the oldest request
         waits = _mean(rows, "wait_for_samples_s" if lag else "runner_sampling_s")
         runner_idle = max(0.0, 1 - _mean(rows, "runner_sampling_s") / wall)
-        cells = [f"{wall:.1f}", f"{waits:.1f}", f"{waits / wall:.2f}", f"{runner_idle:.2f}"]
+        cells = [f"{wall:.1f}", f"{_rate(rows):.2f}", f"{waits:.1f}", f"{waits / wall:.2f}", f"{runner_idle:.2f}"]
         cells += [f"{_mean(rows, k):.1f}" for k in ("runner_sampling_s", "learn_s", "sync_s")]
         seen = sorted({_lag(r) for r in rows})
         lines.append(f"| {lag} | {','.join(map(str, seeds))} | {' | '.join(cells)} | {seen} |")
     for lag in lags:
         if lag == 0:
             continue
-        speed, share = {}, {}
+        speed, share, rate = {}, {}, {}
         for (k, seed), rows in runs.items():
             base = runs.get((0, seed))
             if k != lag or not base:
@@ -162,6 +173,7 @@ def report(out: Path) -> str:
             e = _mean(base, "runner_sampling_s")
             l_ = _mean(base, "learn_s") + _mean(base, "sync_s")
             speed[seed] = _mean(base, "train_call_s") / _mean(rows, "train_call_s")
+            rate[seed] = _rate(rows) / _rate(base)
             ideal = (e + l_) / max(e, l_) if max(e, l_) else float("nan")
             share[seed] = (speed[seed] - 1) / (ideal - 1) if ideal > 1 else float("nan")
         if speed:
@@ -170,7 +182,8 @@ def report(out: Path) -> str:
                 "",
                 f"lag {lag} vs 0 (paired by seed): {fmt_interval(paired_ratio(speed, ones), 2)}x the iterations per "
                 f"second; share of the ideal gain (E + L) / max(E, L) reached: "
-                f"{fmt_interval(mean_interval(list(share.values())), 2)}",
+                f"{fmt_interval(mean_interval(list(share.values())), 2)}; trajectories per second (episodes "
+                f"started / wall): {fmt_interval(paired_ratio(rate, ones), 2)}x",
             ]
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
