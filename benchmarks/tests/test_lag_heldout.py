@@ -43,6 +43,7 @@ def test_held_out_games_on_remote_runners_need_the_test_fold():
         lc.evaluate_on_runners(Algo(), 2)
 
 
+@pytest.mark.integration
 def test_a_lagged_run_stops_at_its_budget_and_is_evaluated_on_its_runner(tmp_path, tiny_model_dir, installed):
     """Real R3L (oracle reflector, transformers) on the tiny model with one remote runner and
     max_policy_lag=1: every iteration trains groups one update old, the run spends exactly its budget,

@@ -127,7 +127,8 @@ def test_a_crashing_step_ends_only_its_episode_counted(tokenizer):
 
 
 def test_a_failing_engine_loses_the_episodes_in_flight_counted(tokenizer):
-    runner = _runner(tokenizer, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}))
+    made = []
+    runner = _runner(tokenizer, lambda: made.append(environments.make("r3l/ToyCorridor", {"num_rooms": 4})) or made[-1])
 
     def broken(*a, **k):
         raise RuntimeError("engine died")
@@ -136,7 +137,9 @@ def test_a_failing_engine_loses_the_episodes_in_flight_counted(tokenizer):
     trajs = run_episodes(runner, [EpisodeSpec(seed=s, group_id=str(s)) for s in (11, 12)])
     assert [t.status for t in trajs] == [Status.GENERATION_ERROR] * 2
     assert runner.counters["generation_errors"] >= 1
-    assert len(runner.envs._free) == 2  # their environments went back to the pool
+    # every environment made went back to the pool (one or two: the second episode may open after the first
+    # failed and reuse its instance)
+    assert 1 <= len(made) <= 2 and sorted(map(id, runner.envs._free)) == sorted(map(id, made))
 
 
 def test_step_delay_option_delays_steps_not_resets(monkeypatch):
