@@ -77,7 +77,8 @@ def timing_lines(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> Li
 
 
 def full_report(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> str:
-    text = report(out, variants, seeds, PAIRS) + "\n".join(timing_lines(out, variants, seeds)) + "\n"
+    held_out = report(out, variants, seeds, PAIRS).rstrip("\n")
+    text = held_out + "\n" + "\n".join(timing_lines(out, variants, seeds)) + "\n"
     (out / "summary.md").write_text(text)
     return text
 

