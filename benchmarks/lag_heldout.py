@@ -58,21 +58,29 @@ def install() -> None:
 
 
 def timing_lines(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> List[str]:
-    """Per variant: wall seconds per iteration after the first (mean over the seeds' runs) and the
-    largest policy lags seen; what the held-out table does not show."""
-    lines = ["", "| variant | runs | s/iter (after the first) | lags seen |", "|---|---|---|---|"]
+    """Per variant: wall seconds per iteration after the first, the training seconds the whole budget took
+    per seed (every iteration: equal trajectories, so this is the arms' speed) and the largest policy lags
+    seen; the budget's seconds of each variant against its reference, seed by seed."""
+    head = "| variant | runs | s/iter (after the first) | s to spend the budget, per seed | lags seen |"
+    lines, totals = ["", head, "|---|---|---|---|---|"], {}
     for v in variants:
-        walls, lags, runs = [], set(), 0
+        walls, lags, per_seed = [], set(), {}
         for s in seeds:
             _header, recs = read_curve(run_dir(out, v, s))
             if not recs:
                 continue
-            runs += 1
+            per_seed[s] = sum(float(r["wall_s"]) for r in recs)
             walls += [float(r["wall_s"]) for r in recs[1:]]
             lags |= {int(r["policy_lag_max"]) for r in recs if isinstance(r.get("policy_lag_max"), (int, float))}
-        if runs:
+        if per_seed:
+            totals[v] = per_seed
             mean = sum(walls) / len(walls) if walls else float("nan")
-            lines.append(f"| {v} | {runs} | {mean:.1f} | {sorted(lags) or [0]} |")
+            each = ", ".join(f"{per_seed[s]:.0f}" for s in sorted(per_seed))
+            lines.append(f"| {v} | {len(per_seed)} | {mean:.1f} | {each} | {sorted(lags) or [0]} |")
+    for v, ref in PAIRS.items():
+        if v in totals and ref in totals:
+            ratio = harness.paired_ratio(totals[ref], totals[v])  # > 1: v spent the budget faster
+            lines += ["", f"{v} spends the budget {harness.fmt_interval(ratio, 2)}x as fast as {ref} (paired by seed)"]
     return lines
 
 

@@ -80,3 +80,20 @@ def test_a_lagged_run_stops_at_its_budget_and_is_evaluated_on_its_runner(tmp_pat
     assert sum(g["success"] for g in games) == final["eval_successes"]
     assert set(games[0]) == {"seed", "success", "reward", "turns", "status"}
     json.dumps(final)  # final.json as written
+
+
+def test_the_timing_table_sums_each_runs_iterations_and_pairs_the_budgets_seconds_by_seed(tmp_path):
+    walls = {("lag0", 0): [100, 80, 60], ("lag0", 1): [90, 90], ("lag1", 0): [100, 40, 10], ("lag1", 1): [90, 45]}
+    for (v, s), ws in walls.items():
+        d = lcr.run_dir(tmp_path, v, s)
+        d.mkdir(parents=True)
+        lag = {"lag0": None, "lag1": 1.0}[v]
+        recs = [{"iteration": i + 1, "wall_s": w, "policy_lag_max": 0.0 if i == 0 else lag} for i, w in enumerate(ws)]
+        lc._write_curve(d, {"variant": v, "seed": s}, recs)
+    lines = lh.timing_lines(tmp_path, ["lag0", "lag1"], [0, 1])
+    assert "| lag0 | 2 | 76.7 | 240, 180 | [0] |" in lines  # (80 + 60 + 90) / 3 after the first iterations
+    assert "| lag1 | 2 | 31.7 | 150, 135 | [0, 1] |" in lines
+    # seed 0: 240 / 150 = 1.6, seed 1: 180 / 135 = 4/3; harness.fmt_interval shows their mean, 1.47
+    assert any(
+        x.startswith("lag1 spends the budget 1.47 [") and x.endswith("as fast as lag0 (paired by seed)") for x in lines
+    )
