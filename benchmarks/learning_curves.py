@@ -398,7 +398,7 @@ def evaluate_on_runners(algo, episodes: int) -> Dict[str, Any]:
     temperature, no reflection) through each runner's own ``evaluate_episodes`` (what ``R3L.evaluate()``
     runs), the seeds split over the runners. The setting's ``env_config.eval_split`` must be "test"; a
     runner that fails loses its games (``None``, counted in ``eval_lost``)."""
-    from rllib_r3l.runner.evaluation import split_seeds
+    from rllib_r3l.runner.evaluation import LOST_STATUSES, split_seeds
 
     c = algo.config
     if (c.env_config or {}).get("eval_split") != "test":
@@ -419,7 +419,7 @@ def evaluate_on_runners(algo, episodes: int) -> Dict[str, Any]:
     by_seed = {row["seed"]: row for rows in out for row in rows}
     games = [
         None
-        if by_seed.get(s) is None or by_seed[s]["status"] in ("env_error", "generation_error")
+        if by_seed.get(s) is None or by_seed[s]["status"] in LOST_STATUSES
         else {k: by_seed[s][k] for k in ("seed", "success", "turns", "status")} | {"reward": by_seed[s]["return"]}
         for s in seeds
     ]
