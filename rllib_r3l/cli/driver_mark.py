@@ -109,8 +109,18 @@ class _Held(int):
     """An fd another process locks (its pid read from the file), returned by ``_lock`` as a refusal."""
 
 
-def _held_by(fd: int) -> int:
-    pid = os.read(fd, 64).decode(errors="replace").strip()
+PID_WAIT_S = 2.0  # the holder writes its pid just after it locks; a loaded machine can delay that write
+
+
+def _held_by(fd: int, wait_s: float = PID_WAIT_S) -> int:
+    """The pid the holder wrote, waiting up to ``wait_s`` for it (-1: none came): two drivers started together
+    see the lock taken before its holder wrote its pid."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pid = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        if pid.isdigit() or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
     os.close(fd)
     return _Held(int(pid) if pid.isdigit() else -1)
 

@@ -128,6 +128,27 @@ def noted(arrived: List[int]):
         os.close(write_end)
 
 
+@contextlib.contextmanager
+def unraisable_stops_quiet():
+    """Inside the block, a stop raised where Python cannot raise it (Ray's SIGTERM handler's ``SystemExit``
+    landing in logging's fork hook while ``ray.init`` starts its processes) prints no "Exception ignored ...
+    Traceback": :func:`noted` records the signal and the caller stops with exit 130 and the advice. Any other
+    unraisable exception still goes to the hook that was there before."""
+    import sys
+
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not isinstance(unraisable.exc_value, (KeyboardInterrupt, SystemExit)):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
 def exit_process(code: int) -> None:
     """End a command's process with ``code``: the exit hooks run (Ray's, logging's), the interpreter's
     teardown of torch's and vLLM's modules (about a second) is skipped, and a signal while it ends keeps
@@ -149,7 +170,7 @@ def init_ray(reinstall: Callable[[], None], **kwargs) -> None:
 
     arrived: List[int] = []
     try:
-        with noted(arrived):
+        with noted(arrived), unraisable_stops_quiet():
             ray.init(**kwargs)
     except SystemExit as e:  # Ray's own SIGTERM handler, installed first thing in ray.init
         if e.code != signal.SIGTERM:

@@ -81,6 +81,45 @@ def test_a_claimed_folder_refuses_a_second_driver_before_anything_is_written(tmp
         claim(exp_dir, EXP)
 
 
+LATE = (  # a holder that locks, then writes its pid a moment later (as a driver under load does)
+    "import fcntl, os, sys, time\nfrom rllib_r3l.cli import driver_mark\n"
+    "path = driver_mark.lock_path(sys.argv[1]); os.makedirs(os.path.dirname(path), exist_ok=True)\n"
+    "fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('locked', flush=True); time.sleep(float(sys.argv[2])); os.write(fd, str(os.getpid()).encode())\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("late_s, named", [(0.5, True), (3.0, False)])
+def test_a_holder_that_writes_its_pid_late_is_still_named(tmp_path, late_s, named):
+    """CI (session 36): two drivers started together; the loser read the lock file before the winner wrote
+    its pid and said "another process on this host". The loser now waits up to PID_WAIT_S for the pid."""
+    exp_dir = str(tmp_path / EXP)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LATE, exp_dir, str(late_s)],
+        cwd=ROOT,
+        env=ENV,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked", holder.stderr.read()
+        with pytest.raises(Exception, match="is being run by another") as refused, driver_mark.claims() as claim:
+            claim(exp_dir, EXP)
+        assert (late_s < driver_mark.PID_WAIT_S) == named  # the two cases sit either side of the wait
+        if named:
+            assert f"(process {holder.pid} on this host)" in str(refused.value) and f"kill -TERM {holder.pid}" in str(
+                refused.value
+            )
+        else:  # no pid within the wait: still refused, with the generic advice
+            assert "(another process on this host)" in str(refused.value), refused.value
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @pytest.mark.subprocess
 def test_a_claim_ends_with_its_block_and_new_is_not_held_back(tmp_path, capsys):
     exp_dir = str(tmp_path / EXP)

@@ -71,3 +71,27 @@ def test_a_sigterm_inside_noted_is_seen_whatever_handler_took_it_and_swallowed_i
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert signal.SIGTERM in arrived and quiet == []
+
+
+class _StopsInDel:
+    """Where Python cannot raise: an exception in ``__del__`` goes to ``sys.unraisablehook``, as Ray's handler's
+    ``SystemExit`` did inside logging's fork hook (CI on 5c24906: "Exception ignored in: <function
+    _releaseLock>" and its Traceback on the console of a run that then said "interrupted", exit 130)."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __del__(self):
+        raise self.exc
+
+
+def test_a_stop_python_cannot_raise_while_ray_starts_prints_no_traceback_and_other_errors_still_do(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(type(unraisable.exc_value)))
+    with signals.unraisable_stops_quiet():
+        _StopsInDel(SystemExit(signal.SIGTERM))
+        _StopsInDel(KeyboardInterrupt())
+        _StopsInDel(ValueError("a real bug"))
+    assert seen == [ValueError]  # the stops are quiet (noted() records the signal); a bug is not hidden
+    _StopsInDel(SystemExit(signal.SIGTERM))
+    assert seen == [ValueError, SystemExit]  # outside the block, the previous hook is back
