@@ -396,9 +396,9 @@ def evaluate_heldout(algo, episodes: int, batch: Optional[int] = None) -> Dict[s
 def evaluate_on_runners(algo, episodes: int) -> Dict[str, Any]:
     """``evaluate_heldout`` with remote env runners: the same games (test fold, seeds 0..E-1, evaluation
     temperature, no reflection) through each runner's own ``evaluate_episodes`` (what ``R3L.evaluate()``
-    runs), the seeds split over the runners. The setting's ``env_config.eval_split`` must be "test"; a
+    runs, ``runner/evaluation.play_heldout``). The setting's ``env_config.eval_split`` must be "test"; a
     runner that fails loses its games (``None``, counted in ``eval_lost``)."""
-    from rllib_r3l.runner.evaluation import LOST_STATUSES, split_seeds
+    from rllib_r3l.runner.evaluation import LOST_STATUSES, play_heldout
 
     c = algo.config
     if (c.env_config or {}).get("eval_split") != "test":
@@ -408,15 +408,9 @@ def evaluate_on_runners(algo, episodes: int) -> Dict[str, Any]:
         )
     if algo.engine_weights_version != algo.learner_updates:
         raise SystemExit("weight_sync_interval > 1: the engines hold older weights than the learner; evaluate at 1")
-    group = algo.env_runner_group
-    ids = sorted(group.healthy_worker_ids())
     seeds = list(range(episodes))
-    shares = dict(zip(ids, split_seeds(seeds, len(ids)))) if ids else {}
     t0 = time.perf_counter()
-    out = group.foreach_env_runner(
-        [(lambda r, _s=shares[i]: r.evaluate_episodes(_s)) for i in ids], remote_worker_ids=ids, local_env_runner=False
-    )
-    by_seed = {row["seed"]: row for rows in out for row in rows}
+    by_seed = {row["seed"]: row for row in play_heldout(algo.env_runner_group, seeds)[0]}
     games = [
         None
         if by_seed.get(s) is None or by_seed[s]["status"] in LOST_STATUSES

@@ -48,6 +48,8 @@ PRESETS: Dict[str, Dict[str, List[str]]] = {
     "dynamic_sampling": {"ds0": ["dynamic_sampling_rounds=0"], "ds2": ["dynamic_sampling_rounds=2"]},
     # the paper's two auxiliary items, or the guided-retry item alone
     "aux_items": {"both": ["aux_items=[reflection_sft, retry_sft]"], "retry_sft": ["aux_items=[retry_sft]"]},
+    # episodes in lock-step waves, or each episode its own loop (issue 47 item 1: the default stays waves)
+    "rollout_loop": {v: [f"rollout_loop={v}"] for v in ("waves", "episodes")},
 }
 
 

@@ -3,12 +3,13 @@ with one remote env runner beside the learner, each on one thread (one core each
 
     .venv/bin/python benchmarks/policy_lag.py --lags 0,1,2 --seeds 0,1,2 --iterations 4   # resumable
 
-Per iteration (raw, one JSON line each in OUT/lag{k}_seed{s}.jsonl; seed 0 of an older run: OUT/lag{k}.jsonl): wall
-seconds, the driver's wait for samples (the learner's idle time), the runner's sampling seconds, the learner's
-update seconds, the policy lag, the trajectories started. The summary (OUT/summary.md) compares the lags on the
-iterations after the first (engine start and the first request, which has nothing to overlap with), seed by seed,
-against the ideal overlap ``(E + L) / max(E, L)`` from the same seed's lag-0 phase times. A timing, not a learning
-comparison."""
+Per iteration (raw, one JSON line each in OUT/lag{k}_seed{s}.jsonl; seed 0 of an older run: OUT/lag{k}.jsonl):
+wall seconds, the driver's wait for samples (the learner's idle time), the runner's sampling seconds, the
+learner's update seconds, the policy lag, the trajectories started, when each phase ran. The summary
+(OUT/summary.md) compares the lags on the iterations after the first (engine start and the first request,
+which has nothing to overlap with), seed by seed, against the ideal overlap ``(E + L) / max(E, L)`` from the
+same seed's lag-0 phase times, and shows where the overlap goes (a per-phase timeline,
+benchmarks/phase_timeline.py). A timing, not a learning comparison."""
 
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def _row(i: int, r: dict) -> dict:
         "policy_lag_max": _float(get_metric(r, "r3l/policy_lag_max")),
         "episodes_started": number(get_metric(r, "env_runners/r3l/episodes_started")),
         "success_rate": number(get_metric(r, "env_runners/success_rate"), float("nan")),
+        # when each phase ran (seconds since the run's first phase): benchmarks/phase_timeline.py
+        "timeline": {k: number(v) for k, v in (get_metric(r, "r3l/timeline") or {}).items()},
     }
 
 
@@ -185,9 +188,42 @@ def report(out: Path) -> str:
                 f"{fmt_interval(mean_interval(list(share.values())), 2)}; trajectories per second (episodes "
                 f"started / wall): {fmt_interval(paired_ratio(rate, ones), 2)}x",
             ]
+    lines += _where_the_overlap_goes(runs, lags)
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
     return text
+
+
+def _where_the_overlap_goes(runs: dict, lags: list) -> list:
+    """Per seed, the lagged period against the ideal, split (phase_timeline.split_loss), and each lag's
+    timeline for its first seed; nothing for rows without a timeline (runs before it was logged)."""
+    from benchmarks.phase_timeline import gantt, split_loss
+
+    keys = ["E0", "L0", "ideal", "period", "loss", "contention", "runner_gap", "runner_slack", "L1", "learner_gap"]
+    lines = []
+    for lag in [k for k in lags if k]:
+        split = {
+            seed: split_loss(runs[(0, seed)], rows)
+            for (k, seed), rows in sorted(runs.items())
+            if k == lag and (0, seed) in runs and all(r.get("timeline") for r in rows + runs[(0, seed)])
+        }
+        if not split:
+            continue
+        lines += [
+            "",
+            f"Where lag {lag}'s overlap goes (seconds, iterations after the first): period (update to update) = "
+            "ideal max(E0, L0) + contention (E1 - E0: the runner's request beside the learner against E0 alone) "
+            "+ runner_gap (its wait between requests) - runner_slack (ideal - E0).",
+            "",
+            "| seed | " + " | ".join(keys) + " |",
+            "|---" * (len(keys) + 1) + "|",
+        ]
+        lines += [f"| {seed} | " + " | ".join(f"{v[k]:.1f}" for k in keys) + " |" for seed, v in split.items()]
+        first = min(split)
+        for k in (0, lag):
+            lines += ["", f"lag {k}, seed {first} (S sampling, U update, w weight sync, . idle):", "", "```"]
+            lines += gantt(runs[(k, first)]) + ["```"]
+    return lines
 
 
 def main() -> None:

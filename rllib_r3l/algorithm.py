@@ -29,7 +29,7 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 
-from rllib_r3l import preflight, ray_internals, retry_ledger, stopping
+from rllib_r3l import preflight, ray_internals, retry_ledger, stopping, timeline
 from rllib_r3l.batch import (
     build_train_batch,
     drop_overlong,
@@ -134,7 +134,7 @@ class R3L(Algorithm):
     def training_step(self) -> None:
         c = self.config
         # 1. Explore: base rollouts -> reflect -> retry from the pivot (on the env runners).
-        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+        with timeline.phase(self, "explore"), self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             groups, runner_metrics = self._explore()
         self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
         retry_ledger.append(self.retry_ledger_path, self.iteration + 1, (r for g in groups for r in g.ledger))
@@ -169,7 +169,11 @@ class R3L(Algorithm):
         ma_batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=n)
         if c.colocate_engine_sleep:  # free the shared GPU for the learner
             self._foreach_runner(lambda r: r.sleep_engine())
-        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)), resilience.learner_lost_is_clear(self):
+        with (
+            timeline.phase(self, "update"),
+            self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)),
+            resilience.learner_lost_is_clear(self),
+        ):
             learner_results = self.learner_group.update(
                 batch=ma_batch,
                 timesteps={
@@ -186,7 +190,11 @@ class R3L(Algorithm):
         # 4. Sync: the new weights into every engine (every S updates), in place.
         if self._num_updates % c.weight_sync_interval == 0:
             t_sync = time.perf_counter()
-            with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)), resilience.learner_lost_is_clear(self):
+            with (
+                timeline.phase(self, "sync"),
+                self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)),
+                resilience.learner_lost_is_clear(self),
+            ):
                 self._sync_weights()  # a learner process outlives its lost node for a moment: this may be the call
                 # that fails
             self._synced_update = self._num_updates
@@ -249,29 +257,14 @@ class R3L(Algorithm):
         Returns ``{"env_runners": {...}}``, what ``train()`` reports under ``"evaluation"`` with
         ``evaluation_interval``; episodes of a runner that died, or that an environment or the engine lost, are
         counted in ``lost_episodes``."""
-        from rllib_r3l.runner.evaluation import split_seeds, summarize
+        from rllib_r3l.runner.evaluation import play_heldout, summarize
 
         c = self.config
         if self._synced_update != self._num_updates:
             self._sync_weights()
             self._synced_update = self._num_updates
         t0 = time.perf_counter()
-        seeds = list(range(int(c.evaluation_duration)))
-        group = self.env_runner_group
-        if group.num_remote_workers() <= 0:
-            rows = group.local_env_runner.evaluate_episodes(seeds)
-            lost = 0
-        else:
-            ids = list(group.healthy_worker_ids())
-            shares = dict(zip(ids, split_seeds(seeds, len(ids)))) if ids else {}
-            out = group.foreach_env_runner(
-                [(lambda r, _s=shares[i]: (r.worker_index, r.evaluate_episodes(_s))) for i in ids],
-                remote_worker_ids=ids,
-                local_env_runner=False,
-            )
-            done = dict(out)
-            rows = [row for i in ids if i in done for row in done[i]]
-            lost = sum(len(s) for i, s in shares.items() if i not in done) + (len(seeds) if not ids else 0)
+        rows, lost = play_heldout(self.env_runner_group, range(int(c.evaluation_duration)))
         s = summarize(rows)
         return {
             ENV_RUNNER_RESULTS: {

@@ -59,6 +59,8 @@ def iteration_record(it: int, r: Dict[str, Any]) -> Dict[str, Any]:
         "learner": _flat(find_r3l_metrics(r.get("learners", {}), "learner")),
         # max_policy_lag: requests in flight, the driver's wait for samples; the lag itself is under "credit"
         **({"async": _overlap(r)} if get_metric(r, "r3l/async") else {}),
+        # when each phase ran, in seconds since the run's first phase (rllib_r3l/timeline.py)
+        **({"timeline": _flat(get_metric(r, "r3l/timeline"))} if get_metric(r, "r3l/timeline") else {}),
         # evaluation_interval: R3L.evaluate()'s held-out episodes after this iteration (not only on the console)
         **(
             {"held_out": _flat(r["evaluation"].get("env_runners", {}))} if isinstance(r.get("evaluation"), dict) else {}

@@ -2,13 +2,14 @@
 temperature (paper K.1: 0.4), summarised the same way wherever they run: ``R3L.evaluate()`` (the weights
 of a run in progress, on its env runners) and ``rllib-r3l evaluate`` (a checkpoint or an exported model).
 
-Pure functions: an episode's row, the summary of rows, the seeds' split over runners.
+Pure functions: an episode's row, the summary of rows, the seeds' split over runners; and ``play_heldout``,
+the rows of an env runner group's episodes (what ``R3L.evaluate()`` summarises, benchmarks keep per game).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 from rllib_r3l import core_algos
 
@@ -56,3 +57,22 @@ def split_seeds(seeds: Sequence[int], parts: int) -> List[List[int]]:
         out.append([int(s) for s in seeds[start : start + size]])
         start += size
     return out
+
+
+def play_heldout(group: Any, seeds: Sequence[int]) -> Tuple[List[Dict[str, Any]], int]:
+    """Each seed's evaluated episode (``episode_row``) played on ``group``'s runners: the local one without
+    remote runners, else the seeds split over the healthy remote ones (their own engines). Returns the rows
+    in seed order of the runners that answered, and how many seeds a runner that failed (or no runner) lost."""
+    seeds = [int(s) for s in seeds]
+    if group.num_remote_workers() <= 0:
+        return group.local_env_runner.evaluate_episodes(seeds), 0
+    ids = list(group.healthy_worker_ids())
+    shares = dict(zip(ids, split_seeds(seeds, len(ids)))) if ids else {}
+    out = group.foreach_env_runner(
+        [(lambda r, _s=shares[i]: (r.worker_index, r.evaluate_episodes(_s))) for i in ids],
+        remote_worker_ids=ids,
+        local_env_runner=False,
+    )
+    done = dict(out)
+    rows = [row for i in ids if i in done for row in done[i]]
+    return rows, sum(len(s) for i, s in shares.items() if i not in done) + (len(seeds) if not ids else 0)

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from rllib_r3l import ray_internals
+from rllib_r3l import ray_internals, timeline
 from rllib_r3l.reliability import faults
 from rllib_r3l.runner import dispatch
 
@@ -60,6 +60,7 @@ class LaggedSampler:
         self.queued: Dict[int, Deque[Request]] = collections.defaultdict(collections.deque)
         self._ready: Dict[Tuple[int, int], Any] = {}  # (runner, seq) -> result that came before its turn
         self._seq = itertools.count()
+        self.last_window: Optional[Tuple[float, float]] = None  # when the requests taken last ran (runner clocks)
 
     # -- one iteration -----------------------------------------------------------------------------------
     def explore(self, algo: Any) -> Tuple[List[Any], List[Any]]:
@@ -70,6 +71,8 @@ class LaggedSampler:
         t0 = time.perf_counter()
         groups, metrics, used = self._take_oldest(algo)
         m.log_value(("r3l", "async", "wait_for_samples_s"), time.perf_counter() - t0, reduce="mean", window=1)
+        if self.last_window is not None:
+            timeline.log(algo, "sample", *self.last_window)
         groups = self._drop_stale(algo, groups, depth)
         self._top_up(algo, depth, used=used)
         m.log_value(("r3l", "async", "requests_in_flight"), self.num_queued(), reduce="mean", window=1)
@@ -120,20 +123,22 @@ class LaggedSampler:
         try:
             while any((i, r.seq) not in self._ready for i, r in want.items()) and group.num_in_flight_async_reqs(TAG):
                 for idx, result in group.fetch_ready_async_reqs(tags=TAG, timeout_seconds=1.0):
-                    self._ready[(idx, result[0])] = result[1:]  # (episodes started, sample_fn's answer)
+                    self._ready[(idx, result[0])] = result[1:]  # (episodes started, (start, end), answer)
         finally:
             if killer is not None and killer.finish():
                 m.log_value(("r3l", "faults", "injected_runner_kill"), 1, reduce="sum")
         groups: List[Any] = []
         metrics: List[Any] = []
         used = 0
+        windows: List[Tuple[float, float]] = []
         for i, req in sorted(want.items()):
             result = self._ready.pop((i, req.seq), None)
             if result is None:  # the runner died: RLlib dropped its requests and marked it unhealthy
                 self._lose(algo, i)
                 continue
             self.queued[i].popleft()
-            started, (sample, runner_metrics, idx, state) = result
+            started, window, (sample, runner_metrics, idx, state) = result
+            windows.append(window)
             if sample is None:  # out of service until restored (dispatch.sample_fn): its queue is void
                 m.log_value(("r3l", "faults", runner_metrics), 1, reduce="sum")
                 ray_internals.mark_unhealthy(group, idx)
@@ -145,6 +150,7 @@ class LaggedSampler:
             metrics.append(runner_metrics)
             cache[idx] = state
             used += started
+        self.last_window = (min(w[0] for w in windows), max(w[1] for w in windows)) if windows else None
         return groups, metrics, used
 
     def _lose(self, algo: Any, i: int, counted_as: Optional[str] = "groups_lost_with_runner") -> None:
@@ -197,12 +203,12 @@ def tag_version(group_result: Any, version: int) -> None:
 
 def _numbered(seq: int, fn: Any) -> Any:
     """``fn`` (``dispatch.sample_fn``) as request ``seq``: its answer with the episodes it started (what
-    ``R3L.episode_cap`` caps)."""
+    ``R3L.episode_cap`` caps) and when it ran on the runner (``r3l/timeline/sample``)."""
 
     def call(r):
-        before = r.counters["episodes_started"]
+        before, start = r.counters["episodes_started"], time.time()
         out = fn(r)
-        return seq, r.counters["episodes_started"] - before, out
+        return seq, r.counters["episodes_started"] - before, (start, time.time()), out
 
     return call
 

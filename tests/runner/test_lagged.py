@@ -104,6 +104,14 @@ def test_lag_one_samples_while_training_trains_each_group_once_and_resumes_queue
         assert "clip_fraction" in learner and not learner.get("stale_tokens_without_behaviour_logprobs")
         ids = [gid for it in seen for gid, _ in it]
         assert len(ids) == len(set(ids)) == 6  # nothing trained twice, nothing lost
+        # the timeline (one host: the runner's clock is the driver's): the first iteration waits for its own
+        # request; the second trains on a request that ran while the first update did, and the first
+        # iteration's weight sync waited for that request (queued behind it on the actor: scaling.md)
+        tl = [r["r3l"]["timeline"] for r in results]
+        assert all(t[f"{p}_start"] <= t[f"{p}_end"] for t in tl for p in ("explore", "sample", "update", "sync"))
+        assert all(t["explore_end"] <= t["update_start"] <= t["update_end"] <= t["sync_start"] for t in tl)
+        assert tl[0]["explore_start"] <= tl[0]["sample_start"] <= tl[0]["sample_end"] <= tl[0]["explore_end"]
+        assert tl[1]["sample_start"] < tl[0]["update_end"] and tl[1]["sample_end"] <= tl[0]["sync_end"]
         queued_after_save = seen[2]
         # restored: the queued request is discarded, counted, and its tasks sampled again (the checkpoint holds
         # the runner's task RNG from before it: a new process resuming gets the same state)
