@@ -51,10 +51,12 @@ def split_loss(base: Sequence[dict], lagged: Sequence[dict]) -> Dict[str, float]
     ``period - ideal = (E1 - E0) + runner_gap - (ideal - E0)``: ``contention`` = E1 - E0 (sampling slowed by
     the learner beside it), ``runner_gap`` (the runner waiting between requests: the weight sync, the driver's
     work), ``runner_slack`` = ideal - E0 (the runner could not be the bottleneck: L0 > E0). The learner's side
-    is given as L1 and ``learner_gap`` (its wait between updates)."""
+    is given as L1, ``learner_contention`` (L1 against the lag-0 update alone) and ``learner_gap`` (its wait
+    between updates)."""
     b, g = lanes(base), lanes(lagged)
     e0 = _mean([e - s for s, e in b["runner"]])
-    l0 = _mean([e - s for s, e in b["update"]]) + _mean([e - s for s, e in b["sync"]])
+    update0 = _mean([e - s for s, e in b["update"]])
+    l0 = update0 + _mean([e - s for s, e in b["sync"]])
     e1 = _mean([e - s for s, e in g["runner"]])
     l1 = _mean([e - s for s, e in g["update"]])
     ideal, period = max(e0, l0), _period(g["update"])
@@ -70,6 +72,7 @@ def split_loss(base: Sequence[dict], lagged: Sequence[dict]) -> Dict[str, float]
         "runner_gap": runner_gap,
         "runner_slack": ideal - e0,
         "L1": l1,
+        "learner_contention": l1 - update0,
         "learner_gap": _mean(_gaps(g["update"])),
     }
 
@@ -101,3 +104,18 @@ def gantt(rows: Sequence[dict], width: int = 100) -> List[str]:
         f"learner |{paint(['update', 'sync'])}|",
         f"         {t0:.1f} s{' ' * max(1, width - 14)}{t1:.1f} s (1 character = {step:.2f} s)",
     ]
+
+
+def work_rates(rows: Sequence[dict]) -> Dict[str, float]:
+    """Each side's rate of work over the rows (NaN without the fields): the learner's forward tokens per second
+    of its updates (timeline), the runner engine's tokens (computed prompt + generated) per engine second.
+    Two arms train different batches, so their phase seconds differ with the work; these rates do not."""
+    upd = sum(e - s for s, e in lanes(rows)["update"])
+    fwd = sum(float(r.get("learner_forward_tokens") or 0) for r in rows if (r.get("timeline") or {}).get("update_end"))
+    eng_s = sum(float(r.get("runner_engine_s") or 0) for r in rows)
+    eng_t = sum(float(r.get("runner_engine_tokens") or 0) for r in rows)
+    has = all("learner_forward_tokens" in r for r in rows) and bool(rows)
+    return {
+        "learner_tokens_per_s": fwd / upd if has and upd > 0 else float("nan"),
+        "engine_tokens_per_s": eng_t / eng_s if has and eng_s > 0 else float("nan"),
+    }

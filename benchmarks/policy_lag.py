@@ -25,6 +25,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "benchmarks" / "results" / "policy_lag"
+PHASES = ("base", "retry", "reflect")  # the runner's engine phases (prompt_tokens_computed_<phase>)
+ENGINE_TIMERS = ("generate_base", "generate_retry", "reflect")  # r3l/timers/<name>_s: the engine's seconds
 
 
 def _parse() -> argparse.Namespace:
@@ -76,6 +78,12 @@ def _row(i: int, r: dict) -> dict:
         "policy_lag_max": _float(get_metric(r, "r3l/policy_lag_max")),
         "episodes_started": number(get_metric(r, "env_runners/r3l/episodes_started")),
         "success_rate": number(get_metric(r, "env_runners/success_rate"), float("nan")),
+        # the work of each side, for rates that compare like with like (the arms' batches differ): the learner's
+        # forward tokens; the runner's engine tokens (computed prompt + generated) and engine seconds
+        "learner_forward_tokens": number(learner_metric(r, "forward_tokens")),
+        "runner_engine_tokens": number(get_metric(r, "env_runners/r3l/generated_tokens"))
+        + sum(number(get_metric(r, f"env_runners/r3l/prompt_tokens_computed_{p}")) for p in PHASES),
+        "runner_engine_s": sum(number(get_metric(r, f"env_runners/r3l/timers/{t}_s")) for t in ENGINE_TIMERS),
         # when each phase ran (seconds since the run's first phase): benchmarks/phase_timeline.py
         "timeline": {k: number(v) for k, v in (get_metric(r, "r3l/timeline") or {}).items()},
     }
@@ -197,9 +205,10 @@ def report(out: Path) -> str:
 def _where_the_overlap_goes(runs: dict, lags: list) -> list:
     """Per seed, the lagged period against the ideal, split (phase_timeline.split_loss), and each lag's
     timeline for its first seed; nothing for rows without a timeline (runs before it was logged)."""
-    from benchmarks.phase_timeline import gantt, split_loss
+    from benchmarks.phase_timeline import gantt, split_loss, work_rates
 
-    keys = ["E0", "L0", "ideal", "period", "loss", "contention", "runner_gap", "runner_slack", "L1", "learner_gap"]
+    keys = ["E0", "L0", "ideal", "period", "loss", "E1", "contention", "runner_gap", "runner_slack", "L1"]
+    keys += ["learner_contention", "learner_gap"]
     lines = []
     for lag in [k for k in lags if k]:
         split = {
@@ -219,6 +228,22 @@ def _where_the_overlap_goes(runs: dict, lags: list) -> list:
             "|---" * (len(keys) + 1) + "|",
         ]
         lines += [f"| {seed} | " + " | ".join(f"{v[k]:.1f}" for k in keys) + " |" for seed, v in split.items()]
+        rated = {s: (work_rates(runs[(0, s)]), work_rates(runs[(lag, s)])) for s in split}
+        rated = {s: v for s, v in rated.items() if v[0]["learner_tokens_per_s"] == v[0]["learner_tokens_per_s"]}
+        if rated:
+            lines += [
+                "",
+                f"Each side's rate of work beside the other (lag {lag} / lag 0; tokens per second: the learner's "
+                "forward tokens over its update seconds, the engine's computed + generated tokens over its seconds):",
+                "",
+                "| seed | learner, lag 0 | learner, lag k | ratio | engine, lag 0 | engine, lag k | ratio |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for s, (r0, rk) in rated.items():
+                cells = []
+                for key in ("learner_tokens_per_s", "engine_tokens_per_s"):
+                    cells += [f"{r0[key]:.0f}", f"{rk[key]:.0f}", f"{rk[key] / r0[key]:.2f}"]
+                lines.append(f"| {s} | " + " | ".join(cells) + " |")
         first = min(split)
         for k in (0, lag):
             lines += ["", f"lag {k}, seed {first} (S sampling, U update, w weight sync, . idle):", "", "```"]

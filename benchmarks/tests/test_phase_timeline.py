@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks.phase_timeline import gantt, lanes, split_loss
+from benchmarks.phase_timeline import gantt, lanes, split_loss, work_rates
 
 
 def _row(**phases):
@@ -43,6 +43,7 @@ def test_the_loss_against_the_ideal_splits_into_contention_and_the_runners_wait(
         "runner_gap": 1,  # 13 - 12, 26 - 25
         "runner_slack": 0,
         "L1": 6,
+        "learner_contention": 1,  # 6 against 5 alone
         "learner_gap": 7,  # 15 - 8, 28 - 21
     }
     assert got == pytest.approx(want)
@@ -55,3 +56,13 @@ def test_the_text_timeline_paints_each_phase_where_it_covers_the_character():
     assert lines[0] == "runner  |SSSS|" and lines[1] == "learner |.UUw|"
     assert "1 character = 1.00 s" in lines[2]
     assert gantt([{"timeline": {}}]) == []
+
+
+def test_work_rates_divide_each_sides_work_by_its_own_seconds():
+    rows = [
+        dict(_row(update=(0, 4)), learner_forward_tokens=400, runner_engine_tokens=90, runner_engine_s=3),
+        dict(_row(update=(10, 16)), learner_forward_tokens=600, runner_engine_tokens=110, runner_engine_s=2),
+        dict(_row(explore=(20, 21)), learner_forward_tokens=0, runner_engine_tokens=0, runner_engine_s=0),  # no update
+    ]
+    assert work_rates(rows) == pytest.approx({"learner_tokens_per_s": 100.0, "engine_tokens_per_s": 40.0})
+    assert all(math.isnan(v) for v in work_rates(LAGGED).values())  # rows from before the fields were kept
