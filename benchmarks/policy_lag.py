@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
 
 OUT = ROOT / "benchmarks" / "results" / "policy_lag"
 PHASES = ("base", "retry", "reflect")  # the runner's engine phases (prompt_tokens_computed_<phase>)
-ENGINE_TIMERS = ("generate_base", "generate_retry", "reflect")  # r3l/timers/<name>_s: the engine's seconds
+ENGINE_TIMERS = ("generate_base", "generate_retry", "reflect", "score_behaviour")  # r3l/timers/<name>_s
 
 
 def _parse() -> argparse.Namespace:
@@ -246,7 +246,8 @@ def _where_the_overlap_goes(runs: dict, lags: list) -> list:
                 lines.append(f"| {s} | " + " | ".join(cells) + " |")
         first = min(split)
         for k in (0, lag):
-            lines += ["", f"lag {k}, seed {first} (S sampling, U update, w weight sync, . idle):", "", "```"]
+            tail = "; the request queued in the last iteration is not drawn" if k else ""
+            lines += ["", f"lag {k}, seed {first} (S sampling, U update, w weight sync, . idle{tail}):", "", "```"]
             lines += gantt(runs[(k, first)]) + ["```"]
     return lines
 

@@ -166,6 +166,7 @@ def test_on_policy_importance_ratio_is_one_under_choice_decoding(tiny_model_dir,
     runner = EpisodeRunner(backend, chat, lambda: environments.make("r3l/ToyCorridor", {"num_rooms": 4}), opts)
     trajs = runner.run([EpisodeSpec(seed=SEED + i, group_id="g") for i in range(2)])
     runner.score_behaviour(trajs)
+    assert runner.counters["seconds_score_behaviour"] > 0  # its prefill is timed (r3l/timers/score_behaviour_s)
     batch = {
         k: torch.as_tensor(v) for k, v in collate(trajs, [1.0, -1.0], pad_token_id=tokenizer.pad_token_id or 0).items()
     }

@@ -30,7 +30,8 @@ from rllib_r3l.trajectory import Kind, Segment, Status, Trajectory
 logger = logging.getLogger(__name__)
 
 # the phase timers EpisodeRunner keeps in its counters as ``seconds_<name>`` (r3l/timers/<name>_s)
-ROLLOUT_TIMERS = ("generate_base", "generate_retry", "env_step", "env_reset", "replay")
+# score_behaviour: the behaviour log-probs' prefill (use_importance_ratio, max_policy_lag >= 1)
+ROLLOUT_TIMERS = ("generate_base", "generate_retry", "env_step", "env_reset", "replay", "score_behaviour")
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent acting in a text environment. {rules}\n"
@@ -275,7 +276,9 @@ class EpisodeRunner:
         if not todo:
             return
         pairs = [(t.token_ids[:1], t.token_ids[1:]) for t in todo]
+        t0 = time.perf_counter()
         scores = self.backend.score_batch(pairs)
+        self._timed("score_behaviour", t0)
         for t, sc in zip(todo, scores):
             start = 0  # sc[j] is the log-prob of token j + 1; a response never starts at token 0
             for s in t.segments:
