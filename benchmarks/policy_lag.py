@@ -84,6 +84,8 @@ def _row(i: int, r: dict) -> dict:
         "runner_engine_tokens": number(get_metric(r, "env_runners/r3l/generated_tokens"))
         + sum(number(get_metric(r, f"env_runners/r3l/prompt_tokens_computed_{p}")) for p in PHASES),
         "runner_engine_s": sum(number(get_metric(r, f"env_runners/r3l/timers/{t}_s")) for t in ENGINE_TIMERS),
+        # where the runner's request went (r3l/timers: engine per phase, environment, behaviour scoring)
+        "runner_timers": {k: number(v) for k, v in (get_metric(r, "env_runners/r3l/timers") or {}).items()},
         # when each phase ran (seconds since the run's first phase): benchmarks/phase_timeline.py
         "timeline": {k: number(v) for k, v in (get_metric(r, "r3l/timeline") or {}).items()},
     }
