@@ -21,12 +21,13 @@ import time
 from typing import Any, Iterator
 
 KEY = ("r3l", "timeline")
+_now = time.time  # the clock (a test sets its own)
 
 
 def _origin(algo: Any) -> float:
     origin = getattr(algo, "_r3l_timeline_origin", None)
     if origin is None:
-        origin = algo._r3l_timeline_origin = time.time()
+        origin = algo._r3l_timeline_origin = _now()
     return origin
 
 
@@ -41,8 +42,8 @@ def log(algo: Any, phase: str, start: float, end: float) -> None:
 def phase(algo: Any, name: str) -> Iterator[None]:
     """Time the block as phase ``name`` (logged when it ends, also when it raises)."""
     _origin(algo)
-    start = time.time()
+    start = _now()
     try:
         yield
     finally:
-        log(algo, name, start, time.time())
+        log(algo, name, start, _now())

@@ -14,7 +14,7 @@ from rllib_r3l.cli.iteration_record import iteration_record
 
 def _clock(monkeypatch, *times):
     ticks = iter(times)
-    monkeypatch.setattr(timeline.time, "time", lambda: next(ticks))
+    monkeypatch.setattr(timeline, "_now", lambda: next(ticks))
 
 
 def test_phases_are_logged_in_seconds_since_the_first_phase_also_when_one_raises(monkeypatch):
