@@ -48,10 +48,11 @@ def _period(spans: Sequence[Interval]) -> float:
 def split_loss(base: Sequence[dict], lagged: Sequence[dict]) -> Dict[str, float]:
     """The lagged run's period (update to update) against the ideal ``max(E0, L0)`` from the lag-0 rows
     (E0: exploring; L0: update + sync), split on the runner's side: ``period = E1 + runner_gap``, so
-    ``period - ideal = (E1 - E0) + runner_gap - (ideal - E0)``: ``contention`` = E1 - E0 (sampling slowed by
-    the learner beside it), ``runner_gap`` (the runner waiting between requests: the weight sync, the driver's
-    work), ``runner_slack`` = ideal - E0 (the runner could not be the bottleneck: L0 > E0). The learner's side
-    is given as L1, ``learner_contention`` (L1 against the lag-0 update alone) and ``learner_gap`` (its wait
+    ``period - ideal = (E1 - E0) + runner_gap - (ideal - E0)``: ``contention`` = E1 - E0 (the request's growth
+    beside the learner: contention, and the lag's own work such as behaviour scoring, r3l/timers),
+    ``runner_gap`` (the runner waiting between requests: the weight sync, the driver's work),
+    ``runner_slack`` = ideal - E0 (the runner could not be the bottleneck: L0 > E0). The learner's side is
+    given as L1, ``learner_contention`` (L1 against the lag-0 update alone) and ``learner_gap`` (its wait
     between updates)."""
     b, g = lanes(base), lanes(lagged)
     e0 = _mean([e - s for s, e in b["runner"]])

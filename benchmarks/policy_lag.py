@@ -223,7 +223,8 @@ def _where_the_overlap_goes(runs: dict, lags: list) -> list:
         lines += [
             "",
             f"Where lag {lag}'s overlap goes (seconds, iterations after the first): period (update to update) = "
-            "ideal max(E0, L0) + contention (E1 - E0: the runner's request beside the learner against E0 alone) "
+            "ideal max(E0, L0) + contention (E1 - E0: the runner's request beside the learner against E0 alone; "
+            "it includes the lag's own work, the behaviour scoring) "
             "+ runner_gap (its wait between requests) - runner_slack (ideal - E0).",
             "",
             "| seed | " + " | ".join(keys) + " |",
